@@ -1,0 +1,1 @@
+//! YAML parsing with positions. STUB: being written.

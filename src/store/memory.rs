@@ -1,0 +1,145 @@
+//! The embedded store: a sharded map of fixed-window counters behind short mutex sections. A
+//! decision locks the shards it touches in index order (so two requests never deadlock), decides
+//! on tentative states and commits only if the request is admitted. Expired counters are swept
+//! from a shard when it is touched after its sweep deadline, so memory follows live traffic.
+
+use super::{BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, StoreError};
+use crate::algorithm::{self, FixedWindowState};
+use crate::clock::Clock;
+use std::collections::hash_map::{DefaultHasher, Entry};
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+const DEFAULT_SHARDS: usize = 64;
+/// How often a shard is swept of expired counters; bounded work per sweep, amortised over traffic.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Default)]
+struct Shard {
+    counters: HashMap<CounterKey, FixedWindowState>,
+    next_sweep: Duration,
+}
+
+impl Shard {
+    fn sweep(&mut self, now: Duration) {
+        if now < self.next_sweep {
+            return;
+        }
+        self.counters
+            .retain(|k, s| s.window_start + Duration::from_secs(k.unit.seconds()) > now);
+        self.next_sweep = now + SWEEP_EVERY;
+    }
+}
+
+/// In-process counters; the default store when no Redis is configured.
+#[derive(Debug)]
+pub struct MemoryStore {
+    shards: Vec<Mutex<Shard>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl MemoryStore {
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Self::with_shards(clock, DEFAULT_SHARDS)
+    }
+
+    pub fn with_shards(clock: Arc<dyn Clock>, shards: usize) -> Self {
+        Self {
+            shards: (0..shards.max(1)).map(|_| Mutex::default()).collect(),
+            clock,
+        }
+    }
+
+    /// Number of live counters (expired ones not yet swept included).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).counters.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn shard_of(&self, key: &CounterKey) -> usize {
+        let mut h = DefaultHasher::new();
+        key.hash(&mut h);
+        (h.finish() % self.shards.len() as u64) as usize
+    }
+
+    fn decide_now(&self, checks: &[LimitCheck]) -> Decision {
+        let now = self.clock.now();
+        let shard_ids: Vec<usize> = checks.iter().map(|c| self.shard_of(&c.key)).collect();
+        let mut order = shard_ids.clone();
+        order.sort_unstable();
+        order.dedup();
+        // Lock in ascending index order: concurrent multi-shard decisions cannot deadlock.
+        let mut guards: HashMap<usize, MutexGuard<'_, Shard>> =
+            order.iter().map(|&i| (i, lock(&self.shards[i]))).collect();
+
+        let mut pending: HashMap<&CounterKey, FixedWindowState> = HashMap::new();
+        let mut outcomes = Vec::with_capacity(checks.len());
+        let mut admitted = true;
+        for (check, shard) in checks.iter().zip(&shard_ids) {
+            let current = pending.get(&check.key).copied().or_else(|| {
+                guards
+                    .get(shard)
+                    .and_then(|g| g.counters.get(&check.key).copied())
+            });
+            let (outcome, next) = if check.refund {
+                algorithm::fixed_window_refund(current, now, check.params(), check.hits)
+            } else {
+                algorithm::fixed_window(current, now, check.params(), check.hits)
+            };
+            if !outcome.allowed && !check.shadow {
+                admitted = false;
+            }
+            // A shadow limit over its quota still counts the admitted request, as envoyproxy does.
+            let charged = if outcome.allowed || !check.shadow {
+                next
+            } else {
+                FixedWindowState {
+                    count: next.count.saturating_add(check.hits),
+                    ..next
+                }
+            };
+            pending.insert(&check.key, charged);
+            outcomes.push(outcome);
+        }
+
+        if admitted {
+            for (check, shard) in checks.iter().zip(&shard_ids) {
+                if check.hits == 0 {
+                    continue;
+                }
+                if let (Some(state), Some(g)) = (pending.get(&check.key), guards.get_mut(shard)) {
+                    match g.counters.entry(check.key.clone()) {
+                        Entry::Occupied(mut e) => *e.get_mut() = *state,
+                        Entry::Vacant(e) => {
+                            e.insert(*state);
+                        }
+                    }
+                }
+            }
+        }
+        for g in guards.values_mut() {
+            g.sweep(now);
+        }
+        Decision { admitted, outcomes }
+    }
+}
+
+/// A poisoned shard only means another request panicked mid-decision; its counters are still
+/// plain integers, so keep serving rather than fail every later request.
+fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl CounterStore for MemoryStore {
+    fn decide<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(async move { Ok(self.decide_now(checks)) })
+    }
+}

@@ -1,0 +1,84 @@
+//! Counter stores. One async [`CounterStore`] trait decides a whole request at once (every limit
+//! that applies to it), all or nothing: a request one limit denies charges no counter. The memory
+//! store lives here; the Redis stores implement the same trait with the same algorithm math.
+
+pub mod memory;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use crate::algorithm::Outcome;
+use crate::config::Unit;
+
+/// A boxed future, so the trait stays object safe (`Arc<dyn CounterStore>`).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Identity of one counter: the domain, the descriptor entries that select it (with the wildcard
+/// pattern in place of the value under `share_threshold`), and the limit itself, so a changed
+/// limit or an Envoy `limit` override never reuses a counter kept for another limit.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CounterKey {
+    pub domain: Arc<str>,
+    pub entries: Vec<(String, String)>,
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+    /// True when the limit came from the request's `limit` override.
+    pub overridden: bool,
+}
+
+/// One limit to decide for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitCheck {
+    pub key: CounterKey,
+    /// Hits to charge; 0 checks without charging.
+    pub hits: u64,
+    /// Give `hits` back instead of charging them (Envoy's `is_negative_hits`).
+    pub refund: bool,
+    /// A shadow limit is evaluated and charged with the request but never denies it.
+    pub shadow: bool,
+}
+
+impl LimitCheck {
+    pub fn params(&self) -> crate::algorithm::LimitParams {
+        crate::algorithm::LimitParams {
+            limit: self.key.requests_per_unit,
+            period: Duration::from_secs(self.key.unit.seconds()),
+        }
+    }
+}
+
+/// The verdict on a whole request: one outcome per check, in order, and whether the request was
+/// admitted (every non-shadow check allowed it) and therefore charged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub admitted: bool,
+    pub outcomes: Vec<Outcome>,
+}
+
+/// Why a store could not decide.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Worth retrying: the backend is down, slow or overloaded.
+    #[error("counter store unavailable: {0}")]
+    Transient(String),
+    /// Retrying will not help: misconfiguration or a bug.
+    #[error("counter store error: {0}")]
+    Permanent(String),
+}
+
+/// A place where counters live.
+pub trait CounterStore: Send + Sync + std::fmt::Debug {
+    /// Decides all `checks` of one request atomically: if every non-shadow check is allowed, all
+    /// are charged; otherwise none is. Checks on the same counter see each other's hits.
+    fn decide<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+    ) -> BoxFuture<'a, Result<Decision, StoreError>>;
+
+    /// Whether the store can currently serve decisions (health checks).
+    fn healthy(&self) -> bool {
+        true
+    }
+}
