@@ -1,1 +1,121 @@
-//! Descriptor matching. STUB
+//! Descriptor matching: which configured limit, if any, applies to one request descriptor. This
+//! is envoyproxy/ratelimit's reference walk, kept exactly: per level exact key+value, then
+//! wildcards in file order, then the bare key; only the node of the LAST entry supplies a limit;
+//! no backtracking. It also decides which values name the counter (`share_threshold`).
+
+use crate::config::{DescriptorNode, DomainRules, Level, RateLimitRule, ValueMatch};
+
+/// A limit found for a descriptor.
+#[derive(Debug, Clone)]
+pub struct Matched<'a> {
+    /// The node of the descriptor's last entry.
+    pub node: &'a DescriptorNode,
+    pub rule: &'a RateLimitRule,
+    /// The `(key, value)` pairs that identify the counter: the request's values, except that a
+    /// wildcard node with `share_threshold` contributes its pattern, so all values it matches
+    /// share one counter.
+    pub counter_entries: Vec<(String, String)>,
+}
+
+/// Finds the node for one level: exact, then the first wildcard (file order), then the bare key.
+pub fn find_in_level<'a>(level: &'a Level, key: &str, value: &str) -> Option<&'a DescriptorNode> {
+    if let Some(n) = level.exact.get(key).and_then(|m| m.get(value)) {
+        return Some(n);
+    }
+    if let Some(n) = level.wildcards.iter().find(|n| {
+        n.key == key && matches!(&n.value, ValueMatch::Wildcard(p) if glob_match(p, value))
+    }) {
+        return Some(n);
+    }
+    level.bare.get(key)
+}
+
+/// Resolves a descriptor (its `(key, value)` entries, in order) against a domain's rules.
+pub fn find_limit<'a, 'e, I>(domain: &'a DomainRules, entries: I) -> Option<Matched<'a>>
+where
+    I: IntoIterator<Item = (&'e str, &'e str)>,
+    I::IntoIter: ExactSizeIterator,
+{
+    let entries = entries.into_iter();
+    let last = entries.len().checked_sub(1)?;
+    let mut level = &domain.root;
+    let mut counter_entries = Vec::with_capacity(last + 1);
+    for (i, (key, value)) in entries.enumerate() {
+        let node = find_in_level(level, key, value)?;
+        let counted_value = match &node.value {
+            ValueMatch::Wildcard(pattern) if node.share_threshold => pattern.clone(),
+            _ => value.to_string(),
+        };
+        counter_entries.push((key.to_string(), counted_value));
+        if i == last {
+            return node.rate_limit.as_ref().map(|rule| Matched {
+                node,
+                rule,
+                counter_entries,
+            });
+        }
+        // A request deeper than the config matches nothing.
+        if node.children.is_empty() {
+            return None;
+        }
+        level = &node.children;
+    }
+    None
+}
+
+/// `*` matches any run of characters (including none), anywhere and any number of times; every
+/// other character matches itself.
+pub fn glob_match(pattern: &str, value: &str) -> bool {
+    let p = pattern.as_bytes();
+    let v = value.as_bytes();
+    let (mut pi, mut vi) = (0, 0);
+    // Position of the last `*` seen and the value position it currently absorbs up to.
+    let mut star: Option<(usize, usize)> = None;
+    while vi < v.len() {
+        if pi < p.len() && p[pi] == b'*' {
+            star = Some((pi, vi));
+            pi += 1;
+        } else if pi < p.len() && p[pi] == v[vi] {
+            pi += 1;
+            vi += 1;
+        } else if let Some((sp, sv)) = star {
+            // Let the last `*` absorb one more character and retry from there.
+            pi = sp + 1;
+            vi = sv + 1;
+            star = Some((sp, sv + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == b'*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_match;
+
+    #[test]
+    fn glob_cases() {
+        for (p, v, want) in [
+            ("foo*", "foo", true),
+            ("foo*", "foobar", true),
+            ("foo*", "fo", false),
+            ("*bar", "foobar", true),
+            ("*bar", "foobaz", false),
+            ("f*r", "foobar", true),
+            ("f*r", "foobaz", false),
+            ("/api/*/users/*", "/api/v1/users/42", true),
+            ("/api/*/users/*", "/api/v1/groups/42", false),
+            ("a*b*c", "abc", true),
+            ("a*b*c", "aXbYbZc", true),
+            ("a*b*c", "aXbYcZ", false),
+            ("*", "", true),
+            ("**", "x", true),
+            ("exact", "exact", true),
+            ("exact", "exacT", false),
+            ("ü*", "über", true),
+        ] {
+            assert_eq!(glob_match(p, v), want, "pattern {p:?} value {v:?}");
+        }
+    }
+}
