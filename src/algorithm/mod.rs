@@ -39,9 +39,9 @@ pub fn window_start(now: Duration, period: Duration) -> Duration {
 }
 
 /// Fixed window, epoch-aligned. `hits = 0` is a check: it is allowed only while the window still
-/// has room for one more request, and it charges nothing. Returns the state to store if the
-/// request is admitted (the caller discards it on a denial, so a denied request charges nothing)
-/// and `None` when the stored state must not change.
+/// has room for one more request, and it charges nothing. Returns the outcome and the state to
+/// store if the whole request is admitted; the caller discards that state on a denial, so a
+/// denied request charges nothing.
 pub fn fixed_window(
     state: Option<FixedWindowState>,
     now: Duration,

@@ -107,7 +107,18 @@ impl MemoryStore {
             outcomes.push(outcome);
         }
 
-        if admitted {
+        if !admitted {
+            // Nothing is charged, so report what each counter really has left, not what it would
+            // have had after this request.
+            for ((check, shard), outcome) in checks.iter().zip(&shard_ids).zip(&mut outcomes) {
+                let stored = guards
+                    .get(shard)
+                    .and_then(|g| g.counters.get(&check.key).copied());
+                outcome.remaining = algorithm::fixed_window(stored, now, check.params(), 0)
+                    .0
+                    .remaining;
+            }
+        } else {
             for (check, shard) in checks.iter().zip(&shard_ids) {
                 if check.hits == 0 {
                     continue;
@@ -141,5 +152,98 @@ impl CounterStore for MemoryStore {
         checks: &'a [LimitCheck],
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(async move { Ok(self.decide_now(checks)) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::config::Unit;
+
+    fn check(value: &str, limit: u32, unit: Unit) -> LimitCheck {
+        LimitCheck {
+            key: CounterKey {
+                domain: Arc::from("d"),
+                entries: vec![("k".into(), value.into())],
+                requests_per_unit: limit,
+                unit,
+                overridden: false,
+            },
+            hits: 1,
+            refund: false,
+            shadow: false,
+        }
+    }
+
+    #[test]
+    fn expired_counters_are_reclaimed() {
+        let clock = ManualClock::new(Duration::from_secs(1_000_000));
+        let store = MemoryStore::with_shards(Arc::new(clock.clone()), 4);
+        for i in 0..100 {
+            assert!(
+                store
+                    .decide_now(&[check(&i.to_string(), 5, Unit::Second)])
+                    .admitted
+            );
+        }
+        let hour = check("long-lived", 5, Unit::Hour);
+        assert!(store.decide_now(std::slice::from_ref(&hour)).admitted);
+        assert_eq!(store.len(), 101);
+        // Past every second-window and the sweep interval: touching each shard sweeps it.
+        clock.advance(SWEEP_EVERY + Duration::from_secs(1));
+        for i in 0..4 * 50 {
+            store.decide_now(&[LimitCheck {
+                hits: 0,
+                ..check(&format!("probe{i}"), 5, Unit::Second)
+            }]);
+        }
+        assert_eq!(store.len(), 1, "only the hour counter is still live");
+        // ...and it still holds its count.
+        let o = store.decide_now(&[hour]).outcomes[0];
+        assert_eq!(o.remaining, 3);
+    }
+
+    #[test]
+    fn checks_spanning_shards_are_all_or_nothing() {
+        let clock = ManualClock::new(Duration::from_secs(1_000_000));
+        let store = MemoryStore::with_shards(Arc::new(clock), 8);
+        let checks: Vec<_> = (0..16)
+            .map(|i| check(&i.to_string(), 2, Unit::Minute))
+            .collect();
+        let mut last = check("15", 2, Unit::Minute);
+        last.hits = 2;
+        assert!(store.decide_now(&[last]).admitted);
+        // The last counter is full, so the whole batch is denied and nothing else is charged.
+        let d = store.decide_now(&checks);
+        assert!(!d.admitted);
+        assert_eq!(d.outcomes.iter().filter(|o| o.allowed).count(), 15);
+        assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn concurrent_decisions_admit_exactly_the_limit() {
+        let clock = ManualClock::new(Duration::from_secs(1_000_000));
+        let store = Arc::new(MemoryStore::with_shards(Arc::new(clock), 4));
+        let admitted = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for t in 0..8 {
+                let store = &store;
+                let admitted = &admitted;
+                s.spawn(move || {
+                    for i in 0..100 {
+                        // Every batch touches the shared counter plus a private one.
+                        let batch = [
+                            check("shared", 50, Unit::Hour),
+                            check(&format!("{t}-{i}"), 1000, Unit::Hour),
+                        ];
+                        if store.decide_now(&batch).admitted {
+                            admitted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(admitted.load(std::sync::atomic::Ordering::SeqCst), 50);
     }
 }

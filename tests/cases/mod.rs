@@ -1,0 +1,5 @@
+mod grpcurl;
+mod http;
+mod process;
+mod semantics;
+mod store;
