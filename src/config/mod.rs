@@ -6,6 +6,9 @@
 mod load;
 mod yaml;
 
+#[cfg(test)]
+mod tests;
+
 pub use load::{load_path, load_sources, ConfigError, ConfigErrors, LoadOptions};
 
 use std::collections::HashMap;
