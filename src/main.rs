@@ -1,1 +1,88 @@
-fn main() {}
+//! The `sluice` binary: parses the command line, sets up logging and calls into the library
+//! (`server::run` for `serve`, the config loader for `check`). Kept thin so everything it does is
+//! reachable from tests through the library.
+#![forbid(unsafe_code)]
+
+use sluice::config::{load_path, LoadOptions};
+use sluice::settings::{CheckArgs, Cli, Command, LogArgs, LogFormat, ServeArgs};
+use std::process::ExitCode;
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let (command, log) = Cli::parse_args().into_command();
+    init_logging(&log);
+    match command {
+        Command::Serve(args) => serve(args).await,
+        Command::Check(args) => check(&args),
+    }
+}
+
+/// Logs go to stderr; `RUST_LOG`, when set, refines `LOG_LEVEL` per module.
+fn init_logging(log: &LogArgs) {
+    let filter = EnvFilter::builder()
+        .with_default_directive(
+            tracing::level_filters::LevelFilter::from_level(log.log_level.as_tracing()).into(),
+        )
+        .from_env_lossy();
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, never in collected container logs.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match log.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+async fn serve(args: ServeArgs) -> ExitCode {
+    // Handlers first: a SIGTERM while the config loads must drain (here: exit 0), not kill.
+    let shutdown = sluice::server::shutdown_signal();
+    tracing::debug!(settings = ?args, "starting");
+    let config = match args.server_config() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match sluice::server::run(config, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `sluice check PATH`: every error on its own line (`file:line: path: message`) on stdout and
+/// exit 1, or a short summary and exit 0.
+fn check(args: &CheckArgs) -> ExitCode {
+    let opts = LoadOptions {
+        ignore_dotfiles: args.ignore_dotfiles,
+    };
+    match load_path(&args.path, &opts) {
+        Ok(rules) => {
+            let counts = rules.rule_counts();
+            let total: usize = counts.iter().map(|(_, n)| n).sum();
+            println!(
+                "{}: OK, {} domain(s), {} rate limit(s)",
+                args.path.display(),
+                counts.len(),
+                total
+            );
+            for (domain, n) in counts {
+                println!("  {domain}: {n}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            for e in &errors.0 {
+                println!("{e}");
+            }
+            eprintln!("{}: {} error(s)", args.path.display(), errors.0.len());
+            ExitCode::FAILURE
+        }
+    }
+}

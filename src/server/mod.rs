@@ -1,1 +1,589 @@
-//! Servers. STUB
+//! Wiring of the running service: the gRPC server (RLS, health, reflection) and the HTTP admin
+//! server around one shared [`RateLimiter`], with a graceful, bounded drain on shutdown.
+//! [`start`] binds both listeners before returning, so tests can ask for port 0 and read the
+//! real addresses from [`Running`].
+
+pub mod grpc;
+pub mod http;
+mod incoming;
+pub mod signal;
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::RuleSet;
+use crate::service::{RateLimiter, ServiceOptions};
+use crate::store::memory::MemoryStore;
+use crate::store::CounterStore;
+use signal::{ShutdownHandle, ShutdownWatch};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tonic_health::ServingStatus;
+
+pub use signal::shutdown_signal;
+
+/// Default time in-flight requests get to finish after a shutdown starts.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
+
+/// Health-check service name envoyproxy/ratelimit registers, kept for existing probes.
+pub const HEALTH_SERVICE_NAME: &str = "ratelimit";
+
+/// Everything [`start`] needs. Fields are public so tests and `settings` fill them directly.
+#[derive(Debug)]
+pub struct ServerConfig {
+    /// gRPC listen address; port 0 picks a free port (see [`Running::grpc_addr`]).
+    pub grpc_addr: SocketAddr,
+    /// HTTP admin listen address; port 0 picks a free port (see [`Running::http_addr`]).
+    pub http_addr: SocketAddr,
+    /// The initial rules.
+    pub rules: RuleSet,
+    pub options: ServiceOptions,
+    /// Time source of the default memory store (a `ManualClock` in tests).
+    pub clock: Arc<dyn Clock>,
+    /// Counter store; `None` builds a [`MemoryStore`] on `clock`.
+    pub store: Option<Arc<dyn CounterStore>>,
+    /// Upper bound on the drain after a shutdown starts; then remaining connections are dropped.
+    pub shutdown_grace: Duration,
+    /// Where `rules` came from, for logs (and later reloads); `None` for in-memory rules.
+    pub config_path: Option<PathBuf>,
+}
+
+impl ServerConfig {
+    /// Loopback on free ports for both servers, the system clock, a memory store, the default
+    /// grace period: the usual starting point of a test, which then overrides fields.
+    pub fn new(rules: RuleSet) -> Self {
+        let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+        Self {
+            grpc_addr: loopback,
+            http_addr: loopback,
+            rules,
+            options: ServiceOptions::default(),
+            clock: Arc::new(SystemClock),
+            store: None,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            config_path: None,
+        }
+    }
+
+    /// [`ServerConfig::new`] with `clock` driving the memory store: what in-process tests use
+    /// (with a `ManualClock`), then override fields with struct update syntax.
+    pub fn for_tests(rules: RuleSet, clock: Arc<dyn Clock>) -> Self {
+        Self::new(rules).with_clock(clock)
+    }
+
+    /// Replaces the clock (the default memory store reads it).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Uses an explicit counter store instead of a memory store on `clock`.
+    pub fn with_store(mut self, store: Arc<dyn CounterStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+}
+
+/// Why the servers could not start or stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen for {what} on {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot build gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("cannot set up /json transcoding: {0}")]
+    Transcoder(#[from] http::TranscodeSetupError),
+    #[error("gRPC server failed: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    #[error("HTTP admin server failed: {0}")]
+    Http(std::io::Error),
+    #[error("{0} server stopped before shutdown was requested")]
+    StoppedEarly(&'static str),
+    #[error("{what} server task failed: {source}")]
+    Task {
+        what: &'static str,
+        source: tokio::task::JoinError,
+    },
+}
+
+/// A started service. Dropping it (with every [`ShutdownHandle`]) starts a graceful shutdown, so
+/// a test that forgets to stop its server does not leak it.
+#[derive(Debug)]
+pub struct Running {
+    grpc_addr: SocketAddr,
+    http_addr: SocketAddr,
+    limiter: Arc<RateLimiter>,
+    shutdown: ShutdownHandle,
+    supervisor: JoinHandle<Result<(), ServerError>>,
+}
+
+impl Running {
+    /// The bound gRPC address (the real port when 0 was asked for).
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc_addr
+    }
+
+    /// The bound HTTP admin address (the real port when 0 was asked for).
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    /// `http://` URL of the gRPC server, for `tonic` clients (`Endpoint::from_shared`).
+    pub fn grpc_url(&self) -> String {
+        format!("http://{}", self.grpc_addr)
+    }
+
+    /// `http://` base URL of the admin server.
+    pub fn http_url(&self) -> String {
+        format!("http://{}", self.http_addr)
+    }
+
+    /// The decision engine both front ends share (e.g. to swap rules in a test).
+    pub fn limiter(&self) -> &Arc<RateLimiter> {
+        &self.limiter
+    }
+
+    /// A handle that starts the shutdown from anywhere (another task, a signal handler).
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        self.shutdown.clone()
+    }
+
+    /// Starts the graceful shutdown: health turns NOT_SERVING, both listeners close, in-flight
+    /// calls finish within the grace period. Returns at once; use [`Running::wait`] to join.
+    pub fn shutdown(&self) {
+        self.shutdown.shutdown();
+    }
+
+    /// Waits until both servers have stopped: after a shutdown, `Ok` once drained (or once the
+    /// grace period cut the drain short); an error if a server failed on its own.
+    pub async fn wait(self) -> Result<(), ServerError> {
+        // Keep the handle alive while waiting so only an explicit shutdown ends the servers.
+        let _keep = self.shutdown;
+        match self.supervisor.await {
+            Ok(r) => r,
+            Err(source) => Err(ServerError::Task {
+                what: "supervisor",
+                source,
+            }),
+        }
+    }
+
+    /// [`Running::shutdown`] then [`Running::wait`].
+    pub async fn stop(self) -> Result<(), ServerError> {
+        self.shutdown();
+        self.wait().await
+    }
+}
+
+/// Binds both listeners, starts the gRPC and HTTP servers and returns once they accept
+/// connections. Fails without leaving anything running if either address cannot be bound.
+pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
+    let ServerConfig {
+        grpc_addr,
+        http_addr,
+        rules,
+        options,
+        clock,
+        store,
+        shutdown_grace,
+        config_path,
+    } = config;
+
+    // Bind first: a port conflict is reported before any task starts, and port 0 resolves to
+    // the real port the caller needs.
+    let grpc_listener = bind("gRPC", grpc_addr).await?;
+    let http_listener = bind("HTTP", http_addr).await?;
+    let grpc_addr = local_addr("gRPC", grpc_addr, &grpc_listener)?;
+    let http_addr = local_addr("HTTP", http_addr, &http_listener)?;
+
+    // Everything that can fail is built before a task is spawned.
+    let (reflection_v1, reflection_v1alpha) = grpc::reflection_services()?;
+    let transcoder = http::Transcoder::new()?;
+
+    log_config_loaded(&rules, config_path.as_deref());
+    let store = store.unwrap_or_else(|| Arc::new(MemoryStore::new(clock)));
+    let limiter = Arc::new(RateLimiter::new(rules, store, options));
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    for name in ["", HEALTH_SERVICE_NAME, grpc::RLS_SERVICE_NAME] {
+        health_reporter
+            .set_service_status(name, ServingStatus::Serving)
+            .await;
+    }
+
+    // Two triggers: `shutdown` is the caller's (handles, signals, dropping `Running`); `drain` is
+    // the supervisor's and is what the servers obey, so an early server failure can also stop
+    // the other server without the supervisor holding a caller handle (which would keep a
+    // dropped `Running` alive).
+    let (shutdown, trigger) = signal::channel();
+    let (drain, draining) = signal::channel();
+
+    // The accept stream itself ends on drain (after sweeping the backlog), so tonic's own
+    // shutdown signal never fires first; passing one still makes tonic drain its connections
+    // gracefully once the stream ends.
+    let incoming = incoming::DrainingIncoming::new(grpc_listener, draining.clone());
+    let grpc_server = tonic::transport::Server::builder()
+        .add_service(grpc::RlsService::new(Arc::clone(&limiter)).into_server())
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .serve_with_incoming_shutdown(incoming, std::future::pending::<()>());
+    let grpc_task = tokio::spawn(grpc_server);
+
+    let app = http::router(Arc::clone(&limiter), transcoder, draining.clone());
+    let http_server = axum::serve(http_listener, app).with_graceful_shutdown(draining.triggered());
+    let http_task = tokio::spawn(async move { http_server.await });
+
+    tracing::info!(
+        grpc = %grpc_addr,
+        http = %http_addr,
+        "sluice listening (gRPC: RLS, health, reflection; HTTP: /healthcheck /rlconfig /json)"
+    );
+
+    let supervisor = tokio::spawn(supervise(
+        trigger,
+        drain,
+        health_reporter,
+        grpc_task,
+        http_task,
+        shutdown_grace,
+    ));
+
+    Ok(Running {
+        grpc_addr,
+        http_addr,
+        limiter,
+        shutdown,
+        supervisor,
+    })
+}
+
+/// Starts the servers and runs them until `shutdown` resolves (usually [`shutdown_signal`]),
+/// then drains gracefully. `Ok` means a clean stop, so the process can exit 0.
+pub async fn run(
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    let running = start(config).await?;
+    let handle = running.shutdown_handle();
+    let wait = running.wait();
+    tokio::pin!(wait);
+    tokio::pin!(shutdown);
+    tokio::select! {
+        // A server failed on its own: nothing left to drain.
+        r = &mut wait => return r,
+        () = &mut shutdown => handle.shutdown(),
+    }
+    wait.await
+}
+
+/// The info line written for every config load: where from, and the rate limits per domain.
+pub fn log_config_loaded(rules: &RuleSet, source: Option<&std::path::Path>) {
+    let counts = rules.rule_counts();
+    let total: usize = counts.iter().map(|(_, n)| n).sum();
+    let per_domain = counts
+        .iter()
+        .map(|(d, n)| format!("{d}={n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    tracing::info!(
+        source = %source.map(|p| p.display().to_string()).unwrap_or_else(|| "<memory>".into()),
+        domains = counts.len(),
+        rate_limits = total,
+        per_domain = %per_domain,
+        "config loaded"
+    );
+}
+
+async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { what, addr, source })
+}
+
+fn local_addr(
+    what: &'static str,
+    addr: SocketAddr,
+    listener: &TcpListener,
+) -> Result<SocketAddr, ServerError> {
+    listener
+        .local_addr()
+        .map_err(|source| ServerError::Bind { what, addr, source })
+}
+
+/// Owns both server tasks: waits for the shutdown trigger (or a server dying early), turns health
+/// to NOT_SERVING, lets the servers drain, and bounds the drain by `grace`.
+async fn supervise(
+    trigger: ShutdownWatch,
+    drain: ShutdownHandle,
+    health: tonic_health::server::HealthReporter,
+    mut grpc_task: JoinHandle<Result<(), tonic::transport::Error>>,
+    mut http_task: JoinHandle<std::io::Result<()>>,
+    grace: Duration,
+) -> Result<(), ServerError> {
+    let grpc_abort = grpc_task.abort_handle();
+    let http_abort = http_task.abort_handle();
+
+    // A server only returns before the trigger if it failed; the other one is then stopped too.
+    let mut grpc_done = None;
+    let mut http_done = None;
+    tokio::select! {
+        () = trigger.triggered() => {}
+        r = &mut grpc_task => grpc_done = Some(grpc_result(r, true)),
+        r = &mut http_task => http_done = Some(http_result(r, true)),
+    }
+
+    // Probes see NOT_SERVING for the whole drain (the HTTP /healthcheck reads the trigger).
+    for name in ["", HEALTH_SERVICE_NAME, grpc::RLS_SERVICE_NAME] {
+        health
+            .set_service_status(name, ServingStatus::NotServing)
+            .await;
+    }
+    // Stop accepting on both listeners; in-flight calls continue.
+    drain.shutdown();
+
+    let drain = async {
+        let g = match grpc_done {
+            Some(r) => r,
+            None => grpc_result((&mut grpc_task).await, false),
+        };
+        let h = match http_done {
+            Some(r) => r,
+            None => http_result((&mut http_task).await, false),
+        };
+        g.and(h)
+    };
+    match tokio::time::timeout(grace, drain).await {
+        Ok(r) => {
+            if r.is_ok() {
+                tracing::info!("shutdown complete");
+            }
+            r
+        }
+        Err(_) => {
+            tracing::warn!(
+                grace = ?grace,
+                "grace period elapsed with requests still in flight; closing remaining connections"
+            );
+            grpc_abort.abort();
+            http_abort.abort();
+            Ok(())
+        }
+    }
+}
+
+fn grpc_result(
+    r: Result<Result<(), tonic::transport::Error>, tokio::task::JoinError>,
+    early: bool,
+) -> Result<(), ServerError> {
+    match r {
+        Ok(Ok(())) if early => Err(ServerError::StoppedEarly("gRPC")),
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(ServerError::Grpc(e)),
+        Err(source) => Err(ServerError::Task {
+            what: "gRPC",
+            source,
+        }),
+    }
+}
+
+fn http_result(
+    r: Result<std::io::Result<()>, tokio::task::JoinError>,
+    early: bool,
+) -> Result<(), ServerError> {
+    match r {
+        Ok(Ok(())) if early => Err(ServerError::StoppedEarly("HTTP")),
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(ServerError::Http(e)),
+        Err(source) => Err(ServerError::Task {
+            what: "HTTP",
+            source,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::{health_check_response::ServingStatus as Status, HealthCheckRequest};
+
+    async fn health_client(running: &Running) -> HealthClient<tonic::transport::Channel> {
+        let channel = tonic::transport::Endpoint::from_shared(running.grpc_url())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        HealthClient::new(channel)
+    }
+
+    fn config() -> ServerConfig {
+        ServerConfig::for_tests(RuleSet::empty(), Arc::new(ManualClock::new(Duration::ZERO)))
+    }
+
+    #[tokio::test]
+    async fn starts_on_free_ports_reports_serving_and_stops_cleanly() {
+        let running = start(config()).await.unwrap();
+        assert_ne!(running.grpc_addr().port(), 0);
+        assert_ne!(running.http_addr().port(), 0);
+        let mut health = health_client(&running).await;
+        for service in ["", HEALTH_SERVICE_NAME, grpc::RLS_SERVICE_NAME] {
+            let r = health
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(r.status, Status::Serving as i32, "{service:?}");
+        }
+        running.stop().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn health_watchers_see_not_serving_on_shutdown() {
+        let running = start(config()).await.unwrap();
+        let mut health = health_client(&running).await;
+        let mut watch = health
+            .watch(HealthCheckRequest {
+                service: HEALTH_SERVICE_NAME.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let first = watch.message().await.unwrap().unwrap();
+        assert_eq!(first.status, Status::Serving as i32);
+        running.shutdown();
+        let next = watch.message().await.unwrap().unwrap();
+        assert_eq!(next.status, Status::NotServing as i32);
+        drop(watch);
+        drop(health);
+        running.wait().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_taken_port_is_a_bind_error() {
+        let first = start(config()).await.unwrap();
+        let mut second = config();
+        second.grpc_addr = first.grpc_addr();
+        match start(second).await {
+            Err(ServerError::Bind { what: "gRPC", .. }) => {}
+            other => panic!("expected a gRPC bind error, got {other:?}"),
+        }
+        first.stop().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn run_returns_ok_when_the_shutdown_future_resolves() {
+        run(config(), async {}).await.unwrap();
+    }
+
+    /// A memory store that holds every decision until released, to keep calls in flight.
+    #[derive(Debug)]
+    struct GateStore {
+        inner: MemoryStore,
+        entered: tokio::sync::Notify,
+        release: tokio::sync::Semaphore,
+    }
+
+    impl CounterStore for GateStore {
+        fn decide<'a>(
+            &'a self,
+            checks: &'a [crate::store::LimitCheck],
+        ) -> crate::store::BoxFuture<'a, Result<crate::store::Decision, crate::store::StoreError>>
+        {
+            Box::pin(async move {
+                self.entered.notify_one();
+                let _permit = self.release.acquire().await;
+                self.inner.decide(checks).await
+            })
+        }
+    }
+
+    const RULES: &str = concat!(
+        "domain: d\n",
+        "descriptors:\n",
+        "  - key: k\n",
+        "    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+    );
+
+    fn gated(grace: Duration) -> (ServerConfig, Arc<GateStore>) {
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(Duration::from_secs(1_000_000)));
+        let rules = crate::config::load_sources(&[("t.yaml".into(), RULES.into())])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let store = Arc::new(GateStore {
+            inner: MemoryStore::new(Arc::clone(&clock)),
+            entered: tokio::sync::Notify::new(),
+            release: tokio::sync::Semaphore::new(0),
+        });
+        let mut config = ServerConfig::for_tests(rules, clock).with_store(store.clone());
+        config.shutdown_grace = grace;
+        (config, store)
+    }
+
+    fn request() -> crate::proto::RateLimitRequest {
+        crate::proto::RateLimitRequest {
+            domain: "d".into(),
+            descriptors: vec![crate::proto::RateLimitDescriptor {
+                entries: vec![crate::proto::rate_limit_descriptor::Entry {
+                    key: "k".into(),
+                    value: "v".into(),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_in_flight_call_finishes_after_shutdown_starts() {
+        let (config, store) = gated(Duration::from_secs(60));
+        let running = start(config).await.unwrap();
+        let mut client = crate::proto::rate_limit_service_client::RateLimitServiceClient::connect(
+            running.grpc_url(),
+        )
+        .await
+        .unwrap();
+        let call = tokio::spawn(async move { client.should_rate_limit(request()).await });
+        store.entered.notified().await;
+        running.shutdown();
+        // New connections are refused while the call is still held by the store.
+        let refused = loop {
+            match tokio::net::TcpStream::connect(running.grpc_addr()).await {
+                Err(_) => break true,
+                Ok(_) => tokio::task::yield_now().await,
+            }
+        };
+        assert!(refused);
+        store.release.add_permits(1);
+        let answer = call.await.unwrap().unwrap().into_inner();
+        assert_eq!(
+            answer.overall_code,
+            crate::proto::rate_limit_response::Code::Ok as i32
+        );
+        running.wait().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_grace_period_bounds_the_drain() {
+        let (config, store) = gated(Duration::from_millis(50));
+        let running = start(config).await.unwrap();
+        let mut client = crate::proto::rate_limit_service_client::RateLimitServiceClient::connect(
+            running.grpc_url(),
+        )
+        .await
+        .unwrap();
+        let _call = tokio::spawn(async move { client.should_rate_limit(request()).await });
+        store.entered.notified().await;
+        // The store never answers; the drain still ends, cleanly, once the grace period is over.
+        running.stop().await.unwrap();
+    }
+}

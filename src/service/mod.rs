@@ -99,7 +99,9 @@ impl RateLimiter {
 /// Rejects what Envoy's own proto validation forbids and what no limit could be found for.
 fn validate(request: &RateLimitRequest) -> Result<(), RequestError> {
     if request.domain.is_empty() {
-        return Err(RequestError::Invalid("rate limit domain must not be empty".into()));
+        return Err(RequestError::Invalid(
+            "rate limit domain must not be empty".into(),
+        ));
     }
     if request.descriptors.is_empty() {
         return Err(RequestError::Invalid(
@@ -163,7 +165,11 @@ fn plan(
     let Some(domain) = rules.domains.get(&request.domain) else {
         // Unknown domain: every descriptor is OK with no limit, as envoyproxy/ratelimit answers.
         return Ok(Plan {
-            resolutions: request.descriptors.iter().map(|_| Resolution::NoLimit).collect(),
+            resolutions: request
+                .descriptors
+                .iter()
+                .map(|_| Resolution::NoLimit)
+                .collect(),
             checks: Vec::new(),
         });
     };
@@ -297,7 +303,11 @@ pub fn response_unit(unit: Unit) -> rate_limit::Unit {
     }
 }
 
-fn respond(plan: &Plan, decision: Option<&Decision>, options: &ServiceOptions) -> RateLimitResponse {
+fn respond(
+    plan: &Plan,
+    decision: Option<&Decision>,
+    options: &ServiceOptions,
+) -> RateLimitResponse {
     let mut any_over = false;
     let statuses = plan
         .resolutions

@@ -63,7 +63,10 @@ async fn grpcurl_lists_services_and_calls_should_rate_limit() {
         let v: serde_json::Value = serde_json::from_str(&out).expect("grpcurl prints JSON");
         codes.push(v["overallCode"].as_str().unwrap_or("?").to_string());
         if i == 0 {
-            assert_eq!(v["statuses"][0]["currentLimit"]["requestsPerUnit"], 5, "{out}");
+            assert_eq!(
+                v["statuses"][0]["currentLimit"]["requestsPerUnit"], 5,
+                "{out}"
+            );
             assert_eq!(v["statuses"][0]["currentLimit"]["unit"], "MINUTE", "{out}");
             assert_eq!(v["statuses"][0]["limitRemaining"], 4, "{out}");
         }

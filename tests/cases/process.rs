@@ -113,7 +113,7 @@ async fn sigterm_finishes_in_flight_calls_and_exits_zero() {
                 match c.should_rate_limit(req.clone()).await {
                     Ok(r) => answers.push(Ok(code(&r.into_inner()))),
                     Err(e) => {
-                        answers.push(Err(e.code()));
+                        answers.push(Err((e.code(), e.message().to_string())));
                         break;
                     }
                 }
@@ -139,10 +139,15 @@ async fn sigterm_finishes_in_flight_calls_and_exits_zero() {
                     answered += 1;
                 }
                 // After shutdown starts, new calls are refused at the transport level; no call
-                // ever gets a half answer (Internal/Unknown).
-                Err(code) => assert!(
-                    matches!(code, tonic::Code::Unavailable | tonic::Code::Cancelled),
-                    "unexpected {code:?}"
+                // the server accepted gets a half answer. A call the client sent after the
+                // server's graceful GOAWAY(NO_ERROR) was never run by the server; tonic's client
+                // reports that race as Internal "...GoAway(NO_ERROR...", which Envoy retries.
+                Err((code, msg)) => assert!(
+                    matches!(code, tonic::Code::Unavailable | tonic::Code::Cancelled)
+                        || (code == tonic::Code::Internal
+                            && msg.contains("GoAway")
+                            && msg.contains("NO_ERROR")),
+                    "unexpected {code:?}: {msg}"
                 ),
             }
         }

@@ -1,0 +1,67 @@
+//! The gRPC front end: Envoy's `RateLimitService` delegating to the shared [`RateLimiter`], plus
+//! the health and reflection services that probes and grpcurl expect next to it.
+
+use crate::proto::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
+use crate::proto::{RateLimitRequest, RateLimitResponse};
+use crate::service::RateLimiter;
+use std::sync::Arc;
+use tonic::{Request, Response, Status};
+
+/// Full gRPC name of the RLS service, as health checks and reflection name it.
+pub const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
+
+/// `envoy.service.ratelimit.v3.RateLimitService` over one [`RateLimiter`].
+#[derive(Debug, Clone)]
+pub struct RlsService {
+    limiter: Arc<RateLimiter>,
+}
+
+impl RlsService {
+    pub fn new(limiter: Arc<RateLimiter>) -> Self {
+        Self { limiter }
+    }
+
+    pub fn into_server(self) -> RateLimitServiceServer<Self> {
+        RateLimitServiceServer::new(self)
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RlsService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        // `From<RequestError> for Status` is the single place that maps errors to gRPC codes.
+        self.limiter
+            .should_rate_limit(request.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(Status::from)
+    }
+}
+
+/// Reflection v1 and v1alpha over the RLS protos, grpc.health.v1 and both reflection protos, so
+/// `grpcurl list` shows every service whichever reflection version the client speaks.
+pub fn reflection_services() -> Result<
+    (
+        tonic_reflection::server::v1::ServerReflectionServer<
+            impl tonic_reflection::server::v1::ServerReflection,
+        >,
+        tonic_reflection::server::v1alpha::ServerReflectionServer<
+            impl tonic_reflection::server::v1alpha::ServerReflection,
+        >,
+    ),
+    tonic_reflection::server::Error,
+> {
+    let builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(
+                tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+            )
+    };
+    Ok((builder().build_v1()?, builder().build_v1alpha()?))
+}

@@ -1,0 +1,200 @@
+//! The HTTP admin server of envoyproxy/ratelimit: `/healthcheck` for load balancers and probes,
+//! `/rlconfig` to see the loaded rules, and `/json` to ask for a decision with protojson (curl,
+//! scripts, services without gRPC).
+
+use super::signal::ShutdownWatch;
+use crate::proto::{RateLimitRequest, RateLimitResponse};
+use crate::service::RateLimiter;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use prost::Message;
+use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, SerializeOptions};
+use std::sync::Arc;
+
+const REQUEST_TYPE: &str = "envoy.service.ratelimit.v3.RateLimitRequest";
+const RESPONSE_TYPE: &str = "envoy.service.ratelimit.v3.RateLimitResponse";
+
+/// Why the admin server could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TranscodeSetupError {
+    #[error("embedded proto descriptors are invalid: {0}")]
+    Descriptors(#[from] prost_reflect::DescriptorError),
+    #[error("embedded proto descriptors lack message {0}")]
+    MissingMessage(&'static str),
+}
+
+/// Message descriptors for protojson transcoding, resolved once at start.
+#[derive(Debug, Clone)]
+pub struct Transcoder {
+    request: MessageDescriptor,
+    response: MessageDescriptor,
+}
+
+impl Transcoder {
+    pub fn new() -> Result<Self, TranscodeSetupError> {
+        let pool = DescriptorPool::decode(crate::proto::FILE_DESCRIPTOR_SET)?;
+        let get = |name: &'static str| {
+            pool.get_message_by_name(name)
+                .ok_or(TranscodeSetupError::MissingMessage(name))
+        };
+        Ok(Self {
+            request: get(REQUEST_TYPE)?,
+            response: get(RESPONSE_TYPE)?,
+        })
+    }
+
+    /// protojson (lowerCamel or original field names, as protobuf's JSON mapping requires) to a
+    /// `RateLimitRequest`, by way of the binary encoding.
+    pub fn decode_request(&self, body: &[u8]) -> Result<RateLimitRequest, String> {
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let msg = DynamicMessage::deserialize(self.request.clone(), &mut de)
+            .map_err(|e| e.to_string())?;
+        de.end().map_err(|e| e.to_string())?;
+        RateLimitRequest::decode(msg.encode_to_vec().as_slice()).map_err(|e| e.to_string())
+    }
+
+    /// A `RateLimitResponse` as protojson with protojson.Marshal's defaults (lowerCamel names,
+    /// enum names, default values omitted), as envoyproxy/ratelimit writes it.
+    pub fn encode_response(&self, response: &RateLimitResponse) -> Result<Vec<u8>, String> {
+        let msg =
+            DynamicMessage::decode(self.response.clone(), response.encode_to_vec().as_slice())
+                .map_err(|e| e.to_string())?;
+        let mut out = Vec::new();
+        let mut ser = serde_json::Serializer::new(&mut out);
+        msg.serialize_with_options(&mut ser, &SerializeOptions::new())
+            .map_err(|e| e.to_string())?;
+        Ok(out)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct AdminState {
+    limiter: Arc<RateLimiter>,
+    transcoder: Transcoder,
+    shutdown: ShutdownWatch,
+}
+
+/// The admin routes.
+pub(crate) fn router(
+    limiter: Arc<RateLimiter>,
+    transcoder: Transcoder,
+    shutdown: ShutdownWatch,
+) -> Router {
+    Router::new()
+        .route("/healthcheck", get(healthcheck))
+        .route("/rlconfig", get(rlconfig))
+        .route("/json", post(json))
+        .with_state(AdminState {
+            limiter,
+            transcoder,
+            shutdown,
+        })
+}
+
+async fn healthcheck(State(s): State<AdminState>) -> Response {
+    // Failing while draining takes the instance out of a load balancer before it closes.
+    if s.shutdown.is_shutting_down() {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "shutting down\n").into_response();
+    }
+    if !s.limiter.store().healthy() {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "counter store unhealthy\n",
+        )
+            .into_response();
+    }
+    (StatusCode::OK, "OK").into_response()
+}
+
+async fn rlconfig(State(s): State<AdminState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        s.limiter.rules().dump(),
+    )
+        .into_response()
+}
+
+async fn json(State(s): State<AdminState>, body: Bytes) -> Response {
+    let request = match s.transcoder.decode_request(&body) {
+        Ok(r) => r,
+        Err(e) => return json_error(StatusCode::BAD_REQUEST, &format!("malformed request: {e}")),
+    };
+    let response = match s.limiter.should_rate_limit(request).await {
+        Ok(r) => r,
+        Err(e) => {
+            // Derive the HTTP status from the gRPC mapping so both front ends agree on what an
+            // error means (INVALID_ARGUMENT -> 400, UNAVAILABLE -> 503, anything else -> 500).
+            let status = tonic::Status::from(e);
+            let code = match status.code() {
+                tonic::Code::InvalidArgument => StatusCode::BAD_REQUEST,
+                tonic::Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            return json_error(code, status.message());
+        }
+    };
+    let body = match s.transcoder.encode_response(&response) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode /json response");
+            return json_error(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode response");
+        }
+    };
+    let code = if response.overall_code == crate::proto::rate_limit_response::Code::OverLimit as i32
+    {
+        StatusCode::TOO_MANY_REQUESTS
+    } else {
+        StatusCode::OK
+    };
+    (code, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+fn json_error(code: StatusCode, message: &str) -> Response {
+    let body = serde_json::json!({ "code": code.as_u16(), "message": message }).to_string();
+    (code, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::rate_limit_response::{Code, DescriptorStatus};
+
+    #[test]
+    fn request_accepts_both_field_name_styles() {
+        let t = Transcoder::new().unwrap();
+        let camel = br#"{"domain":"d","hitsAddend":3,"descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+        let snake = br#"{"domain":"d","hits_addend":3,"descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+        for body in [&camel[..], &snake[..]] {
+            let r = t.decode_request(body).unwrap();
+            assert_eq!(r.domain, "d");
+            assert_eq!(r.hits_addend, 3);
+            assert_eq!(r.descriptors[0].entries[0].key, "k");
+            assert_eq!(r.descriptors[0].entries[0].value, "v");
+        }
+        assert!(t.decode_request(b"{").is_err());
+        assert!(t.decode_request(br#"{"domain":"d"} x"#).is_err());
+        assert!(t.decode_request(br#"{"nope":1}"#).is_err());
+    }
+
+    #[test]
+    fn response_is_protojson() {
+        let t = Transcoder::new().unwrap();
+        let resp = RateLimitResponse {
+            overall_code: Code::OverLimit as i32,
+            statuses: vec![DescriptorStatus {
+                code: Code::OverLimit as i32,
+                limit_remaining: 0,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let v: serde_json::Value =
+            serde_json::from_slice(&t.encode_response(&resp).unwrap()).unwrap();
+        assert_eq!(v["overallCode"], "OVER_LIMIT");
+        assert_eq!(v["statuses"][0]["code"], "OVER_LIMIT");
+    }
+}
