@@ -365,9 +365,12 @@ fn respond(
     }
 }
 
+/// Whole seconds, rounded up, as envoyproxy/ratelimit reports it: never 0 while the window still
+/// runs, and no sub-second noise in Envoy's headers.
 fn to_proto_duration(d: Duration) -> prost_types::Duration {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
     prost_types::Duration {
-        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+        seconds: i64::try_from(secs).unwrap_or(i64::MAX),
+        nanos: 0,
     }
 }

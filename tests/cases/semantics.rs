@@ -533,3 +533,13 @@ descriptors:
     assert_eq!((ok, over), (10, 90));
     s.stop().await;
 }
+
+#[tokio::test]
+async fn duration_until_reset_is_whole_seconds_rounded_up() {
+    let s = TestServer::start(SIMPLE).await;
+    s.clock.advance(Duration::from_millis(59_001)); // 0.999 s left in the minute
+    let r = s.call(one("d", &[("a", "x")])).await;
+    let d = r.statuses[0].duration_until_reset.expect("reset");
+    assert_eq!((d.seconds, d.nanos), (1, 0));
+    s.stop().await;
+}
