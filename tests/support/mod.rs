@@ -2,6 +2,8 @@
 //! requests. Everything goes through real TCP sockets and a real tonic client.
 #![allow(dead_code)]
 
+pub mod redis;
+
 use sluice::clock::ManualClock;
 use sluice::config::{load_sources, RuleSet};
 use sluice::proto::rate_limit_descriptor::Entry;

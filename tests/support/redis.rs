@@ -1,0 +1,794 @@
+//! Real `redis-server` processes for the integration tests, never mocks: a standalone
+//! [`RedisServer`] (which can be stopped and restarted on the same port for fault tests) and a
+//! three-master [`RedisCluster`], each node on its own free port in its own temporary directory.
+//! Everything is torn down on drop, also when a test panics, and a watchdog kills the servers
+//! if the test process itself dies without unwinding.
+#![allow(dead_code)]
+
+use std::collections::hash_map::RandomState;
+use std::collections::BTreeSet;
+use std::fs::{self, File, OpenOptions};
+use std::hash::BuildHasher;
+use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::thread;
+use std::time::{Duration, Instant};
+use tempfile::TempDir;
+
+/// Upper bound for one server to answer `PING`; only there so a broken setup cannot hang.
+const START_DEADLINE: Duration = Duration::from_secs(60);
+/// Upper bound for `redis-cli --cluster create` plus every node reporting `cluster_state:ok`.
+const CLUSTER_DEADLINE: Duration = Duration::from_secs(120);
+/// Upper bound for one `redis-cli` invocation.
+const CLI_DEADLINE: Duration = Duration::from_secs(60);
+/// Upper bound for a killed server to be reaped.
+const STOP_DEADLINE: Duration = Duration::from_secs(20);
+/// Fresh ports tried when a chosen port turns out to be taken at startup.
+const START_ATTEMPTS: usize = 8;
+/// Whole-cluster attempts (fresh nodes each time) if the cluster cannot be formed.
+const CLUSTER_ATTEMPTS: usize = 3;
+/// Redis Cluster's bus listens on the client port plus this offset.
+const BUS_OFFSET: u16 = 10_000;
+const POLL: Duration = Duration::from_millis(25);
+const CLUSTER_SLOTS: &str = "16384";
+
+/// Runs redis-server as a background job of `sh` and exits with its status. A watcher holds the
+/// read end of our stdin pipe: when the write end closes (on `stop`, or because the test process
+/// died, even by SIGKILL) it kills redis-server, so no server outlives its test.
+const WATCHDOG: &str = r#"exec 3<&0 0</dev/null
+redis-server "$@" 3<&- &
+pid=$!
+(read -r line <&3; kill -9 "$pid" 2>/dev/null) &
+watcher=$!
+exec 3<&-
+wait "$pid"
+code=$?
+kill "$watcher" 2>/dev/null
+exit "$code""#;
+
+// ---------------------------------------------------------------------------------------------
+// Standalone server
+// ---------------------------------------------------------------------------------------------
+
+/// One real `redis-server` (standalone, no persistence) on `127.0.0.1` and a free port, in a
+/// fresh temporary directory.
+pub struct RedisServer {
+    port: u16,
+    /// Whether `port + 10000` is reserved too (cluster nodes).
+    bus: bool,
+    extra_args: Vec<String>,
+    /// The `sh` watchdog whose exit is redis-server's exit; `None` while stopped.
+    child: Option<Child>,
+    dir: TempDir,
+}
+
+impl RedisServer {
+    /// Starts a standalone server and waits until it answers `PING`. Panics with the server's
+    /// log if it cannot start.
+    pub fn start() -> Self {
+        Self::start_with_args(&[])
+    }
+
+    /// Like [`RedisServer::start`], with extra `redis-server` arguments appended (for example
+    /// `["--maxmemory", "10mb"]`).
+    pub fn start_with_args(extra: &[&str]) -> Self {
+        Self::launch(extra.iter().map(|s| s.to_string()).collect(), false)
+    }
+
+    fn launch(extra_args: Vec<String>, bus: bool) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("sluice-redis-")
+            .tempdir()
+            .expect("create a temporary directory for redis-server");
+        let mut failures = Vec::new();
+        for attempt in 1..=START_ATTEMPTS {
+            let port = reserve_port(bus);
+            match spawn_ready(port, dir.path(), &extra_args) {
+                Ok(child) => {
+                    return Self {
+                        port,
+                        bus,
+                        extra_args,
+                        child: Some(child),
+                        dir,
+                    }
+                }
+                Err(e) => {
+                    release_port(port, bus);
+                    failures.push(format!(
+                        "--- attempt {attempt} on port {port} ---\n{}",
+                        e.message
+                    ));
+                    if !e.port_taken {
+                        break;
+                    }
+                    clear_dir(dir.path());
+                }
+            }
+        }
+        panic!(
+            "redis-server could not be started (is it installed? apt-get install -y redis-server \
+             redis-tools)\n{}",
+            failures.join("\n")
+        );
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's working directory (holds `redis.log`, and `nodes.conf` for cluster nodes).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Whether the process is running (not stopped, and not exited on its own).
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// `PING` over a fresh connection answers `PONG`.
+    pub fn ping(&self) -> bool {
+        ping(self.port)
+    }
+
+    /// Runs `redis-cli -h 127.0.0.1 -p PORT <args>` and returns its stdout (raw, as printed when
+    /// not on a terminal: `OK`, `-1`, one list element per line...). Error replies come back as
+    /// text (`ERR ...`); panics if redis-cli itself fails, e.g. cannot connect.
+    pub fn cli(&self, args: &[&str]) -> String {
+        self.try_cli(args).unwrap_or_else(|e| {
+            panic!(
+                "redis-cli -p {} {args:?} failed: {e}\n{}",
+                self.port,
+                logs(self.dir())
+            )
+        })
+    }
+
+    /// Like [`RedisServer::cli`], but a failing redis-cli (e.g. the server is down) is an `Err`
+    /// carrying its stderr.
+    pub fn try_cli(&self, args: &[&str]) -> Result<String, String> {
+        redis_cli(&["-h", "127.0.0.1", "-p", &self.port.to_string()], args)
+    }
+
+    /// Every key with its `TTL` (`-1`: no expiry), sorted by key.
+    pub fn keys_with_ttl(&self) -> Vec<(String, i64)> {
+        let mut keys = keys_with_ttl(self.port)
+            .unwrap_or_else(|e| panic!("scanning keys on port {} failed: {e}", self.port));
+        keys.sort();
+        keys
+    }
+
+    /// The server's log so far (for diagnostics).
+    pub fn log(&self) -> String {
+        logs(self.dir())
+    }
+
+    /// Kills the server (SIGKILL, no shutdown, nothing saved) and waits until it is gone. The
+    /// port stays reserved and the directory stays, so [`RedisServer::restart`] can bring it back.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            stop_child(&mut child);
+        }
+    }
+
+    /// Starts the server again on the same port and directory (empty: nothing is persisted; a
+    /// cluster node keeps its `nodes.conf` and rejoins) and waits until it answers `PING`. Stops
+    /// it first if it is running. Panics if the port cannot be bound again.
+    pub fn restart(&mut self) {
+        self.stop();
+        let deadline = Instant::now() + START_DEADLINE;
+        let mut failures = Vec::new();
+        for attempt in 1..=START_ATTEMPTS {
+            match spawn_ready(self.port, self.dir(), &self.extra_args) {
+                Ok(child) => {
+                    self.child = Some(child);
+                    return;
+                }
+                Err(e) => failures.push(format!("--- attempt {attempt} ---\n{}", e.message)),
+            }
+            if Instant::now() > deadline {
+                break;
+            }
+            thread::sleep(Duration::from_millis(200));
+        }
+        panic!(
+            "redis-server could not be restarted on port {}\n{}",
+            self.port,
+            failures.join("\n")
+        );
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+        release_port(self.port, self.bus);
+        // `dir` (a TempDir) is removed after this, once the process is gone.
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cluster
+// ---------------------------------------------------------------------------------------------
+
+/// A real three-master Redis Cluster (no replicas): three `redis-server` processes, each on a
+/// free port whose bus port (`+10000`) is free too, each in its own temporary directory.
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts three nodes, joins them with `redis-cli --cluster create`, and waits until every
+    /// node reports `cluster_state:ok` with all 16384 slots assigned. Panics with the nodes'
+    /// logs if the cluster cannot be formed.
+    pub fn start() -> Self {
+        let mut failures = Vec::new();
+        for attempt in 1..=CLUSTER_ATTEMPTS {
+            let nodes: Vec<RedisServer> = (0..3)
+                .map(|_| {
+                    RedisServer::launch(
+                        [
+                            "--cluster-enabled",
+                            "yes",
+                            "--cluster-config-file",
+                            "nodes.conf",
+                            "--cluster-node-timeout",
+                            "5000",
+                        ]
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect(),
+                        true,
+                    )
+                })
+                .collect();
+            let cluster = Self { nodes };
+            match cluster.form() {
+                Ok(()) => return cluster,
+                Err(e) => {
+                    let logs: Vec<String> = cluster
+                        .nodes
+                        .iter()
+                        .map(|n| format!("--- node on port {} ---\n{}", n.port, n.log()))
+                        .collect();
+                    failures.push(format!(
+                        "=== attempt {attempt} ===\n{e}\n{}",
+                        logs.join("\n")
+                    ));
+                }
+            }
+        }
+        panic!("Redis Cluster could not be formed\n{}", failures.join("\n"));
+    }
+
+    fn form(&self) -> Result<(), String> {
+        let deadline = Instant::now() + CLUSTER_DEADLINE;
+        let addrs: Vec<String> = self
+            .ports()
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let mut args = vec!["--cluster", "create"];
+        args.extend(addrs.iter().map(String::as_str));
+        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        let out = run(Command::new("redis-cli").args(&args), deadline)
+            .map_err(|e| format!("redis-cli {}: {e}", args.join(" ")))?;
+        if !out.status.success() || !out.stdout.contains("All 16384 slots covered") {
+            return Err(format!(
+                "redis-cli {} exited with {}\nstdout:\n{}\nstderr:\n{}",
+                args.join(" "),
+                out.status,
+                out.stdout,
+                out.stderr
+            ));
+        }
+        let mut last = String::new();
+        loop {
+            let mut all_ok = true;
+            for port in self.ports() {
+                match resp_call(port, &[b"CLUSTER", b"INFO"]) {
+                    Ok(Resp::Bulk(Some(info))) => {
+                        let info = String::from_utf8_lossy(&info).to_string();
+                        let field = |name: &str| {
+                            info.lines()
+                                .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
+                                .unwrap_or("")
+                                .to_string()
+                        };
+                        if field("cluster_state") != "ok"
+                            || field("cluster_slots_assigned") != CLUSTER_SLOTS
+                            || field("cluster_slots_ok") != CLUSTER_SLOTS
+                            || field("cluster_known_nodes") != "3"
+                        {
+                            all_ok = false;
+                            last = format!("node {port}:\n{info}");
+                        }
+                    }
+                    other => {
+                        all_ok = false;
+                        last = format!("node {port}: CLUSTER INFO answered {other:?}");
+                    }
+                }
+            }
+            if all_ok {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "cluster did not reach cluster_state:ok within {CLUSTER_DEADLINE:?}; last \
+                     CLUSTER INFO:\n{last}"
+                ));
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `redis://127.0.0.1:PORT` of every node.
+    pub fn seeds(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The client port of every node.
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(RedisServer::port).collect()
+    }
+
+    /// One node, e.g. to `stop()`/`restart()` it through [`RedisCluster::node_mut`].
+    pub fn node(&self, index: usize) -> &RedisServer {
+        &self.nodes[index]
+    }
+
+    pub fn node_mut(&mut self, index: usize) -> &mut RedisServer {
+        &mut self.nodes[index]
+    }
+
+    /// `redis-cli` against one node, without following redirects.
+    pub fn cli(&self, node_index: usize, args: &[&str]) -> String {
+        self.nodes[node_index].cli(args)
+    }
+
+    /// `redis-cli -c` (follows `MOVED`/`ASK`) entering through the first running node.
+    pub fn cli_cluster(&self, args: &[&str]) -> String {
+        self.try_cli_cluster(args)
+            .unwrap_or_else(|e| panic!("redis-cli -c {args:?} failed: {e}"))
+    }
+
+    pub fn try_cli_cluster(&self, args: &[&str]) -> Result<String, String> {
+        let port = self
+            .nodes
+            .iter()
+            .map(RedisServer::port)
+            .find(|p| ping(*p))
+            .unwrap_or(self.nodes[0].port);
+        redis_cli(&["-c", "-h", "127.0.0.1", "-p", &port.to_string()], args)
+    }
+
+    /// Every key on every node (each node scanned for the keys it owns) with its `TTL` (`-1`: no
+    /// expiry), sorted by key.
+    pub fn keys_with_ttl(&self) -> Vec<(String, i64)> {
+        let mut keys: Vec<(String, i64)> = self
+            .nodes
+            .iter()
+            .flat_map(RedisServer::keys_with_ttl)
+            .collect();
+        keys.sort();
+        keys
+    }
+}
+
+// Dropping `nodes` drops every RedisServer, each of which kills its process.
+
+// ---------------------------------------------------------------------------------------------
+// Ports
+// ---------------------------------------------------------------------------------------------
+
+/// Ports handed out in this process and not yet released (client and bus ports), so parallel
+/// tests never pick the same one; other processes are excluded by test-binding.
+static RESERVED: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
+/// The range client ports are drawn from: when the kernel's ephemeral range allows, both the
+/// port and its bus port lie below it, so outgoing connections (which take ephemeral ports)
+/// never collide with a server, nor with a stopped server waiting to be restarted.
+fn port_range() -> (u16, u16) {
+    let ephemeral_low = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    if ephemeral_low >= 12_000 + BUS_OFFSET + 1_000 {
+        (12_000, ephemeral_low - BUS_OFFSET - 1)
+    } else {
+        (20_000, 45_000)
+    }
+}
+
+fn random() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    RandomState::new().hash_one(COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+fn bindable(port: u16) -> bool {
+    TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+/// A port that is bindable now (and so is `port + 10000` if `bus`), reserved in this process.
+fn reserve_port(bus: bool) -> u16 {
+    let (low, high) = port_range();
+    let span = u64::from(high - low) + 1;
+    let mut reserved = RESERVED.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..10_000 {
+        let port = low + (random() % span) as u16;
+        let bus_port = port + BUS_OFFSET;
+        if reserved.contains(&port) || (bus && reserved.contains(&bus_port)) {
+            continue;
+        }
+        if !bindable(port) || (bus && !bindable(bus_port)) {
+            continue;
+        }
+        reserved.insert(port);
+        if bus {
+            reserved.insert(bus_port);
+        }
+        return port;
+    }
+    panic!("no free port found in {low}..={high}");
+}
+
+fn release_port(port: u16, bus: bool) {
+    let mut reserved = RESERVED.lock().unwrap_or_else(|e| e.into_inner());
+    reserved.remove(&port);
+    if bus {
+        reserved.remove(&(port + BUS_OFFSET));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes
+// ---------------------------------------------------------------------------------------------
+
+struct StartError {
+    /// redis-server could not listen (another process took the port in the meantime).
+    port_taken: bool,
+    message: String,
+}
+
+fn log_path(dir: &Path) -> PathBuf {
+    dir.join("redis.log")
+}
+
+fn stdout_path(dir: &Path) -> PathBuf {
+    dir.join("stdout.log")
+}
+
+/// The tail of redis-server's log and of its stdout/stderr.
+fn logs(dir: &Path) -> String {
+    fn tail(path: &Path) -> String {
+        let text = fs::read(path)
+            .map(|b| String::from_utf8_lossy(&b).to_string())
+            .unwrap_or_else(|e| format!("<{}: {e}>", path.display()));
+        let cut = text.len().saturating_sub(16_000);
+        let cut = (cut..=text.len())
+            .find(|i| text.is_char_boundary(*i))
+            .unwrap_or(0);
+        text[cut..].to_string()
+    }
+    format!(
+        "redis.log:\n{}\nstdout/stderr:\n{}",
+        tail(&log_path(dir)),
+        tail(&stdout_path(dir))
+    )
+}
+
+fn clear_dir(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Spawns redis-server (under the watchdog) and waits until it answers `PING` and is really
+/// ours (its `dir` is ours: not some other server that holds the port).
+fn spawn_ready(port: u16, dir: &Path, extra: &[String]) -> Result<Child, StartError> {
+    let fatal = |message: String| StartError {
+        port_taken: false,
+        message,
+    };
+    let out = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(stdout_path(dir))
+        .map_err(|e| fatal(format!("open {}: {e}", stdout_path(dir).display())))?;
+    let err = out
+        .try_clone()
+        .map_err(|e| fatal(format!("clone log handle: {e}")))?;
+    let dir_arg = dir.to_string_lossy().to_string();
+    let log_arg = log_path(dir).to_string_lossy().to_string();
+    let port_arg = port.to_string();
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(WATCHDOG)
+        .arg("sh")
+        .args([
+            "--port",
+            &port_arg,
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            &dir_arg,
+            "--logfile",
+            &log_arg,
+            "--daemonize",
+            "no",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(extra)
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| fatal(format!("cannot spawn sh (for redis-server): {e}")))?;
+
+    let our_dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let deadline = Instant::now() + START_DEADLINE;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                let log = logs(dir);
+                return Err(StartError {
+                    port_taken: log.contains("Address already in use")
+                        || log.contains("Could not create server TCP listening socket"),
+                    message: format!(
+                        "redis-server exited with {status} before it was ready\n{log}"
+                    ),
+                });
+            }
+            Ok(None) => {}
+            Err(e) => {
+                stop_child(&mut child);
+                return Err(fatal(format!("waiting for redis-server: {e}")));
+            }
+        }
+        if ping(port) {
+            if let Ok(Resp::Array(Some(items))) = resp_call(port, &[b"CONFIG", b"GET", b"dir"]) {
+                if let Some(Resp::Bulk(Some(served))) = items.get(1) {
+                    let served = PathBuf::from(String::from_utf8_lossy(served).to_string());
+                    if served == our_dir || served == dir {
+                        return Ok(child);
+                    }
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            stop_child(&mut child);
+            return Err(fatal(format!(
+                "redis-server on port {port} did not answer PING within {START_DEADLINE:?}\n{}",
+                logs(dir)
+            )));
+        }
+        thread::sleep(POLL);
+    }
+}
+
+/// Closes the watchdog's stdin (it SIGKILLs redis-server and exits with it) and reaps it.
+fn stop_child(child: &mut Child) {
+    drop(child.stdin.take());
+    let deadline = Instant::now() + STOP_DEADLINE;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => return,
+            Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(10)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return;
+            }
+        }
+    }
+}
+
+struct Output {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs a command to completion with stdout/stderr in anonymous temp files (no pipe can fill
+/// up), killing it at the deadline.
+fn run(cmd: &mut Command, deadline: Instant) -> io::Result<Output> {
+    let mut stdout = tempfile::tempfile()?;
+    let mut stderr = tempfile::tempfile()?;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(stdout.try_clone()?)
+        .stderr(stderr.try_clone()?)
+        .spawn()?;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "did not finish before its deadline; killed",
+            ));
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    let read = |f: &mut File| -> io::Result<String> {
+        let mut bytes = Vec::new();
+        f.seek(SeekFrom::Start(0))?;
+        f.read_to_end(&mut bytes)?;
+        Ok(String::from_utf8_lossy(&bytes).to_string())
+    };
+    Ok(Output {
+        status,
+        stdout: read(&mut stdout)?,
+        stderr: read(&mut stderr)?,
+    })
+}
+
+fn redis_cli(connection: &[&str], args: &[&str]) -> Result<String, String> {
+    let out = run(
+        Command::new("redis-cli").args(connection).args(args),
+        Instant::now() + CLI_DEADLINE,
+    )
+    .map_err(|e| format!("redis-cli: {e}"))?;
+    if out.status.success() {
+        Ok(out.stdout)
+    } else {
+        Err(format!(
+            "redis-cli exited with {}: {}{}",
+            out.status, out.stderr, out.stdout
+        ))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A minimal RESP client (readiness checks and key scans, without spawning redis-cli each time)
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug)]
+enum Resp {
+    Simple(String),
+    Error(String),
+    Int(i64),
+    Bulk(Option<Vec<u8>>),
+    Array(Option<Vec<Resp>>),
+}
+
+struct Conn {
+    reader: BufReader<TcpStream>,
+}
+
+impl Conn {
+    fn open(port: u16) -> io::Result<Self> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        stream.set_write_timeout(Some(Duration::from_secs(10)))?;
+        Ok(Self {
+            reader: BufReader::new(stream),
+        })
+    }
+
+    fn call(&mut self, args: &[&[u8]]) -> io::Result<Resp> {
+        let mut request = format!("*{}\r\n", args.len()).into_bytes();
+        for arg in args {
+            request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+            request.extend_from_slice(arg);
+            request.extend_from_slice(b"\r\n");
+        }
+        self.reader.get_mut().write_all(&request)?;
+        read_resp(&mut self.reader)
+    }
+}
+
+fn bad(what: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what)
+}
+
+fn read_resp(reader: &mut impl BufRead) -> io::Result<Resp> {
+    let mut line = Vec::new();
+    reader.read_until(b'\n', &mut line)?;
+    if line.len() < 3 || !line.ends_with(b"\r\n") {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "connection closed mid-reply",
+        ));
+    }
+    let body = String::from_utf8_lossy(&line[1..line.len() - 2]).to_string();
+    let number = || {
+        body.parse::<i64>()
+            .map_err(|_| bad(format!("bad RESP number {body:?}")))
+    };
+    Ok(match line[0] {
+        b'+' => Resp::Simple(body.clone()),
+        b'-' => Resp::Error(body.clone()),
+        b':' => Resp::Int(number()?),
+        b'$' => match usize::try_from(number()?) {
+            Ok(len) => {
+                let mut data = vec![0; len + 2];
+                reader.read_exact(&mut data)?;
+                data.truncate(len);
+                Resp::Bulk(Some(data))
+            }
+            Err(_) => Resp::Bulk(None),
+        },
+        b'*' => match usize::try_from(number()?) {
+            Ok(len) => Resp::Array(Some(
+                (0..len)
+                    .map(|_| read_resp(reader))
+                    .collect::<io::Result<_>>()?,
+            )),
+            Err(_) => Resp::Array(None),
+        },
+        other => return Err(bad(format!("unexpected RESP type byte {other:#x}"))),
+    })
+}
+
+fn resp_call(port: u16, args: &[&[u8]]) -> io::Result<Resp> {
+    Conn::open(port)?.call(args)
+}
+
+fn ping(port: u16) -> bool {
+    matches!(resp_call(port, &[b"PING"]), Ok(Resp::Simple(s)) if s == "PONG")
+}
+
+/// `SCAN` the whole keyspace of one node, then `TTL` every key, on one connection.
+fn keys_with_ttl(port: u16) -> io::Result<Vec<(String, i64)>> {
+    let mut conn = Conn::open(port)?;
+    let mut keys: Vec<Vec<u8>> = Vec::new();
+    let mut cursor = b"0".to_vec();
+    loop {
+        let reply = conn.call(&[b"SCAN", &cursor, b"COUNT", b"1000"])?;
+        let Resp::Array(Some(mut parts)) = reply else {
+            return Err(bad(format!("SCAN answered {reply:?}")));
+        };
+        match (parts.pop(), parts.pop()) {
+            (Some(Resp::Array(Some(batch))), Some(Resp::Bulk(Some(next)))) => {
+                for key in batch {
+                    match key {
+                        Resp::Bulk(Some(k)) => keys.push(k),
+                        other => return Err(bad(format!("SCAN returned key {other:?}"))),
+                    }
+                }
+                cursor = next;
+            }
+            other => return Err(bad(format!("SCAN answered {other:?}"))),
+        }
+        if cursor == b"0" {
+            break;
+        }
+    }
+    keys.sort();
+    keys.dedup(); // SCAN may return a key more than once
+    let mut out = Vec::with_capacity(keys.len());
+    for key in keys {
+        match conn.call(&[b"TTL", &key])? {
+            // -2: expired or deleted between SCAN and TTL; it is not there any more.
+            Resp::Int(-2) => {}
+            Resp::Int(ttl) => out.push((String::from_utf8_lossy(&key).to_string(), ttl)),
+            other => return Err(bad(format!("TTL answered {other:?}"))),
+        }
+    }
+    Ok(out)
+}
