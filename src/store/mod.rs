@@ -3,6 +3,7 @@
 //! store lives here; the Redis stores implement the same trait with the same algorithm math.
 
 pub mod memory;
+pub mod redis;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -77,8 +78,14 @@ pub trait CounterStore: Send + Sync + std::fmt::Debug {
         checks: &'a [LimitCheck],
     ) -> BoxFuture<'a, Result<Decision, StoreError>>;
 
-    /// Whether the store can currently serve decisions (health checks).
+    /// Whether the store could serve decisions at its last contact (health checks).
     fn healthy(&self) -> bool {
         true
+    }
+
+    /// Contacts the backend (one cheap round trip) and returns whether it answered; updates
+    /// [`CounterStore::healthy`]. Called periodically by the health task.
+    fn probe(&self) -> BoxFuture<'_, bool> {
+        Box::pin(async { self.healthy() })
     }
 }

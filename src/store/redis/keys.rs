@@ -1,0 +1,219 @@
+//! Redis key layout. Every counter key is `PREFIX{TAG}REST:LIMIT` where TAG is the domain and the
+//! descriptor's first entry, so a resource and all the consumers below it live in one cluster
+//! slot and one Lua call can decide them together. Components are percent-escaped so no value a
+//! client sends can close the hash tag early or make two counters share a key.
+
+use crate::store::CounterKey;
+use std::fmt::Write;
+
+/// Characters with a meaning in the layout: `{`/`}` delimit the hash tag, `|`, `=` and `:`
+/// separate components, and `%` is the escape itself.
+fn needs_escape(c: char) -> bool {
+    matches!(c, '%' | '{' | '}' | '|' | '=' | ':')
+}
+
+/// Appends `s` with every layout character written as `%XX`.
+pub fn escape_into(out: &mut String, s: &str) {
+    for c in s.chars() {
+        if needs_escape(c) {
+            let _ = write!(out, "%{:02X}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+}
+
+/// The hash tag (without braces) of a counter: domain and the descriptor's first entry.
+pub fn hash_tag(key: &CounterKey) -> String {
+    let mut tag = String::with_capacity(64);
+    escape_into(&mut tag, &key.domain);
+    if let Some((k, v)) = key.entries.first() {
+        tag.push('|');
+        escape_into(&mut tag, k);
+        tag.push('=');
+        escape_into(&mut tag, v);
+    }
+    tag
+}
+
+/// The full Redis key of a counter under `prefix` (`CACHE_KEY_PREFIX`, validated brace-free).
+pub fn counter_key(prefix: &str, key: &CounterKey) -> String {
+    let mut out = String::with_capacity(prefix.len() + 96);
+    out.push_str(prefix);
+    out.push('{');
+    out.push_str(&hash_tag(key));
+    out.push('}');
+    for (k, v) in key.entries.iter().skip(1) {
+        out.push('|');
+        escape_into(&mut out, k);
+        out.push('=');
+        escape_into(&mut out, v);
+    }
+    // Limit identity: algorithm, quota, unit, and whether it came from Envoy's override.
+    let _ = write!(
+        out,
+        ":fw:{}:{}{}",
+        key.requests_per_unit,
+        key.unit.name(),
+        if key.overridden { ":o" } else { "" }
+    );
+    out
+}
+
+/// The Redis Cluster slot of a key (CRC16/XMODEM of the hash tag, as Redis computes it).
+pub fn slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        bytes[open + 1..]
+            .iter()
+            .position(|&b| b == b'}')
+            .filter(|&len| len > 0)
+            .map(|len| &bytes[open + 1..open + 1 + len])
+    });
+    crc16_xmodem(tagged.unwrap_or(bytes)) % 16384
+}
+
+fn crc16_xmodem(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in data {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// Why a `CACHE_KEY_PREFIX` cannot be used.
+pub fn validate_prefix(prefix: &str) -> Result<(), String> {
+    if prefix.contains(['{', '}']) {
+        return Err(format!(
+            "CACHE_KEY_PREFIX {prefix:?} must not contain '{{' or '}}': sluice places the Redis \
+             Cluster hash tag itself"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Unit;
+    use proptest::prelude::*;
+    use std::sync::Arc;
+
+    fn ck(domain: &str, entries: &[(&str, &str)], rpu: u32, unit: Unit, o: bool) -> CounterKey {
+        CounterKey {
+            domain: Arc::from(domain),
+            entries: entries
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            requests_per_unit: rpu,
+            unit,
+            overridden: o,
+        }
+    }
+
+    #[test]
+    fn layout_is_readable() {
+        let k = ck(
+            "calc",
+            &[("resource", "calc"), ("consumer", "a:b")],
+            3,
+            Unit::Minute,
+            false,
+        );
+        assert_eq!(
+            counter_key("sl_", &k),
+            "sl_{calc|resource=calc}|consumer=a%3Ab:fw:3:minute"
+        );
+    }
+
+    #[test]
+    fn known_slots_match_redis() {
+        // Values from the Redis Cluster specification / CLUSTER KEYSLOT.
+        assert_eq!(slot("123456789"), 12739);
+        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+        assert_eq!(slot("foo{}{bar}"), slot("foo{}{bar}"));
+        assert_eq!(slot("{}x"), crc16_xmodem(b"{}x") % 16384);
+    }
+
+    #[test]
+    fn prefix_with_braces_is_refused() {
+        assert!(validate_prefix("ok_prefix:").is_ok());
+        assert!(validate_prefix("bad{").is_err());
+    }
+
+    fn component() -> impl Strategy<Value = String> {
+        // Layout characters, separators and non-ASCII, heavily weighted.
+        prop::collection::vec(
+            prop_oneof![
+                Just("{".to_string()),
+                Just("}".to_string()),
+                Just(":".to_string()),
+                Just("_".to_string()),
+                Just("|".to_string()),
+                Just("=".to_string()),
+                Just("%".to_string()),
+                Just("%7B".to_string()),
+                Just("é".to_string()),
+                Just("雪".to_string()),
+                "[a-z]{0,3}",
+            ],
+            0..5,
+        )
+        .prop_map(|v| v.concat())
+    }
+
+    fn counter_key_strategy() -> impl Strategy<Value = CounterKey> {
+        (
+            component(),
+            prop::collection::vec((component(), component()), 1..4),
+            0u32..4,
+            prop::sample::select(Unit::ALL.to_vec()),
+            any::<bool>(),
+        )
+            .prop_map(|(d, entries, rpu, unit, o)| CounterKey {
+                domain: Arc::from(d.as_str()),
+                entries,
+                requests_per_unit: rpu,
+                unit,
+                overridden: o,
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn encoding_is_injective(a in counter_key_strategy(), b in counter_key_strategy()) {
+            if a != b {
+                prop_assert_ne!(counter_key("p:", &a), counter_key("p:", &b));
+            } else {
+                prop_assert_eq!(counter_key("p:", &a), counter_key("p:", &b));
+            }
+        }
+
+        #[test]
+        fn later_values_never_move_the_slot(
+            base in counter_key_strategy(),
+            extra in prop::collection::vec((component(), component()), 0..3),
+            rpu in 0u32..1000,
+        ) {
+            let mut other = base.clone();
+            other.entries.truncate(1);
+            other.entries.extend(extra);
+            other.requests_per_unit = rpu;
+            prop_assert_eq!(slot(&counter_key("p:", &base)), slot(&counter_key("p:", &other)));
+            // The tag Redis sees is exactly the encoded domain + first entry.
+            let full = counter_key("p:", &base);
+            let open = full.find('{').unwrap_or(0);
+            let close = full[open..].find('}').map(|c| open + c).unwrap_or(0);
+            let tag = hash_tag(&base);
+            prop_assert_eq!(&full[open + 1..close], tag.as_str());
+        }
+    }
+}

@@ -1,0 +1,506 @@
+//! The Redis store, standalone or Cluster. A decision groups the request's limits by hash tag and
+//! evaluates each group with ONE `EVALSHA` of `decide.lua`, atomically and on the Redis server
+//! clock; if one group denies, the groups that charged are refunded, so a rejected request never
+//! burns quota. Errors are classified transient/permanent here, where they are converted.
+
+pub mod keys;
+
+use super::{BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, Outcome, StoreError};
+use crate::clock::Clock;
+use redis::aio::MultiplexedConnection;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The decision script; KEYS/ARGV are documented at its top.
+pub const DECIDE_LUA: &str = include_str!("decide.lua");
+
+/// Default bound on one Redis round trip (`REDIS_TIMEOUT`): Envoy's own default timeout for the
+/// rate-limit call is 20 ms, so waiting much longer only ties up sluice.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(500);
+pub const DEFAULT_POOL_SIZE: u32 = 8;
+
+/// Standalone or Cluster (`REDIS_TYPE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisKind {
+    Single,
+    Cluster,
+}
+
+/// Everything needed to reach Redis. `Debug` never prints credentials.
+#[derive(Clone)]
+pub struct RedisSettings {
+    /// Node URLs (`redis://` or `rediss://`); one for standalone, the seeds for Cluster.
+    pub urls: Vec<String>,
+    pub kind: RedisKind,
+    /// `REDIS_AUTH`: `pass` or `user:pass`; overrides credentials in the URLs.
+    pub auth: Option<String>,
+    /// Connections in the standalone pool (each is multiplexed, so requests are pipelined).
+    pub pool_size: u32,
+    /// Bound on every Redis round trip, connection set-up included.
+    pub timeout: Duration,
+    /// `CACHE_KEY_PREFIX`.
+    pub key_prefix: String,
+}
+
+impl fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field(
+                "urls",
+                &self.urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>(),
+            )
+            .field("kind", &self.kind)
+            .field("auth", &self.auth.as_ref().map(|_| "<redacted>"))
+            .field("pool_size", &self.pool_size)
+            .field("timeout", &self.timeout)
+            .field("key_prefix", &self.key_prefix)
+            .finish()
+    }
+}
+
+/// `redis://user:secret@host` -> `redis://user:<redacted>@host`.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s + 3 => {
+            let creds = &url[s + 3..at];
+            let user = creds.split_once(':').map_or("", |(u, _)| u);
+            format!("{}{}:<redacted>{}", &url[..s + 3], user, &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+impl RedisSettings {
+    fn connection_infos(&self) -> Result<Vec<redis::ConnectionInfo>, StoreError> {
+        use redis::IntoConnectionInfo;
+        self.urls
+            .iter()
+            .map(|u| {
+                let mut info = u.as_str().into_connection_info().map_err(|e| {
+                    StoreError::Permanent(format!("invalid Redis URL {}: {e}", redact_url(u)))
+                })?;
+                if let Some(auth) = &self.auth {
+                    let (user, pass) = match auth.split_once(':') {
+                        Some((u, p)) => (Some(u.to_string()), p.to_string()),
+                        None => (None, auth.clone()),
+                    };
+                    let mut redis = info.redis_settings().clone();
+                    redis = redis.set_password(pass);
+                    if let Some(user) = user {
+                        redis = redis.set_username(user);
+                    }
+                    info = info.set_redis_settings(redis);
+                }
+                Ok(info)
+            })
+            .collect()
+    }
+}
+
+/// A multiplexed connection that remembers an I/O failure, so the pool drops it instead of
+/// handing a dead connection out again after Redis restarts.
+pub struct PooledConn {
+    conn: MultiplexedConnection,
+    broken: bool,
+}
+
+/// bb8 manager for [`PooledConn`]. bb8-redis's own manager never reports a multiplexed
+/// connection as broken, so it needs a PING on every checkout (a second round trip per
+/// decision) to notice a restarted Redis; this one marks a connection broken when a call on it
+/// fails at the transport level.
+#[derive(Debug)]
+pub struct Manager {
+    client: redis::Client,
+    config: redis::AsyncConnectionConfig,
+}
+
+impl bb8::ManageConnection for Manager {
+    type Connection = PooledConn;
+    type Error = RedisError;
+
+    async fn connect(&self) -> Result<PooledConn, RedisError> {
+        let conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await?;
+        Ok(PooledConn {
+            conn,
+            broken: false,
+        })
+    }
+
+    async fn is_valid(&self, conn: &mut PooledConn) -> Result<(), RedisError> {
+        redis::cmd("PING").query_async::<()>(&mut conn.conn).await
+    }
+
+    fn has_broken(&self, conn: &mut PooledConn) -> bool {
+        conn.broken
+    }
+}
+
+enum Backend {
+    Single(bb8::Pool<Manager>),
+    Cluster {
+        client: ClusterClient,
+        /// Connected lazily, so sluice starts (and reports NOT_SERVING) while Redis is down
+        /// and recovers without a restart.
+        conn: tokio::sync::Mutex<Option<ClusterConnection>>,
+    },
+}
+
+/// Counters in Redis or Redis Cluster.
+pub struct RedisStore {
+    backend: Backend,
+    script: Script,
+    prefix: String,
+    timeout: Duration,
+    kind: RedisKind,
+    /// Tests only: decide on this clock instead of the Redis server clock.
+    test_clock: Option<Arc<dyn Clock>>,
+    healthy: Mutex<bool>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("kind", &self.kind)
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Builds the store without touching the network: connections are made on first use, so
+    /// an unreachable Redis at start-up is a health state, not a crash loop. Fails only on
+    /// settings that can never work (bad URL, bad prefix).
+    pub fn new(settings: &RedisSettings) -> Result<Self, StoreError> {
+        keys::validate_prefix(&settings.key_prefix).map_err(StoreError::Permanent)?;
+        let infos = settings.connection_infos()?;
+        let backend = match settings.kind {
+            RedisKind::Single => {
+                let [info] = <[_; 1]>::try_from(infos).map_err(|v: Vec<_>| {
+                    StoreError::Permanent(format!(
+                        "REDIS_TYPE=single takes one Redis URL, got {}; set REDIS_TYPE=cluster for a seed list",
+                        v.len()
+                    ))
+                })?;
+                let client = redis::Client::open(info)
+                    .map_err(|e| StoreError::Permanent(format!("Redis client: {e}")))?;
+                let config = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(settings.timeout))
+                    .set_response_timeout(Some(settings.timeout));
+                let pool = bb8::Pool::builder()
+                    .max_size(settings.pool_size.max(1))
+                    .connection_timeout(settings.timeout)
+                    .test_on_check_out(false)
+                    .build_unchecked(Manager { client, config });
+                Backend::Single(pool)
+            }
+            RedisKind::Cluster => {
+                if infos.is_empty() {
+                    return Err(StoreError::Permanent("no Redis Cluster seed given".into()));
+                }
+                let client = ClusterClient::builder(infos)
+                    .connection_timeout(settings.timeout)
+                    .response_timeout(settings.timeout)
+                    .retries(2)
+                    .build()
+                    .map_err(|e| StoreError::Permanent(format!("Redis Cluster client: {e}")))?;
+                Backend::Cluster {
+                    client,
+                    conn: tokio::sync::Mutex::new(None),
+                }
+            }
+        };
+        Ok(Self {
+            backend,
+            script: Script::new(DECIDE_LUA),
+            prefix: settings.key_prefix.clone(),
+            timeout: settings.timeout,
+            kind: settings.kind,
+            test_clock: None,
+            healthy: Mutex::new(true),
+        })
+    }
+
+    /// Tests only: decide on `clock` (passed to the script) instead of Redis `TIME`, so window
+    /// logic can be driven without sleeping. Production never calls this.
+    pub fn with_test_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.test_clock = Some(clock);
+        self
+    }
+
+    /// The Redis key of a counter (for tests and operators inspecting Redis).
+    pub fn key_of(&self, key: &CounterKey) -> String {
+        keys::counter_key(&self.prefix, key)
+    }
+
+    fn set_healthy(&self, ok: bool) {
+        if let Ok(mut h) = self.healthy.lock() {
+            if *h != ok {
+                if ok {
+                    tracing::info!(kind = ?self.kind, "Redis store reachable again");
+                } else {
+                    tracing::warn!(kind = ?self.kind, "Redis store unreachable");
+                }
+            }
+            *h = ok;
+        }
+    }
+
+    /// Runs the script for one group of limits: one EVALSHA (plus SCRIPT LOAD after NOSCRIPT).
+    async fn eval_group(
+        &self,
+        group: &[&LimitCheck],
+        refund: bool,
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut inv = self.script.prepare_invoke();
+        let now = self
+            .test_clock
+            .as_ref()
+            .map(|c| c.now().as_millis().to_string())
+            .unwrap_or_default();
+        inv.arg(now);
+        for c in group {
+            let p = c.params();
+            let flags = u8::from(c.shadow) | (u8::from(refund || c.refund) << 1);
+            inv.key(self.key_of(&c.key))
+                .arg(p.limit)
+                .arg(u64::try_from(p.period.as_millis()).unwrap_or(u64::MAX))
+                .arg(c.hits)
+                .arg(flags);
+        }
+        let call = async {
+            match &self.backend {
+                Backend::Single(pool) => {
+                    let mut conn = pool.get().await.map_err(|e| match e {
+                        bb8::RunError::User(e) => classify(e),
+                        bb8::RunError::TimedOut => {
+                            StoreError::Transient("timed out connecting to Redis".into())
+                        }
+                    })?;
+                    let r = inv.invoke_async::<Vec<i64>>(&mut conn.conn).await;
+                    if let Err(e) = &r {
+                        if is_transport(e) {
+                            conn.broken = true;
+                        }
+                    }
+                    r.map_err(classify)
+                }
+                Backend::Cluster { client, conn } => {
+                    let mut c = {
+                        let mut guard = conn.lock().await;
+                        match guard.as_ref() {
+                            Some(c) => c.clone(),
+                            None => {
+                                let c = client.get_async_connection().await.map_err(classify)?;
+                                *guard = Some(c.clone());
+                                c
+                            }
+                        }
+                    };
+                    inv.invoke_async::<Vec<i64>>(&mut c).await.map_err(classify)
+                }
+            }
+        };
+        let result = match tokio::time::timeout(self.timeout, call).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Transient(format!(
+                "Redis did not answer within {:?}",
+                self.timeout
+            ))),
+        };
+        match &result {
+            Ok(_) => self.set_healthy(true),
+            Err(StoreError::Transient(_)) => self.set_healthy(false),
+            Err(StoreError::Permanent(_)) => {}
+        }
+        let values = result?;
+        if values.len() != 1 + 3 * group.len() {
+            return Err(StoreError::Permanent(format!(
+                "decide.lua returned {} values for {} limits",
+                values.len(),
+                group.len()
+            )));
+        }
+        Ok(values)
+    }
+
+    async fn decide_all(&self, checks: &[LimitCheck]) -> Result<Decision, StoreError> {
+        // Group by hash tag, keeping each check's index; one script call per group.
+        let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+        let mut by_tag: HashMap<String, usize> = HashMap::new();
+        for (i, c) in checks.iter().enumerate() {
+            let tag = keys::hash_tag(&c.key);
+            let g = *by_tag.entry(tag.clone()).or_insert_with(|| {
+                groups.push((tag, Vec::new()));
+                groups.len() - 1
+            });
+            groups[g].1.push(i);
+        }
+        let calls = groups.iter().map(|(_, idx)| {
+            let group: Vec<&LimitCheck> = idx.iter().map(|&i| &checks[i]).collect();
+            async move { self.eval_group(&group, false).await }
+        });
+        let results = futures_util::future::join_all(calls).await;
+
+        let mut outcomes = vec![
+            Outcome {
+                allowed: false,
+                remaining: 0,
+                reset: Duration::ZERO,
+            };
+            checks.len()
+        ];
+        let mut admitted = true;
+        let mut group_admitted = Vec::with_capacity(groups.len());
+        let mut first_error = None;
+        for ((_, idx), r) in groups.iter().zip(results) {
+            match r {
+                Ok(values) => {
+                    let ok = values[0] == 1;
+                    admitted &= ok;
+                    group_admitted.push(ok);
+                    for (j, &i) in idx.iter().enumerate() {
+                        outcomes[i] = Outcome {
+                            allowed: values[1 + 3 * j] == 1,
+                            remaining: u32::try_from(values[2 + 3 * j].max(0)).unwrap_or(u32::MAX),
+                            reset: Duration::from_millis(values[3 + 3 * j].max(0) as u64),
+                        };
+                    }
+                }
+                Err(e) => {
+                    admitted = false;
+                    group_admitted.push(false);
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if !admitted {
+            // All or nothing across groups: give back what admitted groups charged.
+            for ((_, idx), ok) in groups.iter().zip(&group_admitted) {
+                if !*ok {
+                    continue;
+                }
+                let charged: Vec<&LimitCheck> = idx
+                    .iter()
+                    .map(|&i| &checks[i])
+                    .filter(|c| c.hits > 0 && !c.refund)
+                    .collect();
+                if charged.is_empty() {
+                    continue;
+                }
+                match self.eval_group(&charged, true).await {
+                    Ok(_) => {
+                        for &i in idx {
+                            let c = &checks[i];
+                            if c.hits > 0 && !c.refund {
+                                let o = &mut outcomes[i];
+                                o.remaining = o
+                                    .remaining
+                                    .saturating_add(u32::try_from(c.hits).unwrap_or(u32::MAX))
+                                    .min(c.key.requests_per_unit);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not refund a partially charged request");
+                    }
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        Ok(Decision { admitted, outcomes })
+    }
+
+    /// One PING round trip: health checks and circuit-breaker probes.
+    pub async fn ping(&self) -> bool {
+        let call = async {
+            match &self.backend {
+                Backend::Single(pool) => {
+                    let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+                    let r = redis::cmd("PING").query_async::<()>(&mut conn.conn).await;
+                    if let Err(e) = &r {
+                        if is_transport(e) {
+                            conn.broken = true;
+                        }
+                    }
+                    r.map_err(|e| e.to_string())
+                }
+                Backend::Cluster { client, conn } => {
+                    let mut guard = conn.lock().await;
+                    if guard.is_none() {
+                        *guard = Some(
+                            client
+                                .get_async_connection()
+                                .await
+                                .map_err(|e| e.to_string())?,
+                        );
+                    }
+                    let mut c = guard.clone().ok_or("no connection")?;
+                    drop(guard);
+                    redis::cmd("PING")
+                        .query_async::<()>(&mut c)
+                        .await
+                        .map_err(|e| e.to_string())
+                }
+            }
+        };
+        let ok = matches!(tokio::time::timeout(self.timeout, call).await, Ok(Ok(())));
+        self.set_healthy(ok);
+        ok
+    }
+}
+
+impl CounterStore for RedisStore {
+    fn decide<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(self.decide_all(checks))
+    }
+
+    fn healthy(&self) -> bool {
+        self.healthy.lock().map(|h| *h).unwrap_or(false)
+    }
+
+    fn probe(&self) -> BoxFuture<'_, bool> {
+        Box::pin(self.ping())
+    }
+}
+
+/// A failure of the connection itself (not an error reply): the connection must be replaced.
+fn is_transport(e: &RedisError) -> bool {
+    e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal()
+}
+
+/// Transient: Redis is down, slow, failing over or loading: retrying later can succeed.
+/// Permanent: an error reply that will repeat (script error, auth, ACL), so a request cannot be
+/// decided until an operator acts.
+fn classify(e: RedisError) -> StoreError {
+    let transient = is_transport(&e)
+        || e.is_cluster_error()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+            )
+        );
+    if transient {
+        StoreError::Transient(format!("Redis: {e}"))
+    } else {
+        StoreError::Permanent(format!("Redis: {e}"))
+    }
+}
