@@ -1,30 +1,95 @@
 //! Store-level behaviour, run against every store implementation through one macro (in the
-//! style of Limitador's `test_with_all_storage_impls!`). The Redis stores join the list when
-//! they land; each test receives a fresh store and the manual clock that drives it.
+//! style of Limitador's `test_with_all_storage_impls!`): memory, real Redis and a real 3-master
+//! Redis Cluster. Each test receives a fresh store and the manual clock that drives it.
 
+use crate::support::redis::{RedisCluster, RedisServer};
 use sluice::clock::ManualClock;
 use sluice::config::Unit;
 use sluice::store::memory::MemoryStore;
+use sluice::store::redis::{RedisKind, RedisSettings, RedisStore};
 use sluice::store::{CounterKey, CounterStore, LimitCheck};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Starts one store of the named kind on a manual clock at `crate::support::T0`.
-async fn make_store(kind: &str) -> (Arc<dyn CounterStore>, ManualClock) {
+/// What keeps a store's backend alive for the length of a test (real redis-server processes).
+#[allow(dead_code)]
+pub enum Backend {
+    Memory,
+    Redis(RedisServer),
+    Cluster(RedisCluster),
+}
+
+/// Starts one store of the named kind on a manual clock at `crate::support::T0`. The Redis stores
+/// run against real redis-server processes and receive the clock as the script's time override
+/// (tests only; production uses the Redis server clock).
+pub async fn make_store(kind: &str) -> (Arc<dyn CounterStore>, ManualClock, Backend) {
     let clock = ManualClock::new(crate::support::T0);
     match kind {
-        "memory" => (Arc::new(MemoryStore::new(Arc::new(clock.clone()))), clock),
+        "memory" => (
+            Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
+            clock,
+            Backend::Memory,
+        ),
+        "redis" => {
+            let server = tokio::task::spawn_blocking(RedisServer::start)
+                .await
+                .expect("start redis");
+            let store = redis_store(vec![server.url()], RedisKind::Single, &clock);
+            (store, clock, Backend::Redis(server))
+        }
+        "cluster" => {
+            let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+                .await
+                .expect("start cluster");
+            let store = redis_store(cluster.seeds(), RedisKind::Cluster, &clock);
+            (store, clock, Backend::Cluster(cluster))
+        }
         other => panic!("unknown store kind {other}"),
     }
 }
 
+pub fn redis_settings(urls: Vec<String>, kind: RedisKind) -> RedisSettings {
+    RedisSettings {
+        urls,
+        kind,
+        auth: None,
+        pool_size: 4,
+        // Generous: a loaded CI machine must not turn slowness into failures.
+        timeout: Duration::from_secs(10),
+        key_prefix: "sluice_test:".into(),
+    }
+}
+
+pub fn redis_store(
+    urls: Vec<String>,
+    kind: RedisKind,
+    clock: &ManualClock,
+) -> Arc<dyn CounterStore> {
+    Arc::new(
+        RedisStore::new(&redis_settings(urls, kind))
+            .expect("redis store")
+            .with_test_clock(Arc::new(clock.clone())),
+    )
+}
+
+/// Runs a store test body against every store implementation: memory, Redis, Redis Cluster.
 macro_rules! test_with_all_stores {
     ($name:ident, $body:expr) => {
         mod $name {
             use super::*;
             #[tokio::test]
             async fn memory() {
-                let (store, clock) = make_store("memory").await;
+                let (store, clock, _backend) = make_store("memory").await;
+                ($body)(store, clock).await;
+            }
+            #[tokio::test]
+            async fn redis() {
+                let (store, clock, _backend) = make_store("redis").await;
+                ($body)(store, clock).await;
+            }
+            #[tokio::test]
+            async fn cluster() {
+                let (store, clock, _backend) = make_store("cluster").await;
                 ($body)(store, clock).await;
             }
         }
@@ -113,6 +178,75 @@ test_with_all_stores!(
                 .expect("decide");
             assert!(d.admitted);
             assert_eq!(d.outcomes[0].allowed, i == 0);
+        }
+    }
+);
+
+test_with_all_stores!(
+    same_counter_twice_in_one_request_adds_up,
+    |store: Arc<dyn CounterStore>, _clock| async move {
+        let c = check("twice", 3, Unit::Hour, 2);
+        let d = store.decide(&[c.clone(), c.clone()]).await.expect("decide");
+        assert!(!d.admitted, "2 + 2 hits do not fit in 3");
+        assert_eq!(d.outcomes[0].remaining, 3, "denied: nothing charged");
+        let d = store.decide(&[c.clone()]).await.expect("decide");
+        assert!(d.admitted);
+        assert_eq!(d.outcomes[0].remaining, 1);
+    }
+);
+
+test_with_all_stores!(
+    checks_refunds_and_limit_zero,
+    |store: Arc<dyn CounterStore>, _clock| async move {
+        let one = check("r", 2, Unit::Hour, 1);
+        for _ in 0..2 {
+            assert!(
+                store
+                    .decide(std::slice::from_ref(&one))
+                    .await
+                    .expect("decide")
+                    .admitted
+            );
+        }
+        let probe = check("r", 2, Unit::Hour, 0);
+        let d = store
+            .decide(std::slice::from_ref(&probe))
+            .await
+            .expect("decide");
+        assert!(!d.admitted, "a check on a full counter fails");
+        let mut refund = check("r", 2, Unit::Hour, 5);
+        refund.refund = true;
+        let d = store.decide(&[refund]).await.expect("decide");
+        assert!(d.admitted);
+        assert_eq!(d.outcomes[0].remaining, 2, "never below zero");
+        let d = store.decide(&[probe]).await.expect("decide");
+        assert!(d.admitted);
+        assert_eq!(d.outcomes[0].remaining, 2, "a check charges nothing");
+        let zero = check("z", 0, Unit::Second, 1);
+        assert!(!store.decide(&[zero]).await.expect("decide").admitted);
+    }
+);
+
+test_with_all_stores!(
+    values_with_layout_characters_are_separate_counters,
+    |store: Arc<dyn CounterStore>, _clock| async move {
+        // Values that would collide under a naive `key_value` join, or break a hash tag.
+        let values = [
+            "a_b", "a", "{x}", "}{", "a:b", "a|b=c", "%7B", "雪", "é:{é}",
+        ];
+        for v in values {
+            let mut c = check(v, 1, Unit::Hour, 1);
+            c.key.entries.push(("consumer".into(), format!("{v}|{v}")));
+            let d = store
+                .decide(std::slice::from_ref(&c))
+                .await
+                .expect("decide");
+            assert!(d.admitted, "first hit on {v:?} is its own counter");
+            let d = store
+                .decide(std::slice::from_ref(&c))
+                .await
+                .expect("decide");
+            assert!(!d.admitted, "second hit on {v:?} sees the first");
         }
     }
 );

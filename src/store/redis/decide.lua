@@ -17,8 +17,9 @@
 --   remaining_i hits left after this request if admitted, else as stored (nothing was charged)
 --   reset_ms_i milliseconds until limit i's window ends
 --
--- A counter is a plain integer that expires at the end of its window (SET .. PXAT), so a key
--- that exists always belongs to the current window and every key written has a TTL. This
+-- A counter is the string "<window start ms>:<count>": a value from an earlier window counts as
+-- zero, and every write sets a TTL to the end of its window (relative PX, so a test's time
+-- override never yields an expiry in the server's past), so no key outlives its window. This
 -- mirrors `algorithm::fixed_window` exactly; keep the two in step.
 
 local now
@@ -46,11 +47,19 @@ for i = 1, n do
   local shadow = flags % 2 == 1
   local refund = math.floor(flags / 2) % 2 == 1
 
+  local window_start = now - (now % period)
+  window_end[i] = window_start + period
   if stored[key] == nil then
-    stored[key] = tonumber(redis.call('GET', key) or '0')
+    stored[key] = 0
+    local raw = redis.call('GET', key)
+    if raw then
+      local sep = string.find(raw, ':', 1, true)
+      if sep and tonumber(string.sub(raw, 1, sep - 1)) == window_start then
+        stored[key] = tonumber(string.sub(raw, sep + 1)) or 0
+      end
+    end
   end
   local cur = pending[key] or stored[key]
-  window_end[i] = now - (now % period) + period
 
   local allowed, counted, charged
   if refund then
@@ -79,7 +88,8 @@ if admitted == 1 then
   for i = 1, n do
     local base = 2 + 4 * (i - 1)
     if tonumber(ARGV[base + 2]) > 0 then
-      redis.call('SET', KEYS[i], pending[KEYS[i]], 'PXAT', window_end[i])
+      local start = window_end[i] - tonumber(ARGV[base + 1])
+      redis.call('SET', KEYS[i], string.format('%d:%d', start, pending[KEYS[i]]), 'PX', window_end[i] - now)
     end
   end
 else
