@@ -1,6 +1,7 @@
 mod grpcurl;
 mod http;
 mod process;
+mod redis;
 mod redis_support;
 mod semantics;
-mod store;
+pub mod store;

@@ -42,9 +42,19 @@ impl TestServer {
     }
 
     pub async fn start_with(yaml: &str, options: ServiceOptions) -> Self {
-        let clock = ManualClock::new(T0);
+        Self::start_on(yaml, options, None, ManualClock::new(T0)).await
+    }
+
+    /// A server on a given store (e.g. a Redis store sharing `clock`).
+    pub async fn start_on(
+        yaml: &str,
+        options: ServiceOptions,
+        store: Option<Arc<dyn sluice::store::CounterStore>>,
+        clock: ManualClock,
+    ) -> Self {
         let config = ServerConfig {
             options,
+            store,
             ..ServerConfig::for_tests(rules(yaml), Arc::new(clock.clone()))
         };
         let running = server::start(config).await.expect("server starts");

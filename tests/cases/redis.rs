@@ -1,0 +1,301 @@
+//! The Redis and Redis Cluster store end to end: several sluice instances sharing one Redis
+//! admit exactly the limit, a denied request charges no key, one EVALSHA per decision, every
+//! key has a TTL, and Redis faults answer UNAVAILABLE and heal without a restart.
+
+use super::store::{redis_settings, redis_store};
+use crate::support::redis::{RedisCluster, RedisServer};
+use crate::support::*;
+use sluice::clock::ManualClock;
+use sluice::proto::rate_limit_response::Code;
+use sluice::service::ServiceOptions;
+use sluice::store::redis::{RedisKind, RedisStore};
+use sluice::store::CounterStore;
+use std::sync::Arc;
+
+const CALC: &str = r#"
+domain: calc
+descriptors:
+  - key: resource
+    value: calc
+    rate_limit: {unit: hour, requests_per_unit: 50}
+    descriptors:
+      - key: consumer
+        rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: resource
+    value: small
+    rate_limit: {unit: hour, requests_per_unit: 5}
+"#;
+
+async fn start_redis() -> RedisServer {
+    tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .expect("start redis")
+}
+
+async fn start_cluster() -> RedisCluster {
+    tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .expect("start cluster")
+}
+
+/// Two sluice servers, each with its own Redis store (own connections), on one Redis.
+async fn two_instances(urls: Vec<String>, kind: RedisKind) -> (TestServer, TestServer) {
+    let clock = ManualClock::new(T0);
+    let a = TestServer::start_on(
+        CALC,
+        ServiceOptions::default(),
+        Some(redis_store(urls.clone(), kind, &clock)),
+        clock.clone(),
+    )
+    .await;
+    let b = TestServer::start_on(
+        CALC,
+        ServiceOptions::default(),
+        Some(redis_store(urls, kind, &clock)),
+        clock,
+    )
+    .await;
+    (a, b)
+}
+
+/// Fires `n` concurrent calls alternating between the two servers; returns (ok, over).
+async fn concurrent(
+    a: &TestServer,
+    b: &TestServer,
+    req: &sluice::proto::RateLimitRequest,
+    n: usize,
+) -> (usize, usize) {
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let mut client = if i % 2 == 0 {
+            a.client().await
+        } else {
+            b.client().await
+        };
+        let req = req.clone();
+        tasks.push(tokio::spawn(async move {
+            client.should_rate_limit(req).await.map(|r| r.into_inner())
+        }));
+    }
+    let (mut ok, mut over) = (0, 0);
+    for t in tasks {
+        let r = t.await.expect("task").expect("call succeeds");
+        match code(&r) {
+            Code::Ok => ok += 1,
+            Code::OverLimit => over += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    (ok, over)
+}
+
+async fn exactness(urls: Vec<String>, kind: RedisKind) {
+    let (a, b) = two_instances(urls, kind).await;
+    let big = one("calc", &[("resource", "calc")]);
+    assert_eq!(concurrent(&a, &b, &big, 200).await, (50, 150));
+    let small = one("calc", &[("resource", "small")]);
+    assert_eq!(concurrent(&a, &b, &small, 10).await, (5, 5));
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_on_one_redis_admit_exactly_the_limit() {
+    let redis = start_redis().await;
+    exactness(vec![redis.url()], RedisKind::Single).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_on_one_cluster_admit_exactly_the_limit() {
+    let cluster = start_cluster().await;
+    exactness(cluster.seeds(), RedisKind::Cluster).await;
+}
+
+/// Value of a counter key as stored ("<window start>:<count>"), or None.
+fn count_in(
+    keys: &[(String, i64)],
+    redis_get: impl Fn(&str) -> String,
+    needle: &str,
+) -> Option<u64> {
+    keys.iter()
+        .find(|(k, _)| k.contains(needle))
+        .and_then(|(k, _)| {
+            redis_get(k)
+                .trim()
+                .rsplit_once(':')
+                .and_then(|(_, c)| c.parse().ok())
+        })
+}
+
+#[tokio::test]
+async fn a_denied_resource_plus_consumer_request_charges_neither_key() {
+    let redis = start_redis().await;
+    let clock = ManualClock::new(T0);
+    let s = TestServer::start_on(
+        CALC,
+        ServiceOptions::default(),
+        Some(redis_store(vec![redis.url()], RedisKind::Single, &clock)),
+        clock,
+    )
+    .await;
+    // [resource=calc] (50/h) and [resource=calc, consumer=alice] (5/h) in one request.
+    let both = request(
+        "calc",
+        vec![
+            desc(&[("resource", "calc")]),
+            desc(&[("resource", "calc"), ("consumer", "alice")]),
+        ],
+    );
+    assert_eq!(admitted(&s, &both, 5).await, 5);
+    let get = |k: &str| redis.cli(&["GET", k]);
+    let keys = redis.keys_with_ttl();
+    assert_eq!(count_in(&keys, get, "consumer=alice"), Some(5));
+    assert_eq!(count_in(&keys, get, "resource=calc}:"), Some(5));
+    // The consumer limit now denies: neither key moves.
+    for _ in 0..3 {
+        let r = s.call(both.clone()).await;
+        assert_eq!(code(&r), Code::OverLimit);
+    }
+    let keys = redis.keys_with_ttl();
+    assert_eq!(count_in(&keys, get, "consumer=alice"), Some(5));
+    assert_eq!(
+        count_in(&keys, get, "resource=calc}:"),
+        Some(5),
+        "resource not charged by denials"
+    );
+    s.stop().await;
+}
+
+fn evalsha_calls(redis: &RedisServer) -> u64 {
+    let info = redis.cli(&["INFO", "commandstats"]);
+    info.lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn one_evalsha_per_decision_and_every_key_has_a_ttl() {
+    let redis = start_redis().await;
+    let clock = ManualClock::new(T0);
+    let s = TestServer::start_on(
+        CALC,
+        ServiceOptions::default(),
+        Some(redis_store(vec![redis.url()], RedisKind::Single, &clock)),
+        clock,
+    )
+    .await;
+    // Warm up: the first call may SCRIPT LOAD after NOSCRIPT.
+    s.call(one("calc", &[("resource", "calc"), ("consumer", "warm")]))
+        .await;
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    let single_group = request(
+        "calc",
+        vec![
+            desc(&[("resource", "calc")]),
+            desc(&[("resource", "calc"), ("consumer", "bob")]),
+        ],
+    );
+    let decisions = 12; // 5 admitted, 7 denied by bob's 5/h
+    for _ in 0..decisions {
+        s.call(single_group.clone()).await;
+    }
+    assert_eq!(evalsha_calls(&redis), decisions);
+    let keys = redis.keys_with_ttl();
+    assert!(keys.len() >= 3, "{keys:?}");
+    for (k, ttl) in &keys {
+        assert!(*ttl > 0, "key {k} has no expiry (TTL {ttl})");
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn every_key_written_on_a_cluster_has_a_ttl_and_odd_values_work() {
+    let cluster = start_cluster().await;
+    let clock = ManualClock::new(T0);
+    let s = TestServer::start_on(
+        CALC,
+        ServiceOptions::default(),
+        Some(redis_store(cluster.seeds(), RedisKind::Cluster, &clock)),
+        clock,
+    )
+    .await;
+    for consumer in ["{x}", "}{", "a:b", "a_b", "a|b=c", "雪", "é{é}:é", "%7B"] {
+        let req = request(
+            "calc",
+            vec![
+                desc(&[("resource", "calc")]),
+                desc(&[("resource", "calc"), ("consumer", consumer)]),
+            ],
+        );
+        // No CROSSSLOT: every key of the request carries the tag of [calc, resource=calc].
+        assert_eq!(admitted(&s, &req, 6).await, 5, "consumer {consumer:?}");
+    }
+    let keys = cluster.keys_with_ttl();
+    assert_eq!(keys.len(), 9, "8 consumers + 1 resource: {keys:?}");
+    for (k, ttl) in &keys {
+        assert!(*ttl > 0, "key {k} has no expiry (TTL {ttl})");
+    }
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_answers_unavailable_then_recovers_without_restart() {
+    let mut redis = start_redis().await;
+    let settings = sluice::store::redis::RedisSettings {
+        timeout: std::time::Duration::from_secs(2),
+        ..redis_settings(vec![redis.url()], RedisKind::Single)
+    };
+    let store: Arc<dyn CounterStore> = Arc::new(RedisStore::new(&settings).expect("store"));
+    let s = TestServer::start_on(
+        CALC,
+        ServiceOptions::default(),
+        Some(store),
+        ManualClock::new(T0),
+    )
+    .await;
+    let req = one("calc", &[("resource", "small")]);
+    assert_eq!(code(&s.call(req.clone()).await), Code::Ok);
+
+    // A short blocking call (kill + reap); the multi-thread runtime keeps serving meanwhile.
+    redis.stop();
+
+    let mut client = s.client().await;
+    for _ in 0..3 {
+        let err = client
+            .should_rate_limit(req.clone())
+            .await
+            .expect_err("Redis is down");
+        assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    }
+
+    redis.restart();
+    // Decisions resume on the same sluice; the restarted Redis is empty, so the script is
+    // reloaded after NOSCRIPT and the counter starts again.
+    let resp = s.call(req.clone()).await;
+    assert_eq!(code(&resp), Code::Ok);
+    assert_eq!(resp.statuses[0].limit_remaining, 4);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn script_flush_does_not_break_the_next_call() {
+    let redis = start_redis().await;
+    let clock = ManualClock::new(T0);
+    let s = TestServer::start_on(
+        CALC,
+        ServiceOptions::default(),
+        Some(redis_store(vec![redis.url()], RedisKind::Single, &clock)),
+        clock,
+    )
+    .await;
+    let req = one("calc", &[("resource", "small")]);
+    assert_eq!(code(&s.call(req.clone()).await), Code::Ok);
+    assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
+    let r = s.call(req.clone()).await;
+    assert_eq!(code(&r), Code::Ok);
+    assert_eq!(r.statuses[0].limit_remaining, 3);
+    s.stop().await;
+}
