@@ -299,3 +299,128 @@ async fn script_flush_does_not_break_the_next_call() {
     assert_eq!(r.statuses[0].limit_remaining, 3);
     s.stop().await;
 }
+
+async fn cross_group_denial_refunds(store: Arc<dyn CounterStore>, clock: ManualClock) {
+    let s = TestServer::start_on(CALC, ServiceOptions::default(), Some(store), clock).await;
+    // resource=calc and resource=small carry different hash tags: two groups, two script calls.
+    let both = request(
+        "calc",
+        vec![
+            desc(&[("resource", "calc")]),
+            desc(&[("resource", "small")]),
+        ],
+    );
+    assert_eq!(admitted(&s, &both, 8).await, 5, "small (5/h) decides");
+    // 3 denied requests were charged on calc's group and refunded: calc has 45 left, not 42.
+    let r = s.call(one("calc", &[("resource", "calc")])).await;
+    assert_eq!(code(&r), Code::Ok);
+    assert_eq!(r.statuses[0].limit_remaining, 44);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_denial_in_one_group_refunds_the_other_groups_on_redis() {
+    let redis = start_redis().await;
+    let clock = ManualClock::new(T0);
+    let store = redis_store(vec![redis.url()], RedisKind::Single, &clock);
+    cross_group_denial_refunds(store, clock).await;
+}
+
+#[tokio::test]
+async fn a_denial_in_one_group_refunds_the_other_groups_on_cluster() {
+    let cluster = start_cluster().await;
+    let clock = ManualClock::new(T0);
+    let store = redis_store(cluster.seeds(), RedisKind::Cluster, &clock);
+    cross_group_denial_refunds(store, clock).await;
+}
+
+/// The minimal ACL documented in the README: only what the script and the client need.
+const ACL: &[&str] = &[
+    "ACL",
+    "SETUSER",
+    "sluice",
+    "on",
+    ">s3cret",
+    "~sluice_test:*",
+    "resetchannels",
+    "-@all",
+    "+evalsha",
+    "+script|load",
+    "+ping",
+    "+get",
+    "+set",
+    "+time",
+    "+cluster|slots",
+    "+cluster|shards",
+];
+
+async fn decide_as_acl_user(urls: Vec<String>, kind: RedisKind) {
+    let settings = sluice::store::redis::RedisSettings {
+        auth: Some("sluice:s3cret".into()),
+        ..redis_settings(urls, kind)
+    };
+    let store: Arc<dyn CounterStore> = Arc::new(RedisStore::new(&settings).expect("store"));
+    let s = TestServer::start_on(
+        CALC,
+        ServiceOptions::default(),
+        Some(store),
+        ManualClock::new(T0),
+    )
+    .await;
+    let req = request(
+        "calc",
+        vec![
+            desc(&[("resource", "calc")]),
+            desc(&[("resource", "calc"), ("consumer", "acl")]),
+        ],
+    );
+    assert_eq!(admitted(&s, &req, 7).await, 5);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn the_documented_minimal_acl_is_enough_on_redis() {
+    let redis = start_redis().await;
+    assert_eq!(redis.cli(ACL).trim(), "OK");
+    decide_as_acl_user(vec![redis.url()], RedisKind::Single).await;
+}
+
+#[tokio::test]
+async fn the_documented_minimal_acl_is_enough_on_cluster() {
+    let cluster = start_cluster().await;
+    for i in 0..3 {
+        assert_eq!(cluster.cli(i, ACL).trim(), "OK");
+    }
+    decide_as_acl_user(cluster.seeds(), RedisKind::Cluster).await;
+}
+
+#[tokio::test]
+async fn a_wrong_password_is_an_unavailable_answer_not_a_crash() {
+    let redis = start_redis().await;
+    assert_eq!(redis.cli(ACL).trim(), "OK");
+    let settings = sluice::store::redis::RedisSettings {
+        auth: Some("sluice:wrong".into()),
+        ..redis_settings(vec![redis.url()], RedisKind::Single)
+    };
+    let store: Arc<dyn CounterStore> = Arc::new(RedisStore::new(&settings).expect("store"));
+    let s = TestServer::start_on(
+        CALC,
+        ServiceOptions::default(),
+        Some(store),
+        ManualClock::new(T0),
+    )
+    .await;
+    let err = s
+        .client()
+        .await
+        .should_rate_limit(one("calc", &[("resource", "small")]))
+        .await
+        .expect_err("auth fails");
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(
+        !err.message().contains("wrong"),
+        "no secret in the error: {}",
+        err.message()
+    );
+    s.stop().await;
+}
