@@ -38,6 +38,18 @@ async fn start_cluster() -> RedisCluster {
         .expect("start cluster")
 }
 
+/// One sluice on the CALC config with a Redis store on a manual clock at T0.
+async fn sluice_on(urls: Vec<String>, kind: RedisKind) -> TestServer {
+    let clock = ManualClock::new(T0);
+    TestServer::start_on(
+        CALC,
+        ServiceOptions::default(),
+        Some(redis_store(urls, kind, &clock)),
+        clock,
+    )
+    .await
+}
+
 /// Two sluice servers, each with its own Redis store (own connections), on one Redis.
 async fn two_instances(urls: Vec<String>, kind: RedisKind) -> (TestServer, TestServer) {
     let clock = ManualClock::new(T0);
@@ -130,14 +142,7 @@ fn count_in(
 #[tokio::test]
 async fn a_denied_resource_plus_consumer_request_charges_neither_key() {
     let redis = start_redis().await;
-    let clock = ManualClock::new(T0);
-    let s = TestServer::start_on(
-        CALC,
-        ServiceOptions::default(),
-        Some(redis_store(vec![redis.url()], RedisKind::Single, &clock)),
-        clock,
-    )
-    .await;
+    let s = sluice_on(vec![redis.url()], RedisKind::Single).await;
     // [resource=calc] (50/h) and [resource=calc, consumer=alice] (5/h) in one request.
     let both = request(
         "calc",
@@ -179,14 +184,7 @@ fn evalsha_calls(redis: &RedisServer) -> u64 {
 #[tokio::test]
 async fn one_evalsha_per_decision_and_every_key_has_a_ttl() {
     let redis = start_redis().await;
-    let clock = ManualClock::new(T0);
-    let s = TestServer::start_on(
-        CALC,
-        ServiceOptions::default(),
-        Some(redis_store(vec![redis.url()], RedisKind::Single, &clock)),
-        clock,
-    )
-    .await;
+    let s = sluice_on(vec![redis.url()], RedisKind::Single).await;
     // Warm up: the first call may SCRIPT LOAD after NOSCRIPT.
     s.call(one("calc", &[("resource", "calc"), ("consumer", "warm")]))
         .await;
@@ -214,14 +212,7 @@ async fn one_evalsha_per_decision_and_every_key_has_a_ttl() {
 #[tokio::test]
 async fn every_key_written_on_a_cluster_has_a_ttl_and_odd_values_work() {
     let cluster = start_cluster().await;
-    let clock = ManualClock::new(T0);
-    let s = TestServer::start_on(
-        CALC,
-        ServiceOptions::default(),
-        Some(redis_store(cluster.seeds(), RedisKind::Cluster, &clock)),
-        clock,
-    )
-    .await;
+    let s = sluice_on(cluster.seeds(), RedisKind::Cluster).await;
     for consumer in ["{x}", "}{", "a:b", "a_b", "a|b=c", "雪", "é{é}:é", "%7B"] {
         let req = request(
             "calc",
@@ -283,14 +274,7 @@ async fn redis_down_answers_unavailable_then_recovers_without_restart() {
 #[tokio::test]
 async fn script_flush_does_not_break_the_next_call() {
     let redis = start_redis().await;
-    let clock = ManualClock::new(T0);
-    let s = TestServer::start_on(
-        CALC,
-        ServiceOptions::default(),
-        Some(redis_store(vec![redis.url()], RedisKind::Single, &clock)),
-        clock,
-    )
-    .await;
+    let s = sluice_on(vec![redis.url()], RedisKind::Single).await;
     let req = one("calc", &[("resource", "small")]);
     assert_eq!(code(&s.call(req.clone()).await), Code::Ok);
     assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");

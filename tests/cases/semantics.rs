@@ -359,6 +359,7 @@ async fn global_shadow_mode_always_answers_ok() {
         SIMPLE,
         ServiceOptions {
             global_shadow_mode: true,
+            ..Default::default()
         },
     )
     .await;
