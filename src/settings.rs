@@ -4,8 +4,11 @@
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::{load_path, ConfigErrors, LoadOptions, RuleSet};
-use crate::server::ServerConfig;
-use crate::service::ServiceOptions;
+use crate::server::{ServerConfig, StoreChain};
+use crate::service::{FailureMode, ServiceOptions};
+use crate::store::breaker::{BreakerSettings, DEFAULT_FAILURE_THRESHOLD};
+use crate::store::redis::{redact_url, RedisKind, RedisSettings, DEFAULT_POOL_SIZE};
+use crate::store::StoreError;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use std::ffi::OsStr;
 use std::fmt;
@@ -57,6 +60,8 @@ impl Cli {
     }
 }
 
+// Parsed once at start; boxing `ServeArgs` would buy nothing and cost every match a deref.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the RLS gRPC API and the HTTP admin endpoints (the default).
@@ -170,10 +175,212 @@ pub struct ServeArgs {
     )]
     pub shutdown_grace: Duration,
 
-    /// Redis address. Not supported by this version: set, it makes `serve` fail at start.
+    #[command(flatten)]
+    pub redis: RedisArgs,
+
+    /// Bytes of the local deny cache (0 = off): a counter known to be over its limit is denied
+    /// locally until its window resets, without a Redis call.
+    #[arg(long, env = "LOCAL_CACHE_SIZE_IN_BYTES", default_value_t = 0)]
+    pub local_cache_size_in_bytes: usize,
+
+    /// What to answer when the counter store fails: `allow` (OK) or `deny` (OVER_LIMIT). Unset,
+    /// sluice answers gRPC UNAVAILABLE and Envoy's `failure_mode_deny` decides.
+    #[arg(long, env = "FAILURE_MODE", value_parser = parse_failure_mode)]
+    pub failure_mode: Option<FailureMode>,
+}
+
+/// The Redis store. Without `REDIS_URL`, counters live in process memory.
+#[derive(Debug, Clone, Args)]
+pub struct RedisArgs {
+    /// Redis address: `host:port` (as envoyproxy/ratelimit takes it), `redis://` or `rediss://`
+    /// URLs, or a comma-separated list of them (the seeds of a Cluster).
     // `hide_env_values`: `--help` must not print a URL that may hold a password.
     #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<Secret>,
+
+    /// `single` (one Redis) or `cluster` (Redis Cluster; REDIS_URL lists seed nodes).
+    #[arg(
+        long,
+        env = "REDIS_TYPE",
+        default_value = "single",
+        value_enum,
+        ignore_case = true
+    )]
+    pub redis_type: RedisType,
+
+    /// Redis password, or `user:password` for an ACL user.
+    #[arg(long, env = "REDIS_AUTH", hide_env_values = true)]
+    pub redis_auth: Option<Secret>,
+
+    /// Connect to Redis over TLS (plain `host:port` addresses become `rediss://`).
+    #[arg(
+        long,
+        env = "REDIS_TLS",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub redis_tls: bool,
+
+    /// Connections to a standalone Redis (each one multiplexed: requests are pipelined).
+    #[arg(long, env = "REDIS_POOL_SIZE", default_value_t = DEFAULT_POOL_SIZE,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub redis_pool_size: u32,
+
+    /// Bound on every Redis round trip, connecting included (`500ms`, `1s`): a dead Redis never
+    /// holds a request longer.
+    #[arg(
+        long,
+        env = "REDIS_TIMEOUT",
+        default_value = DEFAULT_REDIS_TIMEOUT,
+        value_parser = parse_duration
+    )]
+    pub redis_timeout: Duration,
+
+    /// Prefix of every Redis key sluice writes.
+    #[arg(long, env = "CACHE_KEY_PREFIX", default_value = "")]
+    pub cache_key_prefix: String,
+
+    /// Consecutive Redis failures that open the circuit breaker (requests then fail at once).
+    #[arg(long, env = "REDIS_BREAKER_THRESHOLD", default_value_t = DEFAULT_FAILURE_THRESHOLD,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub redis_breaker_threshold: u32,
+
+    /// How long the open breaker answers at once before letting one request try Redis again.
+    #[arg(
+        long,
+        env = "REDIS_BREAKER_OPEN",
+        default_value = DEFAULT_BREAKER_OPEN,
+        value_parser = parse_duration
+    )]
+    pub redis_breaker_open: Duration,
+}
+
+/// `REDIS_TYPE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RedisType {
+    Single,
+    Cluster,
+}
+
+/// `REDIS_TIMEOUT`'s default as clap reads it; a test checks it equals
+/// [`crate::store::redis::DEFAULT_TIMEOUT`].
+const DEFAULT_REDIS_TIMEOUT: &str = "500ms";
+/// `REDIS_BREAKER_OPEN`'s default; a test checks it equals
+/// [`crate::store::breaker::DEFAULT_OPEN_FOR`].
+const DEFAULT_BREAKER_OPEN: &str = "1s";
+
+/// `FAILURE_MODE`: `allow` or `deny`, case-insensitive.
+pub fn parse_failure_mode(s: &str) -> Result<FailureMode, String> {
+    s.parse()
+}
+
+impl RedisArgs {
+    /// The Redis store's settings, or `None` for the memory store (no `REDIS_URL`, or an
+    /// empty one). Fails on settings that can never work, before anything is started.
+    pub fn settings(&self) -> Result<Option<RedisSettings>, SettingsError> {
+        let Some(raw) = self.redis_url.as_ref().map(Secret::expose) else {
+            return Ok(None);
+        };
+        if raw.trim().is_empty() {
+            return Ok(None);
+        }
+        let urls = normalize_redis_urls(raw, self.redis_tls)?;
+        let kind = match self.redis_type {
+            RedisType::Single => RedisKind::Single,
+            RedisType::Cluster => RedisKind::Cluster,
+        };
+        if kind == RedisKind::Single && urls.len() > 1 {
+            return Err(SettingsError::Redis(format!(
+                "REDIS_URL lists {} addresses but REDIS_TYPE is single; set REDIS_TYPE=cluster \
+                 for a Cluster's seed list",
+                urls.len()
+            )));
+        }
+        if urls.iter().any(|u| u.starts_with("rediss://")) {
+            return Err(SettingsError::RedisTls);
+        }
+        Ok(Some(RedisSettings {
+            urls,
+            kind,
+            auth: self
+                .redis_auth
+                .as_ref()
+                .map(|a| a.expose().to_string())
+                .filter(|a| !a.is_empty()),
+            pool_size: self.redis_pool_size,
+            timeout: self.redis_timeout,
+            key_prefix: self.cache_key_prefix.clone(),
+        }))
+    }
+
+    pub fn breaker(&self) -> BreakerSettings {
+        BreakerSettings {
+            failure_threshold: self.redis_breaker_threshold,
+            open_for: self.redis_breaker_open,
+        }
+    }
+}
+
+/// `REDIS_URL` to connection URLs: a comma-separated list whose items are `host:port`
+/// (envoyproxy/ratelimit's form, made `redis://host:port`, or `rediss://` with `tls`) or
+/// `redis://` / `rediss://` URLs (kept; `tls` upgrades `redis://` to `rediss://`). Errors never
+/// show credentials.
+pub fn normalize_redis_urls(raw: &str, tls: bool) -> Result<Vec<String>, SettingsError> {
+    let bad = |item: &str, why: &str| {
+        let shown = if item.contains("://") {
+            redact_url(item)
+        } else if item.contains('@') {
+            // Credentials in a form no URL parser understands: show none of it.
+            "<redacted>".to_string()
+        } else {
+            item.to_string()
+        };
+        SettingsError::Redis(format!("invalid REDIS_URL entry {shown:?}: {why}"))
+    };
+    let mut urls = Vec::new();
+    for item in raw.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let url = match item.split_once("://") {
+            Some((scheme, rest)) => {
+                let scheme = scheme.to_ascii_lowercase();
+                let scheme = match scheme.as_str() {
+                    "redis" if tls => "rediss",
+                    "redis" | "rediss" => scheme.as_str(),
+                    _ => {
+                        return Err(bad(
+                            item,
+                            "the scheme must be redis:// or rediss:// (or give host:port)",
+                        ))
+                    }
+                };
+                if rest.is_empty() {
+                    return Err(bad(item, "no host"));
+                }
+                format!("{scheme}://{rest}")
+            }
+            None => {
+                // envoyproxy's form: host:port, nothing else.
+                let (host, port) = item
+                    .rsplit_once(':')
+                    .ok_or_else(|| bad(item, "expected host:port or a redis:// URL"))?;
+                if host.is_empty() || host.contains(['/', '@', '?', '#']) {
+                    return Err(bad(item, "expected host:port or a redis:// URL"));
+                }
+                if port.parse::<u16>().is_err() {
+                    return Err(bad(item, "the port must be a number up to 65535"));
+                }
+                let scheme = if tls { "rediss" } else { "redis" };
+                format!("{scheme}://{host}:{port}")
+            }
+        };
+        urls.push(url);
+    }
+    if urls.is_empty() {
+        return Err(SettingsError::Redis("REDIS_URL holds no address".into()));
+    }
+    Ok(urls)
 }
 
 /// The envoyproxy/ratelimit runtime directory layout.
@@ -278,11 +485,15 @@ impl FromStr for Secret {
 /// Why `serve` cannot start from these settings.
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
+    #[error("{0}")]
+    Redis(String),
     #[error(
-        "REDIS_URL is set, but the Redis store is not available in this version of sluice; \
-         unset REDIS_URL to use the in-memory store (counters are then per process)"
+        "Redis TLS is not supported in this version (REDIS_TLS=true or a rediss:// URL); \
+         connect to Redis without TLS, or through a local TLS proxy"
     )]
-    RedisNotAvailable,
+    RedisTls,
+    #[error("cannot set up the Redis store: {0}")]
+    Store(#[from] StoreError),
     #[error("cannot resolve {what} address {host}:{port}: {reason}")]
     Resolve {
         what: &'static str,
@@ -308,37 +519,54 @@ impl ServeArgs {
         }
     }
 
-    /// The one place that decides which counter store `serve` uses. Today only the memory store
-    /// exists, so a configured Redis is refused rather than silently ignored: an operator must
-    /// never believe replicas share counters when they do not. The Redis store replaces this.
-    pub fn check_store(&self) -> Result<(), SettingsError> {
-        match &self.redis_url {
-            Some(url) if !url.expose().trim().is_empty() => Err(SettingsError::RedisNotAvailable),
-            _ => Ok(()),
-        }
+    /// The one place that decides which counter store `serve` uses: `None` for the memory
+    /// store (no `REDIS_URL`), else the Redis store behind its circuit breaker and, with
+    /// `LOCAL_CACHE_SIZE_IN_BYTES` > 0, the local deny cache. Never touches the network, so an
+    /// unreachable Redis is a health state, not a start-up failure.
+    pub fn store_chain(&self) -> Result<Option<StoreChain>, SettingsError> {
+        Ok(self.redis.settings()?.map(|redis| StoreChain {
+            redis,
+            breaker: self.redis.breaker(),
+            local_cache_bytes: self.local_cache_size_in_bytes,
+        }))
     }
 
-    /// Resolves addresses, selects the store and loads the config: everything `serve` needs
+    /// Resolves addresses, builds the store and loads the config: everything `serve` needs
     /// before it binds. Fails before any port is opened.
     pub fn server_config(&self) -> Result<ServerConfig, SettingsError> {
-        self.check_store()?;
+        let chain = self.store_chain()?;
         let grpc_addr = resolve("gRPC", &self.grpc_host, self.grpc_port)?;
         let http_addr = resolve("HTTP", &self.host, self.port)?;
         let path = self.config_path();
         let rules = load_rules(&path, &self.load_options())?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        Ok(ServerConfig {
-            grpc_addr,
-            http_addr,
-            rules,
-            options: ServiceOptions {
-                global_shadow_mode: self.shadow_mode,
-            },
-            clock,
-            store: None,
-            shutdown_grace: self.shutdown_grace,
-            config_path: Some(path),
-        })
+        let store = match &chain {
+            Some(chain) => {
+                tracing::info!(
+                    kind = ?chain.redis.kind,
+                    urls = ?chain.redis.urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>(),
+                    timeout = ?chain.redis.timeout,
+                    local_cache_bytes = chain.local_cache_bytes,
+                    "using the Redis store"
+                );
+                Some(chain.build(Arc::clone(&clock))?)
+            }
+            None => {
+                tracing::info!("using the in-memory store (counters are per process)");
+                None
+            }
+        };
+        let mut config = ServerConfig::new(rules).with_clock(clock);
+        config.grpc_addr = grpc_addr;
+        config.http_addr = http_addr;
+        config.options = ServiceOptions {
+            global_shadow_mode: self.shadow_mode,
+            failure_mode: self.failure_mode,
+        };
+        config.store = store;
+        config.shutdown_grace = self.shutdown_grace;
+        config.config_path = Some(path);
+        Ok(config)
     }
 }
 
@@ -482,6 +710,16 @@ mod tests {
                 ("shadow-mode", "SHADOW_MODE"),
                 ("shutdown-grace", "SHUTDOWN_GRACE_PERIOD"),
                 ("redis-url", "REDIS_URL"),
+                ("redis-type", "REDIS_TYPE"),
+                ("redis-auth", "REDIS_AUTH"),
+                ("redis-tls", "REDIS_TLS"),
+                ("redis-pool-size", "REDIS_POOL_SIZE"),
+                ("redis-timeout", "REDIS_TIMEOUT"),
+                ("cache-key-prefix", "CACHE_KEY_PREFIX"),
+                ("redis-breaker-threshold", "REDIS_BREAKER_THRESHOLD"),
+                ("redis-breaker-open", "REDIS_BREAKER_OPEN"),
+                ("local-cache-size-in-bytes", "LOCAL_CACHE_SIZE_IN_BYTES"),
+                ("failure-mode", "FAILURE_MODE"),
             ] {
                 assert_eq!(env_of(c, long).as_deref(), Some(env), "--{long}");
             }
@@ -519,7 +757,17 @@ mod tests {
             s.config_path(),
             PathBuf::from("/srv/runtime_data/current/config")
         );
-        assert!(s.check_store().is_ok());
+        // No REDIS_URL: the memory store.
+        assert!(s.store_chain().unwrap().is_none());
+        let r = &s.redis;
+        assert_eq!(r.redis_type, RedisType::Single);
+        assert!(!r.redis_tls);
+        assert_eq!(r.redis_pool_size, DEFAULT_POOL_SIZE);
+        assert_eq!(r.redis_timeout, crate::store::redis::DEFAULT_TIMEOUT);
+        assert_eq!(r.cache_key_prefix, "");
+        assert_eq!(r.breaker(), BreakerSettings::default());
+        assert_eq!(s.local_cache_size_in_bytes, 0);
+        assert_eq!(s.failure_mode, None);
     }
 
     #[test]
@@ -627,29 +875,189 @@ mod tests {
         assert!(parse(&["--port=1", "check", "/etc/rl"]).is_err());
     }
 
+    fn redis_settings(args: &[&str]) -> Result<Option<RedisSettings>, SettingsError> {
+        serve_args(parse(args).unwrap()).redis.settings()
+    }
+
+    fn urls(args: &[&str]) -> Vec<String> {
+        redis_settings(args).unwrap().unwrap().urls
+    }
+
     #[test]
-    fn redis_url_is_refused_and_never_printed() {
-        let s = serve_args(parse(&["--redis-url=redis://:hunter2@redis:6379"]).unwrap());
-        assert!(matches!(
-            s.check_store(),
-            Err(SettingsError::RedisNotAvailable)
-        ));
-        // Refused before anything else is looked at (no config is loaded, no port resolved).
-        assert!(matches!(
-            s.server_config(),
-            Err(SettingsError::RedisNotAvailable)
-        ));
+    fn redis_url_forms() {
+        // envoyproxy's plain host:port (Istio's sample: REDIS_URL=redis:6379).
+        assert_eq!(urls(&["--redis-url=redis:6379"]), ["redis://redis:6379"]);
+        assert_eq!(urls(&["--redis-url=[::1]:6379"]), ["redis://[::1]:6379"]);
+        assert_eq!(
+            urls(&["--redis-url=redis://:pw@10.0.0.1:6380/2"]),
+            ["redis://:pw@10.0.0.1:6380/2"]
+        );
+        assert_eq!(urls(&["--redis-url=REDIS://r:1"]), ["redis://r:1"]);
+        // A Cluster's seeds, plain or URLs, spaces and a trailing comma tolerated.
+        assert_eq!(
+            urls(&[
+                "--redis-type=cluster",
+                "--redis-url=a:7000, redis://b:7001 ,c:7002,"
+            ]),
+            ["redis://a:7000", "redis://b:7001", "redis://c:7002"]
+        );
+        // REDIS_TYPE is case-insensitive (envoyproxy writes SINGLE / CLUSTER).
+        for t in ["CLUSTER", "Cluster", "cluster"] {
+            let r = redis_settings(&[&format!("--redis-type={t}"), "--redis-url=a:1,b:2"])
+                .unwrap()
+                .unwrap();
+            assert_eq!(r.kind, RedisKind::Cluster);
+        }
+        let r = redis_settings(&["--redis-type=SINGLE", "--redis-url=a:1"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.kind, RedisKind::Single);
+        assert!(parse(&["--redis-type=sentinel"]).is_err());
+    }
+
+    #[test]
+    fn tls_is_normalised_then_refused_clearly() {
+        assert_eq!(
+            normalize_redis_urls("r:6379,redis://s:1,rediss://t:2", true).unwrap(),
+            ["rediss://r:6379", "rediss://s:1", "rediss://t:2"]
+        );
+        assert_eq!(
+            normalize_redis_urls("rediss://t:2", false).unwrap(),
+            ["rediss://t:2"]
+        );
+        for args in [
+            &["--redis-url=redis:6379", "--redis-tls"][..],
+            &["--redis-url=redis:6379", "--redis-tls=true"][..],
+            &["--redis-url=rediss://redis:6379"][..],
+        ] {
+            let e = redis_settings(args).unwrap_err();
+            assert!(matches!(e, SettingsError::RedisTls), "{args:?}: {e}");
+            assert!(e
+                .to_string()
+                .contains("Redis TLS is not supported in this version"));
+        }
+        // REDIS_TLS without REDIS_URL changes nothing: memory store.
+        assert!(redis_settings(&["--redis-tls"]).unwrap().is_none());
+    }
+
+    #[test]
+    fn bad_redis_urls_are_refused_without_printing_secrets() {
+        for bad in [
+            "redis",
+            "redis:port",
+            "redis:70000",
+            ":6379",
+            "http://redis:6379",
+            "redis://",
+            " , ",
+            "user:hunter2@redis",
+        ] {
+            let e = redis_settings(&[&format!("--redis-url={bad}")]).unwrap_err();
+            assert!(matches!(e, SettingsError::Redis(_)), "{bad:?}: {e}");
+            assert!(!e.to_string().contains("hunter2"), "{e}");
+        }
+        let e = redis_settings(&["--redis-url=http://u:hunter2@redis:1"]).unwrap_err();
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+        // More than one address needs REDIS_TYPE=cluster.
+        let e = redis_settings(&["--redis-url=a:1,b:2"]).unwrap_err();
+        assert!(e.to_string().contains("REDIS_TYPE=cluster"), "{e}");
+    }
+
+    #[test]
+    fn redis_tuning_and_service_switches() {
+        let s = serve_args(
+            parse(&[
+                "--redis-url=redis:6379",
+                "--redis-auth=svc:hunter2",
+                "--redis-pool-size=3",
+                "--redis-timeout=250ms",
+                "--cache-key-prefix=rl_",
+                "--redis-breaker-threshold=5",
+                "--redis-breaker-open=2s",
+                "--local-cache-size-in-bytes=1048576",
+                "--failure-mode=DENY",
+            ])
+            .unwrap(),
+        );
+        let chain = s.store_chain().unwrap().unwrap();
+        assert_eq!(chain.redis.urls, ["redis://redis:6379"]);
+        assert_eq!(chain.redis.auth.as_deref(), Some("svc:hunter2"));
+        assert_eq!(chain.redis.pool_size, 3);
+        assert_eq!(chain.redis.timeout, Duration::from_millis(250));
+        assert_eq!(chain.redis.key_prefix, "rl_");
+        assert_eq!(
+            chain.breaker,
+            BreakerSettings {
+                failure_threshold: 5,
+                open_for: Duration::from_secs(2)
+            }
+        );
+        assert_eq!(chain.local_cache_bytes, 1 << 20);
+        assert_eq!(s.failure_mode, Some(FailureMode::Deny));
+        assert_eq!(
+            serve_args(parse(&["--failure-mode=allow"]).unwrap()).failure_mode,
+            Some(FailureMode::Allow)
+        );
+        // An empty REDIS_AUTH is no password.
+        let r = redis_settings(&["--redis-url=r:1", "--redis-auth="])
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.auth, None);
+        assert!(parse(&["--failure-mode=open"]).is_err());
+        assert!(parse(&["--redis-pool-size=0"]).is_err());
+        assert!(parse(&["--redis-breaker-threshold=0"]).is_err());
+        assert!(parse(&["--redis-timeout=soon"]).is_err());
+        assert!(parse(&["--local-cache-size-in-bytes=-1"]).is_err());
+    }
+
+    #[test]
+    fn redis_secrets_are_never_printed() {
+        let s = serve_args(
+            parse(&[
+                "--redis-url=redis://:hunter2@redis:6379",
+                "--redis-auth=admin:swordfish",
+            ])
+            .unwrap(),
+        );
         let dbg = format!("{s:?}");
-        let redis = Cli::command()
-            .get_arguments()
-            .find(|a| a.get_long() == Some("redis-url"))
-            .map(|a| a.is_hide_env_values_set());
-        assert_eq!(redis, Some(true), "--help must not print REDIS_URL's value");
         assert!(!dbg.contains("hunter2"), "{dbg}");
+        assert!(!dbg.contains("swordfish"), "{dbg}");
         assert!(dbg.contains("redacted"), "{dbg}");
-        // Set but empty counts as unset.
+        let chain = format!("{:?}", s.store_chain().unwrap().unwrap());
+        assert!(!chain.contains("hunter2"), "{chain}");
+        assert!(!chain.contains("swordfish"), "{chain}");
+        for long in ["redis-url", "redis-auth"] {
+            let hidden = Cli::command()
+                .get_arguments()
+                .find(|a| a.get_long() == Some(long))
+                .map(|a| a.is_hide_env_values_set());
+            assert_eq!(hidden, Some(true), "--help must not print {long}'s value");
+        }
+        // Set but empty counts as unset: the memory store.
         let s = serve_args(parse(&["--redis-url="]).unwrap());
-        assert!(s.check_store().is_ok());
+        assert!(s.store_chain().unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_redis_still_gives_a_server_config() {
+        // Port 1 on loopback: nothing listens. Building the store never touches the network.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, "domain: d\n").unwrap();
+        let s = serve_args(
+            parse(&[
+                "--redis-url=127.0.0.1:1",
+                "--local-cache-size-in-bytes=4096",
+                "--failure-mode=allow",
+                "--grpc-port=0",
+                "--port=0",
+                &format!("--config={}", path.display()),
+            ])
+            .unwrap(),
+        );
+        let config = s.server_config().unwrap();
+        assert!(config.store.is_some());
+        assert_eq!(config.options.failure_mode, Some(FailureMode::Allow));
     }
 
     #[test]

@@ -11,8 +11,11 @@ pub mod signal;
 use crate::clock::{Clock, SystemClock};
 use crate::config::RuleSet;
 use crate::service::{RateLimiter, ServiceOptions};
+use crate::store::breaker::{BreakerSettings, CircuitBreaker};
+use crate::store::local_cache::LocalDenyCache;
 use crate::store::memory::MemoryStore;
-use crate::store::CounterStore;
+use crate::store::redis::{RedisSettings, RedisStore};
+use crate::store::{CounterStore, StoreError};
 use signal::{ShutdownHandle, ShutdownWatch};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -30,6 +33,43 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
 
 /// Health-check service name envoyproxy/ratelimit registers, kept for existing probes.
 pub const HEALTH_SERVICE_NAME: &str = "ratelimit";
+
+/// Default time between two probes of the counter store by the health task.
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The gRPC health services sluice reports: the server (""), envoyproxy's name, and the RLS.
+const HEALTH_SERVICES: [&str; 3] = ["", HEALTH_SERVICE_NAME, grpc::RLS_SERVICE_NAME];
+
+/// The Redis counter store as `serve` stacks it: [`RedisStore`], behind a [`CircuitBreaker`]
+/// (so a dead Redis is answered at once instead of after a timeout per request), behind a
+/// [`LocalDenyCache`] when `local_cache_bytes` > 0 (so known-full counters cost no Redis call,
+/// even while Redis is down).
+#[derive(Debug, Clone)]
+pub struct StoreChain {
+    pub redis: RedisSettings,
+    pub breaker: BreakerSettings,
+    /// `LOCAL_CACHE_SIZE_IN_BYTES`; 0 leaves the cache out.
+    pub local_cache_bytes: usize,
+}
+
+impl StoreChain {
+    /// Builds the stack without touching the network (Redis connects on first use). `clock`
+    /// drives the breaker's open timer and the deny cache's expiry. Must run inside a Tokio
+    /// runtime (the connection pool is created here).
+    pub fn build(&self, clock: Arc<dyn Clock>) -> Result<Arc<dyn CounterStore>, StoreError> {
+        let redis: Arc<dyn CounterStore> = Arc::new(RedisStore::new(&self.redis)?);
+        let breaker: Arc<dyn CounterStore> =
+            Arc::new(CircuitBreaker::new(redis, self.breaker, Arc::clone(&clock)));
+        if self.local_cache_bytes == 0 {
+            return Ok(breaker);
+        }
+        Ok(Arc::new(LocalDenyCache::new(
+            breaker,
+            self.local_cache_bytes,
+            clock,
+        )))
+    }
+}
 
 /// Everything [`start`] needs. Fields are public so tests and `settings` fill them directly.
 #[derive(Debug)]
@@ -49,6 +89,9 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Where `rules` came from, for logs (and later reloads); `None` for in-memory rules.
     pub config_path: Option<PathBuf>,
+    /// How often the health task probes the store (one PING for Redis) and updates the gRPC
+    /// health status. The store is also probed once before [`start`] returns.
+    pub health_interval: Duration,
 }
 
 impl ServerConfig {
@@ -65,6 +108,7 @@ impl ServerConfig {
             store: None,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             config_path: None,
+            health_interval: DEFAULT_HEALTH_INTERVAL,
         }
     }
 
@@ -194,6 +238,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         store,
         shutdown_grace,
         config_path,
+        health_interval,
     } = config;
 
     // Bind first: a port conflict is reported before any task starts, and port 0 resolves to
@@ -211,12 +256,22 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     let store = store.unwrap_or_else(|| Arc::new(MemoryStore::new(clock)));
     let limiter = Arc::new(RateLimiter::new(rules, store, options));
 
+    // Probe once now, so a Redis that is down at start is NOT_SERVING from the first health
+    // check; a store that cannot be reached is a health state, never a start-up failure.
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    for name in ["", HEALTH_SERVICE_NAME, grpc::RLS_SERVICE_NAME] {
-        health_reporter
-            .set_service_status(name, ServingStatus::Serving)
-            .await;
+    let store_ok = limiter.store().probe().await;
+    if !store_ok {
+        tracing::warn!(
+            "counter store unreachable at start: health is NOT_SERVING until it answers"
+        );
     }
+    set_health(&health_reporter, store_ok).await;
+    let health_task = tokio::spawn(watch_store_health(
+        Arc::clone(limiter.store()),
+        health_reporter.clone(),
+        health_interval,
+        store_ok,
+    ));
 
     // Two triggers: `shutdown` is the caller's (handles, signals, dropping `Running`); `drain` is
     // the supervisor's and is what the servers obey, so an early server failure can also stop
@@ -251,6 +306,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         trigger,
         drain,
         health_reporter,
+        health_task,
         grpc_task,
         http_task,
         shutdown_grace,
@@ -318,12 +374,56 @@ fn local_addr(
         .map_err(|source| ServerError::Bind { what, addr, source })
 }
 
-/// Owns both server tasks: waits for the shutdown trigger (or a server dying early), turns health
-/// to NOT_SERVING, lets the servers drain, and bounds the drain by `grace`.
+fn serving_status(ok: bool) -> ServingStatus {
+    if ok {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    }
+}
+
+async fn set_health(health: &tonic_health::server::HealthReporter, ok: bool) {
+    for name in HEALTH_SERVICES {
+        health.set_service_status(name, serving_status(ok)).await;
+    }
+}
+
+/// Probes the store every `interval` and mirrors the answer in the gRPC health status, logging
+/// each change once. Runs until the supervisor aborts it at shutdown.
+async fn watch_store_health(
+    store: Arc<dyn CounterStore>,
+    health: tonic_health::server::HealthReporter,
+    interval: Duration,
+    mut healthy: bool,
+) {
+    // A zero interval would spin; a probe per millisecond is already more than enough.
+    let interval = interval.max(Duration::from_millis(1));
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let ok = store.probe().await;
+        if ok == healthy {
+            continue;
+        }
+        if ok {
+            tracing::info!("counter store reachable: health is SERVING");
+        } else {
+            tracing::warn!("counter store unreachable: health is NOT_SERVING");
+        }
+        set_health(&health, ok).await;
+        healthy = ok;
+    }
+}
+
+/// Owns both server tasks: waits for the shutdown trigger (or a server dying early), stops the
+/// store health task, turns health to NOT_SERVING, lets the servers drain, and bounds the drain
+/// by `grace`.
 async fn supervise(
     trigger: ShutdownWatch,
     drain: ShutdownHandle,
     health: tonic_health::server::HealthReporter,
+    health_task: JoinHandle<()>,
     mut grpc_task: JoinHandle<Result<(), tonic::transport::Error>>,
     mut http_task: JoinHandle<std::io::Result<()>>,
     grace: Duration,
@@ -340,12 +440,12 @@ async fn supervise(
         r = &mut http_task => http_done = Some(http_result(r, true)),
     }
 
+    // The health task is stopped (and joined) first, so a probe finishing during the drain
+    // can never turn a service back to SERVING.
+    health_task.abort();
+    let _ = health_task.await;
     // Probes see NOT_SERVING for the whole drain (the HTTP /healthcheck reads the trigger).
-    for name in ["", HEALTH_SERVICE_NAME, grpc::RLS_SERVICE_NAME] {
-        health
-            .set_service_status(name, ServingStatus::NotServing)
-            .await;
-    }
+    set_health(&health, false).await;
     // Stop accepting on both listeners; in-flight calls continue.
     drain.shutdown();
 
@@ -585,5 +685,174 @@ mod tests {
         store.entered.notified().await;
         // The store never answers; the drain still ends, cleanly, once the grace period is over.
         running.stop().await.unwrap();
+    }
+
+    /// A store whose probe answer the test sets.
+    #[derive(Debug)]
+    struct Toggle {
+        up: std::sync::atomic::AtomicBool,
+    }
+
+    impl CounterStore for Toggle {
+        fn decide<'a>(
+            &'a self,
+            _: &'a [crate::store::LimitCheck],
+        ) -> crate::store::BoxFuture<'a, Result<crate::store::Decision, crate::store::StoreError>>
+        {
+            Box::pin(async { Err(StoreError::Transient("down".into())) })
+        }
+
+        fn healthy(&self) -> bool {
+            self.up.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    async fn check(health: &mut HealthClient<tonic::transport::Channel>, service: &str) -> i32 {
+        health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status
+    }
+
+    #[tokio::test]
+    async fn health_follows_the_store_probe() {
+        let store = Arc::new(Toggle { up: false.into() });
+        let mut config = config().with_store(store.clone());
+        config.health_interval = Duration::from_millis(5);
+        let running = start(config).await.unwrap();
+        let mut health = health_client(&running).await;
+        // Probed before `start` returned: NOT_SERVING from the first check.
+        for service in ["", HEALTH_SERVICE_NAME] {
+            assert_eq!(
+                check(&mut health, service).await,
+                Status::NotServing as i32,
+                "{service:?}"
+            );
+        }
+        let http = running.http_url();
+        let mut watch = health
+            .watch(HealthCheckRequest {
+                service: HEALTH_SERVICE_NAME.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            watch.message().await.unwrap().unwrap().status,
+            Status::NotServing as i32
+        );
+        // The store comes back: the health task notices (waiting on the watch, not on time).
+        store.up.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(
+            watch.message().await.unwrap().unwrap().status,
+            Status::Serving as i32
+        );
+        assert_eq!(check(&mut health, "").await, Status::Serving as i32);
+        assert_eq!(http_status(&http).await, 200);
+        // And goes away again.
+        store.up.store(false, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(
+            watch.message().await.unwrap().unwrap().status,
+            Status::NotServing as i32
+        );
+        assert_eq!(http_status(&http).await, 500);
+        store.up.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(
+            watch.message().await.unwrap().unwrap().status,
+            Status::Serving as i32
+        );
+        // Shutdown wins over the health task for good.
+        running.shutdown();
+        assert_eq!(
+            watch.message().await.unwrap().unwrap().status,
+            Status::NotServing as i32
+        );
+        drop(watch);
+        drop(health);
+        running.wait().await.unwrap();
+    }
+
+    /// Status code of `GET /healthcheck` over a raw HTTP/1.1 request.
+    async fn http_status(base: &str) -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = base.trim_start_matches("http://");
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            format!("GET /healthcheck HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out.split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("bad HTTP answer {out:?}"))
+    }
+
+    /// A loopback port nothing listens on.
+    fn closed_port() -> u16 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    }
+
+    fn redis_chain(port: u16, local_cache_bytes: usize) -> StoreChain {
+        StoreChain {
+            redis: RedisSettings {
+                urls: vec![format!("redis://127.0.0.1:{port}")],
+                kind: crate::store::redis::RedisKind::Single,
+                auth: None,
+                pool_size: 2,
+                timeout: crate::store::redis::DEFAULT_TIMEOUT,
+                key_prefix: String::new(),
+            },
+            breaker: BreakerSettings::default(),
+            local_cache_bytes,
+        }
+    }
+
+    #[tokio::test]
+    async fn starts_not_serving_when_redis_is_unreachable() {
+        let (mut config, _store) = gated(Duration::from_secs(1));
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        config.store = Some(redis_chain(closed_port(), 4096).build(clock).unwrap());
+        config.options.failure_mode = None;
+        let running = start(config).await.unwrap();
+        let mut health = health_client(&running).await;
+        assert_eq!(check(&mut health, "").await, Status::NotServing as i32);
+        assert_eq!(
+            check(&mut health, HEALTH_SERVICE_NAME).await,
+            Status::NotServing as i32
+        );
+        let mut client = crate::proto::rate_limit_service_client::RateLimitServiceClient::connect(
+            running.grpc_url(),
+        )
+        .await
+        .unwrap();
+        // Every call is UNAVAILABLE: first from Redis, then at once from the open breaker.
+        for _ in 0..5 {
+            let e = client.should_rate_limit(request()).await.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+        }
+        running.stop().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_chain_stacks_breaker_and_cache() {
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
+        let with = format!(
+            "{:?}",
+            redis_chain(1, 100).build(Arc::clone(&clock)).unwrap()
+        );
+        assert!(with.starts_with("LocalDenyCache"), "{with}");
+        assert!(with.contains("CircuitBreaker"), "{with}");
+        assert!(with.contains("RedisStore"), "{with}");
+        let without = format!("{:?}", redis_chain(1, 0).build(clock).unwrap());
+        assert!(without.starts_with("CircuitBreaker"), "{without}");
     }
 }

@@ -9,6 +9,7 @@ use crate::proto::{RateLimitRequest, RateLimitResponse};
 use crate::rules;
 use crate::store::{CounterKey, CounterStore, Decision, LimitCheck, StoreError};
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -17,6 +18,31 @@ use std::time::Duration;
 pub struct ServiceOptions {
     /// `SHADOW_MODE`: decide and count as usual, but always answer OK overall.
     pub global_shadow_mode: bool,
+    /// `FAILURE_MODE`: what to answer when the counter store fails. `None` (the default)
+    /// answers gRPC UNAVAILABLE, leaving the choice to Envoy's `failure_mode_deny`.
+    pub failure_mode: Option<FailureMode>,
+}
+
+/// What sluice answers itself when the counter store cannot decide (`FAILURE_MODE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureMode {
+    /// Overall OK; every limited descriptor OK with its `current_limit` and 0 remaining.
+    Allow,
+    /// Overall OVER_LIMIT; every limited descriptor OVER_LIMIT (shadow limits and global
+    /// shadow mode still answer OK, as for a real denial).
+    Deny,
+}
+
+impl std::str::FromStr for FailureMode {
+    type Err = String;
+    /// `allow` or `deny`, case-insensitive.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "allow" => Ok(FailureMode::Allow),
+            "deny" => Ok(FailureMode::Deny),
+            _ => Err(format!("invalid failure mode {s:?} (use allow or deny)")),
+        }
+    }
 }
 
 /// Why a request got no decision.
@@ -32,10 +58,15 @@ impl From<RequestError> for tonic::Status {
     fn from(e: RequestError) -> Self {
         match e {
             RequestError::Invalid(m) => tonic::Status::invalid_argument(m),
-            // Transient store failures are UNAVAILABLE so Envoy's failure_mode_deny decides;
-            // permanent ones are INTERNAL: retrying the same request will not help.
-            RequestError::Store(StoreError::Transient(m)) => tonic::Status::unavailable(m),
-            RequestError::Store(StoreError::Permanent(m)) => tonic::Status::internal(m),
+            // Every store failure is UNAVAILABLE, permanent ones (a script error, a missing ACL
+            // permission) included: Envoy treats any error from the rate-limit service the same
+            // way, through `failure_mode_deny`, so a finer code would change nothing for it,
+            // while UNAVAILABLE is what operators and dashboards expect for "the backend could
+            // not decide". The message says which kind of failure it was.
+            RequestError::Store(e @ StoreError::Transient(_))
+            | RequestError::Store(e @ StoreError::Permanent(_)) => {
+                tonic::Status::unavailable(e.to_string())
+            }
         }
     }
 }
@@ -46,6 +77,66 @@ pub struct RateLimiter {
     rules: RwLock<Arc<RuleSet>>,
     store: Arc<dyn CounterStore>,
     options: ServiceOptions,
+    store_errors: ErrorLog,
+}
+
+/// Logs store errors at most once per [`ErrorLog::EVERY`], with the number left out in between,
+/// so a dead Redis under load writes one line a second, not one per request.
+#[derive(Debug)]
+struct ErrorLog {
+    start: std::time::Instant,
+    /// Milliseconds since `start` of the last line written, plus one (0 = never).
+    last: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+impl ErrorLog {
+    const EVERY: Duration = Duration::from_secs(1);
+
+    fn new() -> Self {
+        Self {
+            start: std::time::Instant::now(),
+            last: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether a line may be written at `now_ms` (milliseconds since `start`): `Some(n)` with
+    /// the number of errors left out since the last line, or `None` (this one is counted).
+    fn due(&self, now_ms: u64) -> Option<u64> {
+        let now = now_ms.saturating_add(1);
+        let last = self.last.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= Self::EVERY.as_millis() as u64;
+        if !due
+            || self
+                .last
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(self.suppressed.swap(0, Ordering::Relaxed))
+    }
+
+    fn log(&self, error: &StoreError, failure_mode: Option<FailureMode>) {
+        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let Some(suppressed) = self.due(now) else {
+            return;
+        };
+        let answer = match failure_mode {
+            None => "UNAVAILABLE",
+            Some(FailureMode::Allow) => "OK (FAILURE_MODE=allow)",
+            Some(FailureMode::Deny) => "OVER_LIMIT (FAILURE_MODE=deny)",
+        };
+        // Store errors carry no credentials (URLs are redacted where they are built).
+        tracing::warn!(
+            error = %error,
+            answer,
+            suppressed_since_last = suppressed,
+            "counter store could not decide"
+        );
+    }
 }
 
 impl RateLimiter {
@@ -54,6 +145,7 @@ impl RateLimiter {
             rules: RwLock::new(Arc::new(rules)),
             store,
             options,
+            store_errors: ErrorLog::new(),
         }
     }
 
@@ -87,12 +179,19 @@ impl RateLimiter {
         validate(&request)?;
         let snapshot = self.rules();
         let plan = plan(&snapshot, &request, &self.options)?;
-        let decision = if plan.checks.is_empty() {
-            None
-        } else {
-            Some(self.store.decide(&plan.checks).await?)
-        };
-        Ok(respond(&plan, decision.as_ref(), &self.options))
+        if plan.checks.is_empty() {
+            return Ok(respond(&plan, Verdict::NoChecks, &self.options));
+        }
+        match self.store.decide(&plan.checks).await {
+            Ok(decision) => Ok(respond(&plan, Verdict::Decided(&decision), &self.options)),
+            Err(e) => {
+                self.store_errors.log(&e, self.options.failure_mode);
+                match self.options.failure_mode {
+                    Some(mode) => Ok(respond(&plan, Verdict::StoreFailed(mode), &self.options)),
+                    None => Err(e.into()),
+                }
+            }
+        }
     }
 }
 
@@ -303,11 +402,19 @@ pub fn response_unit(unit: Unit) -> rate_limit::Unit {
     }
 }
 
-fn respond(
-    plan: &Plan,
-    decision: Option<&Decision>,
-    options: &ServiceOptions,
-) -> RateLimitResponse {
+/// What the response is built from.
+#[derive(Debug, Clone, Copy)]
+enum Verdict<'a> {
+    /// The store decided.
+    Decided(&'a Decision),
+    /// Nothing to decide (no descriptor has a counted limit).
+    NoChecks,
+    /// The store failed and a failure mode answers instead: every limited descriptor is
+    /// allowed (`Allow`) or denied (`Deny`), with 0 remaining and no reset time.
+    StoreFailed(FailureMode),
+}
+
+fn respond(plan: &Plan, verdict: Verdict<'_>, options: &ServiceOptions) -> RateLimitResponse {
     let mut any_over = false;
     let statuses = plan
         .resolutions
@@ -329,8 +436,14 @@ fn respond(
                 unit,
                 shadow,
             } => {
-                let outcome = decision.and_then(|d| d.outcomes.get(*check));
-                let allowed = outcome.is_some_and(|o| o.allowed);
+                let outcome = match verdict {
+                    Verdict::Decided(d) => d.outcomes.get(*check),
+                    Verdict::NoChecks | Verdict::StoreFailed(_) => None,
+                };
+                let allowed = match verdict {
+                    Verdict::StoreFailed(mode) => mode == FailureMode::Allow,
+                    _ => outcome.is_some_and(|o| o.allowed),
+                };
                 // A shadow-mode limit reports OK even when it would deny.
                 let code = if allowed || *shadow {
                     Code::Ok
@@ -372,5 +485,186 @@ fn to_proto_duration(d: Duration) -> prost_types::Duration {
     prost_types::Duration {
         seconds: i64::try_from(secs).unwrap_or(i64::MAX),
         nanos: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::{rate_limit_descriptor::Entry, RateLimitDescriptor};
+    use crate::store::BoxFuture;
+
+    /// A store that always fails.
+    #[derive(Debug)]
+    struct Failing(fn() -> StoreError);
+
+    impl CounterStore for Failing {
+        fn decide<'a>(
+            &'a self,
+            _: &'a [LimitCheck],
+        ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+            let e = (self.0)();
+            Box::pin(async move { Err(e) })
+        }
+    }
+
+    const RULES: &str = concat!(
+        "domain: d\n",
+        "descriptors:\n",
+        "  - key: k\n",
+        "    rate_limit: {name: kl, unit: minute, requests_per_unit: 5}\n",
+        "  - key: s\n",
+        "    shadow_mode: true\n",
+        "    rate_limit: {unit: hour, requests_per_unit: 7}\n",
+        "  - key: u\n",
+        "    rate_limit: {unlimited: true}\n",
+    );
+
+    fn limiter(failure_mode: Option<FailureMode>, shadow: bool) -> RateLimiter {
+        let rules = crate::config::load_sources(&[("t.yaml".into(), RULES.into())])
+            .unwrap_or_else(|e| panic!("{e}"));
+        RateLimiter::new(
+            rules,
+            Arc::new(Failing(|| {
+                StoreError::Transient("Redis: connection refused".into())
+            })),
+            ServiceOptions {
+                global_shadow_mode: shadow,
+                failure_mode,
+            },
+        )
+    }
+
+    fn desc(key: &str) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            entries: vec![Entry {
+                key: key.into(),
+                value: "v".into(),
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn request(keys: &[&str]) -> RateLimitRequest {
+        RateLimitRequest {
+            domain: "d".into(),
+            descriptors: keys.iter().map(|k| desc(k)).collect(),
+            hits_addend: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn without_a_failure_mode_a_store_error_is_unavailable() {
+        let l = limiter(None, false);
+        let e = l.should_rate_limit(request(&["k"])).await.unwrap_err();
+        let status = tonic::Status::from(e);
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert!(status.message().contains("connection refused"));
+        // A request with nothing to count never reaches the store.
+        let r = l.should_rate_limit(request(&["nothing"])).await.unwrap();
+        assert_eq!(r.overall_code, Code::Ok as i32);
+    }
+
+    #[test]
+    fn permanent_store_errors_are_unavailable_too() {
+        let s = tonic::Status::from(RequestError::Store(StoreError::Permanent(
+            "Redis: NOPERM".into(),
+        )));
+        assert_eq!(s.code(), tonic::Code::Unavailable);
+        assert!(
+            s.message().contains("counter store error"),
+            "{}",
+            s.message()
+        );
+        assert!(s.message().contains("NOPERM"));
+        let s = tonic::Status::from(RequestError::Store(StoreError::Transient("t".into())));
+        assert_eq!(s.code(), tonic::Code::Unavailable);
+        assert!(s.message().contains("unavailable"), "{}", s.message());
+        let s = tonic::Status::from(RequestError::Invalid("x".into()));
+        assert_eq!(s.code(), tonic::Code::InvalidArgument);
+    }
+
+    #[tokio::test]
+    async fn failure_mode_allow_answers_ok() {
+        let l = limiter(Some(FailureMode::Allow), false);
+        let r = l
+            .should_rate_limit(request(&["k", "u", "nothing"]))
+            .await
+            .unwrap();
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        let k = &r.statuses[0];
+        assert_eq!(k.code, Code::Ok as i32);
+        let limit = k.current_limit.as_ref().unwrap();
+        assert_eq!((limit.name.as_str(), limit.requests_per_unit), ("kl", 5));
+        assert_eq!(limit.unit, rate_limit::Unit::Minute as i32);
+        assert_eq!(k.limit_remaining, 0);
+        assert_eq!(k.duration_until_reset, None);
+        assert_eq!(r.statuses[1].limit_remaining, u32::MAX, "unlimited as ever");
+        assert_eq!(r.statuses[2].current_limit, None);
+    }
+
+    #[tokio::test]
+    async fn failure_mode_deny_answers_over_limit() {
+        let l = limiter(Some(FailureMode::Deny), false);
+        let r = l
+            .should_rate_limit(request(&["k", "s", "u", "nothing"]))
+            .await
+            .unwrap();
+        assert_eq!(r.overall_code, Code::OverLimit as i32);
+        let codes: Vec<i32> = r.statuses.iter().map(|s| s.code).collect();
+        assert_eq!(
+            codes,
+            [
+                Code::OverLimit as i32,
+                Code::Ok as i32, // a shadow limit never denies
+                Code::Ok as i32,
+                Code::Ok as i32
+            ]
+        );
+        assert_eq!(r.statuses[0].limit_remaining, 0);
+        assert_eq!(
+            r.statuses[1]
+                .current_limit
+                .as_ref()
+                .unwrap()
+                .requests_per_unit,
+            7
+        );
+        // Global shadow mode still answers OK overall.
+        let l = limiter(Some(FailureMode::Deny), true);
+        let r = l.should_rate_limit(request(&["k"])).await.unwrap();
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        // Invalid requests are still invalid.
+        assert!(matches!(
+            l.should_rate_limit(request(&[])).await,
+            Err(RequestError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn failure_modes_parse_case_insensitively() {
+        assert_eq!("allow".parse(), Ok(FailureMode::Allow));
+        assert_eq!("DENY".parse(), Ok(FailureMode::Deny));
+        assert_eq!(" Deny ".parse(), Ok(FailureMode::Deny));
+        assert!("open".parse::<FailureMode>().is_err());
+    }
+
+    #[test]
+    fn store_errors_are_logged_at_most_once_a_second() {
+        let log = ErrorLog::new();
+        assert_eq!(log.due(5_000), Some(0), "the first error is logged");
+        for t in 5_001..5_100 {
+            assert_eq!(log.due(t), None);
+        }
+        assert_eq!(log.due(5_999), None);
+        assert_eq!(
+            log.due(6_000),
+            Some(100),
+            "a second later, with the count left out"
+        );
+        assert_eq!(log.due(6_001), None);
+        assert_eq!(log.due(60_000), Some(1));
+        // Logging itself never fails (and never panics on a fresh log).
+        ErrorLog::new().log(&StoreError::Transient("down".into()), None);
     }
 }

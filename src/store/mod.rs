@@ -2,6 +2,8 @@
 //! that applies to it), all or nothing: a request one limit denies charges no counter. The memory
 //! store lives here; the Redis stores implement the same trait with the same algorithm math.
 
+pub mod breaker;
+pub mod local_cache;
 pub mod memory;
 pub mod redis;
 

@@ -189,7 +189,10 @@ test_with_all_stores!(
         let d = store.decide(&[c.clone(), c.clone()]).await.expect("decide");
         assert!(!d.admitted, "2 + 2 hits do not fit in 3");
         assert_eq!(d.outcomes[0].remaining, 3, "denied: nothing charged");
-        let d = store.decide(&[c.clone()]).await.expect("decide");
+        let d = store
+            .decide(std::slice::from_ref(&c))
+            .await
+            .expect("decide");
         assert!(d.admitted);
         assert_eq!(d.outcomes[0].remaining, 1);
     }

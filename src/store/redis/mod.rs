@@ -143,6 +143,8 @@ impl bb8::ManageConnection for Manager {
     }
 }
 
+// One Backend per store, built once: the size difference between variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Backend {
     Single(bb8::Pool<Manager>),
     Cluster {
@@ -199,6 +201,9 @@ impl RedisStore {
                     .max_size(settings.pool_size.max(1))
                     .connection_timeout(settings.timeout)
                     .test_on_check_out(false)
+                    // A refused connection fails the call at once instead of retrying until the
+                    // timeout: the breaker and the health probe handle recovery.
+                    .retry_connection(false)
                     .build_unchecked(Manager { client, config });
                 Backend::Single(pool)
             }

@@ -1,0 +1,577 @@
+//! A circuit breaker in front of a remote counter store. While Redis is known to be down, waiting
+//! `REDIS_TIMEOUT` on every request only ties up sluice and Envoy: after `failure_threshold`
+//! consecutive transient errors the breaker opens and answers at once with a transient error
+//! (gRPC UNAVAILABLE, or the configured failure mode); after `open_for` it lets ONE request
+//! through (half-open) to see whether Redis is back, and the health task's probe closes it as soon
+//! as Redis answers a PING.
+//!
+//! States:
+//! - **Closed**: every call reaches the store; consecutive `Transient` errors are counted, any
+//!   answer from the store (a decision, or a `Permanent` error, which proves Redis is up) resets
+//!   the count.
+//! - **Open**: calls fail fast without touching the store, until `open_for` has elapsed.
+//! - **HalfOpen**: one trial call is in flight; concurrent calls still fail fast. Its success
+//!   closes the breaker, its transient failure re-opens it for another `open_for`.
+//!
+//! Time comes from an injected [`Clock`], so tests drive the open timer with a `ManualClock`.
+
+use super::{BoxFuture, CounterStore, Decision, LimitCheck, StoreError};
+use crate::clock::Clock;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Default number of consecutive transient errors that opens the breaker.
+pub const DEFAULT_FAILURE_THRESHOLD: u32 = 3;
+/// Default time the breaker stays open before letting one trial call through.
+pub const DEFAULT_OPEN_FOR: Duration = Duration::from_secs(1);
+
+/// When the breaker opens and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerSettings {
+    /// Consecutive transient errors that open the breaker (0 is treated as 1).
+    pub failure_threshold: u32,
+    /// How long the breaker stays open before one trial call is let through.
+    pub open_for: Duration,
+}
+
+impl Default for BreakerSettings {
+    fn default() -> Self {
+        Self {
+            failure_threshold: DEFAULT_FAILURE_THRESHOLD,
+            open_for: DEFAULT_OPEN_FOR,
+        }
+    }
+}
+
+/// The breaker's state, for health and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+#[derive(Debug)]
+struct Inner {
+    state: BreakerState,
+    /// Consecutive transient errors while closed.
+    failures: u32,
+    /// When the breaker last opened (clock time).
+    opened_at: Duration,
+    /// Bumped on every state change: a call that started under another generation (e.g. a slow
+    /// call that was in flight when the breaker opened) does not move the state.
+    generation: u64,
+}
+
+/// What a call is allowed to do.
+enum Admission {
+    /// A normal call while closed, started under this generation.
+    Normal(u64),
+    /// The one half-open trial, started under this generation.
+    Trial(u64),
+    /// Fail fast.
+    Reject,
+}
+
+/// A circuit breaker around any [`CounterStore`].
+#[derive(Debug)]
+pub struct CircuitBreaker {
+    inner: Arc<dyn CounterStore>,
+    clock: Arc<dyn Clock>,
+    settings: BreakerSettings,
+    state: Mutex<Inner>,
+}
+
+impl CircuitBreaker {
+    pub fn new(
+        inner: Arc<dyn CounterStore>,
+        settings: BreakerSettings,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self {
+            inner,
+            clock,
+            settings: BreakerSettings {
+                failure_threshold: settings.failure_threshold.max(1),
+                open_for: settings.open_for,
+            },
+            state: Mutex::new(Inner {
+                state: BreakerState::Closed,
+                failures: 0,
+                opened_at: Duration::ZERO,
+                generation: 0,
+            }),
+        }
+    }
+
+    /// The current state. An open breaker whose `open_for` has elapsed still reports `Open`
+    /// until a call (the trial) or a successful probe moves it.
+    pub fn state(&self) -> BreakerState {
+        self.lock().state
+    }
+
+    pub fn settings(&self) -> BreakerSettings {
+        self.settings
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // The state is a few plain fields always left consistent; a panic elsewhere while the
+        // lock was held does not make it unusable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn admit(&self) -> Admission {
+        let mut s = self.lock();
+        match s.state {
+            BreakerState::Closed => Admission::Normal(s.generation),
+            BreakerState::HalfOpen => Admission::Reject,
+            BreakerState::Open => {
+                let now = self.clock.now();
+                if now.saturating_sub(s.opened_at) >= self.settings.open_for {
+                    s.state = BreakerState::HalfOpen;
+                    s.generation += 1;
+                    tracing::debug!("Redis circuit half-open: letting one request through");
+                    Admission::Trial(s.generation)
+                } else {
+                    Admission::Reject
+                }
+            }
+        }
+    }
+
+    /// Records the result of a call started under `generation`.
+    fn record(&self, generation: u64, trial: bool, transient_failure: bool) {
+        let mut s = self.lock();
+        if s.generation != generation {
+            return;
+        }
+        match (trial, transient_failure) {
+            (false, false) => s.failures = 0,
+            (false, true) => {
+                s.failures = s.failures.saturating_add(1);
+                if s.failures >= self.settings.failure_threshold {
+                    self.open(&mut s);
+                    tracing::warn!(
+                        failures = s.failures,
+                        open_for = ?self.settings.open_for,
+                        "Redis circuit open: answering at once until Redis recovers"
+                    );
+                }
+            }
+            (true, false) => self.close(&mut s, "a request succeeded"),
+            (true, true) => {
+                // Still down: already reported when it opened, so no new warning per trial.
+                self.open(&mut s);
+                tracing::debug!("Redis circuit re-opened: the trial request failed");
+            }
+        }
+    }
+
+    fn open(&self, s: &mut Inner) {
+        s.state = BreakerState::Open;
+        s.opened_at = self.clock.now();
+        s.generation += 1;
+    }
+
+    fn close(&self, s: &mut Inner, why: &str) {
+        if s.state != BreakerState::Closed {
+            tracing::info!("Redis circuit closed: {why}");
+            s.state = BreakerState::Closed;
+            s.generation += 1;
+        }
+        s.failures = 0;
+    }
+
+    fn reject(&self) -> StoreError {
+        StoreError::Transient(format!(
+            "Redis circuit open after {} consecutive failures; retrying Redis at most every {:?}",
+            self.settings.failure_threshold, self.settings.open_for
+        ))
+    }
+}
+
+/// Re-opens the breaker if a half-open trial is dropped before it finishes (the client went
+/// away), so the breaker never stays half-open with nobody left to close it.
+struct TrialGuard<'a> {
+    breaker: &'a CircuitBreaker,
+    generation: u64,
+    done: bool,
+}
+
+impl Drop for TrialGuard<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let mut s = self.breaker.lock();
+            if s.generation == self.generation {
+                // Back to open with the timer already elapsed: the next call is the new trial.
+                s.state = BreakerState::Open;
+                s.generation += 1;
+            }
+        }
+    }
+}
+
+impl CounterStore for CircuitBreaker {
+    fn decide<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(async move {
+            let (generation, trial) = match self.admit() {
+                Admission::Reject => return Err(self.reject()),
+                Admission::Normal(g) => (g, false),
+                Admission::Trial(g) => (g, true),
+            };
+            // Built only for a trial: a guard dropped unfinished re-opens the breaker.
+            let mut guard = trial.then(|| TrialGuard {
+                breaker: self,
+                generation,
+                done: false,
+            });
+            let result = self.inner.decide(checks).await;
+            if let Some(g) = guard.as_mut() {
+                g.done = true;
+            }
+            let transient = matches!(result, Err(StoreError::Transient(_)));
+            self.record(generation, trial, transient);
+            result
+        })
+    }
+
+    fn healthy(&self) -> bool {
+        self.state() == BreakerState::Closed && self.inner.healthy()
+    }
+
+    fn probe(&self) -> BoxFuture<'_, bool> {
+        Box::pin(async move {
+            let ok = self.inner.probe().await;
+            if ok {
+                let mut s = self.lock();
+                self.close(&mut s, "Redis answered the health probe");
+            }
+            ok
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::config::Unit;
+    use crate::store::{CounterKey, Outcome};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    /// A store whose answer the test sets: ok, transient or permanent; counts calls. Can also
+    /// hold calls until released, to keep a trial in flight.
+    #[derive(Debug, Default)]
+    struct Scripted {
+        mode: Mutex<Mode>,
+        calls: AtomicUsize,
+        probes_ok: AtomicBool,
+        gate: Option<tokio::sync::Semaphore>,
+    }
+
+    #[derive(Debug, Default, Clone, Copy)]
+    enum Mode {
+        #[default]
+        Ok,
+        Transient,
+        Permanent,
+    }
+
+    impl Scripted {
+        fn set(&self, m: Mode) {
+            *self.mode.lock().unwrap() = m;
+        }
+        fn calls(&self) -> usize {
+            self.calls.load(Ordering::SeqCst)
+        }
+        /// Waits (by yielding to the spawned caller) until `n` calls have reached the store.
+        async fn wait_calls(&self, n: usize) {
+            while self.calls() < n {
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+
+    impl CounterStore for Scripted {
+        fn decide<'a>(
+            &'a self,
+            checks: &'a [LimitCheck],
+        ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+            Box::pin(async move {
+                self.calls.fetch_add(1, Ordering::SeqCst);
+                if let Some(g) = &self.gate {
+                    // One permit per call, consumed.
+                    if let Ok(p) = g.acquire().await {
+                        p.forget();
+                    }
+                }
+                let mode = *self.mode.lock().unwrap();
+                match mode {
+                    Mode::Ok => Ok(Decision {
+                        admitted: true,
+                        outcomes: checks
+                            .iter()
+                            .map(|_| Outcome {
+                                allowed: true,
+                                remaining: 1,
+                                reset: Duration::from_secs(1),
+                            })
+                            .collect(),
+                    }),
+                    Mode::Transient => Err(StoreError::Transient("down".into())),
+                    Mode::Permanent => Err(StoreError::Permanent("NOPERM".into())),
+                }
+            })
+        }
+
+        fn healthy(&self) -> bool {
+            self.probes_ok.load(Ordering::SeqCst)
+        }
+
+        fn probe(&self) -> BoxFuture<'_, bool> {
+            Box::pin(async move { self.probes_ok.load(Ordering::SeqCst) })
+        }
+    }
+
+    fn checks() -> Vec<LimitCheck> {
+        vec![LimitCheck {
+            key: CounterKey {
+                domain: Arc::from("d"),
+                entries: vec![("k".into(), "v".into())],
+                requests_per_unit: 5,
+                unit: Unit::Minute,
+                overridden: false,
+            },
+            hits: 1,
+            refund: false,
+            shadow: false,
+        }]
+    }
+
+    fn setup(store: Scripted) -> (Arc<Scripted>, CircuitBreaker, ManualClock) {
+        let store = Arc::new(store);
+        store.probes_ok.store(true, Ordering::SeqCst);
+        let clock = ManualClock::new(Duration::from_secs(1_000));
+        let breaker = CircuitBreaker::new(
+            store.clone(),
+            BreakerSettings::default(),
+            Arc::new(clock.clone()),
+        );
+        (store, breaker, clock)
+    }
+
+    async fn fail_until_open(store: &Scripted, breaker: &CircuitBreaker) {
+        store.set(Mode::Transient);
+        for _ in 0..DEFAULT_FAILURE_THRESHOLD {
+            let r = breaker.decide(&checks()).await;
+            assert!(
+                matches!(&r, Err(StoreError::Transient(m)) if m == "down"),
+                "{r:?}"
+            );
+        }
+        assert_eq!(breaker.state(), BreakerState::Open);
+    }
+
+    #[tokio::test]
+    async fn opens_after_threshold_consecutive_transient_errors() {
+        let (store, breaker, _clock) = setup(Scripted::default());
+        assert!(breaker.decide(&checks()).await.is_ok());
+        store.set(Mode::Transient);
+        for _ in 0..DEFAULT_FAILURE_THRESHOLD - 1 {
+            assert!(breaker.decide(&checks()).await.is_err());
+            assert_eq!(breaker.state(), BreakerState::Closed);
+        }
+        // A success in between resets the count.
+        store.set(Mode::Ok);
+        assert!(breaker.decide(&checks()).await.is_ok());
+        store.set(Mode::Transient);
+        for _ in 0..DEFAULT_FAILURE_THRESHOLD - 1 {
+            assert!(breaker.decide(&checks()).await.is_err());
+        }
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        assert!(breaker.decide(&checks()).await.is_err());
+        assert_eq!(breaker.state(), BreakerState::Open);
+        assert!(!breaker.healthy());
+
+        // Open: fails fast without calling the store.
+        let before = store.calls();
+        for _ in 0..10 {
+            match breaker.decide(&checks()).await {
+                Err(StoreError::Transient(m)) => assert!(m.contains("circuit open"), "{m}"),
+                other => panic!("expected fail-fast, got {other:?}"),
+            }
+        }
+        assert_eq!(store.calls(), before);
+    }
+
+    #[tokio::test]
+    async fn permanent_errors_do_not_open_it() {
+        let (store, breaker, _clock) = setup(Scripted::default());
+        store.set(Mode::Permanent);
+        for _ in 0..10 {
+            assert!(matches!(
+                breaker.decide(&checks()).await,
+                Err(StoreError::Permanent(_))
+            ));
+        }
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        // And they prove Redis is up: two transient errors, a permanent one, two more: closed.
+        store.set(Mode::Transient);
+        for _ in 0..2 {
+            let _ = breaker.decide(&checks()).await;
+        }
+        store.set(Mode::Permanent);
+        let _ = breaker.decide(&checks()).await;
+        store.set(Mode::Transient);
+        for _ in 0..2 {
+            let _ = breaker.decide(&checks()).await;
+        }
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        assert_eq!(store.calls(), 15);
+    }
+
+    #[tokio::test]
+    async fn half_open_lets_one_call_through_then_closes_or_reopens() {
+        let (store, breaker, clock) = setup(Scripted::default());
+        fail_until_open(&store, &breaker).await;
+        let calls = store.calls();
+
+        // Not yet time.
+        clock.advance(DEFAULT_OPEN_FOR - Duration::from_millis(1));
+        assert!(breaker.decide(&checks()).await.is_err());
+        assert_eq!(store.calls(), calls);
+
+        // Time: one trial, still failing -> open again, for another full period.
+        clock.advance(Duration::from_millis(1));
+        assert!(matches!(
+            breaker.decide(&checks()).await,
+            Err(StoreError::Transient(m)) if m == "down"
+        ));
+        assert_eq!(store.calls(), calls + 1);
+        assert_eq!(breaker.state(), BreakerState::Open);
+        clock.advance(DEFAULT_OPEN_FOR / 2);
+        assert!(breaker.decide(&checks()).await.is_err());
+        assert_eq!(store.calls(), calls + 1);
+
+        // Redis is back: the next trial succeeds and closes the breaker.
+        store.set(Mode::Ok);
+        clock.advance(DEFAULT_OPEN_FOR);
+        assert!(breaker.decide(&checks()).await.is_ok());
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        assert!(breaker.healthy());
+        assert!(breaker.decide(&checks()).await.is_ok());
+        assert_eq!(store.calls(), calls + 3);
+    }
+
+    #[tokio::test]
+    async fn concurrent_callers_fail_fast_while_the_trial_runs() {
+        let (store, breaker, clock) = setup(Scripted {
+            gate: Some(tokio::sync::Semaphore::new(
+                DEFAULT_FAILURE_THRESHOLD as usize,
+            )),
+            ..Default::default()
+        });
+        let breaker = Arc::new(breaker);
+        fail_until_open(&store, &breaker).await;
+        store.set(Mode::Ok);
+        clock.advance(DEFAULT_OPEN_FOR);
+
+        let b = Arc::clone(&breaker);
+        let before = store.calls();
+        let trial = tokio::spawn(async move { b.decide(&checks()).await.map(|d| d.admitted) });
+        store.wait_calls(before + 1).await;
+        assert_eq!(breaker.state(), BreakerState::HalfOpen);
+        let calls = store.calls();
+        for _ in 0..5 {
+            assert!(breaker.decide(&checks()).await.is_err());
+        }
+        assert_eq!(store.calls(), calls, "no second call while half-open");
+
+        store.gate.as_ref().unwrap().add_permits(1);
+        assert!(trial.await.unwrap().unwrap());
+        assert_eq!(breaker.state(), BreakerState::Closed);
+    }
+
+    #[tokio::test]
+    async fn a_dropped_trial_does_not_leave_it_half_open() {
+        let (store, breaker, clock) = setup(Scripted {
+            gate: Some(tokio::sync::Semaphore::new(
+                DEFAULT_FAILURE_THRESHOLD as usize,
+            )),
+            ..Default::default()
+        });
+        let breaker = Arc::new(breaker);
+        fail_until_open(&store, &breaker).await;
+        clock.advance(DEFAULT_OPEN_FOR);
+
+        let b = Arc::clone(&breaker);
+        let before = store.calls();
+        let trial = tokio::spawn(async move { b.decide(&checks()).await.is_ok() });
+        store.wait_calls(before + 1).await;
+        assert_eq!(breaker.state(), BreakerState::HalfOpen);
+        trial.abort();
+        assert!(trial.await.is_err());
+        assert_eq!(breaker.state(), BreakerState::Open);
+
+        // The next call is a new trial at once.
+        store.set(Mode::Ok);
+        store.gate.as_ref().unwrap().add_permits(1);
+        assert!(breaker.decide(&checks()).await.is_ok());
+        assert_eq!(breaker.state(), BreakerState::Closed);
+    }
+
+    #[tokio::test]
+    async fn a_slow_call_from_before_opening_does_not_close_it() {
+        let (store, breaker, _clock) = setup(Scripted::default());
+        // A call is admitted while closed...
+        let Admission::Normal(generation) = breaker.admit() else {
+            panic!("closed admits")
+        };
+        // ...others fail and open the breaker while it is still in flight...
+        fail_until_open(&store, &breaker).await;
+        // ...and its late success does not close it (nor does a late failure count).
+        breaker.record(generation, false, false);
+        assert_eq!(breaker.state(), BreakerState::Open);
+        breaker.record(generation, false, true);
+        assert_eq!(breaker.state(), BreakerState::Open);
+    }
+
+    #[tokio::test]
+    async fn a_successful_probe_closes_it_and_health_follows() {
+        let (store, breaker, _clock) = setup(Scripted::default());
+        assert!(breaker.healthy());
+        fail_until_open(&store, &breaker).await;
+        assert!(!breaker.healthy());
+
+        store.probes_ok.store(false, Ordering::SeqCst);
+        assert!(!breaker.probe().await);
+        assert_eq!(breaker.state(), BreakerState::Open);
+
+        store.probes_ok.store(true, Ordering::SeqCst);
+        assert!(breaker.probe().await);
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        assert!(breaker.healthy());
+
+        // Closed but the store itself reports unhealthy: unhealthy.
+        store.probes_ok.store(false, Ordering::SeqCst);
+        assert!(!breaker.healthy());
+    }
+
+    #[test]
+    fn a_zero_threshold_means_one() {
+        let store: Arc<dyn CounterStore> = Arc::new(Scripted::default());
+        let b = CircuitBreaker::new(
+            store,
+            BreakerSettings {
+                failure_threshold: 0,
+                open_for: Duration::from_millis(10),
+            },
+            Arc::new(ManualClock::default()),
+        );
+        assert_eq!(b.settings().failure_threshold, 1);
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+}

@@ -1,0 +1,559 @@
+//! The local deny cache (`LOCAL_CACHE_SIZE_IN_BYTES`, as in envoyproxy/ratelimit): a counter
+//! that a decision showed to be full (denied with nothing remaining) stays full until its window
+//! resets, so until then a request on it is denied here, without a Redis round trip. Under an
+//! attack that hammers one over-limit key this takes the load off Redis entirely.
+//!
+//! - Only non-shadow, non-refund checks that charge (`hits > 0`) use or fill the cache: a shadow
+//!   limit never denies, a refund must reach the counter, and a check-only request (`hits_addend`
+//!   0) asks for the counter's current state.
+//! - The key is the whole [`CounterKey`], limit included (requests_per_unit, unit, override), so
+//!   a changed limit or override is never answered from an entry kept for another one.
+//! - A locally answered request is denied and charges nothing (the store would have charged
+//!   nothing either: all or nothing). The other checks of that request were not read; they are
+//!   reported `allowed: true, remaining: 0, reset: 0` (see [`LocalDenyCache`]).
+//! - A refund seen here for a cached counter drops its entry (the counter has room again). A
+//!   refund made through another replica is not seen: that replica's entry lives until the
+//!   window resets, the same trade-off envoyproxy makes.
+//! - Memory is bounded: each entry is accounted as the length of its key strings plus
+//!   [`ENTRY_OVERHEAD`] bytes; an insert that would exceed the budget first drops expired
+//!   entries, then is skipped. The cache never grows past its budget.
+
+use super::{BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, Outcome, StoreError};
+use crate::clock::Clock;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Bytes accounted per entry on top of its key strings (map slot, deadline, string headers).
+pub const ENTRY_OVERHEAD: usize = 64;
+
+#[derive(Debug)]
+struct Entry {
+    deny_until: Duration,
+    bytes: usize,
+}
+
+#[derive(Debug, Default)]
+struct Entries {
+    map: HashMap<CounterKey, Entry>,
+    bytes: usize,
+}
+
+impl Entries {
+    fn remove(&mut self, key: &CounterKey) {
+        if let Some(e) = self.map.remove(key) {
+            self.bytes -= e.bytes;
+        }
+    }
+
+    fn purge_expired(&mut self, now: Duration) {
+        let mut freed = 0;
+        self.map.retain(|_, e| {
+            let live = e.deny_until > now;
+            if !live {
+                freed += e.bytes;
+            }
+            live
+        });
+        self.bytes -= freed;
+    }
+}
+
+/// Accounted size of one entry.
+pub fn entry_bytes(key: &CounterKey) -> usize {
+    key.domain.len()
+        + key
+            .entries
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum::<usize>()
+        + ENTRY_OVERHEAD
+}
+
+/// Whether a check may be answered from, and may fill, the cache.
+fn eligible(c: &LimitCheck) -> bool {
+    !c.shadow && !c.refund && c.hits > 0
+}
+
+/// A deny cache in front of any [`CounterStore`].
+///
+/// A request answered locally gets `Decision { admitted: false, outcomes }` where every check
+/// with a live entry is `allowed: false, remaining: 0, reset: <time until the entry expires>`
+/// and every other check is `allowed: true, remaining: 0, reset: 0`: the request is denied,
+/// nothing is charged, and the other counters were not read.
+#[derive(Debug)]
+pub struct LocalDenyCache {
+    inner: Arc<dyn CounterStore>,
+    clock: Arc<dyn Clock>,
+    max_bytes: usize,
+    entries: Mutex<Entries>,
+    local_denials: AtomicU64,
+}
+
+impl LocalDenyCache {
+    /// A cache of at most `max_bytes` (accounted as in [`entry_bytes`]) in front of `inner`.
+    pub fn new(inner: Arc<dyn CounterStore>, max_bytes: usize, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            inner,
+            clock,
+            max_bytes,
+            entries: Mutex::new(Entries::default()),
+            local_denials: AtomicU64::new(0),
+        }
+    }
+
+    /// Entries held (live or expired but not yet dropped).
+    pub fn len(&self) -> usize {
+        self.lock().map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Accounted bytes held; never more than the budget.
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
+    /// Decisions answered from the cache without calling the store.
+    pub fn local_denials(&self) -> u64 {
+        self.local_denials.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Entries> {
+        // Entries are left consistent between statements; a poisoned lock is still usable.
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The local answer, if a live entry covers one of `checks`. Also drops what refunds and
+    /// expiry made stale.
+    fn lookup(&self, checks: &[LimitCheck], now: Duration) -> Option<Decision> {
+        let mut entries = self.lock();
+        if entries.map.is_empty() {
+            return None;
+        }
+        let mut denied: Vec<(usize, Duration)> = Vec::new();
+        for (i, c) in checks.iter().enumerate() {
+            if c.refund && c.hits > 0 {
+                entries.remove(&c.key);
+                continue;
+            }
+            if !eligible(c) {
+                continue;
+            }
+            match entries.map.get(&c.key) {
+                Some(e) if e.deny_until > now => denied.push((i, e.deny_until - now)),
+                Some(_) => entries.remove(&c.key),
+                None => {}
+            }
+        }
+        drop(entries);
+        if denied.is_empty() {
+            return None;
+        }
+        let mut outcomes = vec![
+            Outcome {
+                allowed: true,
+                remaining: 0,
+                reset: Duration::ZERO,
+            };
+            checks.len()
+        ];
+        for (i, reset) in denied {
+            outcomes[i] = Outcome {
+                allowed: false,
+                remaining: 0,
+                reset,
+            };
+        }
+        Some(Decision {
+            admitted: false,
+            outcomes,
+        })
+    }
+
+    /// Remembers every counter `decision` showed to be full. `now` is the time the request
+    /// started: the store read its own clock later, so `now + reset` never outlives the window.
+    fn remember(&self, checks: &[LimitCheck], decision: &Decision, now: Duration) {
+        if self.max_bytes == 0 {
+            return;
+        }
+        let full = checks.iter().zip(&decision.outcomes).filter(|(c, o)| {
+            eligible(c) && !o.allowed && o.remaining == 0 && o.reset > Duration::ZERO
+        });
+        let mut entries: Option<MutexGuard<'_, Entries>> = None;
+        for (c, o) in full {
+            let entries = entries.get_or_insert_with(|| self.lock());
+            let deny_until = now.saturating_add(o.reset);
+            if let Some(e) = entries.map.get_mut(&c.key) {
+                e.deny_until = e.deny_until.max(deny_until);
+                continue;
+            }
+            let bytes = entry_bytes(&c.key);
+            if entries.bytes + bytes > self.max_bytes {
+                entries.purge_expired(now);
+                if entries.bytes + bytes > self.max_bytes {
+                    continue;
+                }
+            }
+            entries.bytes += bytes;
+            entries
+                .map
+                .insert(c.key.clone(), Entry { deny_until, bytes });
+        }
+    }
+}
+
+impl CounterStore for LocalDenyCache {
+    fn decide<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(async move {
+            let now = self.clock.now();
+            if let Some(local) = self.lookup(checks, now) {
+                self.local_denials.fetch_add(1, Ordering::Relaxed);
+                return Ok(local);
+            }
+            let decision = self.inner.decide(checks).await?;
+            self.remember(checks, &decision, now);
+            Ok(decision)
+        })
+    }
+
+    fn healthy(&self) -> bool {
+        self.inner.healthy()
+    }
+
+    fn probe(&self) -> BoxFuture<'_, bool> {
+        self.inner.probe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::config::Unit;
+    use crate::store::memory::MemoryStore;
+    use std::sync::atomic::AtomicUsize;
+
+    /// Counts the calls that reach the memory store underneath.
+    #[derive(Debug)]
+    struct Counting {
+        inner: MemoryStore,
+        calls: AtomicUsize,
+    }
+
+    impl CounterStore for Counting {
+        fn decide<'a>(
+            &'a self,
+            checks: &'a [LimitCheck],
+        ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            self.inner.decide(checks)
+        }
+    }
+
+    // A minute window starts at every multiple of 60 s; start 10 s into one.
+    const T0: Duration = Duration::from_secs(60 * 1_000_000 + 10);
+
+    fn setup(max_bytes: usize) -> (Arc<Counting>, LocalDenyCache, ManualClock) {
+        let clock = ManualClock::new(T0);
+        let store = Arc::new(Counting {
+            inner: MemoryStore::new(Arc::new(clock.clone())),
+            calls: AtomicUsize::new(0),
+        });
+        let cache = LocalDenyCache::new(store.clone(), max_bytes, Arc::new(clock.clone()));
+        (store, cache, clock)
+    }
+
+    fn key(value: &str, limit: u32) -> CounterKey {
+        CounterKey {
+            domain: Arc::from("d"),
+            entries: vec![("k".into(), value.into())],
+            requests_per_unit: limit,
+            unit: Unit::Minute,
+            overridden: false,
+        }
+    }
+
+    fn check(value: &str, limit: u32) -> LimitCheck {
+        LimitCheck {
+            key: key(value, limit),
+            hits: 1,
+            refund: false,
+            shadow: false,
+        }
+    }
+
+    fn calls(s: &Counting) -> usize {
+        s.calls.load(Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn a_full_counter_is_denied_locally_until_its_window_resets() {
+        let (store, cache, clock) = setup(1 << 20);
+        let c = [check("a", 2)];
+        assert!(cache.decide(&c).await.unwrap().admitted);
+        assert!(cache.decide(&c).await.unwrap().admitted);
+        assert!(cache.is_empty(), "an admitted request is never cached");
+        let denied = cache.decide(&c).await.unwrap();
+        assert!(!denied.admitted);
+        assert_eq!(cache.len(), 1);
+        assert_eq!(cache.bytes(), entry_bytes(&c[0].key));
+        assert_eq!(calls(&store), 3);
+
+        clock.advance(Duration::from_secs(20));
+        let local = cache.decide(&c).await.unwrap();
+        assert_eq!(calls(&store), 3, "answered without the store");
+        assert_eq!(cache.local_denials(), 1);
+        assert_eq!(
+            local,
+            Decision {
+                admitted: false,
+                outcomes: vec![Outcome {
+                    allowed: false,
+                    remaining: 0,
+                    reset: Duration::from_secs(30),
+                }],
+            }
+        );
+
+        // At the reset the entry is dead: the store decides again (new window, admitted).
+        clock.advance(Duration::from_secs(30));
+        assert!(cache.decide(&c).await.unwrap().admitted);
+        assert_eq!(calls(&store), 4);
+        assert_eq!(cache.local_denials(), 1);
+        assert!(cache.is_empty(), "the expired entry was dropped on lookup");
+    }
+
+    #[tokio::test]
+    async fn other_checks_of_a_locally_denied_request_are_not_read_or_charged() {
+        let (store, cache, _clock) = setup(1 << 20);
+        let full = check("full", 1);
+        assert!(
+            cache
+                .decide(std::slice::from_ref(&full))
+                .await
+                .unwrap()
+                .admitted
+        );
+        assert!(
+            !cache
+                .decide(std::slice::from_ref(&full))
+                .await
+                .unwrap()
+                .admitted
+        );
+        let before = calls(&store);
+
+        let other = check("other", 10);
+        let d = cache.decide(&[other.clone(), full.clone()]).await.unwrap();
+        assert_eq!(calls(&store), before);
+        assert!(!d.admitted);
+        assert_eq!(
+            d.outcomes[0],
+            Outcome {
+                allowed: true,
+                remaining: 0,
+                reset: Duration::ZERO
+            }
+        );
+        assert!(!d.outcomes[1].allowed);
+        assert_eq!(d.outcomes[1].remaining, 0);
+        assert_eq!(d.outcomes[1].reset, Duration::from_secs(50));
+        // `other` was charged nothing: it still has all 10.
+        let d = cache.decide(&[other]).await.unwrap();
+        assert_eq!(d.outcomes[0].remaining, 9);
+    }
+
+    #[tokio::test]
+    async fn a_changed_limit_is_never_served_stale() {
+        let (store, cache, _clock) = setup(1 << 20);
+        let small = check("a", 1);
+        assert!(
+            cache
+                .decide(std::slice::from_ref(&small))
+                .await
+                .unwrap()
+                .admitted
+        );
+        assert!(
+            !cache
+                .decide(std::slice::from_ref(&small))
+                .await
+                .unwrap()
+                .admitted
+        );
+        assert_eq!(cache.len(), 1);
+        let before = calls(&store);
+        // Same descriptor, higher limit (a config change): goes to the store, is admitted.
+        assert!(cache.decide(&[check("a", 5)]).await.unwrap().admitted);
+        // An override with the same numbers is another counter too.
+        let mut over = check("a", 1);
+        over.key.overridden = true;
+        assert!(cache.decide(&[over]).await.unwrap().admitted);
+        assert_eq!(calls(&store), before + 2);
+        assert_eq!(cache.local_denials(), 0);
+    }
+
+    #[tokio::test]
+    async fn shadow_refund_and_check_only_never_use_or_fill_it() {
+        let (store, cache, _clock) = setup(1 << 20);
+        // A shadow limit that is full: denied by the math, never cached.
+        let mut shadow = check("s", 0);
+        shadow.shadow = true;
+        let d = cache.decide(std::slice::from_ref(&shadow)).await.unwrap();
+        assert!(!d.outcomes[0].allowed);
+        assert!(cache.is_empty());
+
+        // A check-only (hits 0) on a full counter neither fills nor uses the cache.
+        let full = check("f", 0);
+        let mut peek = full.clone();
+        peek.hits = 0;
+        assert!(
+            !cache
+                .decide(std::slice::from_ref(&peek))
+                .await
+                .unwrap()
+                .admitted
+        );
+        assert!(cache.is_empty());
+        assert!(
+            !cache
+                .decide(std::slice::from_ref(&full))
+                .await
+                .unwrap()
+                .admitted
+        );
+        assert_eq!(cache.len(), 1);
+        let before = calls(&store);
+        assert!(!cache.decide(&[peek]).await.unwrap().admitted);
+        assert_eq!(calls(&store), before + 1, "hits 0 asks the store");
+        assert_eq!(cache.local_denials(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_refund_drops_the_entry() {
+        let (store, cache, _clock) = setup(1 << 20);
+        let c = check("r", 1);
+        assert!(
+            cache
+                .decide(std::slice::from_ref(&c))
+                .await
+                .unwrap()
+                .admitted
+        );
+        assert!(
+            !cache
+                .decide(std::slice::from_ref(&c))
+                .await
+                .unwrap()
+                .admitted
+        );
+        assert_eq!(cache.len(), 1);
+        let mut refund = c.clone();
+        refund.refund = true;
+        let before = calls(&store);
+        cache.decide(&[refund]).await.unwrap();
+        assert_eq!(
+            calls(&store),
+            before + 1,
+            "a refund always reaches the store"
+        );
+        assert!(cache.is_empty());
+        assert_eq!(cache.bytes(), 0);
+        assert!(cache.decide(&[c]).await.unwrap().admitted);
+    }
+
+    #[tokio::test]
+    async fn memory_stays_within_the_budget() {
+        let one = entry_bytes(&key("v00", 0));
+        let (store, cache, clock) = setup(one * 3 + one / 2);
+        // Limit 0: every request is denied with remaining 0 and fills an entry.
+        for i in 0..5 {
+            let c = check(&format!("v{i:02}"), 0);
+            assert!(!cache.decide(&[c]).await.unwrap().admitted);
+            assert!(cache.bytes() <= cache.max_bytes());
+        }
+        assert_eq!(cache.len(), 3, "inserts beyond the budget are skipped");
+        assert_eq!(cache.bytes(), one * 3);
+        // The first three are answered locally; the skipped ones go to the store.
+        let before = calls(&store);
+        for i in 0..3 {
+            cache
+                .decide(&[check(&format!("v{i:02}"), 0)])
+                .await
+                .unwrap();
+        }
+        assert_eq!(calls(&store), before);
+        cache.decide(&[check("v03", 0)]).await.unwrap();
+        assert_eq!(calls(&store), before + 1);
+
+        // Once the entries expired, a new insert first drops them, then fits.
+        clock.advance(Duration::from_secs(60));
+        assert!(!cache.decide(&[check("v04", 0)]).await.unwrap().admitted);
+        assert_eq!(cache.len(), 1);
+        assert_eq!(cache.bytes(), one);
+    }
+
+    #[tokio::test]
+    async fn a_zero_budget_caches_nothing() {
+        let (_store, cache, _clock) = setup(0);
+        let c = check("z", 0);
+        for _ in 0..3 {
+            assert!(
+                !cache
+                    .decide(std::slice::from_ref(&c))
+                    .await
+                    .unwrap()
+                    .admitted
+            );
+        }
+        assert!(cache.is_empty());
+        assert_eq!(cache.local_denials(), 0);
+    }
+
+    #[tokio::test]
+    async fn errors_pass_through_and_health_delegates() {
+        #[derive(Debug)]
+        struct Down;
+        impl CounterStore for Down {
+            fn decide<'a>(
+                &'a self,
+                _: &'a [LimitCheck],
+            ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+                Box::pin(async { Err(StoreError::Transient("down".into())) })
+            }
+            fn healthy(&self) -> bool {
+                false
+            }
+        }
+        let cache = LocalDenyCache::new(Arc::new(Down), 1024, Arc::new(ManualClock::new(T0)));
+        assert!(matches!(
+            cache.decide(&[check("x", 1)]).await,
+            Err(StoreError::Transient(_))
+        ));
+        assert!(!cache.healthy());
+        assert!(!cache.probe().await);
+    }
+
+    #[test]
+    fn entry_size_counts_the_key_strings() {
+        let k = CounterKey {
+            domain: Arc::from("dom"),
+            entries: vec![("ab".into(), "cde".into()), ("f".into(), String::new())],
+            requests_per_unit: 1,
+            unit: Unit::Second,
+            overridden: false,
+        };
+        assert_eq!(entry_bytes(&k), 3 + 2 + 3 + 1 + ENTRY_OVERHEAD);
+    }
+}
