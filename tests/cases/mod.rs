@@ -2,6 +2,7 @@ mod grpcurl;
 mod http;
 mod process;
 mod redis;
+mod redis_faults;
 mod redis_support;
 mod semantics;
 pub mod store;

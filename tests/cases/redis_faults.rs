@@ -1,0 +1,236 @@
+//! Redis faults through the production store chain (Redis store -> circuit breaker -> local deny
+//! cache) against real redis-server processes: Redis stopped mid-test, Redis unreachable at
+//! start, failure modes, and the local deny cache answering without any Redis call.
+
+use super::store::{redis_settings, redis_store};
+use crate::support::redis::RedisServer;
+use crate::support::*;
+use sluice::clock::{ManualClock, SystemClock};
+use sluice::proto::rate_limit_response::Code;
+use sluice::server::{self, ServerConfig, StoreChain};
+use sluice::service::{FailureMode, ServiceOptions};
+use sluice::store::breaker::BreakerSettings;
+use sluice::store::local_cache::LocalDenyCache;
+use sluice::store::redis::RedisKind;
+use sluice::store::CounterStore;
+use std::sync::Arc;
+use std::time::Duration;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+const CONFIG: &str = r#"
+domain: f
+descriptors:
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 5}
+"#;
+
+async fn start_redis() -> RedisServer {
+    tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .expect("start redis")
+}
+
+/// A sluice whose store is the production chain on `url` (Redis server clock), probing health
+/// every 20 ms so recovery is quick; `failure_mode` as given.
+async fn sluice_with_chain(url: String, failure_mode: Option<FailureMode>) -> server::Running {
+    let chain = StoreChain {
+        redis: sluice::store::redis::RedisSettings {
+            timeout: Duration::from_secs(2),
+            ..redis_settings(vec![url], RedisKind::Single)
+        },
+        breaker: BreakerSettings::default(),
+        local_cache_bytes: 0,
+    };
+    let store = chain.build(Arc::new(SystemClock)).expect("store chain");
+    let config = ServerConfig {
+        store: Some(store),
+        health_interval: Duration::from_millis(20),
+        options: ServiceOptions {
+            failure_mode,
+            ..Default::default()
+        },
+        ..ServerConfig::new(rules(CONFIG))
+    };
+    server::start(config)
+        .await
+        .expect("sluice starts even if Redis is down")
+}
+
+async fn health(addr: std::net::SocketAddr, service: &str) -> ServingStatus {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect health");
+    let mut c = HealthClient::new(channel);
+    let r = c
+        .check(HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+        .expect("health check")
+        .into_inner();
+    ServingStatus::try_from(r.status).unwrap_or(ServingStatus::Unknown)
+}
+
+/// Polls until `health` reports `want` for service "ratelimit". The bound only stops a hang;
+/// nothing is asserted about how long it took.
+async fn wait_for_health(addr: std::net::SocketAddr, want: ServingStatus) {
+    for _ in 0..1500 {
+        if health(addr, "ratelimit").await == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("health never became {want:?}");
+}
+
+async fn call(
+    addr: std::net::SocketAddr,
+    req: &sluice::proto::RateLimitRequest,
+) -> Result<sluice::proto::RateLimitResponse, tonic::Status> {
+    sluice::proto::rate_limit_service_client::RateLimitServiceClient::connect(format!(
+        "http://{addr}"
+    ))
+    .await
+    .expect("connect")
+    .should_rate_limit(req.clone())
+    .await
+    .map(|r| r.into_inner())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_stopped_mid_test_then_back_heals_without_restart() {
+    let mut redis = start_redis().await;
+    let s = sluice_with_chain(redis.url(), None).await;
+    let req = one("f", &[("k", "v")]);
+    assert_eq!(
+        code(&call(s.grpc_addr(), &req).await.expect("ok")),
+        Code::Ok
+    );
+    assert_eq!(health(s.grpc_addr(), "").await, ServingStatus::Serving);
+
+    redis.stop();
+    // Five calls: the first three reach the dead Redis, then the breaker answers at once. All
+    // are UNAVAILABLE, never a panic or a hang.
+    for _ in 0..5 {
+        let err = call(s.grpc_addr(), &req).await.expect_err("Redis is down");
+        assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    }
+    wait_for_health(s.grpc_addr(), ServingStatus::NotServing).await;
+
+    redis.restart();
+    wait_for_health(s.grpc_addr(), ServingStatus::Serving).await;
+    let r = call(s.grpc_addr(), &req).await.expect("decisions resume");
+    assert_eq!(code(&r), Code::Ok);
+    s.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_at_start_serves_not_serving_then_recovers() {
+    let mut redis = start_redis().await;
+    redis.stop(); // the port is known and nothing listens on it
+    let s = sluice_with_chain(redis.url(), None).await;
+    assert_eq!(
+        health(s.grpc_addr(), "ratelimit").await,
+        ServingStatus::NotServing
+    );
+    assert_eq!(health(s.grpc_addr(), "").await, ServingStatus::NotServing);
+    let (status, _) = http(s.http_addr(), "GET", "/healthcheck", "").await;
+    assert_eq!(status, 500);
+    let req = one("f", &[("k", "v")]);
+    let err = call(s.grpc_addr(), &req).await.expect_err("no Redis yet");
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+
+    redis.restart();
+    wait_for_health(s.grpc_addr(), ServingStatus::Serving).await;
+    let r = call(s.grpc_addr(), &req)
+        .await
+        .expect("decides once Redis is up");
+    assert_eq!(code(&r), Code::Ok);
+    let (status, _) = http(s.http_addr(), "GET", "/healthcheck", "").await;
+    assert_eq!(status, 200);
+    s.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_modes_answer_for_a_dead_redis() {
+    let mut redis = start_redis().await;
+    redis.stop();
+    let req = one("f", &[("k", "v")]);
+
+    let allow = sluice_with_chain(redis.url(), Some(FailureMode::Allow)).await;
+    let r = call(allow.grpc_addr(), &req)
+        .await
+        .expect("answered by sluice");
+    assert_eq!(code(&r), Code::Ok);
+    assert_eq!(limit_of(&r.statuses[0]), Some((5, "HOUR".into())));
+    allow.stop().await.expect("clean stop");
+
+    let deny = sluice_with_chain(redis.url(), Some(FailureMode::Deny)).await;
+    let r = call(deny.grpc_addr(), &req)
+        .await
+        .expect("answered by sluice");
+    assert_eq!(code(&r), Code::OverLimit);
+    assert_eq!(status_code(&r.statuses[0]), Code::OverLimit);
+    deny.stop().await.expect("clean stop");
+}
+
+fn evalsha_calls(redis: &RedisServer) -> u64 {
+    redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn the_local_deny_cache_answers_without_any_redis_call() {
+    let redis = start_redis().await;
+    let clock = ManualClock::new(T0);
+    let inner = redis_store(vec![redis.url()], RedisKind::Single, &clock);
+    let cache = Arc::new(LocalDenyCache::new(inner, 1 << 20, Arc::new(clock.clone())));
+    let store: Arc<dyn CounterStore> = cache.clone();
+    let s = TestServer::start_on(
+        CONFIG,
+        ServiceOptions::default(),
+        Some(store),
+        clock.clone(),
+    )
+    .await;
+    let req = one("f", &[("k", "v")]);
+    assert_eq!(
+        admitted(&s, &req, 6).await,
+        5,
+        "the 6th is denied by Redis and cached"
+    );
+
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    for _ in 0..10 {
+        let r = s.call(req.clone()).await;
+        assert_eq!(code(&r), Code::OverLimit);
+    }
+    assert_eq!(evalsha_calls(&redis), 0, "no Redis call for cached denials");
+    assert_eq!(cache.local_denials(), 10);
+    // A different limit on the same descriptor (an override) is never served from the cache.
+    let mut overridden = desc(&[("k", "v")]);
+    overridden.limit = Some(sluice::proto::rate_limit_descriptor::RateLimitOverride {
+        requests_per_unit: 100,
+        unit: sluice::proto::envoy::r#type::v3::RateLimitUnit::Hour as i32,
+    });
+    let r = s.call(request("f", vec![overridden])).await;
+    assert_eq!(code(&r), Code::Ok);
+    assert_eq!(evalsha_calls(&redis), 1);
+
+    // The window ends: the entry expires and Redis decides again.
+    clock.advance(Duration::from_secs(3600));
+    let r = s.call(req.clone()).await;
+    assert_eq!(code(&r), Code::Ok);
+    assert_eq!(evalsha_calls(&redis), 2);
+    s.stop().await;
+}
