@@ -234,3 +234,38 @@ async fn the_local_deny_cache_answers_without_any_redis_call() {
     assert_eq!(evalsha_calls(&redis), 2);
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_stops_answering_gives_unavailable_not_a_hang() {
+    let redis = start_redis().await;
+    let settings = sluice::store::redis::RedisSettings {
+        timeout: Duration::from_millis(300),
+        ..redis_settings(vec![redis.url()], RedisKind::Single)
+    };
+    let store: Arc<dyn CounterStore> =
+        Arc::new(sluice::store::redis::RedisStore::new(&settings).expect("store"));
+    let s = TestServer::start_on(
+        CONFIG,
+        ServiceOptions::default(),
+        Some(store),
+        ManualClock::new(T0),
+    )
+    .await;
+    let req = one("f", &[("k", "v")]);
+    assert_eq!(code(&s.call(req.clone()).await), Code::Ok);
+    // Redis accepts connections but holds every command for 60 s: only the timeout ends the call.
+    assert_eq!(redis.cli(&["CLIENT", "PAUSE", "60000", "ALL"]).trim(), "OK");
+    let err = s
+        .client()
+        .await
+        .should_rate_limit(req)
+        .await
+        .expect_err("Redis does not answer");
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(
+        err.message().contains("did not answer"),
+        "{}",
+        err.message()
+    );
+    s.stop().await;
+}
