@@ -3,10 +3,14 @@
 //! operator fixes a config in one round instead of one mistake per reload.
 //! The accepted keys and the rules mirror envoyproxy/ratelimit's `src/config/config_impl.go`
 //! (messages keep its wording where it has one), with a few stricter checks noted where they are.
+//! The sluice extensions (DESIGN 3.2: `period`, `rate_limits`, `algorithm`, `burst`,
+//! `applies_to_descendants`) are checked here as strictly; a config without them loads to exactly
+//! the envoyproxy/ratelimit model (fixed window, unit periods).
 
 use super::yaml::{self, Node, Resolved, Value};
 use super::{
-    DescriptorNode, DomainRules, Level, Location, Quota, RateLimitRule, RuleSet, Unit, ValueMatch,
+    Algorithm, DescriptorNode, DomainRules, Level, Limit, Location, Period, Quota, RateLimitRule,
+    RuleSet, Unit, ValueMatch,
 };
 use std::collections::HashMap;
 use std::fmt;
@@ -334,7 +338,10 @@ fn join(path: &str, key: &str) -> String {
 enum Scope {
     Root,
     Descriptor,
+    /// The `rate_limit` block of a descriptor.
     RateLimit,
+    /// One entry of a descriptor's `rate_limits` list (sluice extension).
+    RateLimitsEntry,
     Replaces,
 }
 
@@ -343,6 +350,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
     "value",
     "rate_limit",
+    "rate_limits",
     "descriptors",
     "shadow_mode",
     "detailed_metric",
@@ -351,25 +359,32 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "quota_mode",
     "metadata",
 ];
-const RATE_LIMIT_KEYS: &[&str] = &["unit", "requests_per_unit", "unlimited", "name", "replaces"];
-const REPLACES_KEYS: &[&str] = &["name"];
-/// Keys of the sluice extensions (DESIGN 3.2) that this version does not implement yet.
-const EXTENSION_KEYS: &[&str] = &[
+/// The keys of one limit: envoyproxy/ratelimit's, then the sluice extensions (DESIGN 3.2).
+const LIMIT_KEYS: &[&str] = &[
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "name",
+    "replaces",
     "period",
-    "rate_limits",
     "algorithm",
     "burst",
     "applies_to_descendants",
 ];
+const REPLACES_KEYS: &[&str] = &["name"];
 
 impl Scope {
     fn keys(self) -> &'static [&'static str] {
         match self {
             Scope::Root => ROOT_KEYS,
             Scope::Descriptor => DESCRIPTOR_KEYS,
-            Scope::RateLimit => RATE_LIMIT_KEYS,
+            Scope::RateLimit | Scope::RateLimitsEntry => LIMIT_KEYS,
             Scope::Replaces => REPLACES_KEYS,
         }
+    }
+
+    fn is_limit(self) -> bool {
+        matches!(self, Scope::RateLimit | Scope::RateLimitsEntry)
     }
 
     fn describe(self) -> &'static str {
@@ -377,6 +392,7 @@ impl Scope {
             Scope::Root => "at the top level",
             Scope::Descriptor => "in a descriptor",
             Scope::RateLimit => "in `rate_limit`",
+            Scope::RateLimitsEntry => "in a `rate_limits` entry",
             Scope::Replaces => "in a `replaces` entry",
         }
     }
@@ -384,18 +400,24 @@ impl Scope {
 
 /// Why `key` is not accepted in `scope`, naming where it belongs when it belongs elsewhere.
 fn unknown_key_message(key: &str, scope: Scope) -> String {
-    if EXTENSION_KEYS.contains(&key) {
-        return format!("`{key}` is a sluice extension that this version does not support yet");
-    }
-    let hint = if scope != Scope::Descriptor && DESCRIPTOR_KEYS.contains(&key) {
+    let hint = if scope.is_limit() && matches!(key, "rate_limit" | "rate_limits") {
+        format!(
+            "`{key}` belongs to the descriptor; a limit cannot contain another (list several \
+             limits in the descriptor's `rate_limits`)"
+        )
+    } else if scope != Scope::Descriptor && DESCRIPTOR_KEYS.contains(&key) {
         match scope {
             Scope::RateLimit => {
                 format!("`{key}` belongs to the descriptor, next to `rate_limit`, not inside it")
             }
+            Scope::RateLimitsEntry => format!(
+                "`{key}` belongs to the descriptor, next to `rate_limits`, not inside one of its \
+                 entries"
+            ),
             _ => format!("`{key}` belongs in an entry of `descriptors`"),
         }
-    } else if scope != Scope::RateLimit && RATE_LIMIT_KEYS.contains(&key) {
-        format!("`{key}` belongs inside `rate_limit`")
+    } else if !scope.is_limit() && LIMIT_KEYS.contains(&key) {
+        format!("`{key}` belongs inside `rate_limit` (or an entry of `rate_limits`)")
     } else if scope != Scope::Root && ROOT_KEYS.contains(&key) {
         format!("`{key}` is only valid at the top level of the file")
     } else {
@@ -405,6 +427,18 @@ fn unknown_key_message(key: &str, scope: Scope) -> String {
         "config error, unknown key '{key}' {}; {hint}",
         scope.describe()
     )
+}
+
+/// One limit mapping as parsed, with what the descriptor-level checks need. When the mapping
+/// had errors the rule holds placeholders; the descriptor is then discarded anyway.
+struct ParsedLimit {
+    rule: RateLimitRule,
+    /// YAML path of the mapping, e.g. `descriptors[0].rate_limits[1]`.
+    path: String,
+    /// Line of `name`, when the limit has one.
+    name_line: Option<usize>,
+    /// Line of `applies_to_descendants: true`.
+    descendants_line: Option<usize>,
 }
 
 /// Walks one file's tree, collecting errors.
@@ -424,7 +458,7 @@ impl Ctx {
     }
 
     /// The accepted entries of a mapping as `(key, key node, value node)`; reports non-string,
-    /// unknown, extension and duplicate keys.
+    /// unknown and duplicate keys.
     fn entries<'a>(
         &mut self,
         entries: &'a [(Node, Node)],
@@ -643,14 +677,16 @@ impl Ctx {
         let mut value = String::new();
         // A malformed value is reported once; it must not also read as "no value" below.
         let mut value_bad = false;
+        // (value node, path, line of the key) of `rate_limit` and of `rate_limits`
         let mut rate_limit = None;
+        let mut rate_limits = None;
         let mut children = None;
         let mut shadow_mode = false;
         let mut quota_mode = false;
         let mut detailed_metric = false;
         let mut value_to_metric = false;
         let mut share_threshold: Option<usize> = None;
-        for (name, _, v) in self.entries(entries, path, Scope::Descriptor) {
+        for (name, k, v) in self.entries(entries, path, Scope::Descriptor) {
             let p = join(path, name);
             match name {
                 "key" => match self.string(v, &p, name) {
@@ -661,7 +697,8 @@ impl Ctx {
                     Some(s) => value = s,
                     None => value_bad = true,
                 },
-                "rate_limit" => rate_limit = Some((v, p)),
+                "rate_limit" => rate_limit = Some((v, p, k.line)),
+                "rate_limits" => rate_limits = Some((v, p, k.line)),
                 "descriptors" => children = Some((v, p)),
                 "shadow_mode" => shadow_mode = self.flag(v, &p, name).unwrap_or(false),
                 "quota_mode" => quota_mode = self.flag(v, &p, name).unwrap_or(false),
@@ -754,11 +791,41 @@ impl Ctx {
             }
         }
 
-        let mut rule = rate_limit.and_then(|(node, p)| self.rate_limit(node, &p));
-        if let Some(rule) = rule.as_mut() {
-            rule.shadow_mode = shadow_mode;
-            rule.quota_mode = quota_mode;
+        let mut limits = Vec::new();
+        if let (Some((_, _, one_line)), Some((_, _, list_line))) = (&rate_limit, &rate_limits) {
+            // Reported on whichever comes second; both are still checked below.
+            let (line, key, other, other_line) = if one_line < list_line {
+                (*list_line, "rate_limits", "rate_limit", *one_line)
+            } else {
+                (*one_line, "rate_limit", "rate_limits", *list_line)
+            };
+            self.err(
+                line,
+                &join(path, key),
+                format!(
+                    "`rate_limit` and `rate_limits` cannot both be given on one descriptor \
+                     (`{other}` is at line {other_line}); put every limit in `rate_limits`"
+                ),
+            );
         }
+        if let Some((node, p, _)) = rate_limit {
+            limits.extend(self.limit(node, &p, Scope::RateLimit));
+        }
+        if let Some((node, p, _)) = rate_limits {
+            limits.extend(self.rate_limits(node, &p));
+        }
+        let has_children = children
+            .as_ref()
+            .is_some_and(|(node, _)| matches!(&node.value, Value::Seq(items) if !items.is_empty()));
+        self.check_node_limits(&limits, has_children);
+        let rules: Vec<RateLimitRule> = limits
+            .into_iter()
+            .map(|l| RateLimitRule {
+                shadow_mode,
+                quota_mode,
+                ..l.rule
+            })
+            .collect();
         let mut level = Level::default();
         if let Some((node, p)) = children {
             // Children are checked even when this descriptor is broken, so all errors show.
@@ -774,7 +841,7 @@ impl Ctx {
         Some(DescriptorNode {
             key,
             value: matcher,
-            rate_limit: rule,
+            rate_limits: rules,
             share_threshold: share_threshold.is_some(),
             detailed_metric,
             value_to_metric,
@@ -787,18 +854,100 @@ impl Ctx {
         })
     }
 
-    /// A `rate_limit` block; `None` when absent (null, as envoyproxy/ratelimit treats it) or
-    /// invalid. `shadow_mode`/`quota_mode` are descriptor-level and filled in by the caller.
-    fn rate_limit(&mut self, node: &Node, path: &str) -> Option<RateLimitRule> {
-        let entries = match &node.value {
-            Value::Map(entries) => entries,
-            Value::Scalar(s) if s.resolve() == Resolved::Null => return None,
+    /// The checks across the limits of one descriptor: unique names, and resource limits
+    /// (`applies_to_descendants`) only where something can match below.
+    fn check_node_limits(&mut self, limits: &[ParsedLimit], has_children: bool) {
+        let mut names: HashMap<&str, usize> = HashMap::new();
+        for l in limits {
+            if let (Some(name), Some(line)) = (l.rule.name.as_deref(), l.name_line) {
+                if let Some(first) = names.get(name) {
+                    self.err(
+                        line,
+                        &join(&l.path, "name"),
+                        format!(
+                            "duplicate limit name '{name}' on one descriptor (first at line \
+                             {first}); the limits of a descriptor need distinct names"
+                        ),
+                    );
+                } else {
+                    names.insert(name, line);
+                }
+            }
+            if let (Some(line), false) = (l.descendants_line, has_children) {
+                self.err(
+                    line,
+                    &join(&l.path, "applies_to_descendants"),
+                    "`applies_to_descendants: true` on a descriptor without child `descriptors`: \
+                     no request can ever match below this node, so the flag could never act; add \
+                     child descriptors or remove the flag",
+                );
+            }
+        }
+    }
+
+    /// A `rate_limits` list (sluice extension): one limit per entry, at least one.
+    fn rate_limits(&mut self, node: &Node, path: &str) -> Vec<ParsedLimit> {
+        let items = match &node.value {
+            Value::Seq(items) if !items.is_empty() => items,
+            Value::Seq(_) => {
+                self.err(
+                    node.line,
+                    path,
+                    "`rate_limits` is empty; list at least one limit, or remove the key for a \
+                     descriptor without limits",
+                );
+                return Vec::new();
+            }
+            Value::Scalar(s) if s.resolve() == Resolved::Null => {
+                self.err(
+                    node.line,
+                    path,
+                    "`rate_limits` has no entries; list at least one limit, or remove the key for \
+                     a descriptor without limits",
+                );
+                return Vec::new();
+            }
             _ => {
                 self.err(
                     node.line,
                     path,
-                    format!("`rate_limit` must be a mapping, not a {}", kind(node)),
+                    format!(
+                        "`rate_limits` must be a list of limits (a mapping per limit), not a {}",
+                        kind(node)
+                    ),
                 );
+                return Vec::new();
+            }
+        };
+        items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, item)| {
+                self.limit(item, &format!("{path}[{i}]"), Scope::RateLimitsEntry)
+            })
+            .collect()
+    }
+
+    /// One limit: a `rate_limit` block or a `rate_limits` entry. `None` when it is not a mapping
+    /// (reported) or a null `rate_limit` (no limit, as envoyproxy/ratelimit treats it).
+    /// `shadow_mode`/`quota_mode` are descriptor-level and filled in by the caller.
+    fn limit(&mut self, node: &Node, path: &str, scope: Scope) -> Option<ParsedLimit> {
+        let entries = match &node.value {
+            Value::Map(entries) => entries,
+            Value::Scalar(s) if scope == Scope::RateLimit && s.resolve() == Resolved::Null => {
+                return None
+            }
+            _ => {
+                let message = if scope == Scope::RateLimit {
+                    format!("`rate_limit` must be a mapping, not a {}", kind(node))
+                } else {
+                    format!(
+                        "each `rate_limits` entry must be a mapping like {{requests_per_unit: 10, \
+                         unit: second}}, not a {}",
+                        kind(node)
+                    )
+                };
+                self.err(node.line, path, message);
                 return None;
             }
         };
@@ -807,11 +956,18 @@ impl Ctx {
         let mut requests_per_unit: Option<u32> = None;
         let mut unlimited = false;
         let mut name = String::new();
+        let mut name_line = None;
         let mut replaces = Vec::new();
+        // Extensions: the line of the key's value when the key is given, and its text or value
+        // when well-formed (a malformed one is reported once and not judged again).
+        let mut period: (Option<usize>, Option<String>) = (None, None);
+        let mut algorithm: (Option<usize>, Option<String>) = (None, None);
+        let mut burst: (Option<usize>, Option<u32>) = (None, None);
+        let mut descendants_line = None;
         // A unit or unlimited flag that is already reported as malformed is not judged again.
         let mut unit_bad = false;
         let mut unlimited_bad = false;
-        for (key, _, v) in self.entries(entries, path, Scope::RateLimit) {
+        for (key, _, v) in self.entries(entries, path, scope) {
             let p = join(path, key);
             match key {
                 "unit" => match self.string(v, &p, key) {
@@ -823,18 +979,41 @@ impl Ctx {
                     Some(u) => unlimited = u,
                     None => unlimited_bad = true,
                 },
-                "name" => name = self.string(v, &p, key).unwrap_or_default(),
+                "name" => {
+                    name = self.string(v, &p, key).unwrap_or_default();
+                    name_line = Some(v.line);
+                }
                 "replaces" => replaces = self.replaces(v, &p),
+                "period" => {
+                    period = (
+                        Some(v.line),
+                        self.text(
+                            v,
+                            &p,
+                            key,
+                            "a duration such as 500ms, 10s, 5m, 1h, 2d or 1w",
+                        ),
+                    );
+                }
+                "algorithm" => {
+                    algorithm = (
+                        Some(v.line),
+                        self.text(v, &p, key, &format!("one of {}", algorithm_names())),
+                    );
+                }
+                "burst" => burst = (Some(v.line), self.burst(v, &p)),
+                "applies_to_descendants" => {
+                    descendants_line = (self.flag(v, &p, key) == Some(true)).then_some(v.line);
+                }
                 _ => {}
             }
         }
 
-        if unit_bad || unlimited_bad {
-            return None;
-        }
-        let parsed_unit = unit.as_ref().and_then(|(u, _)| Unit::parse(u));
         let unit_written = unit.as_ref().is_some_and(|(u, _)| !u.is_empty());
-        let quota = if unlimited {
+        let quota = if unlimited_bad {
+            Quota::Unlimited
+        } else if unlimited {
+            // An unlimited limit is never counted: everything that shapes a count contradicts it.
             if let (true, Some((_, line))) = (unit_written, &unit) {
                 // envoyproxy/ratelimit only rejects a *valid* unit here; any unit next to
                 // `unlimited: true` is a contradiction, so sluice rejects them all.
@@ -844,34 +1023,123 @@ impl Ctx {
                     "should not specify rate limit unit when unlimited",
                 );
             }
+            for (key, line) in [
+                ("period", period.0),
+                ("algorithm", algorithm.0),
+                ("burst", burst.0),
+            ] {
+                if let Some(line) = line {
+                    self.err(
+                        line,
+                        &join(path, key),
+                        format!("should not specify rate limit {key} when unlimited"),
+                    );
+                }
+            }
             Quota::Unlimited
         } else {
-            let unit = match (parsed_unit, &unit) {
-                (Some(u), _) => Some(u),
-                (None, Some((u, line))) if !u.is_empty() => {
+            let from_unit = match (&unit, unit_bad) {
+                (Some((u, line)), false) if !u.is_empty() => match Unit::parse(u) {
+                    Some(u) => Some(Period::from_unit(u)),
+                    None => {
+                        self.err(
+                            *line,
+                            &join(path, "unit"),
+                            format!(
+                                "invalid rate limit unit '{u}'; expected one of {} (any case)",
+                                unit_names()
+                            ),
+                        );
+                        None
+                    }
+                },
+                _ => None,
+            };
+            let from_period = match period {
+                (Some(line), Some(text)) => match parse_period(&text) {
+                    Ok(p) => Some(p),
+                    Err(message) => {
+                        self.err(line, &join(path, "period"), message);
+                        None
+                    }
+                },
+                _ => None,
+            };
+            match (unit_written || unit_bad, period.0) {
+                (true, Some(line)) => {
+                    let unit_line = unit.as_ref().map_or(node.line, |(_, l)| *l);
                     self.err(
-                        *line,
-                        &join(path, "unit"),
+                        line,
+                        &join(path, "period"),
                         format!(
-                            "invalid rate limit unit '{u}'; expected one of {} (any case)",
-                            unit_names()
+                            "`period` and `unit` cannot both be given (`unit` is at line \
+                             {unit_line}); keep one of them"
                         ),
                     );
-                    None
                 }
-                (None, _) => {
+                (false, None) => {
                     let line = unit.as_ref().map_or(node.line, |(_, l)| *l);
                     self.err(
                         line,
                         &join(path, "unit"),
                         format!(
                             "invalid rate limit unit '': `unit` is required unless \
-                             `unlimited: true` (one of {})",
+                             `unlimited: true` (one of {}), or give a `period` instead (a \
+                             duration such as 500ms, 10s, 5m, 1h, 2d or 1w)",
                             unit_names()
                         ),
                     );
-                    None
                 }
+                _ => {}
+            }
+            let algorithm_given = algorithm.0.is_some();
+            let algorithm = match algorithm {
+                (Some(line), Some(text)) => match Algorithm::parse(&text) {
+                    Some(a) => Some(a),
+                    None => {
+                        let case = if Algorithm::parse(&text.to_ascii_lowercase()).is_some() {
+                            " (names are lower-case)"
+                        } else {
+                            ""
+                        };
+                        self.err(
+                            line,
+                            &join(path, "algorithm"),
+                            format!(
+                                "invalid algorithm '{text}'; expected one of {}{case}",
+                                algorithm_names()
+                            ),
+                        );
+                        None
+                    }
+                },
+                (Some(_), None) => None,
+                (None, _) => Some(Algorithm::FixedWindow),
+            };
+            let rpu = requests_per_unit.unwrap_or(0);
+            let burst = match (burst, algorithm) {
+                // A bad algorithm is already reported; a burst next to it is not judged.
+                (_, None) => 0,
+                ((None, _), Some(Algorithm::TokenBucket)) => rpu.saturating_sub(1),
+                ((Some(_), b), Some(Algorithm::TokenBucket)) => b.unwrap_or(0),
+                ((Some(line), _), Some(other)) => {
+                    let default = if algorithm_given {
+                        ""
+                    } else {
+                        " (the default)"
+                    };
+                    self.err(
+                        line,
+                        &join(path, "burst"),
+                        format!(
+                            "`burst` only applies to `algorithm: token_bucket`; this limit uses \
+                             {}{default}",
+                            other.name()
+                        ),
+                    );
+                    0
+                }
+                ((None, _), Some(_)) => 0,
             };
             if requests_per_unit.is_none() && self.errors.len() == errors_before {
                 // The reference's Go zero value: a limit without requests_per_unit admits
@@ -880,13 +1148,17 @@ impl Ctx {
                     file = %self.file,
                     line = node.line,
                     path,
-                    "rate_limit has no requests_per_unit; it defaults to 0 and blocks every request"
+                    "rate limit has no requests_per_unit; it defaults to 0 and blocks every request"
                 );
             }
-            Quota::Limited {
-                requests_per_unit: requests_per_unit.unwrap_or(0),
-                unit: unit.unwrap_or(Unit::Second),
-            }
+            Quota::Limited(Limit {
+                requests_per_unit: rpu,
+                period: from_unit
+                    .or(from_period)
+                    .unwrap_or(Period::from_unit(Unit::Second)),
+                algorithm: algorithm.unwrap_or_default(),
+                burst,
+            })
         };
 
         if !name.is_empty() {
@@ -900,16 +1172,64 @@ impl Ctx {
                 }
             }
         }
-        if self.errors.len() > errors_before {
-            return None;
-        }
-        Some(RateLimitRule {
-            name: (!name.is_empty()).then_some(name),
-            quota,
-            replaces: replaces.into_iter().map(|(n, _)| n).collect(),
-            shadow_mode: false,
-            quota_mode: false,
+        Some(ParsedLimit {
+            path: path.to_owned(),
+            name_line: name_line.filter(|_| !name.is_empty()),
+            rule: RateLimitRule {
+                name: (!name.is_empty()).then_some(name),
+                quota,
+                replaces: replaces.into_iter().map(|(n, _)| n).collect(),
+                shadow_mode: false,
+                quota_mode: false,
+                applies_to_descendants: descendants_line.is_some(),
+            },
+            descendants_line,
         })
+    }
+
+    /// The text of a scalar extension value (`period`, `algorithm`), whatever YAML type it reads
+    /// as; `expected` describes a valid value for the error.
+    fn text(&mut self, node: &Node, path: &str, name: &str, expected: &str) -> Option<String> {
+        match &node.value {
+            Value::Scalar(s) if s.resolve() != Resolved::Null => Some(s.text.clone()),
+            Value::Scalar(_) => {
+                self.err(
+                    node.line,
+                    path,
+                    format!("`{name}` is empty; expected {expected}"),
+                );
+                None
+            }
+            _ => {
+                self.err(
+                    node.line,
+                    path,
+                    format!("`{name}` must be {expected}, not a {}", kind(node)),
+                );
+                None
+            }
+        }
+    }
+
+    /// `burst`: a whole number from 0 to u32::MAX.
+    fn burst(&mut self, node: &Node, path: &str) -> Option<u32> {
+        if let Value::Scalar(s) = &node.value {
+            if let Resolved::Int(n) = s.resolve() {
+                if let Ok(n) = u32::try_from(n) {
+                    return Some(n);
+                }
+            }
+        }
+        self.err(
+            node.line,
+            path,
+            format!(
+                "`burst` must be an integer from 0 to {}, got {}",
+                u32::MAX,
+                describe(node)
+            ),
+        );
+        None
     }
 
     fn requests_per_unit(&mut self, node: &Node, path: &str) -> Option<u32> {
@@ -978,6 +1298,26 @@ impl Ctx {
 
 fn unit_names() -> String {
     Unit::ALL.map(Unit::name).join(", ")
+}
+
+fn algorithm_names() -> String {
+    Algorithm::ALL.map(Algorithm::name).join(", ")
+}
+
+/// A `period` value through [`Period::parse`], with a clearer message for a fraction (`1.5s`),
+/// which the duration syntax does not have.
+fn parse_period(text: &str) -> Result<Period, String> {
+    let t = text.trim();
+    let number_end = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    if t[..number_end].contains('.') {
+        return Err(format!(
+            "period '{t}' must be a whole number and a suffix (ms, s, m, h, d or w); write a \
+             fraction with a smaller suffix, e.g. 1500ms for 1.5s"
+        ));
+    }
+    Period::parse(t)
 }
 
 fn kind(node: &Node) -> &'static str {

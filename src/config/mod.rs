@@ -92,16 +92,166 @@ impl fmt::Display for Location {
     }
 }
 
+/// The decision algorithm of one limit (sluice extension `algorithm`; envoyproxy configs get
+/// `FixedWindow`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Algorithm {
+    /// Counter per epoch-aligned window (envoyproxy/ratelimit's behaviour).
+    #[default]
+    FixedWindow,
+    /// Two-window weighted counter: O(1) state, approximate.
+    SlidingWindow,
+    /// Exact log of hit timestamps: O(limit) state.
+    SlidingLog,
+    /// GCRA (the redis-cell math): one stored value, smooth rate with a burst allowance.
+    TokenBucket,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::TokenBucket,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::TokenBucket => "token_bucket",
+        }
+    }
+
+    /// Short tag used in Redis keys and the Lua script.
+    pub fn code(self) -> u8 {
+        match self {
+            Algorithm::FixedWindow => 0,
+            Algorithm::SlidingWindow => 1,
+            Algorithm::SlidingLog => 2,
+            Algorithm::TokenBucket => 3,
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|a| a.name() == s)
+    }
+}
+
+/// The window of a limit: a whole, positive number of milliseconds, plus the envoyproxy unit it
+/// was written as, if any (`unit: minute`), which the response reports as is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Period {
+    millis: u64,
+    unit: Option<Unit>,
+}
+
+impl Period {
+    pub fn from_unit(unit: Unit) -> Self {
+        Self {
+            millis: unit.seconds() * 1000,
+            unit: Some(unit),
+        }
+    }
+
+    /// A `period:` duration; `None` for zero. A period equal to a unit is that unit.
+    pub fn from_millis(millis: u64) -> Option<Self> {
+        if millis == 0 {
+            return None;
+        }
+        let unit = Unit::ALL.into_iter().find(|u| u.seconds() * 1000 == millis);
+        Some(Self { millis, unit })
+    }
+
+    pub fn millis(self) -> u64 {
+        self.millis
+    }
+
+    pub fn as_duration(self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.millis)
+    }
+
+    /// The unit this period is exactly, if any.
+    pub fn unit(self) -> Option<Unit> {
+        self.unit
+    }
+
+    /// Parses `500ms`, `10s`, `5m`, `1h`, `2d`, `1w` (a number and one suffix).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let split = s
+            .find(|c: char| !c.is_ascii_digit())
+            .ok_or_else(|| format!("period '{s}' needs a unit suffix (ms, s, m, h, d or w)"))?;
+        let (num, suffix) = s.split_at(split);
+        let n: u64 = num
+            .parse()
+            .map_err(|_| format!("period '{s}' must start with a whole number"))?;
+        let factor = match suffix {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            "w" => 7 * 86_400_000,
+            _ => {
+                return Err(format!(
+                    "period '{s}' has an unknown suffix '{suffix}' (use ms, s, m, h, d or w)"
+                ))
+            }
+        };
+        n.checked_mul(factor)
+            .and_then(Self::from_millis)
+            .ok_or_else(|| {
+                format!("period '{s}' must be longer than zero and shorter than 584 million years")
+            })
+    }
+}
+
+impl fmt::Display for Period {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.unit {
+            Some(u) => write!(f, "{u}"),
+            None if self.millis % 1000 == 0 => write!(f, "{}s", self.millis / 1000),
+            None => write!(f, "{}ms", self.millis),
+        }
+    }
+}
+
+/// A counted limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limit {
+    /// Requests admitted per period; 0 blocks everything.
+    pub requests_per_unit: u32,
+    pub period: Period,
+    pub algorithm: Algorithm,
+    /// token_bucket: requests allowed above the steady rate at once (default
+    /// `requests_per_unit - 1`, resolved at load); 0 for the other algorithms.
+    pub burst: u32,
+}
+
+impl Limit {
+    /// A plain envoyproxy limit: fixed window, `requests_per_unit` per `unit`.
+    pub fn fixed(requests_per_unit: u32, unit: Unit) -> Self {
+        Self {
+            requests_per_unit,
+            period: Period::from_unit(unit),
+            algorithm: Algorithm::FixedWindow,
+            burst: 0,
+        }
+    }
+}
+
 /// How much a limit admits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Quota {
     /// `unlimited: true`: never counted, always OK.
     Unlimited,
-    /// `requests_per_unit` per `unit`; 0 blocks everything.
-    Limited { requests_per_unit: u32, unit: Unit },
+    Limited(Limit),
 }
 
-/// A `rate_limit` block together with the descriptor-level flags that modify it.
+/// One limit of a node (a `rate_limit` block or one entry of `rate_limits`) together with the
+/// descriptor-level flags that modify it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateLimitRule {
     pub name: Option<String>,
@@ -111,6 +261,9 @@ pub struct RateLimitRule {
     pub shadow_mode: bool,
     /// `quota_mode` is accepted for compatibility; it does not act yet.
     pub quota_mode: bool,
+    /// A resource limit: also charged, on one counter keyed by the path down to its node, for
+    /// every request that matches a node below it.
+    pub applies_to_descendants: bool,
 }
 
 /// How a config node's `value` matches a request entry's value.
@@ -129,7 +282,8 @@ pub enum ValueMatch {
 pub struct DescriptorNode {
     pub key: String,
     pub value: ValueMatch,
-    pub rate_limit: Option<RateLimitRule>,
+    /// The node's limits: none, the one `rate_limit`, or every entry of `rate_limits`.
+    pub rate_limits: Vec<RateLimitRule>,
     /// With a wildcard value: all matching values share one counter.
     pub share_threshold: bool,
     pub detailed_metric: bool,
@@ -190,12 +344,12 @@ impl RuleSet {
         }
     }
 
-    /// Number of rate limits (nodes carrying a `rate_limit`) per domain, for logs.
+    /// Number of rate limits (every entry of every node's `rate_limits`) per domain, for logs.
     pub fn rule_counts(&self) -> Vec<(String, usize)> {
         fn count(level: &Level) -> usize {
             level
                 .nodes()
-                .map(|n| usize::from(n.rate_limit.is_some()) + count(&n.children))
+                .map(|n| n.rate_limits.len() + count(&n.children))
                 .sum()
         }
         let mut v: Vec<_> = self
@@ -212,21 +366,35 @@ impl RuleSet {
     pub fn dump(&self) -> String {
         fn walk(level: &Level, out: &mut Vec<String>) {
             for n in level.nodes() {
-                if let Some(rl) = &n.rate_limit {
+                for rl in &n.rate_limits {
                     let quota = match rl.quota {
                         Quota::Unlimited => "unlimited=true".to_string(),
-                        Quota::Limited {
-                            requests_per_unit,
-                            unit,
-                        } => format!("unit={unit} requests_per_unit={requests_per_unit}"),
+                        Quota::Limited(l) => {
+                            let mut q = format!(
+                                "unit={} requests_per_unit={}",
+                                l.period, l.requests_per_unit
+                            );
+                            if l.algorithm != Algorithm::FixedWindow {
+                                q.push_str(&format!(" algorithm={}", l.algorithm.name()));
+                            }
+                            if l.algorithm == Algorithm::TokenBucket {
+                                q.push_str(&format!(" burst={}", l.burst));
+                            }
+                            q
+                        }
                     };
                     let name = rl
                         .name
                         .as_deref()
                         .map(|n| format!(", name: {n}"))
                         .unwrap_or_default();
+                    let descendants = if rl.applies_to_descendants {
+                        ", applies_to_descendants: true"
+                    } else {
+                        ""
+                    };
                     out.push(format!(
-                        "{}: {quota}, shadow_mode: {}{name}",
+                        "{}: {quota}, shadow_mode: {}{name}{descendants}",
                         n.path, rl.shadow_mode
                     ));
                 }

@@ -1,20 +1,30 @@
 //! Descriptor matching: which configured limit, if any, applies to one request descriptor. This
 //! is envoyproxy/ratelimit's reference walk, kept exactly: per level exact key+value, then
 //! wildcards in file order, then the bare key; only the node of the LAST entry supplies a limit;
-//! no backtracking. It also decides which values name the counter (`share_threshold`).
+//! no backtracking. It also decides which values name the counter (`share_threshold`) and
+//! collects the resource limits (`applies_to_descendants`) of the nodes passed on the way.
 
 use crate::config::{DescriptorNode, DomainRules, Level, RateLimitRule, ValueMatch};
 
-/// A limit found for a descriptor.
+/// Where a descriptor landed in the rule tree.
 #[derive(Debug, Clone)]
 pub struct Matched<'a> {
-    /// The node of the descriptor's last entry.
+    /// The node of the descriptor's last entry; its `rate_limits` apply to the descriptor.
     pub node: &'a DescriptorNode,
-    pub rule: &'a RateLimitRule,
-    /// The `(key, value)` pairs that identify the counter: the request's values, except that a
-    /// wildcard node with `share_threshold` contributes its pattern, so all values it matches
+    /// The `(key, value)` pairs that identify the counters: the request's values, except that
+    /// a wildcard node with `share_threshold` contributes its pattern, so all values it matches
     /// share one counter.
     pub counter_entries: Vec<(String, String)>,
+    /// Resource limits above the last node (`applies_to_descendants`), each with the number of
+    /// leading `counter_entries` that key its counter (the path down to its node).
+    pub ancestors: Vec<(&'a RateLimitRule, usize)>,
+}
+
+impl Matched<'_> {
+    /// Whether anything applies: the node's own limits or a resource limit above it.
+    pub fn has_limits(&self) -> bool {
+        !self.node.rate_limits.is_empty() || !self.ancestors.is_empty()
+    }
 }
 
 /// Finds the node for one level: exact, then the first wildcard (file order), then the bare key.
@@ -30,7 +40,8 @@ pub fn find_in_level<'a>(level: &'a Level, key: &str, value: &str) -> Option<&'a
     level.bare.get(key)
 }
 
-/// Resolves a descriptor (its `(key, value)` entries, in order) against a domain's rules.
+/// Resolves a descriptor (its `(key, value)` entries, in order) against a domain's rules:
+/// `None` when the walk does not reach a node for the last entry.
 pub fn find_limit<'a, 'e, I>(domain: &'a DomainRules, entries: I) -> Option<Matched<'a>>
 where
     I: IntoIterator<Item = (&'e str, &'e str)>,
@@ -40,6 +51,7 @@ where
     let last = entries.len().checked_sub(1)?;
     let mut level = &domain.root;
     let mut counter_entries = Vec::with_capacity(last + 1);
+    let mut ancestors = Vec::new();
     for (i, (key, value)) in entries.enumerate() {
         let node = find_in_level(level, key, value)?;
         let counted_value = match &node.value {
@@ -48,16 +60,22 @@ where
         };
         counter_entries.push((key.to_string(), counted_value));
         if i == last {
-            return node.rate_limit.as_ref().map(|rule| Matched {
+            return Some(Matched {
                 node,
-                rule,
                 counter_entries,
+                ancestors,
             });
         }
         // A request deeper than the config matches nothing.
         if node.children.is_empty() {
             return None;
         }
+        ancestors.extend(
+            node.rate_limits
+                .iter()
+                .filter(|r| r.applies_to_descendants)
+                .map(|r| (r, i + 1)),
+        );
         level = &node.children;
     }
     None

@@ -2,13 +2,13 @@
 //! one config snapshot, let the store decide all of them at once, and fold the outcomes into a
 //! `RateLimitResponse`.
 
-use crate::config::{Quota, RuleSet, Unit};
+use crate::config::{Limit, Quota, RuleSet, Unit};
 use crate::proto::envoy::r#type::v3::RateLimitUnit;
 use crate::proto::rate_limit_response::{self, rate_limit, Code, DescriptorStatus};
 use crate::proto::{RateLimitRequest, RateLimitResponse};
 use crate::rules;
 use crate::store::{CounterKey, CounterStore, Decision, LimitCheck, StoreError};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -227,33 +227,43 @@ fn validate(request: &RateLimitRequest) -> Result<(), RequestError> {
 enum Resolution {
     /// No limit applies (unknown domain, no match, or replaced by another limit).
     NoLimit,
+    /// Only `unlimited` limits apply.
     Unlimited,
-    /// A counted limit; `check` indexes `Plan::checks`.
-    Limited {
-        check: usize,
-        name: String,
-        requests_per_unit: u32,
-        unit: Unit,
-        shadow: bool,
-    },
+    /// Counted limits apply: indexes into `Plan::checks` and `Plan::limits`.
+    Limited(Vec<usize>),
+}
+
+/// How a planned check is reported in a status.
+#[derive(Debug)]
+struct Reported {
+    name: String,
+    limit: Limit,
+    shadow: bool,
 }
 
 #[derive(Debug)]
 struct Plan {
     resolutions: Vec<Resolution>,
     checks: Vec<LimitCheck>,
+    /// Parallel to `checks`.
+    limits: Vec<Reported>,
 }
+
+/// The `(key, value)` pairs that key a descriptor's counters.
+type CounterEntries = Vec<(String, String)>;
 
 /// A limit before `replaces` is applied.
 struct Candidate<'a> {
     name: Option<&'a str>,
     replaces: &'a [String],
-    requests_per_unit: u32,
-    unit: Unit,
+    quota: Quota,
     shadow: bool,
     overridden: bool,
-    counter_entries: Vec<(String, String)>,
-    unlimited: bool,
+    /// How many leading counter entries key the counter (all of them, except for a resource
+    /// limit above the descriptor's last node).
+    depth: usize,
+    /// Resource limits are charged once per request however many descriptors pass below them.
+    resource: bool,
 }
 
 fn plan(
@@ -261,23 +271,30 @@ fn plan(
     request: &RateLimitRequest,
     options: &ServiceOptions,
 ) -> Result<Plan, RequestError> {
+    let mut plan = Plan {
+        resolutions: Vec::with_capacity(request.descriptors.len()),
+        checks: Vec::new(),
+        limits: Vec::new(),
+    };
     let Some(domain) = rules.domains.get(&request.domain) else {
         // Unknown domain: every descriptor is OK with no limit, as envoyproxy/ratelimit answers.
-        return Ok(Plan {
-            resolutions: request
-                .descriptors
-                .iter()
-                .map(|_| Resolution::NoLimit)
-                .collect(),
-            checks: Vec::new(),
-        });
+        plan.resolutions
+            .extend(request.descriptors.iter().map(|_| Resolution::NoLimit));
+        return Ok(plan);
     };
     let domain_name: Arc<str> = Arc::from(request.domain.as_str());
     // The request's hits_addend: 0 (unset) means 1.
     let request_hits = u64::from(request.hits_addend.max(1));
 
-    let mut candidates: Vec<Option<Candidate<'_>>> = Vec::with_capacity(request.descriptors.len());
+    // Per descriptor: its counter entries and its candidate limits.
+    let mut per_descriptor: Vec<(CounterEntries, Vec<Candidate<'_>>)> =
+        Vec::with_capacity(request.descriptors.len());
     for (i, d) in request.descriptors.iter().enumerate() {
+        let entries: Vec<(String, String)> = d
+            .entries
+            .iter()
+            .map(|e| (e.key.clone(), e.value.clone()))
+            .collect();
         if let Some(o) = &d.limit {
             // Envoy's per-descriptor override replaces the configured limit (and is never shadow).
             let unit = override_unit(o.unit).ok_or_else(|| {
@@ -286,94 +303,102 @@ fn plan(
                     o.unit
                 ))
             })?;
-            candidates.push(Some(Candidate {
-                name: None,
-                replaces: &[],
-                requests_per_unit: o.requests_per_unit,
-                unit,
-                shadow: false,
-                overridden: true,
-                counter_entries: d
-                    .entries
-                    .iter()
-                    .map(|e| (e.key.clone(), e.value.clone()))
-                    .collect(),
-                unlimited: false,
-            }));
+            let depth = entries.len();
+            per_descriptor.push((
+                entries,
+                vec![Candidate {
+                    name: None,
+                    replaces: &[],
+                    quota: Quota::Limited(Limit::fixed(o.requests_per_unit, unit)),
+                    shadow: false,
+                    overridden: true,
+                    depth,
+                    resource: false,
+                }],
+            ));
             continue;
         }
-        let found = rules::find_limit(
+        let Some(m) = rules::find_limit(
             domain,
             d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
-        );
-        candidates.push(found.map(|m| {
-            let (requests_per_unit, unit, unlimited) = match m.rule.quota {
-                Quota::Unlimited => (0, Unit::Second, true),
-                Quota::Limited {
-                    requests_per_unit,
-                    unit,
-                } => (requests_per_unit, unit, false),
-            };
-            Candidate {
-                name: m.rule.name.as_deref(),
-                replaces: &m.rule.replaces,
-                requests_per_unit,
-                unit,
-                shadow: m.rule.shadow_mode,
+        ) else {
+            per_descriptor.push((entries, Vec::new()));
+            continue;
+        };
+        let depth = m.counter_entries.len();
+        let own = m.node.rate_limits.iter().map(|r| (r, depth, false));
+        let above = m.ancestors.iter().map(|&(r, d)| (r, d, true));
+        let candidates = own
+            .chain(above)
+            .map(|(r, depth, resource)| Candidate {
+                name: r.name.as_deref(),
+                replaces: &r.replaces,
+                quota: r.quota,
+                shadow: r.shadow_mode,
                 overridden: false,
-                counter_entries: m.counter_entries,
-                unlimited,
-            }
-        }));
+                depth,
+                resource,
+            })
+            .collect();
+        per_descriptor.push((m.counter_entries, candidates));
     }
 
     // `replaces`: a matched limit named in another matched limit's `replaces` is dropped.
-    let replaced: HashSet<&str> = candidates
+    let replaced: HashSet<&str> = per_descriptor
         .iter()
-        .flatten()
+        .flat_map(|(_, cs)| cs.iter())
         .flat_map(|c| c.replaces.iter().map(String::as_str))
         .collect();
 
-    let mut resolutions = Vec::with_capacity(candidates.len());
-    let mut checks = Vec::new();
-    for (c, d) in candidates.into_iter().zip(&request.descriptors) {
-        let Some(c) = c else {
-            resolutions.push(Resolution::NoLimit);
-            continue;
-        };
-        if c.name.is_some_and(|n| replaced.contains(n)) {
-            resolutions.push(Resolution::NoLimit);
-            continue;
-        }
-        if c.unlimited {
-            resolutions.push(Resolution::Unlimited);
-            continue;
-        }
+    let mut resource_checks: HashMap<CounterKey, usize> = HashMap::new();
+    for ((entries, candidates), d) in per_descriptor.into_iter().zip(&request.descriptors) {
         let hits = d.hits_addend.unwrap_or(request_hits);
-        resolutions.push(Resolution::Limited {
-            check: checks.len(),
-            name: c.name.unwrap_or_default().to_string(),
-            requests_per_unit: c.requests_per_unit,
-            unit: c.unit,
-            shadow: c.shadow,
-        });
-        checks.push(LimitCheck {
-            key: CounterKey {
+        let live: Vec<&Candidate<'_>> = candidates
+            .iter()
+            .filter(|c| !c.name.is_some_and(|n| replaced.contains(n)))
+            .collect();
+        if live.is_empty() {
+            plan.resolutions.push(Resolution::NoLimit);
+            continue;
+        }
+        let mut indexes = Vec::new();
+        for c in &live {
+            let Quota::Limited(limit) = c.quota else {
+                continue;
+            };
+            let key = CounterKey {
                 domain: Arc::clone(&domain_name),
-                entries: c.counter_entries,
-                requests_per_unit: c.requests_per_unit,
-                unit: c.unit,
+                entries: entries[..c.depth.min(entries.len())].to_vec(),
+                limit,
                 overridden: c.overridden,
-            },
-            hits,
-            refund: d.is_negative_hits,
-            shadow: c.shadow || options.global_shadow_mode,
+            };
+            if c.resource {
+                if let Some(&existing) = resource_checks.get(&key) {
+                    indexes.push(existing);
+                    continue;
+                }
+                resource_checks.insert(key.clone(), plan.checks.len());
+            }
+            indexes.push(plan.checks.len());
+            plan.limits.push(Reported {
+                name: c.name.unwrap_or_default().to_string(),
+                limit,
+                shadow: c.shadow,
+            });
+            plan.checks.push(LimitCheck {
+                key,
+                hits,
+                refund: d.is_negative_hits,
+                shadow: c.shadow || options.global_shadow_mode,
+            });
+        }
+        plan.resolutions.push(if indexes.is_empty() {
+            Resolution::Unlimited
+        } else {
+            Resolution::Limited(indexes)
         });
     }
-    Ok(Plan {
-        resolutions,
-        checks,
-    })
+    Ok(plan)
 }
 
 /// Maps the override's `envoy.type.v3.RateLimitUnit` (which has no WEEK) to a unit.
@@ -402,7 +427,47 @@ pub fn response_unit(unit: Unit) -> rate_limit::Unit {
     }
 }
 
-/// What the response is built from.
+/// How the response describes a limit. A period that is a unit is reported as is. Any other
+/// period is reported at its average rate in the smallest unit it divides evenly (5 per 10 s
+/// is 30 per MINUTE; 100 per 500 ms is 200 per SECOND) and, when unnamed, named after its real
+/// shape ("5/10s"), so Envoy's headers stay truthful about the rate while the exact window is
+/// visible. A period that divides no unit (or a scaled count beyond u32) is reported with its
+/// configured count and unit UNKNOWN.
+pub fn describe_limit(name: &str, limit: &Limit) -> rate_limit_response::RateLimit {
+    let period = limit.period;
+    if let Some(unit) = period.unit() {
+        return rate_limit_response::RateLimit {
+            name: name.to_string(),
+            requests_per_unit: limit.requests_per_unit,
+            unit: response_unit(unit) as i32,
+        };
+    }
+    let name = if name.is_empty() {
+        format!("{}/{}", limit.requests_per_unit, period)
+    } else {
+        name.to_string()
+    };
+    let scaled = Unit::ALL.into_iter().find_map(|u| {
+        let unit_ms = u.seconds() * 1000;
+        (unit_ms > period.millis() && unit_ms % period.millis() == 0)
+            .then(|| u64::from(limit.requests_per_unit) * (unit_ms / period.millis()))
+            .and_then(|n| u32::try_from(n).ok())
+            .map(|n| (u, n))
+    });
+    match scaled {
+        Some((unit, n)) => rate_limit_response::RateLimit {
+            name,
+            requests_per_unit: n,
+            unit: response_unit(unit) as i32,
+        },
+        None => rate_limit_response::RateLimit {
+            name,
+            requests_per_unit: limit.requests_per_unit,
+            unit: rate_limit::Unit::Unknown as i32,
+        },
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Verdict<'a> {
     /// The store decided.
@@ -429,35 +494,41 @@ fn respond(plan: &Plan, verdict: Verdict<'_>, options: &ServiceOptions) -> RateL
                 limit_remaining: u32::MAX,
                 ..Default::default()
             },
-            Resolution::Limited {
-                check,
-                name,
-                requests_per_unit,
-                unit,
-                shadow,
-            } => {
-                let outcome = match verdict {
-                    Verdict::Decided(d) => d.outcomes.get(*check),
-                    Verdict::NoChecks | Verdict::StoreFailed(_) => None,
-                };
-                let allowed = match verdict {
-                    Verdict::StoreFailed(mode) => mode == FailureMode::Allow,
-                    _ => outcome.is_some_and(|o| o.allowed),
+            Resolution::Limited(indexes) => {
+                // Each limit's verdict: (allowed, shadow, outcome).
+                let judged = indexes.iter().map(|&i| {
+                    let outcome = match verdict {
+                        Verdict::Decided(d) => d.outcomes.get(i).copied(),
+                        Verdict::NoChecks | Verdict::StoreFailed(_) => None,
+                    };
+                    let allowed = match verdict {
+                        Verdict::StoreFailed(mode) => mode == FailureMode::Allow,
+                        _ => outcome.is_some_and(|o| o.allowed),
+                    };
+                    (i, allowed, plan.limits[i].shadow, outcome)
+                });
+                // The most restrictive limit speaks for the descriptor: an enforced denial
+                // first, then the fewest hits remaining (the first such in config order).
+                let chosen = judged.min_by_key(|&(_, allowed, shadow, outcome)| {
+                    (allowed || shadow, outcome.map_or(0, |o| o.remaining))
+                });
+                let Some((i, allowed, shadow, outcome)) = chosen else {
+                    return DescriptorStatus {
+                        code: Code::Ok as i32,
+                        ..Default::default()
+                    };
                 };
                 // A shadow-mode limit reports OK even when it would deny.
-                let code = if allowed || *shadow {
+                let code = if allowed || shadow {
                     Code::Ok
                 } else {
                     any_over = true;
                     Code::OverLimit
                 };
+                let reported = &plan.limits[i];
                 DescriptorStatus {
                     code: code as i32,
-                    current_limit: Some(rate_limit_response::RateLimit {
-                        name: name.clone(),
-                        requests_per_unit: *requests_per_unit,
-                        unit: response_unit(*unit) as i32,
-                    }),
+                    current_limit: Some(describe_limit(&reported.name, &reported.limit)),
                     limit_remaining: outcome.map_or(0, |o| o.remaining),
                     duration_until_reset: outcome.map(|o| to_proto_duration(o.reset)),
                     quota: None,

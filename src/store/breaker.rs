@@ -318,6 +318,7 @@ mod tests {
                                 allowed: true,
                                 remaining: 1,
                                 reset: Duration::from_secs(1),
+                                retry_after: Duration::from_secs(1),
                             })
                             .collect(),
                     }),
@@ -341,8 +342,7 @@ mod tests {
             key: CounterKey {
                 domain: Arc::from("d"),
                 entries: vec![("k".into(), "v".into())],
-                requests_per_unit: 5,
-                unit: Unit::Minute,
+                limit: crate::config::Limit::fixed(5, Unit::Minute),
                 overridden: false,
             },
             hits: 1,

@@ -162,6 +162,7 @@ impl LocalDenyCache {
                 allowed: true,
                 remaining: 0,
                 reset: Duration::ZERO,
+                retry_after: Duration::ZERO,
             };
             checks.len()
         ];
@@ -170,6 +171,7 @@ impl LocalDenyCache {
                 allowed: false,
                 remaining: 0,
                 reset,
+                retry_after: reset,
             };
         }
         Some(Decision {
@@ -184,13 +186,28 @@ impl LocalDenyCache {
         if self.max_bytes == 0 {
             return;
         }
-        let full = checks.iter().zip(&decision.outcomes).filter(|(c, o)| {
-            eligible(c) && !o.allowed && o.remaining == 0 && o.reset > Duration::ZERO
-        });
+        // Only a single-hit denial says when the counter admits again for ANY request: a
+        // larger request's retry time is later than a single hit's, and a request larger than
+        // the quota is never admitted although single hits still are.
+        // A single hit that can never be admitted means a limit of 0: cache it for the
+        // counter's period (it stays denied after that too; the entry just gets refreshed).
+        let full = checks
+            .iter()
+            .zip(&decision.outcomes)
+            .filter(|(c, o)| eligible(c) && c.hits == 1 && !o.allowed && o.remaining == 0)
+            .map(|(c, o)| {
+                let until = if o.retry_after == Duration::MAX {
+                    o.reset
+                } else {
+                    o.retry_after
+                };
+                (c, until)
+            })
+            .filter(|(_, until)| *until > Duration::ZERO);
         let mut entries: Option<MutexGuard<'_, Entries>> = None;
-        for (c, o) in full {
+        for (c, until) in full {
             let entries = entries.get_or_insert_with(|| self.lock());
-            let deny_until = now.saturating_add(o.reset);
+            let deny_until = now.saturating_add(until);
             if let Some(e) = entries.map.get_mut(&c.key) {
                 e.deny_until = e.deny_until.max(deny_until);
                 continue;
@@ -278,8 +295,7 @@ mod tests {
         CounterKey {
             domain: Arc::from("d"),
             entries: vec![("k".into(), value.into())],
-            requests_per_unit: limit,
-            unit: Unit::Minute,
+            limit: crate::config::Limit::fixed(limit, Unit::Minute),
             overridden: false,
         }
     }
@@ -322,6 +338,7 @@ mod tests {
                     allowed: false,
                     remaining: 0,
                     reset: Duration::from_secs(30),
+                    retry_after: Duration::from_secs(30),
                 }],
             }
         );
@@ -363,7 +380,8 @@ mod tests {
             Outcome {
                 allowed: true,
                 remaining: 0,
-                reset: Duration::ZERO
+                reset: Duration::ZERO,
+                retry_after: Duration::ZERO,
             }
         );
         assert!(!d.outcomes[1].allowed);
@@ -550,8 +568,7 @@ mod tests {
         let k = CounterKey {
             domain: Arc::from("dom"),
             entries: vec![("ab".into(), "cde".into()), ("f".into(), String::new())],
-            requests_per_unit: 1,
-            unit: Unit::Second,
+            limit: crate::config::Limit::fixed(1, Unit::Second),
             overridden: false,
         };
         assert_eq!(entry_bytes(&k), 3 + 2 + 3 + 1 + ENTRY_OVERHEAD);

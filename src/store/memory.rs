@@ -4,7 +4,7 @@
 //! from a shard when it is touched after its sweep deadline, so memory follows live traffic.
 
 use super::{BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, StoreError};
-use crate::algorithm::{self, FixedWindowState};
+use crate::algorithm::{self, State};
 use crate::clock::Clock;
 use std::collections::hash_map::{DefaultHasher, Entry};
 use std::collections::HashMap;
@@ -16,20 +16,26 @@ const DEFAULT_SHARDS: usize = 64;
 /// How often a shard is swept of expired counters; bounded work per sweep, amortised over traffic.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
+#[derive(Debug)]
+struct Counter {
+    state: State,
+    /// Microseconds since the epoch after which the state no longer matters.
+    expires_at: u64,
+}
+
 #[derive(Debug, Default)]
 struct Shard {
-    counters: HashMap<CounterKey, FixedWindowState>,
-    next_sweep: Duration,
+    counters: HashMap<CounterKey, Counter>,
+    next_sweep: u64,
 }
 
 impl Shard {
-    fn sweep(&mut self, now: Duration) {
+    fn sweep(&mut self, now: u64) {
         if now < self.next_sweep {
             return;
         }
-        self.counters
-            .retain(|k, s| s.window_start + Duration::from_secs(k.unit.seconds()) > now);
-        self.next_sweep = now + SWEEP_EVERY;
+        self.counters.retain(|_, c| c.expires_at > now);
+        self.next_sweep = now.saturating_add(SWEEP_EVERY.as_micros() as u64);
     }
 }
 
@@ -68,7 +74,8 @@ impl MemoryStore {
     }
 
     fn decide_now(&self, checks: &[LimitCheck]) -> Decision {
-        let now = self.clock.now();
+        // Microseconds, as the algorithms and the Redis script count time.
+        let now = u64::try_from(self.clock.now().as_micros()).unwrap_or(u64::MAX);
         let shard_ids: Vec<usize> = checks.iter().map(|c| self.shard_of(&c.key)).collect();
         let mut order = shard_ids.clone();
         order.sort_unstable();
@@ -77,46 +84,40 @@ impl MemoryStore {
         let mut guards: HashMap<usize, MutexGuard<'_, Shard>> =
             order.iter().map(|&i| (i, lock(&self.shards[i]))).collect();
 
-        let mut pending: HashMap<&CounterKey, FixedWindowState> = HashMap::new();
+        // Tentative states: checks on the same counter see each other's hits.
+        let mut pending: HashMap<&CounterKey, State> = HashMap::new();
         let mut outcomes = Vec::with_capacity(checks.len());
         let mut admitted = true;
         for (check, shard) in checks.iter().zip(&shard_ids) {
-            let current = pending.get(&check.key).copied().or_else(|| {
-                guards
-                    .get(shard)
-                    .and_then(|g| g.counters.get(&check.key).copied())
-            });
-            let (outcome, next) = if check.refund {
-                algorithm::fixed_window_refund(current, now, check.params(), check.hits)
-            } else {
-                algorithm::fixed_window(current, now, check.params(), check.hits)
-            };
+            let stored = guards
+                .get(shard)
+                .and_then(|g| g.counters.get(&check.key))
+                .map(|c| &c.state);
+            let current = pending.get(&check.key).or(stored);
+            let (outcome, next) =
+                algorithm::decide(current, now, check.params(), check.hits, check.mode());
             if !outcome.allowed && !check.shadow {
                 admitted = false;
             }
-            // A shadow limit over its quota still counts the admitted request, as envoyproxy does.
-            let charged = if outcome.allowed || !check.shadow {
-                next
-            } else {
-                FixedWindowState {
-                    count: next.count.saturating_add(check.hits),
-                    ..next
-                }
-            };
-            pending.insert(&check.key, charged);
+            // A shadow limit that would deny lets the request through but, like an enforced
+            // denial, charges nothing (`next` is then the unchanged state): its would-be
+            // denials are exactly those enforcing it would produce.
+            pending.insert(&check.key, next);
             outcomes.push(outcome);
         }
 
         if !admitted {
-            // Nothing is charged, so report what each counter really has left, not what it would
-            // have had after this request.
+            // Nothing is charged, so report what each counter really has left, not what it
+            // would have had after this request.
             for ((check, shard), outcome) in checks.iter().zip(&shard_ids).zip(&mut outcomes) {
                 let stored = guards
                     .get(shard)
-                    .and_then(|g| g.counters.get(&check.key).copied());
-                outcome.remaining = algorithm::fixed_window(stored, now, check.params(), 0)
-                    .0
-                    .remaining;
+                    .and_then(|g| g.counters.get(&check.key))
+                    .map(|c| &c.state);
+                outcome.remaining =
+                    algorithm::decide(stored, now, check.params(), 0, algorithm::Mode::Charge)
+                        .0
+                        .remaining;
             }
         } else {
             for (check, shard) in checks.iter().zip(&shard_ids) {
@@ -124,10 +125,14 @@ impl MemoryStore {
                     continue;
                 }
                 if let (Some(state), Some(g)) = (pending.get(&check.key), guards.get_mut(shard)) {
+                    let counter = Counter {
+                        state: state.clone(),
+                        expires_at: algorithm::expires_at(state, check.params()),
+                    };
                     match g.counters.entry(check.key.clone()) {
-                        Entry::Occupied(mut e) => *e.get_mut() = *state,
+                        Entry::Occupied(mut e) => *e.get_mut() = counter,
                         Entry::Vacant(e) => {
-                            e.insert(*state);
+                            e.insert(counter);
                         }
                     }
                 }
@@ -166,8 +171,7 @@ mod tests {
             key: CounterKey {
                 domain: Arc::from("d"),
                 entries: vec![("k".into(), value.into())],
-                requests_per_unit: limit,
-                unit,
+                limit: crate::config::Limit::fixed(limit, unit),
                 overridden: false,
             },
             hits: 1,

@@ -10,23 +10,23 @@ pub mod redis;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 pub use crate::algorithm::Outcome;
-use crate::config::Unit;
+use crate::algorithm::{LimitParams, Mode};
+use crate::config::Limit;
 
 /// A boxed future, so the trait stays object safe (`Arc<dyn CounterStore>`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Identity of one counter: the domain, the descriptor entries that select it (with the wildcard
-/// pattern in place of the value under `share_threshold`), and the limit itself, so a changed
-/// limit or an Envoy `limit` override never reuses a counter kept for another limit.
+/// pattern in place of the value under `share_threshold`; only the path down to the node for a
+/// resource limit), and the limit itself (quota, period, algorithm, burst), so a changed limit
+/// or an Envoy `limit` override never reuses a counter kept for another limit.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CounterKey {
     pub domain: Arc<str>,
     pub entries: Vec<(String, String)>,
-    pub requests_per_unit: u32,
-    pub unit: Unit,
+    pub limit: Limit,
     /// True when the limit came from the request's `limit` override.
     pub overridden: bool,
 }
@@ -44,10 +44,21 @@ pub struct LimitCheck {
 }
 
 impl LimitCheck {
-    pub fn params(&self) -> crate::algorithm::LimitParams {
-        crate::algorithm::LimitParams {
-            limit: self.key.requests_per_unit,
-            period: Duration::from_secs(self.key.unit.seconds()),
+    pub fn params(&self) -> LimitParams {
+        let l = self.key.limit;
+        LimitParams {
+            limit: l.requests_per_unit,
+            period_us: l.period.millis().saturating_mul(1000),
+            algorithm: l.algorithm,
+            burst: l.burst,
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        if self.refund {
+            Mode::Refund
+        } else {
+            Mode::Charge
         }
     }
 }

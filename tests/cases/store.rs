@@ -101,8 +101,7 @@ fn check(value: &str, limit: u32, unit: Unit, hits: u64) -> LimitCheck {
         key: CounterKey {
             domain: Arc::from("store-test"),
             entries: vec![("k".into(), value.into())],
-            requests_per_unit: limit,
-            unit,
+            limit: sluice::config::Limit::fixed(limit, unit),
             overridden: false,
         },
         hits,

@@ -3,6 +3,7 @@
 //! slot and one Lua call can decide them together. Components are percent-escaped so no value a
 //! client sends can close the hash tag early or make two counters share a key.
 
+use crate::config::Algorithm;
 use crate::store::CounterKey;
 use std::fmt::Write;
 
@@ -49,14 +50,28 @@ pub fn counter_key(prefix: &str, key: &CounterKey) -> String {
         out.push('=');
         escape_into(&mut out, v);
     }
-    // Limit identity: algorithm, quota, unit, and whether it came from Envoy's override.
+    // Limit identity: algorithm, quota, period, burst, and whether it came from Envoy's
+    // override. The period is written canonically (a unit name, else seconds or ms), so two
+    // spellings of one period share a counter and different periods never do.
+    let l = key.limit;
+    let alg = match l.algorithm {
+        Algorithm::FixedWindow => "fw",
+        Algorithm::SlidingWindow => "sw",
+        Algorithm::SlidingLog => "sl",
+        Algorithm::TokenBucket => "tb",
+    };
     let _ = write!(
         out,
-        ":fw:{}:{}{}",
-        key.requests_per_unit,
-        key.unit.name(),
-        if key.overridden { ":o" } else { "" }
+        ":{alg}:{}:{}",
+        l.requests_per_unit,
+        l.period.to_string().to_ascii_lowercase()
     );
+    if l.algorithm == Algorithm::TokenBucket {
+        let _ = write!(out, ":b{}", l.burst);
+    }
+    if key.overridden {
+        out.push_str(":o");
+    }
     out
 }
 
@@ -102,7 +117,7 @@ pub fn validate_prefix(prefix: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Unit;
+    use crate::config::{Limit, Period, Unit};
     use proptest::prelude::*;
     use std::sync::Arc;
 
@@ -113,8 +128,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-            requests_per_unit: rpu,
-            unit,
+            limit: Limit::fixed(rpu, unit),
             overridden: o,
         }
     }
@@ -131,6 +145,18 @@ mod tests {
         assert_eq!(
             counter_key("sl_", &k),
             "sl_{calc|resource=calc}|consumer=a%3Ab:fw:3:minute"
+        );
+        let mut tb = k.clone();
+        tb.limit = Limit {
+            requests_per_unit: 5,
+            period: Period::parse("10s").unwrap_or(Period::from_unit(Unit::Second)),
+            algorithm: Algorithm::TokenBucket,
+            burst: 2,
+        };
+        tb.overridden = true;
+        assert_eq!(
+            counter_key("", &tb),
+            "{calc|resource=calc}|consumer=a%3Ab:tb:5:10s:b2:o"
         );
     }
 
@@ -175,16 +201,32 @@ mod tests {
             component(),
             prop::collection::vec((component(), component()), 1..4),
             0u32..4,
-            prop::sample::select(Unit::ALL.to_vec()),
+            prop_oneof![
+                prop::sample::select(Unit::ALL.to_vec()).prop_map(Period::from_unit),
+                (1u64..200_000).prop_filter_map("nonzero", Period::from_millis),
+            ],
+            prop::sample::select(Algorithm::ALL.to_vec()),
+            0u32..3,
             any::<bool>(),
         )
-            .prop_map(|(d, entries, rpu, unit, o)| CounterKey {
-                domain: Arc::from(d.as_str()),
-                entries,
-                requests_per_unit: rpu,
-                unit,
-                overridden: o,
-            })
+            .prop_map(
+                |(d, entries, rpu, period, algorithm, burst, o)| CounterKey {
+                    domain: Arc::from(d.as_str()),
+                    entries,
+                    limit: Limit {
+                        requests_per_unit: rpu,
+                        period,
+                        algorithm,
+                        // Only token_bucket carries a burst (the loader sets 0 elsewhere).
+                        burst: if algorithm == Algorithm::TokenBucket {
+                            burst
+                        } else {
+                            0
+                        },
+                    },
+                    overridden: o,
+                },
+            )
     }
 
     proptest! {
@@ -206,7 +248,7 @@ mod tests {
             let mut other = base.clone();
             other.entries.truncate(1);
             other.entries.extend(extra);
-            other.requests_per_unit = rpu;
+            other.limit.requests_per_unit = rpu;
             prop_assert_eq!(slot(&counter_key("p:", &base)), slot(&counter_key("p:", &other)));
             // The tag Redis sees is exactly the encoded domain + first entry.
             let full = counter_key("p:", &base);

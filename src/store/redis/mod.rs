@@ -269,7 +269,7 @@ impl RedisStore {
         let now = self
             .test_clock
             .as_ref()
-            .map(|c| c.now().as_millis().to_string())
+            .map(|c| c.now().as_micros().to_string())
             .unwrap_or_default();
         inv.arg(now);
         for c in group {
@@ -277,9 +277,11 @@ impl RedisStore {
             let flags = u8::from(c.shadow) | (u8::from(refund || c.refund) << 1);
             inv.key(self.key_of(&c.key))
                 .arg(p.limit)
-                .arg(u64::try_from(p.period.as_millis()).unwrap_or(u64::MAX))
+                .arg(p.period_us)
                 .arg(c.hits)
-                .arg(flags);
+                .arg(flags)
+                .arg(p.algorithm.code())
+                .arg(p.burst);
         }
         let call = async {
             match &self.backend {
@@ -327,7 +329,7 @@ impl RedisStore {
             Err(StoreError::Permanent(_)) => {}
         }
         let values = result?;
-        if values.len() != 1 + 3 * group.len() {
+        if values.len() != 1 + 4 * group.len() {
             return Err(StoreError::Permanent(format!(
                 "decide.lua returned {} values for {} limits",
                 values.len(),
@@ -360,6 +362,7 @@ impl RedisStore {
                 allowed: false,
                 remaining: 0,
                 reset: Duration::ZERO,
+                retry_after: Duration::ZERO,
             };
             checks.len()
         ];
@@ -373,10 +376,16 @@ impl RedisStore {
                     admitted &= ok;
                     group_admitted.push(ok);
                     for (j, &i) in idx.iter().enumerate() {
+                        let v = &values[1 + 4 * j..5 + 4 * j];
                         outcomes[i] = Outcome {
-                            allowed: values[1 + 3 * j] == 1,
-                            remaining: u32::try_from(values[2 + 3 * j].max(0)).unwrap_or(u32::MAX),
-                            reset: Duration::from_millis(values[3 + 3 * j].max(0) as u64),
+                            allowed: v[0] == 1,
+                            remaining: u32::try_from(v[1].max(0)).unwrap_or(u32::MAX),
+                            reset: micros(v[2]),
+                            retry_after: if v[3] < 0 {
+                                Duration::MAX
+                            } else {
+                                micros(v[3])
+                            },
                         };
                     }
                 }
@@ -410,7 +419,7 @@ impl RedisStore {
                                 o.remaining = o
                                     .remaining
                                     .saturating_add(u32::try_from(c.hits).unwrap_or(u32::MAX))
-                                    .min(c.key.requests_per_unit);
+                                    .min(c.key.limit.requests_per_unit);
                             }
                         }
                     }
@@ -480,6 +489,10 @@ impl CounterStore for RedisStore {
     fn probe(&self) -> BoxFuture<'_, bool> {
         Box::pin(self.ping())
     }
+}
+
+fn micros(v: i64) -> Duration {
+    Duration::from_micros(u64::try_from(v).unwrap_or(0))
 }
 
 /// A failure of the connection itself (not an error reply): the connection must be replaced.
