@@ -1,3 +1,4 @@
+mod extensions;
 mod grpcurl;
 mod http;
 mod process;
