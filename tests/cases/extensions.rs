@@ -4,11 +4,10 @@
 
 use super::store::{make_store, Backend};
 use crate::support::*;
-use sluice::clock::ManualClock;
 use sluice::config::{Algorithm, Limit, Period};
 use sluice::proto::rate_limit_response::Code;
 use sluice::service::ServiceOptions;
-use sluice::store::{CounterKey, CounterStore, LimitCheck};
+use sluice::store::{CounterKey, LimitCheck};
 use std::sync::Arc;
 use std::time::Duration;
 
