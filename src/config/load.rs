@@ -19,6 +19,9 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
+/// sliding_log stores every admitted hit; beyond this a single counter would hold megabytes.
+pub const MAX_SLIDING_LOG_LIMIT: u32 = 100_000;
+
 /// Options of the envoyproxy/ratelimit runtime loader.
 #[derive(Debug, Clone, Default)]
 pub struct LoadOptions {
@@ -1117,6 +1120,15 @@ impl Ctx {
                 (None, _) => Some(Algorithm::FixedWindow),
             };
             let rpu = requests_per_unit.unwrap_or(0);
+            if algorithm == Some(Algorithm::SlidingLog) && rpu > MAX_SLIDING_LOG_LIMIT {
+                self.err(
+                    node.line,
+                    &join(path, "requests_per_unit"),
+                    format!(
+                        "sliding_log keeps one entry per admitted hit (about 42 bytes each in                          Redis), so its requests_per_unit is capped at {MAX_SLIDING_LOG_LIMIT};                          got {rpu}. Use sliding_window for large limits"
+                    ),
+                );
+            }
             let burst = match (burst, algorithm) {
                 // A bad algorithm is already reported; a burst next to it is not judged.
                 (_, None) => 0,

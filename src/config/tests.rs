@@ -1817,3 +1817,18 @@ fn loaded_at_is_now() {
     let rs = load("domain: d\n").unwrap();
     assert!(rs.loaded_at >= before);
 }
+
+#[test]
+fn sliding_log_limits_are_capped() {
+    let errs = errors(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 100001, period: 1s, algorithm: sliding_log}\n",
+    );
+    assert!(
+        errs.iter().any(|e| e.message.contains("capped at 100000")),
+        "{errs:?}"
+    );
+    assert!(load(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 100000, period: 1s, algorithm: sliding_log}\n"
+    )
+    .is_ok());
+}

@@ -320,3 +320,55 @@ async fn memory_and_redis_decide_identically_for_every_algorithm() {
         );
     }
 }
+
+/// Measures Redis `MEMORY USAGE` of one counter per algorithm at a typical limit (100 per
+/// minute, the counter full). Not a pass/fail test: run it to refresh the README table with
+/// `cargo test --test it measure_redis_memory -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "measurement for the README, not a check"]
+async fn measure_redis_memory_per_counter() {
+    let (store, _clock, backend) = make_store("redis").await;
+    let Backend::Redis(redis) = &backend else {
+        panic!("redis backend");
+    };
+    println!("| algorithm | key | MEMORY USAGE (bytes) |");
+    for alg in Algorithm::ALL {
+        let l = limit(alg, 100, 60_000, 99);
+        let check = LimitCheck {
+            key: CounterKey {
+                domain: Arc::from("mem"),
+                entries: vec![
+                    ("resource".into(), "calc".into()),
+                    ("consumer".into(), "alice".into()),
+                ],
+                limit: l,
+                overridden: false,
+            },
+            hits: 1,
+            refund: false,
+            shadow: false,
+        };
+        for _ in 0..100 {
+            store
+                .decide(std::slice::from_ref(&check))
+                .await
+                .expect("decide");
+        }
+        let keys = redis.keys_with_ttl();
+        let (key, _) = keys
+            .iter()
+            .find(|(k, _)| k.contains(&format!(":{}:", short(alg))))
+            .expect("key written");
+        let bytes = redis.cli(&["MEMORY", "USAGE", key]);
+        println!("| {} | `{key}` | {} |", alg.name(), bytes.trim());
+    }
+}
+
+fn short(alg: Algorithm) -> &'static str {
+    match alg {
+        Algorithm::FixedWindow => "fw",
+        Algorithm::SlidingWindow => "sw",
+        Algorithm::SlidingLog => "sl",
+        Algorithm::TokenBucket => "tb",
+    }
+}
