@@ -334,9 +334,32 @@ const ACL: &[&str] = &[
     "+get",
     "+set",
     "+time",
+    "+zrange",
+    "+zadd",
+    "+zcard",
+    "+zremrangebyscore",
+    "+zpopmax",
+    "+pexpire",
+    "+del",
     "+cluster|slots",
     "+cluster|shards",
 ];
+
+/// Every algorithm under one resource, so the ACL test runs every command the script can issue.
+const ALL_ALGORITHMS: &str = r#"
+domain: calc
+descriptors:
+  - key: resource
+    value: calc
+    rate_limit: {requests_per_unit: 50, period: 10s, algorithm: sliding_log, applies_to_descendants: true}
+    descriptors:
+      - key: consumer
+        rate_limits:
+          - {requests_per_unit: 5, unit: hour}
+          - {requests_per_unit: 5, unit: hour, algorithm: sliding_window}
+          - {requests_per_unit: 5, unit: hour, algorithm: sliding_log}
+          - {requests_per_unit: 5, unit: hour, algorithm: token_bucket}
+"#;
 
 async fn decide_as_acl_user(urls: Vec<String>, kind: RedisKind) {
     let settings = sluice::store::redis::RedisSettings {
@@ -345,20 +368,21 @@ async fn decide_as_acl_user(urls: Vec<String>, kind: RedisKind) {
     };
     let store: Arc<dyn CounterStore> = Arc::new(RedisStore::new(&settings).expect("store"));
     let s = TestServer::start_on(
-        CALC,
+        ALL_ALGORITHMS,
         ServiceOptions::default(),
         Some(store),
         ManualClock::new(T0),
     )
     .await;
-    let req = request(
-        "calc",
-        vec![
-            desc(&[("resource", "calc")]),
-            desc(&[("resource", "calc"), ("consumer", "acl")]),
-        ],
-    );
+    let req = one("calc", &[("resource", "calc"), ("consumer", "acl")]);
     assert_eq!(admitted(&s, &req, 7).await, 5);
+    // A refund exercises ZPOPMAX (and DEL once a log is empty).
+    let mut refund = desc(&[("resource", "calc"), ("consumer", "acl")]);
+    refund.hits_addend = Some(5);
+    refund.is_negative_hits = true;
+    let r = s.call(request("calc", vec![refund])).await;
+    assert_eq!(code(&r), Code::Ok);
+    assert_eq!(admitted(&s, &req, 1).await, 1, "quota given back");
     s.stop().await;
 }
 
