@@ -171,16 +171,6 @@ async fn a_denied_resource_plus_consumer_request_charges_neither_key() {
     s.stop().await;
 }
 
-fn evalsha_calls(redis: &RedisServer) -> u64 {
-    let info = redis.cli(&["INFO", "commandstats"]);
-    info.lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split("calls=").nth(1))
-        .and_then(|v| v.split(',').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn one_evalsha_per_decision_and_every_key_has_a_ttl() {
     let redis = start_redis().await;
@@ -200,7 +190,7 @@ async fn one_evalsha_per_decision_and_every_key_has_a_ttl() {
     for _ in 0..decisions {
         s.call(single_group.clone()).await;
     }
-    assert_eq!(evalsha_calls(&redis), decisions);
+    assert_eq!(redis.evalsha_calls(), decisions);
     let keys = redis.keys_with_ttl();
     assert!(keys.len() >= 3, "{keys:?}");
     for (k, ttl) in &keys {

@@ -178,17 +178,6 @@ async fn failure_modes_answer_for_a_dead_redis() {
     deny.stop().await.expect("clean stop");
 }
 
-fn evalsha_calls(redis: &RedisServer) -> u64 {
-    redis
-        .cli(&["INFO", "commandstats"])
-        .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split("calls=").nth(1))
-        .and_then(|v| v.split(',').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn the_local_deny_cache_answers_without_any_redis_call() {
     let redis = start_redis().await;
@@ -215,7 +204,7 @@ async fn the_local_deny_cache_answers_without_any_redis_call() {
         let r = s.call(req.clone()).await;
         assert_eq!(code(&r), Code::OverLimit);
     }
-    assert_eq!(evalsha_calls(&redis), 0, "no Redis call for cached denials");
+    assert_eq!(redis.evalsha_calls(), 0, "no Redis call for cached denials");
     assert_eq!(cache.local_denials(), 10);
     // A different limit on the same descriptor (an override) is never served from the cache.
     let mut overridden = desc(&[("k", "v")]);
@@ -225,13 +214,13 @@ async fn the_local_deny_cache_answers_without_any_redis_call() {
     });
     let r = s.call(request("f", vec![overridden])).await;
     assert_eq!(code(&r), Code::Ok);
-    assert_eq!(evalsha_calls(&redis), 1);
+    assert_eq!(redis.evalsha_calls(), 1);
 
     // The window ends: the entry expires and Redis decides again.
     clock.advance(Duration::from_secs(3600));
     let r = s.call(req.clone()).await;
     assert_eq!(code(&r), Code::Ok);
-    assert_eq!(evalsha_calls(&redis), 2);
+    assert_eq!(redis.evalsha_calls(), 2);
     s.stop().await;
 }
 

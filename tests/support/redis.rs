@@ -164,6 +164,17 @@ impl RedisServer {
     }
 
     /// Every key with its `TTL` (`-1`: no expiry), sorted by key.
+    /// Calls of EVALSHA since start or `CONFIG RESETSTAT`, from `INFO commandstats`.
+    pub fn evalsha_calls(&self) -> u64 {
+        self.cli(&["INFO", "commandstats"])
+            .lines()
+            .find(|l| l.starts_with("cmdstat_evalsha:"))
+            .and_then(|l| l.split("calls=").nth(1))
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
     pub fn keys_with_ttl(&self) -> Vec<(String, i64)> {
         let mut keys = keys_with_ttl(self.port)
             .unwrap_or_else(|e| panic!("scanning keys on port {} failed: {e}", self.port));
