@@ -2,13 +2,13 @@
 //! admit exactly the limit, a denied request charges no key, one EVALSHA per decision, every
 //! key has a TTL, and Redis faults answer UNAVAILABLE and heal without a restart.
 
-use super::store::{redis_settings, redis_store};
+use super::store::{redis_settings, redis_store, server_on_redis_settings};
 use crate::support::redis::{RedisCluster, RedisServer};
 use crate::support::*;
 use sluice::clock::ManualClock;
 use sluice::proto::rate_limit_response::Code;
 use sluice::service::ServiceOptions;
-use sluice::store::redis::{RedisKind, RedisStore};
+use sluice::store::redis::RedisKind;
 use sluice::store::CounterStore;
 use std::sync::Arc;
 
@@ -229,14 +229,7 @@ async fn redis_down_answers_unavailable_then_recovers_without_restart() {
         timeout: std::time::Duration::from_secs(2),
         ..redis_settings(vec![redis.url()], RedisKind::Single)
     };
-    let store: Arc<dyn CounterStore> = Arc::new(RedisStore::new(&settings).expect("store"));
-    let s = TestServer::start_on(
-        CALC,
-        ServiceOptions::default(),
-        Some(store),
-        ManualClock::new(T0),
-    )
-    .await;
+    let s = server_on_redis_settings(CALC, &settings).await;
     let req = one("calc", &[("resource", "small")]);
     assert_eq!(code(&s.call(req.clone()).await), Code::Ok);
 
@@ -356,14 +349,7 @@ async fn decide_as_acl_user(urls: Vec<String>, kind: RedisKind) {
         auth: Some("sluice:s3cret".into()),
         ..redis_settings(urls, kind)
     };
-    let store: Arc<dyn CounterStore> = Arc::new(RedisStore::new(&settings).expect("store"));
-    let s = TestServer::start_on(
-        ALL_ALGORITHMS,
-        ServiceOptions::default(),
-        Some(store),
-        ManualClock::new(T0),
-    )
-    .await;
+    let s = server_on_redis_settings(ALL_ALGORITHMS, &settings).await;
     let req = one("calc", &[("resource", "calc"), ("consumer", "acl")]);
     assert_eq!(admitted(&s, &req, 7).await, 5);
     // A refund exercises ZPOPMAX (and DEL once a log is empty).
@@ -400,14 +386,7 @@ async fn a_wrong_password_is_an_unavailable_answer_not_a_crash() {
         auth: Some("sluice:wrong".into()),
         ..redis_settings(vec![redis.url()], RedisKind::Single)
     };
-    let store: Arc<dyn CounterStore> = Arc::new(RedisStore::new(&settings).expect("store"));
-    let s = TestServer::start_on(
-        CALC,
-        ServiceOptions::default(),
-        Some(store),
-        ManualClock::new(T0),
-    )
-    .await;
+    let s = server_on_redis_settings(CALC, &settings).await;
     let err = s
         .client()
         .await

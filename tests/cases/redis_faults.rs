@@ -2,7 +2,7 @@
 //! cache) against real redis-server processes: Redis stopped mid-test, Redis unreachable at
 //! start, failure modes, and the local deny cache answering without any Redis call.
 
-use super::store::{redis_settings, redis_store};
+use super::store::{redis_settings, redis_store, server_on_redis_settings};
 use crate::support::redis::RedisServer;
 use crate::support::*;
 use sluice::clock::{ManualClock, SystemClock};
@@ -231,15 +231,7 @@ async fn a_redis_that_stops_answering_gives_unavailable_not_a_hang() {
         timeout: Duration::from_millis(300),
         ..redis_settings(vec![redis.url()], RedisKind::Single)
     };
-    let store: Arc<dyn CounterStore> =
-        Arc::new(sluice::store::redis::RedisStore::new(&settings).expect("store"));
-    let s = TestServer::start_on(
-        CONFIG,
-        ServiceOptions::default(),
-        Some(store),
-        ManualClock::new(T0),
-    )
-    .await;
+    let s = server_on_redis_settings(CONFIG, &settings).await;
     let req = one("f", &[("k", "v")]);
     assert_eq!(code(&s.call(req.clone()).await), Code::Ok);
     // Redis accepts connections but holds every command for 60 s: only the timeout ends the call.

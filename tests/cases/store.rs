@@ -72,6 +72,22 @@ pub fn redis_store(
     )
 }
 
+/// A sluice on `yaml` whose store is a Redis store built from `settings` exactly as given (the
+/// Redis server clock, no test clock); the service clock is a manual clock at T0.
+pub async fn server_on_redis_settings(
+    yaml: &str,
+    settings: &RedisSettings,
+) -> crate::support::TestServer {
+    let store: Arc<dyn CounterStore> = Arc::new(RedisStore::new(settings).expect("redis store"));
+    crate::support::TestServer::start_on(
+        yaml,
+        sluice::service::ServiceOptions::default(),
+        Some(store),
+        ManualClock::new(crate::support::T0),
+    )
+    .await
+}
+
 /// Runs a store test body against every store implementation: memory, Redis, Redis Cluster.
 macro_rules! test_with_all_stores {
     ($name:ident, $body:expr) => {

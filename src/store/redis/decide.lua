@@ -57,7 +57,7 @@ local function load(key, alg, period)
     local log = {}
     local raw = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
     for j = 2, #raw, 2 do log[#log + 1] = tonumber(raw[j]) end
-    return {log = log, stored = #log, added = 0, popped = 0}
+    return {log = log, added = 0, popped = 0}
   end
   local raw = redis.call('GET', key)
   if not raw then return {} end
@@ -132,9 +132,8 @@ end
 local function sliding_log(s, limit, period, hits, refund)
   local horizon = now - period
   local log = {}
-  local dropped = 0
   for _, t in ipairs(s.log) do
-    if t > horizon then log[#log + 1] = t else dropped = dropped + 1 end
+    if t > horizon then log[#log + 1] = t end
   end
   local added, popped = s.added, s.popped
   local count = #log
@@ -166,7 +165,7 @@ local function sliding_log(s, limit, period, hits, refund)
   local reset = 0
   if #log > 0 then reset = log[#log] + period - now end
   return allowed, math.max(limit - #log, 0), reset, retry,
-    {log = log, stored = s.stored - dropped, added = added, popped = popped}
+    {log = log, added = added, popped = popped}
 end
 
 local function token_bucket(s, limit, period, hits, refund, burst)
