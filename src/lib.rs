@@ -12,3 +12,4 @@ pub mod server;
 pub mod service;
 pub mod settings;
 pub mod store;
+pub mod telemetry;

@@ -200,13 +200,18 @@ pub fn sliding_window(
         u64::MAX
     } else {
         // The estimate falls linearly as the previous window slides out; once it is gone the
-        // next window starts from this window's hits.
-        let need = estimate + hits.max(1) as f64 - limit;
-        if previous > 0 && (current + hits.max(1)) as f64 <= limit {
+        // next window starts from this window's hits, which then slide out in turn: at `x`
+        // into the next window the estimate is `current * (period - x) / period`.
+        let h = hits.max(1);
+        let need = estimate + h as f64 - limit;
+        if previous > 0 && (current + h) as f64 <= limit {
             let t = (need / previous as f64 * period as f64).ceil() as u64;
             t.min(period - elapsed)
-        } else {
+        } else if (current + h) as f64 <= limit {
             period - elapsed
+        } else {
+            let x = ((current + h) as f64 - limit) / current as f64 * period as f64;
+            (period - elapsed).saturating_add(x.ceil() as u64)
         }
     };
     (

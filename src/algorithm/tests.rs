@@ -123,6 +123,23 @@ fn sliding_window_retry_after_is_when_enough_has_slid_out() {
     assert_eq!(secs(o.retry_after), 6.0);
 }
 
+#[test]
+fn sliding_window_retry_after_spans_into_the_next_window_when_this_one_is_full() {
+    let lp = p(3, 60, Algorithm::SlidingWindow, 0);
+    // 50 s in, 3 hits in this window: the next window starts at +10 s with these 3 at full
+    // weight; 3 * (60 - x) / 60 + 1 <= 3 from x = 20 s, so retry at +30 s.
+    let st = sliding(0, 3, T0);
+    let (o, _) = decide(st.as_ref(), T0 + 50 * S, lp, 1, Mode::Charge);
+    assert!(!o.allowed);
+    assert_eq!(secs(o.retry_after), 30.0);
+    // ... and it is admitted then, not a moment before.
+    let mut st = st;
+    let o = step(&mut st, T0 + 80 * S - 1, lp, 1);
+    assert!(!o.allowed);
+    let o = step(&mut st, T0 + 80 * S, lp, 1);
+    assert!(o.allowed);
+}
+
 // ---- sliding_log --------------------------------------------------------------------------
 
 #[test]

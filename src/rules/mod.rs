@@ -18,6 +18,12 @@ pub struct Matched<'a> {
     /// Resource limits above the last node (`applies_to_descendants`), each with the number of
     /// leading `counter_entries` that key its counter (the path down to its node).
     pub ancestors: Vec<(&'a RateLimitRule, usize)>,
+    /// The descriptor's key in metrics, as envoyproxy/ratelimit names its stats: one
+    /// `key` or `key_value` segment per level, joined by `.`. A segment carries the config's
+    /// value (bounded by the config), the request's value only where the node says
+    /// `value_to_metric`, and every level carries the request's value when the last node says
+    /// `detailed_metric`.
+    pub stat_key: String,
 }
 
 impl Matched<'_> {
@@ -52,8 +58,10 @@ where
     let mut level = &domain.root;
     let mut counter_entries = Vec::with_capacity(last + 1);
     let mut ancestors = Vec::new();
+    let mut segments: Vec<(&'a DescriptorNode, &'e str)> = Vec::with_capacity(last + 1);
     for (i, (key, value)) in entries.enumerate() {
         let node = find_in_level(level, key, value)?;
+        segments.push((node, value));
         let counted_value = match &node.value {
             ValueMatch::Wildcard(pattern) if node.share_threshold => pattern.clone(),
             _ => value.to_string(),
@@ -64,6 +72,7 @@ where
                 node,
                 counter_entries,
                 ancestors,
+                stat_key: stat_key(&segments, node.detailed_metric),
             });
         }
         // A request deeper than the config matches nothing.
@@ -79,6 +88,30 @@ where
         level = &node.children;
     }
     None
+}
+
+/// See [`Matched::stat_key`].
+fn stat_key(segments: &[(&DescriptorNode, &str)], detailed: bool) -> String {
+    let mut out = String::new();
+    for (i, (node, value)) in segments.iter().enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        out.push_str(&node.key);
+        let shown = if detailed || node.value_to_metric {
+            Some(*value)
+        } else {
+            match &node.value {
+                ValueMatch::Exact(v) | ValueMatch::Wildcard(v) => Some(v.as_str()),
+                ValueMatch::Any => None,
+            }
+        };
+        if let Some(v) = shown.filter(|v| !v.is_empty()) {
+            out.push('_');
+            out.push_str(v);
+        }
+    }
+    out
 }
 
 /// `*` matches any run of characters (including none), anywhere and any number of times; every

@@ -32,9 +32,10 @@ impl RateLimitService for RlsService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        let parent = crate::telemetry::trace::parent_from_metadata(request.metadata());
         // `From<RequestError> for Status` is the single place that maps errors to gRPC codes.
         self.limiter
-            .should_rate_limit(request.into_inner())
+            .should_rate_limit_in(request.into_inner(), &parent)
             .await
             .map(Response::new)
             .map_err(Status::from)

@@ -1,13 +1,14 @@
 //! The HTTP admin server of envoyproxy/ratelimit: `/healthcheck` for load balancers and probes,
-//! `/rlconfig` to see the loaded rules, and `/json` to ask for a decision with protojson (curl,
-//! scripts, services without gRPC).
+//! `/rlconfig` to see the loaded rules, `/json` to ask for a decision with protojson (curl,
+//! scripts, services without gRPC), `/metrics` for Prometheus, and `/debug/offenders` to see
+//! who is being denied.
 
 use super::signal::ShutdownWatch;
 use crate::proto::{RateLimitRequest, RateLimitResponse};
 use crate::service::RateLimiter;
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -88,6 +89,8 @@ pub(crate) fn router(
         .route("/healthcheck", get(healthcheck))
         .route("/rlconfig", get(rlconfig))
         .route("/json", post(json))
+        .route("/metrics", get(metrics))
+        .route("/debug/offenders", get(offenders))
         .with_state(AdminState {
             limiter,
             transcoder,
@@ -118,12 +121,72 @@ async fn rlconfig(State(s): State<AdminState>) -> Response {
         .into_response()
 }
 
-async fn json(State(s): State<AdminState>, body: Bytes) -> Response {
+async fn metrics(State(s): State<AdminState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            crate::telemetry::metrics::CONTENT_TYPE,
+        )],
+        s.limiter.render_metrics(),
+    )
+        .into_response()
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct OffendersQuery {
+    domain: Option<String>,
+    /// How many to list (default 10, at most the tracker's capacity).
+    limit: Option<usize>,
+}
+
+/// `GET /debug/offenders?domain=D[&limit=N]`: the descriptors most often denied in `D` over the
+/// last minutes; without `domain`, the domains that have denials.
+async fn offenders(
+    State(s): State<AdminState>,
+    query: Result<Query<OffendersQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Ok(Query(q)) = query else {
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            "query must be ?domain=<domain>[&limit=<n>]",
+        );
+    };
+    let tracker = &s.limiter.telemetry().offenders;
+    let Some(domain) = q.domain else {
+        let body = serde_json::json!({ "domains": tracker.domains() }).to_string();
+        return (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response();
+    };
+    let limit = q.limit.unwrap_or(10);
+    let report = tracker.top(&domain, limit).unwrap_or_else(|| {
+        crate::telemetry::offenders::OffenderReport {
+            domain: domain.clone(),
+            window_seconds: tracker.settings().window_seconds(),
+            offenders: Vec::new(),
+        }
+    });
+    match serde_json::to_string(&report) {
+        Ok(body) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
+        Err(e) => json_error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
+}
+
+async fn json(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> Response {
     let request = match s.transcoder.decode_request(&body) {
         Ok(r) => r,
         Err(e) => return json_error(StatusCode::BAD_REQUEST, &format!("malformed request: {e}")),
     };
-    let response = match s.limiter.should_rate_limit(request).await {
+    let parent = crate::telemetry::trace::parent_from_headers(&headers);
+    let response = match s.limiter.should_rate_limit_in(request, &parent).await {
         Ok(r) => r,
         Err(e) => {
             // Derive the HTTP status from the gRPC mapping so both front ends agree on what an
@@ -150,7 +213,17 @@ async fn json(State(s): State<AdminState>, body: Bytes) -> Response {
     } else {
         StatusCode::OK
     };
-    (code, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+    let mut reply = (code, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+    // The rate-limit headers Envoy would add, for callers of /json.
+    for h in &response.response_headers_to_add {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::try_from(h.key.as_str()),
+            HeaderValue::try_from(h.value.as_str()),
+        ) {
+            reply.headers_mut().append(name, value);
+        }
+    }
+    reply
 }
 
 fn json_error(code: StatusCode, message: &str) -> Response {

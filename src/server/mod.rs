@@ -16,6 +16,8 @@ use crate::store::local_cache::LocalDenyCache;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::{CounterStore, StoreError};
+use crate::telemetry::trace::{TraceSettings, Tracing};
+use crate::telemetry::Telemetry;
 use signal::{ShutdownHandle, ShutdownWatch};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -92,6 +94,8 @@ pub struct ServerConfig {
     /// How often the health task probes the store (one PING for Redis) and updates the gRPC
     /// health status. The store is also probed once before [`start`] returns.
     pub health_interval: Duration,
+    /// `TRACING_ENABLED`: export spans over OTLP with these settings; `None` traces nothing.
+    pub tracing: Option<TraceSettings>,
 }
 
 impl ServerConfig {
@@ -109,6 +113,7 @@ impl ServerConfig {
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             config_path: None,
             health_interval: DEFAULT_HEALTH_INTERVAL,
+            tracing: None,
         }
     }
 
@@ -144,6 +149,10 @@ pub enum ServerError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("cannot set up /json transcoding: {0}")]
     Transcoder(#[from] http::TranscodeSetupError),
+    #[error(transparent)]
+    Metrics(#[from] crate::telemetry::metrics::MetricsError),
+    #[error("cannot start OTLP trace export: {0}")]
+    Tracing(#[from] crate::telemetry::trace::TraceError),
     #[error("gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
     #[error("HTTP admin server failed: {0}")]
@@ -239,6 +248,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         shutdown_grace,
         config_path,
         health_interval,
+        tracing,
     } = config;
 
     // Bind first: a port conflict is reported before any task starts, and port 0 resolves to
@@ -252,9 +262,25 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     let (reflection_v1, reflection_v1alpha) = grpc::reflection_services()?;
     let transcoder = http::Transcoder::new()?;
 
+    let mut telemetry = Telemetry::new(Arc::clone(&clock))?;
+    let tracing = match tracing {
+        Some(settings) => {
+            let t = Tracing::start(&settings)?;
+            tracing::info!(
+                endpoint = %settings.endpoint,
+                service_name = %settings.service_name,
+                sampling_rate = settings.sampling_rate,
+                "exporting traces over OTLP"
+            );
+            Some(t)
+        }
+        None => None,
+    };
+    telemetry.tracer = tracing.as_ref().map(Tracing::tracer);
+
     log_config_loaded(&rules, config_path.as_deref());
     let store = store.unwrap_or_else(|| Arc::new(MemoryStore::new(clock)));
-    let limiter = Arc::new(RateLimiter::new(rules, store, options));
+    let limiter = Arc::new(RateLimiter::new(rules, store, options, telemetry));
 
     // Probe once now, so a Redis that is down at start is NOT_SERVING from the first health
     // check; a store that cannot be reached is a health state, never a start-up failure.
@@ -299,18 +325,26 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     tracing::info!(
         grpc = %grpc_addr,
         http = %http_addr,
-        "sluice listening (gRPC: RLS, health, reflection; HTTP: /healthcheck /rlconfig /json)"
+        "sluice listening (gRPC: RLS, health, reflection; HTTP: /healthcheck /rlconfig /json /metrics /debug/offenders)"
     );
 
-    let supervisor = tokio::spawn(supervise(
-        trigger,
-        drain,
-        health_reporter,
-        health_task,
-        grpc_task,
-        http_task,
-        shutdown_grace,
-    ));
+    let supervisor = tokio::spawn(async move {
+        let result = supervise(
+            trigger,
+            drain,
+            health_reporter,
+            health_task,
+            grpc_task,
+            http_task,
+            shutdown_grace,
+        )
+        .await;
+        // Spans of the last requests are flushed after those requests finished.
+        if let Some(t) = tracing {
+            t.shutdown().await;
+        }
+        result
+    });
 
     Ok(Running {
         grpc_addr,

@@ -1,26 +1,51 @@
 //! The rate-limit decision: validate a `RateLimitRequest`, resolve each descriptor to its limit on
 //! one config snapshot, let the store decide all of them at once, and fold the outcomes into a
-//! `RateLimitResponse`.
+//! `RateLimitResponse`. Metrics, the offenders view, traces and response headers are fed here,
+//! from the one place that sees both the plan and the store's outcomes.
+
+pub mod headers;
 
 use crate::config::{Limit, Quota, RuleSet, Unit};
 use crate::proto::envoy::r#type::v3::RateLimitUnit;
 use crate::proto::rate_limit_response::{self, rate_limit, Code, DescriptorStatus};
 use crate::proto::{RateLimitRequest, RateLimitResponse};
 use crate::rules;
-use crate::store::{CounterKey, CounterStore, Decision, LimitCheck, StoreError};
+use crate::store::{CounterKey, CounterStore, Decision, LimitCheck, Outcome, StoreError};
+use crate::telemetry::metrics::{DescriptorHits, RequestOutcome};
+use crate::telemetry::Telemetry;
+use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
+use opentelemetry::{Context, KeyValue};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Service-wide switches.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ServiceOptions {
     /// `SHADOW_MODE`: decide and count as usual, but always answer OK overall.
     pub global_shadow_mode: bool,
     /// `FAILURE_MODE`: what to answer when the counter store fails. `None` (the default)
     /// answers gRPC UNAVAILABLE, leaving the choice to Envoy's `failure_mode_deny`.
     pub failure_mode: Option<FailureMode>,
+    /// `NEAR_LIMIT_RATIO`: allowed hits past this share of a limit count as `near_limit`.
+    pub near_limit_ratio: f64,
+    /// `LIMIT_RESPONSE_HEADERS_ENABLED`: the headers to add; `None` adds none.
+    pub headers: Option<headers::HeaderOptions>,
+}
+
+/// envoyproxy/ratelimit's default `NEAR_LIMIT_RATIO`.
+pub const DEFAULT_NEAR_LIMIT_RATIO: f64 = 0.8;
+
+impl Default for ServiceOptions {
+    fn default() -> Self {
+        Self {
+            global_shadow_mode: false,
+            failure_mode: None,
+            near_limit_ratio: DEFAULT_NEAR_LIMIT_RATIO,
+            headers: None,
+        }
+    }
 }
 
 /// What sluice answers itself when the counter store cannot decide (`FAILURE_MODE`).
@@ -78,6 +103,7 @@ pub struct RateLimiter {
     store: Arc<dyn CounterStore>,
     options: ServiceOptions,
     store_errors: ErrorLog,
+    telemetry: Telemetry,
 }
 
 /// Logs store errors at most once per [`ErrorLog::EVERY`], with the number left out in between,
@@ -140,13 +166,40 @@ impl ErrorLog {
 }
 
 impl RateLimiter {
-    pub fn new(rules: RuleSet, store: Arc<dyn CounterStore>, options: ServiceOptions) -> Self {
+    pub fn new(
+        rules: RuleSet,
+        store: Arc<dyn CounterStore>,
+        options: ServiceOptions,
+        telemetry: Telemetry,
+    ) -> Self {
+        telemetry.metrics.config_loaded(&rules);
         Self {
             rules: RwLock::new(Arc::new(rules)),
             store,
             options,
             store_errors: ErrorLog::new(),
+            telemetry,
         }
+    }
+
+    pub fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
+    }
+
+    /// The Prometheus text exposition, with the store gauges read now.
+    pub fn render_metrics(&self) -> String {
+        self.telemetry
+            .metrics
+            .render(
+                self.store.breaker_state(),
+                self.store.healthy(),
+                self.telemetry.offenders.dropped(),
+            )
+    }
+
+    /// Records a config (re)load that failed; the rules in force stay.
+    pub fn config_load_failed(&self) {
+        self.telemetry.metrics.config_failed();
     }
 
     /// The current config snapshot.
@@ -159,6 +212,7 @@ impl RateLimiter {
 
     /// Swaps in a new config; requests already running keep the snapshot they started with.
     pub fn replace_rules(&self, rules: RuleSet) {
+        self.telemetry.metrics.config_loaded(&rules);
         let new = Arc::new(rules);
         match self.rules.write() {
             Ok(mut g) => *g = new,
@@ -176,19 +230,215 @@ impl RateLimiter {
         &self,
         request: RateLimitRequest,
     ) -> Result<RateLimitResponse, RequestError> {
-        validate(&request)?;
-        let snapshot = self.rules();
-        let plan = plan(&snapshot, &request, &self.options)?;
-        if plan.checks.is_empty() {
-            return Ok(respond(&plan, Verdict::NoChecks, &self.options));
+        self.should_rate_limit_in(request, &Context::new()).await
+    }
+
+    /// [`RateLimiter::should_rate_limit`] as a child of `parent` (the caller's W3C trace
+    /// context): with tracing on, a `ShouldRateLimit` span and a `store.decide` span below it.
+    pub async fn should_rate_limit_in(
+        &self,
+        request: RateLimitRequest,
+        parent: &Context,
+    ) -> Result<RateLimitResponse, RequestError> {
+        let started = Instant::now();
+        let cx = self.telemetry.tracer.as_ref().map(|tracer| {
+            let span = tracer
+                .span_builder("ShouldRateLimit")
+                .with_kind(SpanKind::Server)
+                .with_attributes([
+                    KeyValue::new("rpc.system", "grpc"),
+                    KeyValue::new("rpc.service", crate::server::grpc::RLS_SERVICE_NAME),
+                    KeyValue::new("rpc.method", "ShouldRateLimit"),
+                    KeyValue::new("ratelimit.domain", request.domain.clone()),
+                    KeyValue::new(
+                        "ratelimit.descriptors",
+                        i64::try_from(request.descriptors.len()).unwrap_or(i64::MAX),
+                    ),
+                ])
+                .start_with_context(tracer, parent);
+            parent.with_span(span)
+        });
+        let result = self.decide(&request, cx.as_ref()).await;
+        let outcome = match &result {
+            Ok(r) if r.overall_code == Code::OverLimit as i32 => RequestOutcome::OverLimit,
+            Ok(_) => RequestOutcome::Ok,
+            Err(RequestError::Invalid(_)) => RequestOutcome::Invalid,
+            Err(RequestError::Store(_)) => RequestOutcome::Error,
+        };
+        self.telemetry.metrics.request(outcome, started.elapsed());
+        if let Some(cx) = cx {
+            let span = cx.span();
+            match &result {
+                Ok(r) => span.set_attribute(KeyValue::new(
+                    "ratelimit.overall_code",
+                    if r.overall_code == Code::OverLimit as i32 {
+                        "OVER_LIMIT"
+                    } else {
+                        "OK"
+                    },
+                )),
+                Err(e) => span.set_status(Status::error(e.to_string())),
+            }
+            span.end();
         }
-        match self.store.decide(&plan.checks).await {
-            Ok(decision) => Ok(respond(&plan, Verdict::Decided(&decision), &self.options)),
+        result
+    }
+
+    async fn decide(
+        &self,
+        request: &RateLimitRequest,
+        cx: Option<&Context>,
+    ) -> Result<RateLimitResponse, RequestError> {
+        validate(request)?;
+        let snapshot = self.rules();
+        let plan = plan(&snapshot, request, &self.options)?;
+        if plan.checks.is_empty() {
+            return Ok(self.respond(request, &plan, Verdict::NoChecks));
+        }
+        let started = Instant::now();
+        let mut span = cx.zip(self.telemetry.tracer.as_ref()).map(|(cx, tracer)| {
+            let shape = self.store.call_shape(&plan.checks);
+            let kind = if shape.store == "memory" {
+                SpanKind::Internal
+            } else {
+                SpanKind::Client
+            };
+            tracer
+                .span_builder("store.decide")
+                .with_kind(kind)
+                .with_attributes([
+                    KeyValue::new("sluice.store", shape.store),
+                    KeyValue::new(
+                        "sluice.store.groups",
+                        i64::try_from(shape.groups).unwrap_or(i64::MAX),
+                    ),
+                    KeyValue::new(
+                        "sluice.store.keys",
+                        i64::try_from(shape.keys).unwrap_or(i64::MAX),
+                    ),
+                ])
+                .start_with_context(tracer, cx)
+        });
+        let result = self.store.decide(&plan.checks).await;
+        self.telemetry
+            .metrics
+            .store_call(started.elapsed(), result.as_ref().err());
+        if let Some(span) = span.as_mut() {
+            match &result {
+                Ok(d) => {
+                    let script = if d.admitted { "admitted" } else { "denied" };
+                    span.set_attribute(KeyValue::new("sluice.store.script", script));
+                    span.set_attribute(KeyValue::new("sluice.store.local_cache", d.local));
+                }
+                Err(e) => {
+                    span.set_attribute(KeyValue::new("sluice.store.script", "error"));
+                    span.set_status(Status::error(e.to_string()));
+                }
+            }
+            span.end();
+        }
+        match result {
+            Ok(decision) => Ok(self.respond(request, &plan, Verdict::Decided(&decision))),
             Err(e) => {
                 self.store_errors.log(&e, self.options.failure_mode);
                 match self.options.failure_mode {
-                    Some(mode) => Ok(respond(&plan, Verdict::StoreFailed(mode), &self.options)),
+                    Some(mode) => Ok(self.respond(request, &plan, Verdict::StoreFailed(mode))),
                     None => Err(e.into()),
+                }
+            }
+        }
+    }
+
+    /// Builds the response, and feeds metrics and the offenders view from it.
+    fn respond(
+        &self,
+        request: &RateLimitRequest,
+        plan: &Plan,
+        verdict: Verdict<'_>,
+    ) -> RateLimitResponse {
+        let (mut response, judged) = respond(plan, verdict, &self.options);
+        let decided = match verdict {
+            Verdict::Decided(d) => Some(d),
+            Verdict::NoChecks | Verdict::StoreFailed(_) => None,
+        };
+        if let Some(decision) = decided {
+            self.count(request, plan, decision, &judged);
+        }
+        if let (Some(opts), Some(decision)) = (&self.options.headers, decided) {
+            let states: Vec<headers::LimitState<'_>> = plan
+                .limits
+                .iter()
+                .zip(&plan.checks)
+                .zip(&decision.outcomes)
+                .filter(|((_, c), _)| !c.shadow && !c.refund)
+                .map(|((r, _), o)| headers::LimitState {
+                    name: &r.name,
+                    limit: &r.limit,
+                    remaining: o.remaining,
+                    reset: o.reset,
+                    denied_retry_after: (!o.allowed).then_some(o.retry_after),
+                })
+                .collect();
+            let over = response.overall_code == Code::OverLimit as i32;
+            response.response_headers_to_add = headers::headers(opts, &states, over)
+                .into_iter()
+                .map(
+                    |(key, value)| crate::proto::envoy::config::core::v3::HeaderValue {
+                        key,
+                        value,
+                        ..Default::default()
+                    },
+                )
+                .collect();
+        }
+        response
+    }
+
+    /// Per-descriptor metrics and the offenders view, for a decision the store made.
+    fn count(
+        &self,
+        request: &RateLimitRequest,
+        plan: &Plan,
+        decision: &Decision,
+        judged: &[Option<Judged>],
+    ) {
+        for (i, j) in judged.iter().enumerate() {
+            let (Some(j), Some(info)) = (j, plan.descriptors.get(i)) else {
+                continue;
+            };
+            if info.refund {
+                continue;
+            }
+            let reported = &plan.limits[j.index];
+            let near = !j.over_limit
+                && j.outcome.is_some_and(|o| {
+                    let limit = u64::from(reported.limit.requests_per_unit);
+                    let used = limit.saturating_sub(u64::from(o.remaining));
+                    // As envoyproxy/ratelimit: past floor(limit * ratio), strictly.
+                    used as f64 > (limit as f64 * self.options.near_limit_ratio).floor()
+                });
+            self.telemetry.metrics.descriptor(
+                &request.domain,
+                &info.stat_key,
+                DescriptorHits {
+                    hits: info.hits,
+                    over_limit: j.over_limit,
+                    local_cache: decision.local,
+                    shadow: j.over_limit && (j.shadow || self.options.global_shadow_mode),
+                    near_limit: near,
+                },
+            );
+            if j.over_limit && !j.shadow && !self.options.global_shadow_mode {
+                if let Some(d) = request.descriptors.get(i) {
+                    let rendered = d
+                        .entries
+                        .iter()
+                        .map(|e| format!("{}={}", e.key, e.value))
+                        .collect::<Vec<_>>()
+                        .join(",");
+                    self.telemetry
+                        .offenders
+                        .record(&request.domain, &rendered, 1);
                 }
             }
         }
@@ -241,9 +491,20 @@ struct Reported {
     shadow: bool,
 }
 
+/// What metrics need of one descriptor.
+#[derive(Debug)]
+struct DescriptorInfo {
+    /// See [`rules::Matched::stat_key`].
+    stat_key: String,
+    hits: u64,
+    refund: bool,
+}
+
 #[derive(Debug)]
 struct Plan {
     resolutions: Vec<Resolution>,
+    /// Parallel to `resolutions` when the domain is known; empty otherwise.
+    descriptors: Vec<DescriptorInfo>,
     checks: Vec<LimitCheck>,
     /// Parallel to `checks`.
     limits: Vec<Reported>,
@@ -273,6 +534,7 @@ fn plan(
 ) -> Result<Plan, RequestError> {
     let mut plan = Plan {
         resolutions: Vec::with_capacity(request.descriptors.len()),
+        descriptors: Vec::with_capacity(request.descriptors.len()),
         checks: Vec::new(),
         limits: Vec::new(),
     };
@@ -287,7 +549,7 @@ fn plan(
     let request_hits = u64::from(request.hits_addend.max(1));
 
     // Per descriptor: its counter entries and its candidate limits.
-    let mut per_descriptor: Vec<(CounterEntries, Vec<Candidate<'_>>)> =
+    let mut per_descriptor: Vec<(CounterEntries, Vec<Candidate<'_>>, String)> =
         Vec::with_capacity(request.descriptors.len());
     for (i, d) in request.descriptors.iter().enumerate() {
         let entries: Vec<(String, String)> = d
@@ -304,6 +566,20 @@ fn plan(
                 ))
             })?;
             let depth = entries.len();
+            // The override keeps the stat key of the config node it matches, if any, so its
+            // metrics stay as bounded as the config's.
+            let stat_key = rules::find_limit(
+                domain,
+                d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
+            )
+            .map(|m| m.stat_key)
+            .unwrap_or_else(|| {
+                d.entries
+                    .iter()
+                    .map(|e| e.key.as_str())
+                    .collect::<Vec<_>>()
+                    .join(".")
+            });
             per_descriptor.push((
                 entries,
                 vec![Candidate {
@@ -315,6 +591,7 @@ fn plan(
                     depth,
                     resource: false,
                 }],
+                stat_key,
             ));
             continue;
         }
@@ -322,7 +599,7 @@ fn plan(
             domain,
             d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
         ) else {
-            per_descriptor.push((entries, Vec::new()));
+            per_descriptor.push((entries, Vec::new(), String::new()));
             continue;
         };
         let depth = m.counter_entries.len();
@@ -340,19 +617,25 @@ fn plan(
                 resource,
             })
             .collect();
-        per_descriptor.push((m.counter_entries, candidates));
+        per_descriptor.push((m.counter_entries, candidates, m.stat_key));
     }
 
     // `replaces`: a matched limit named in another matched limit's `replaces` is dropped.
     let replaced: HashSet<&str> = per_descriptor
         .iter()
-        .flat_map(|(_, cs)| cs.iter())
+        .flat_map(|(_, cs, _)| cs.iter())
         .flat_map(|c| c.replaces.iter().map(String::as_str))
         .collect();
 
     let mut resource_checks: HashMap<CounterKey, usize> = HashMap::new();
-    for ((entries, candidates), d) in per_descriptor.into_iter().zip(&request.descriptors) {
+    for ((entries, candidates, stat_key), d) in per_descriptor.into_iter().zip(&request.descriptors)
+    {
         let hits = d.hits_addend.unwrap_or(request_hits);
+        plan.descriptors.push(DescriptorInfo {
+            stat_key,
+            hits,
+            refund: d.is_negative_hits,
+        });
         let live: Vec<&Candidate<'_>> = candidates
             .iter()
             .filter(|c| !c.name.is_some_and(|n| replaced.contains(n)))
@@ -479,21 +762,44 @@ enum Verdict<'a> {
     StoreFailed(FailureMode),
 }
 
-fn respond(plan: &Plan, verdict: Verdict<'_>, options: &ServiceOptions) -> RateLimitResponse {
+/// How a limited descriptor was judged, for metrics.
+#[derive(Debug, Clone, Copy)]
+struct Judged {
+    /// Index of the limit that speaks for the descriptor (into `Plan::checks`).
+    index: usize,
+    outcome: Option<Outcome>,
+    /// Some limit of the descriptor (enforced or shadow) denied it.
+    over_limit: bool,
+    /// ... but only shadow limits did, so its status says OK.
+    shadow: bool,
+}
+
+fn respond(
+    plan: &Plan,
+    verdict: Verdict<'_>,
+    options: &ServiceOptions,
+) -> (RateLimitResponse, Vec<Option<Judged>>) {
     let mut any_over = false;
+    let mut judgements = Vec::with_capacity(plan.resolutions.len());
     let statuses = plan
         .resolutions
         .iter()
         .map(|r| match r {
-            Resolution::NoLimit => DescriptorStatus {
-                code: Code::Ok as i32,
-                ..Default::default()
-            },
-            Resolution::Unlimited => DescriptorStatus {
-                code: Code::Ok as i32,
-                limit_remaining: u32::MAX,
-                ..Default::default()
-            },
+            Resolution::NoLimit => {
+                judgements.push(None);
+                DescriptorStatus {
+                    code: Code::Ok as i32,
+                    ..Default::default()
+                }
+            }
+            Resolution::Unlimited => {
+                judgements.push(None);
+                DescriptorStatus {
+                    code: Code::Ok as i32,
+                    limit_remaining: u32::MAX,
+                    ..Default::default()
+                }
+            }
             Resolution::Limited(indexes) => {
                 // Each limit's verdict: (allowed, shadow, outcome).
                 let judged = indexes.iter().map(|&i| {
@@ -507,12 +813,15 @@ fn respond(plan: &Plan, verdict: Verdict<'_>, options: &ServiceOptions) -> RateL
                     };
                     (i, allowed, plan.limits[i].shadow, outcome)
                 });
+                let over_limit = matches!(verdict, Verdict::Decided(_))
+                    && judged.clone().any(|(_, allowed, _, _)| !allowed);
                 // The most restrictive limit speaks for the descriptor: an enforced denial
                 // first, then the fewest hits remaining (the first such in config order).
                 let chosen = judged.min_by_key(|&(_, allowed, shadow, outcome)| {
                     (allowed || shadow, outcome.map_or(0, |o| o.remaining))
                 });
                 let Some((i, allowed, shadow, outcome)) = chosen else {
+                    judgements.push(None);
                     return DescriptorStatus {
                         code: Code::Ok as i32,
                         ..Default::default()
@@ -525,6 +834,12 @@ fn respond(plan: &Plan, verdict: Verdict<'_>, options: &ServiceOptions) -> RateL
                     any_over = true;
                     Code::OverLimit
                 };
+                judgements.push(Some(Judged {
+                    index: i,
+                    outcome,
+                    over_limit,
+                    shadow: over_limit && code == Code::Ok,
+                }));
                 let reported = &plan.limits[i];
                 DescriptorStatus {
                     code: code as i32,
@@ -542,11 +857,12 @@ fn respond(plan: &Plan, verdict: Verdict<'_>, options: &ServiceOptions) -> RateL
     } else {
         Code::Ok
     };
-    RateLimitResponse {
+    let response = RateLimitResponse {
         overall_code: overall as i32,
         statuses,
         ..Default::default()
-    }
+    };
+    (response, judgements)
 }
 
 /// Whole seconds, rounded up, as envoyproxy/ratelimit reports it: never 0 while the window still
@@ -602,7 +918,9 @@ mod tests {
             ServiceOptions {
                 global_shadow_mode: shadow,
                 failure_mode,
+                ..ServiceOptions::default()
             },
+            Telemetry::new(Arc::new(crate::clock::ManualClock::default())).unwrap(),
         )
     }
 

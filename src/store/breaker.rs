@@ -252,6 +252,14 @@ impl CounterStore for CircuitBreaker {
             ok
         })
     }
+
+    fn call_shape(&self, checks: &[LimitCheck]) -> super::CallShape {
+        self.inner.call_shape(checks)
+    }
+
+    fn breaker_state(&self) -> Option<BreakerState> {
+        Some(self.state())
+    }
 }
 
 #[cfg(test)]
@@ -321,6 +329,7 @@ mod tests {
                                 retry_after: Duration::from_secs(1),
                             })
                             .collect(),
+                        local: false,
                     }),
                     Mode::Transient => Err(StoreError::Transient("down".into())),
                     Mode::Permanent => Err(StoreError::Permanent("NOPERM".into())),

@@ -177,6 +177,7 @@ impl LocalDenyCache {
         Some(Decision {
             admitted: false,
             outcomes,
+            local: true,
         })
     }
 
@@ -250,6 +251,14 @@ impl CounterStore for LocalDenyCache {
 
     fn probe(&self) -> BoxFuture<'_, bool> {
         self.inner.probe()
+    }
+
+    fn call_shape(&self, checks: &[LimitCheck]) -> super::CallShape {
+        self.inner.call_shape(checks)
+    }
+
+    fn breaker_state(&self) -> Option<super::breaker::BreakerState> {
+        self.inner.breaker_state()
     }
 }
 
@@ -340,6 +349,7 @@ mod tests {
                     reset: Duration::from_secs(30),
                     retry_after: Duration::from_secs(30),
                 }],
+                local: true,
             }
         );
 

@@ -141,7 +141,11 @@ impl MemoryStore {
         for g in guards.values_mut() {
             g.sweep(now);
         }
-        Decision { admitted, outcomes }
+        Decision {
+            admitted,
+            outcomes,
+            local: false,
+        }
     }
 }
 

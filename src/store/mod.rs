@@ -69,6 +69,19 @@ impl LimitCheck {
 pub struct Decision {
     pub admitted: bool,
     pub outcomes: Vec<Outcome>,
+    /// Answered by the local deny cache, without asking the backing store.
+    pub local: bool,
+}
+
+/// What one store call costs the backend, for trace attributes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallShape {
+    /// `memory`, `redis` or `redis-cluster`.
+    pub store: &'static str,
+    /// Atomic steps: one script call per hash-tag group on Redis; 1 in memory.
+    pub groups: usize,
+    /// Counters touched.
+    pub keys: usize,
 }
 
 /// Why a store could not decide.
@@ -100,5 +113,19 @@ pub trait CounterStore: Send + Sync + std::fmt::Debug {
     /// [`CounterStore::healthy`]. Called periodically by the health task.
     fn probe(&self) -> BoxFuture<'_, bool> {
         Box::pin(async { self.healthy() })
+    }
+
+    /// How a call deciding `checks` will reach the backend (for traces; no I/O).
+    fn call_shape(&self, checks: &[LimitCheck]) -> CallShape {
+        CallShape {
+            store: "memory",
+            groups: usize::from(!checks.is_empty()),
+            keys: checks.len(),
+        }
+    }
+
+    /// The circuit breaker's state, if the chain has one (for metrics).
+    fn breaker_state(&self) -> Option<breaker::BreakerState> {
+        None
     }
 }

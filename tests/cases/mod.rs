@@ -1,9 +1,11 @@
 mod extensions;
 mod grpcurl;
 mod http;
+mod observability;
 mod process;
 mod redis;
 mod redis_faults;
 mod redis_support;
 mod semantics;
 pub mod store;
+mod tracing;

@@ -2,6 +2,7 @@
 //! requests. Everything goes through real TCP sockets and a real tonic client.
 #![allow(dead_code)]
 
+pub mod otlp;
 pub mod redis;
 
 use sluice::clock::ManualClock;
@@ -165,6 +166,17 @@ pub async fn admitted(server: &TestServer, req: &RateLimitRequest, n: usize) -> 
 /// A minimal HTTP/1.1 exchange over a real TCP socket (`Connection: close`), so the admin
 /// endpoints are tested without pulling an HTTP client crate into the build.
 pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let (status, _, body) = http_with_head(addr, method, path, body).await;
+    (status, body)
+}
+
+/// [`http`], also returning the response head (status line and headers) as text.
+pub async fn http_with_head(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr)
         .await
@@ -191,7 +203,7 @@ pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u1
     } else {
         rest.to_string()
     };
-    (status, body)
+    (status, head.to_string(), body)
 }
 
 fn dechunk(mut s: &str) -> String {

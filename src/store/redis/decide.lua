@@ -122,8 +122,11 @@ local function sliding(s, limit, period, hits, refund)
     elseif prev > 0 and cur + h <= limit then
       local need = est + h - limit
       retry = math.min(math.ceil(need / prev * period), period - elapsed)
-    else
+    elseif cur + h <= limit then
       retry = period - elapsed
+    else
+      -- This window's hits slide out of the next one: cur * (period - x) / period + h <= limit.
+      retry = period - elapsed + math.ceil((cur + h - limit) / cur * period)
     end
   end
   return allowed, remaining, period - elapsed, retry, {ws = start, prev = prev, cur = after}

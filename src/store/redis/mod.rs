@@ -5,7 +5,9 @@
 
 pub mod keys;
 
-use super::{BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, Outcome, StoreError};
+use super::{
+    BoxFuture, CallShape, CounterKey, CounterStore, Decision, LimitCheck, Outcome, StoreError,
+};
 use crate::clock::Clock;
 use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClient;
@@ -432,7 +434,11 @@ impl RedisStore {
         if let Some(e) = first_error {
             return Err(e);
         }
-        Ok(Decision { admitted, outcomes })
+        Ok(Decision {
+            admitted,
+            outcomes,
+            local: false,
+        })
     }
 
     /// One PING round trip: health checks and circuit-breaker probes.
@@ -488,6 +494,19 @@ impl CounterStore for RedisStore {
 
     fn probe(&self) -> BoxFuture<'_, bool> {
         Box::pin(self.ping())
+    }
+
+    fn call_shape(&self, checks: &[LimitCheck]) -> CallShape {
+        let groups: std::collections::HashSet<String> =
+            checks.iter().map(|c| keys::hash_tag(&c.key)).collect();
+        CallShape {
+            store: match self.backend {
+                Backend::Single(_) => "redis",
+                Backend::Cluster { .. } => "redis-cluster",
+            },
+            groups: groups.len(),
+            keys: checks.len(),
+        }
     }
 }
 

@@ -1,0 +1,310 @@
+//! Prometheus metrics for `GET /metrics`, in the text exposition format (0.0.4) that every
+//! Prometheus, Grafana Agent and OpenTelemetry Collector scrapes. Per-descriptor counters carry
+//! only the domain and the config's descriptor key (values only with `detailed_metric` /
+//! `value_to_metric`), so the number of series is bounded by the config, never by traffic.
+
+use crate::store::breaker::BreakerState;
+use prometheus::{
+    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
+};
+use std::time::Duration;
+
+/// Decision latency buckets (seconds): a memory decision is microseconds, a Redis one a
+/// fraction of a millisecond to a few, and `REDIS_TIMEOUT` (500 ms default) caps the tail.
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 1.0,
+];
+
+/// How a request ended, for the request latency histogram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestOutcome {
+    Ok,
+    OverLimit,
+    /// INVALID_ARGUMENT.
+    Invalid,
+    /// The store failed and no failure mode answered (UNAVAILABLE).
+    Error,
+}
+
+impl RequestOutcome {
+    fn label(self) -> &'static str {
+        match self {
+            RequestOutcome::Ok => "ok",
+            RequestOutcome::OverLimit => "over_limit",
+            RequestOutcome::Invalid => "invalid_argument",
+            RequestOutcome::Error => "unavailable",
+        }
+    }
+}
+
+/// What one descriptor contributed to the per-descriptor counters of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DescriptorHits {
+    /// Hits the descriptor asked for (its `hits_addend`).
+    pub hits: u64,
+    /// A limit (enforced or shadow) denied these hits.
+    pub over_limit: bool,
+    /// The denial came from the local deny cache, without a store call.
+    pub local_cache: bool,
+    /// The denial was only a shadow limit's (or global shadow mode's): reported OK.
+    pub shadow: bool,
+    /// Allowed, with the most restrictive limit's use at or past `NEAR_LIMIT_RATIO`.
+    pub near_limit: bool,
+}
+
+/// Every metric sluice exports, in one registry.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    total_hits: IntCounterVec,
+    within_limit: IntCounterVec,
+    near_limit: IntCounterVec,
+    over_limit: IntCounterVec,
+    over_limit_with_local_cache: IntCounterVec,
+    shadow_mode: IntCounterVec,
+    request_duration: HistogramVec,
+    store_duration: HistogramVec,
+    store_errors: IntCounterVec,
+    breaker_state: IntGauge,
+    store_up: IntGauge,
+    config_loads: IntCounterVec,
+    config_timestamp: Gauge,
+    config_rules: IntGaugeVec,
+    offenders_dropped: IntCounter,
+}
+
+/// Why the metric set could not be built (a programming error: a duplicate or invalid name).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot register metrics: {0}")]
+pub struct MetricsError(#[from] prometheus::Error);
+
+impl Metrics {
+    pub fn new() -> Result<Self, MetricsError> {
+        let registry = Registry::new();
+        let descriptor_counter = |name: &str, help: &str| -> Result<IntCounterVec, MetricsError> {
+            let c = IntCounterVec::new(
+                Opts::new(format!("sluice_rate_limit_{name}"), help),
+                &["domain", "descriptor"],
+            )?;
+            registry.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
+        let total_hits = descriptor_counter(
+            "total_hits",
+            "Hits asked for, per domain and descriptor key.",
+        )?;
+        let within_limit = descriptor_counter("within_limit", "Hits no limit denied.")?;
+        let near_limit = descriptor_counter(
+            "near_limit",
+            "Allowed hits that took the most restrictive limit to NEAR_LIMIT_RATIO or beyond.",
+        )?;
+        let over_limit = descriptor_counter(
+            "over_limit",
+            "Hits a limit denied (shadow limits included; see shadow_mode).",
+        )?;
+        let over_limit_with_local_cache = descriptor_counter(
+            "over_limit_with_local_cache",
+            "Denied hits answered by the local deny cache without a store call.",
+        )?;
+        let shadow_mode = descriptor_counter(
+            "shadow_mode",
+            "Hits a shadow limit (or SHADOW_MODE) would have denied; answered OK.",
+        )?;
+        let request_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "sluice_request_duration_seconds",
+                "ShouldRateLimit decision time, from request to response, by outcome.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["outcome"],
+        )?;
+        registry.register(Box::new(request_duration.clone()))?;
+        let store_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "sluice_store_call_duration_seconds",
+                "Time of one counter store call (all limits of a request), by result.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["result"],
+        )?;
+        registry.register(Box::new(store_duration.clone()))?;
+        let store_errors = IntCounterVec::new(
+            Opts::new(
+                "sluice_store_errors_total",
+                "Counter store calls that failed, by kind (transient: retrying may help).",
+            ),
+            &["kind"],
+        )?;
+        registry.register(Box::new(store_errors.clone()))?;
+        let breaker_state = IntGauge::new(
+            "sluice_circuit_breaker_state",
+            "Redis circuit breaker: 0 closed, 1 half-open (probing), 2 open; -1 no breaker.",
+        )?;
+        registry.register(Box::new(breaker_state.clone()))?;
+        let store_up = IntGauge::new(
+            "sluice_store_up",
+            "1 if the counter store answered its last contact, else 0.",
+        )?;
+        registry.register(Box::new(store_up.clone()))?;
+        let config_loads = IntCounterVec::new(
+            Opts::new(
+                "sluice_config_loads_total",
+                "Config loads and reloads, by result (a failed one keeps the old rules).",
+            ),
+            &["result"],
+        )?;
+        registry.register(Box::new(config_loads.clone()))?;
+        let config_timestamp = Gauge::new(
+            "sluice_config_loaded_timestamp_seconds",
+            "Unix time the rules in force were loaded.",
+        )?;
+        registry.register(Box::new(config_timestamp.clone()))?;
+        let config_rules = IntGaugeVec::new(
+            Opts::new(
+                "sluice_config_rate_limits",
+                "Rate limits in the rules in force, per domain.",
+            ),
+            &["domain"],
+        )?;
+        registry.register(Box::new(config_rules.clone()))?;
+        let offenders_dropped = IntCounter::new(
+            "sluice_offenders_dropped_total",
+            "Denials not recorded in /debug/offenders because its domain cap was reached.",
+        )?;
+        registry.register(Box::new(offenders_dropped.clone()))?;
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "sluice_build_info",
+                "Always 1; labels say which build runs.",
+            ),
+            &["version"],
+        )?;
+        registry.register(Box::new(build_info.clone()))?;
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        // Both results exist from the start, so `rate()` over them works before the first reload.
+        for result in ["success", "failure"] {
+            config_loads.with_label_values(&[result]);
+        }
+        for kind in ["transient", "permanent"] {
+            store_errors.with_label_values(&[kind]);
+        }
+        Ok(Self {
+            registry,
+            total_hits,
+            within_limit,
+            near_limit,
+            over_limit,
+            over_limit_with_local_cache,
+            shadow_mode,
+            request_duration,
+            store_duration,
+            store_errors,
+            breaker_state,
+            store_up,
+            config_loads,
+            config_timestamp,
+            config_rules,
+            offenders_dropped,
+        })
+    }
+
+    /// Adds one descriptor's hits to the per-descriptor counters.
+    pub fn descriptor(&self, domain: &str, key: &str, d: DescriptorHits) {
+        let labels = [domain, key];
+        self.total_hits.with_label_values(&labels).inc_by(d.hits);
+        if d.over_limit {
+            self.over_limit.with_label_values(&labels).inc_by(d.hits);
+            if d.local_cache {
+                self.over_limit_with_local_cache
+                    .with_label_values(&labels)
+                    .inc_by(d.hits);
+            }
+            if d.shadow {
+                self.shadow_mode.with_label_values(&labels).inc_by(d.hits);
+            }
+        } else {
+            self.within_limit.with_label_values(&labels).inc_by(d.hits);
+            if d.near_limit {
+                self.near_limit.with_label_values(&labels).inc_by(d.hits);
+            }
+        }
+    }
+
+    pub fn request(&self, outcome: RequestOutcome, took: Duration) {
+        self.request_duration
+            .with_label_values(&[outcome.label()])
+            .observe(took.as_secs_f64());
+    }
+
+    /// One store call: its time, and the error kind if it failed.
+    pub fn store_call(&self, took: Duration, error: Option<&crate::store::StoreError>) {
+        let result = if error.is_some() { "error" } else { "ok" };
+        self.store_duration
+            .with_label_values(&[result])
+            .observe(took.as_secs_f64());
+        match error {
+            Some(crate::store::StoreError::Transient(_)) => {
+                self.store_errors.with_label_values(&["transient"]).inc();
+            }
+            Some(crate::store::StoreError::Permanent(_)) => {
+                self.store_errors.with_label_values(&["permanent"]).inc();
+            }
+            None => {}
+        }
+    }
+
+    /// A config load or reload that took effect.
+    pub fn config_loaded(&self, rules: &crate::config::RuleSet) {
+        self.config_loads.with_label_values(&["success"]).inc();
+        let at = rules
+            .loaded_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        self.config_timestamp.set(at.as_secs_f64());
+        self.config_rules.reset();
+        for (domain, n) in rules.rule_counts() {
+            self.config_rules
+                .with_label_values(&[domain.as_str()])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// A config load or reload that failed (the rules in force stay).
+    pub fn config_failed(&self) {
+        self.config_loads.with_label_values(&["failure"]).inc();
+    }
+
+    /// The text exposition of every metric, with the gauges read now: the store's breaker and
+    /// health, and the offenders tracker's running total of denials it could not record.
+    pub fn render(
+        &self,
+        breaker: Option<BreakerState>,
+        store_up: bool,
+        offenders_dropped: u64,
+    ) -> String {
+        let seen = self.offenders_dropped.get();
+        if offenders_dropped > seen {
+            self.offenders_dropped.inc_by(offenders_dropped - seen);
+        }
+        self.breaker_state.set(match breaker {
+            None => -1,
+            Some(BreakerState::Closed) => 0,
+            Some(BreakerState::HalfOpen) => 1,
+            Some(BreakerState::Open) => 2,
+        });
+        self.store_up.set(i64::from(store_up));
+        let mut out = Vec::new();
+        // Encoding into a Vec fails only on a metric with an invalid name, which `new` rejects.
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            tracing::error!(error = %e, "cannot encode metrics");
+        }
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+/// The content type of [`Metrics::render`]'s output.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";

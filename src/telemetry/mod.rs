@@ -1,0 +1,30 @@
+//! What sluice tells operators about itself: Prometheus metrics (`/metrics`), OpenTelemetry
+//! traces exported over OTLP, and the heavy-hitters view of who is being denied
+//! (`/debug/offenders`). Everything here has bounded memory and never sits on a Redis call.
+
+pub mod metrics;
+pub mod offenders;
+pub mod trace;
+
+use crate::clock::Clock;
+use std::sync::Arc;
+
+/// The telemetry one [`crate::service::RateLimiter`] feeds.
+#[derive(Debug)]
+pub struct Telemetry {
+    pub metrics: metrics::Metrics,
+    pub offenders: offenders::Offenders,
+    /// `Some` with `TRACING_ENABLED`: spans are started on it.
+    pub tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
+}
+
+impl Telemetry {
+    /// Fresh metrics, an offenders view with default bounds on `clock`, and no tracing.
+    pub fn new(clock: Arc<dyn Clock>) -> Result<Self, metrics::MetricsError> {
+        Ok(Self {
+            metrics: metrics::Metrics::new()?,
+            offenders: offenders::Offenders::new(offenders::OffenderSettings::default(), clock),
+            tracer: None,
+        })
+    }
+}
