@@ -855,9 +855,74 @@ mod tests {
                 ("redis-breaker-open", "REDIS_BREAKER_OPEN"),
                 ("local-cache-size-in-bytes", "LOCAL_CACHE_SIZE_IN_BYTES"),
                 ("failure-mode", "FAILURE_MODE"),
+                ("near-limit-ratio", "NEAR_LIMIT_RATIO"),
+                (
+                    "limit-response-headers-enabled",
+                    "LIMIT_RESPONSE_HEADERS_ENABLED",
+                ),
+                ("limit-limit-header", "LIMIT_LIMIT_HEADER"),
+                ("limit-remaining-header", "LIMIT_REMAINING_HEADER"),
+                ("limit-reset-header", "LIMIT_RESET_HEADER"),
+                ("ratelimit-headers-draft", "RATELIMIT_HEADERS_DRAFT"),
+                ("tracing-enabled", "TRACING_ENABLED"),
+                ("otel-exporter-otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT"),
+                ("otel-service-name", "OTEL_SERVICE_NAME"),
+                ("tracing-sampling-rate", "TRACING_SAMPLING_RATE"),
+                ("tracing-exporter-protocol", "TRACING_EXPORTER_PROTOCOL"),
             ] {
                 assert_eq!(env_of(c, long).as_deref(), Some(env), "--{long}");
             }
+        }
+    }
+
+    #[test]
+    fn observability_settings() {
+        let s = serve_args(parse(&[]).unwrap());
+        assert_eq!(s.observe.near_limit_ratio, 0.8);
+        assert_eq!(s.observe.headers(), None, "headers are opt-in");
+        assert_eq!(s.observe.tracing(), None, "tracing is opt-in");
+
+        let s = serve_args(
+            parse(&[
+                "--near-limit-ratio=0.5",
+                "--limit-response-headers-enabled=true",
+                "--limit-remaining-header=X-Left",
+                "--ratelimit-headers-draft=IETF",
+                "--tracing-enabled",
+                "--otel-exporter-otlp-endpoint=http://collector:4317",
+                "--tracing-sampling-rate=0.25",
+            ])
+            .unwrap(),
+        );
+        assert_eq!(s.observe.near_limit_ratio, 0.5);
+        assert_eq!(
+            s.observe.headers(),
+            Some(HeaderOptions {
+                limit: "RateLimit-Limit".into(),
+                remaining: "X-Left".into(),
+                reset: "RateLimit-Reset".into(),
+                ietf_draft: true,
+            })
+        );
+        assert_eq!(
+            s.observe.tracing(),
+            Some(TraceSettings {
+                endpoint: "http://collector:4317".into(),
+                service_name: "sluice".into(),
+                sampling_rate: 0.25,
+            })
+        );
+
+        for bad in [
+            "--near-limit-ratio=1.5",
+            "--near-limit-ratio=x",
+            "--tracing-sampling-rate=-0.1",
+            "--limit-limit-header=bad header",
+            "--ratelimit-headers-draft=rfc",
+            "--tracing-exporter-protocol=http",
+        ] {
+            let e = parse(&[bad]).map(|_| ()).unwrap_err().to_string();
+            assert!(e.contains("invalid") || e.contains("unsupported"), "{bad}: {e}");
         }
     }
 

@@ -155,3 +155,84 @@ async fn sigterm_finishes_in_flight_calls_and_exits_zero() {
     }
     assert!(answered > 0, "calls were served before the signal");
 }
+
+#[tokio::test]
+async fn json_logs_say_what_was_loaded_and_when_the_store_changes_state_without_secrets() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let (grpc, http_port, dead_redis) = (free_port(), free_port(), free_port());
+    let secret = "hunter2-very-secret";
+    let mut child = tokio::process::Command::new(BIN)
+        .args([
+            "serve",
+            "--config",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/config/examples/hierarchy.yaml"),
+        ])
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", grpc.to_string())
+        .env("HOST", "127.0.0.1")
+        .env("PORT", http_port.to_string())
+        .env("LOG_FORMAT", "json")
+        .env("LOG_LEVEL", "info")
+        .env_remove("RUST_LOG")
+        // Nothing listens there: the store is down from the start.
+        .env("REDIS_URL", format!("redis://:{secret}@127.0.0.1:{dead_redis}"))
+        .env("REDIS_AUTH", secret)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn sluice");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let mut seen = Vec::new();
+    // Read until it listens (a hang is bounded by the test harness, not asserted on).
+    while let Some(line) = lines.next_line().await.expect("read stderr") {
+        let listening = line.contains("sluice listening");
+        seen.push(line);
+        if listening {
+            break;
+        }
+    }
+    let pid = child.id().expect("pid").to_string();
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    while let Some(line) = lines.next_line().await.expect("read stderr") {
+        seen.push(line);
+    }
+    let status = child.wait().await.expect("wait for sluice");
+    assert_eq!(status.code(), Some(0), "{seen:#?}");
+
+    let records: Vec<serde_json::Value> = seen
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    // Flattened records: fields sit next to level and timestamp.
+    let message = |r: &serde_json::Value| r["message"].as_str().unwrap_or("").to_string();
+    let loaded = records
+        .iter()
+        .find(|r| message(r) == "config loaded")
+        .unwrap_or_else(|| panic!("no config line in {seen:#?}"));
+    assert_eq!(loaded["level"], "INFO");
+    assert_eq!(loaded["domains"], 1, "{loaded}");
+    assert!(
+        loaded["per_domain"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("calc=")),
+        "{loaded}"
+    );
+    assert_eq!(loaded["rate_limits"], 5, "{loaded}");
+    assert!(
+        records
+            .iter()
+            .any(|r| message(r).contains("unreachable") && r["level"] == "WARN"),
+        "a store state change is logged: {seen:#?}"
+    );
+    assert!(
+        records.iter().any(|r| message(r) == "shutdown complete"),
+        "{seen:#?}"
+    );
+    let all = seen.join("\n");
+    assert!(!all.contains(secret), "a secret leaked into the logs:\n{all}");
+}
