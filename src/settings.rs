@@ -922,7 +922,10 @@ mod tests {
             "--tracing-exporter-protocol=http",
         ] {
             let e = parse(&[bad]).map(|_| ()).unwrap_err().to_string();
-            assert!(e.contains("invalid") || e.contains("unsupported"), "{bad}: {e}");
+            assert!(
+                e.contains("invalid") || e.contains("unsupported"),
+                "{bad}: {e}"
+            );
         }
     }
 

@@ -188,13 +188,11 @@ impl RateLimiter {
 
     /// The Prometheus text exposition, with the store gauges read now.
     pub fn render_metrics(&self) -> String {
-        self.telemetry
-            .metrics
-            .render(
-                self.store.breaker_state(),
-                self.store.healthy(),
-                self.telemetry.offenders.dropped(),
-            )
+        self.telemetry.metrics.render(
+            self.store.breaker_state(),
+            self.store.healthy(),
+            self.telemetry.offenders.dropped(),
+        )
     }
 
     /// Records a config (re)load that failed; the rules in force stay.

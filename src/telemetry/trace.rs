@@ -143,12 +143,6 @@ impl Tracing {
             .with_version(env!("CARGO_PKG_VERSION"))
             .build();
         let tracer = provider.tracer_with_scope(scope);
-        tracing::info!(
-            endpoint = %settings.endpoint,
-            service_name = %settings.service_name,
-            sampling_rate = rate,
-            "OTLP trace export enabled"
-        );
         Ok(Self {
             provider: Some(provider),
             tracer,

@@ -130,10 +130,7 @@ async fn metrics_count_a_scripted_sequence_exactly() {
 
     // shadowed, 2/min in shadow mode: 3 hits, all answered OK; the 3rd is a shadow denial.
     for _ in 0..3 {
-        assert_eq!(
-            code(&call(one("m", &[("shadowed", "x")])).await),
-            Code::Ok
-        );
+        assert_eq!(code(&call(one("m", &[("shadowed", "x")])).await), Code::Ok);
     }
 
     // detailed_metric: values appear in the key. value_to_metric: only on that level.
@@ -159,7 +156,10 @@ async fn metrics_count_a_scripted_sequence_exactly() {
         .collect();
     consumers.extend((0..200).map(|i| one("m", &[("consumer", &format!("c{i}"))])));
     let answers = send_all(&s, consumers, 32).await;
-    let over = answers.iter().filter(|r| code(r) == Code::OverLimit).count();
+    let over = answers
+        .iter()
+        .filter(|r| code(r) == Code::OverLimit)
+        .count();
     assert_eq!(over, 200);
 
     let m = scrape(&s).await;
@@ -232,7 +232,11 @@ async fn metrics_count_a_scripted_sequence_exactly() {
     assert_eq!(value(&m, "sluice_circuit_breaker_state", &[]), -1.0);
     assert_eq!(value(&m, "sluice_store_up", &[]), 1.0);
     assert_eq!(
-        value(&m, "sluice_build_info", &[("version", env!("CARGO_PKG_VERSION"))]),
+        value(
+            &m,
+            "sluice_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))]
+        ),
         1.0
     );
 
@@ -403,7 +407,10 @@ async fn headers_are_off_by_default_and_names_are_configurable() {
     let s = TestServer::start_with(config, options).await;
     // Two descriptors: the most restrictive (fewest remaining) speaks.
     let r = s
-        .call(request("h", vec![desc(&[("big", "v")]), desc(&[("k", "v")])]))
+        .call(request(
+            "h",
+            vec![desc(&[("big", "v")]), desc(&[("k", "v")])],
+        ))
         .await;
     assert_eq!(header(&r, "X-RateLimit-Limit"), Some("1"));
     assert_eq!(header(&r, "X-RateLimit-Remaining"), Some("0"));
@@ -412,7 +419,10 @@ async fn headers_are_off_by_default_and_names_are_configurable() {
     assert_eq!(header(&r, "RateLimit-Limit"), None);
     // A denial by the small limit: Retry-After until the second ends.
     let r = s
-        .call(request("h", vec![desc(&[("big", "v")]), desc(&[("k", "v")])]))
+        .call(request(
+            "h",
+            vec![desc(&[("big", "v")]), desc(&[("k", "v")])],
+        ))
         .await;
     assert_eq!(code(&r), Code::OverLimit);
     assert_eq!(header(&r, "Retry-After"), Some("1"));
@@ -449,7 +459,13 @@ async fn offenders_name_the_heavy_hitter_of_an_attack() {
         .count();
     assert_eq!(denied, 50_000 + 4_999);
 
-    let (status, body) = http(s.http_addr, "GET", "/debug/offenders?domain=api&limit=3", "").await;
+    let (status, body) = http(
+        s.http_addr,
+        "GET",
+        "/debug/offenders?domain=api&limit=3",
+        "",
+    )
+    .await;
     assert_eq!(status, 200, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(v["domain"], "api");
@@ -464,7 +480,13 @@ async fn offenders_name_the_heavy_hitter_of_an_attack() {
     assert!(v["offenders"].as_array().is_some_and(|a| a.len() <= 3));
 
     // Bounded memory: the tracker's own accounting stays under its documented bound.
-    let offenders = &s.running.as_ref().expect("running").limiter().telemetry().offenders;
+    let offenders = &s
+        .running
+        .as_ref()
+        .expect("running")
+        .limiter()
+        .telemetry()
+        .offenders;
     let bound = offenders.settings().memory_bound_bytes();
     assert!(
         offenders.heap_bytes() <= bound,

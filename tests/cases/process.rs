@@ -165,7 +165,10 @@ async fn json_logs_say_what_was_loaded_and_when_the_store_changes_state_without_
         .args([
             "serve",
             "--config",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/config/examples/hierarchy.yaml"),
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/config/examples/hierarchy.yaml"
+            ),
         ])
         .env("GRPC_HOST", "127.0.0.1")
         .env("GRPC_PORT", grpc.to_string())
@@ -175,7 +178,10 @@ async fn json_logs_say_what_was_loaded_and_when_the_store_changes_state_without_
         .env("LOG_LEVEL", "info")
         .env_remove("RUST_LOG")
         // Nothing listens there: the store is down from the start.
-        .env("REDIS_URL", format!("redis://:{secret}@127.0.0.1:{dead_redis}"))
+        .env(
+            "REDIS_URL",
+            format!("redis://:{secret}@127.0.0.1:{dead_redis}"),
+        )
         .env("REDIS_AUTH", secret)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -234,5 +240,8 @@ async fn json_logs_say_what_was_loaded_and_when_the_store_changes_state_without_
         "{seen:#?}"
     );
     let all = seen.join("\n");
-    assert!(!all.contains(secret), "a secret leaked into the logs:\n{all}");
+    assert!(
+        !all.contains(secret),
+        "a secret leaked into the logs:\n{all}"
+    );
 }
