@@ -111,6 +111,30 @@ pub fn load_path(path: &Path, opts: &LoadOptions) -> Result<RuleSet, ConfigError
     build(sources, errors)
 }
 
+/// A digest of everything [`load_path`] would read under `path`: which files, their contents
+/// (or why they cannot be read) and errors walking the tree. Live reload compares digests to see
+/// a change, including a Kubernetes ConfigMap's atomic `..data` symlink swap, since symlinks are
+/// followed on every walk.
+pub fn fingerprint(path: &Path, opts: &LoadOptions) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut errors = Vec::new();
+    let files = collect_files(path, opts, &mut errors);
+    // SipHash with fixed keys: stable within the process, which is all a comparison needs.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for e in &errors {
+        e.to_string().hash(&mut h);
+    }
+    for (file, dotted) in &files {
+        file.hash(&mut h);
+        dotted.hash(&mut h);
+        match fs::read(file) {
+            Ok(bytes) => bytes.hash(&mut h),
+            Err(e) => e.to_string().hash(&mut h),
+        }
+    }
+    h.finish()
+}
+
 /// Loads in-memory sources `(file name, YAML text)`: the same rules as files on disk.
 pub fn load_sources(sources: &[(String, String)]) -> Result<RuleSet, ConfigErrors> {
     let sources = sources

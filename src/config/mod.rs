@@ -9,7 +9,7 @@ mod yaml;
 #[cfg(test)]
 mod tests;
 
-pub use load::{load_path, load_sources, ConfigError, ConfigErrors, LoadOptions};
+pub use load::{fingerprint, load_path, load_sources, ConfigError, ConfigErrors, LoadOptions};
 
 use std::collections::HashMap;
 use std::fmt;

@@ -90,6 +90,7 @@ pub(crate) fn router(
         .route("/rlconfig", get(rlconfig))
         .route("/json", post(json))
         .route("/metrics", get(metrics))
+        .route("/config/status", get(config_status))
         .route("/debug/offenders", get(offenders))
         .with_state(AdminState {
             limiter,
@@ -119,6 +120,16 @@ async fn rlconfig(State(s): State<AdminState>) -> Response {
         s.limiter.rules().dump(),
     )
         .into_response()
+}
+
+/// When the rules in force were loaded and how the last reload went (JSON).
+async fn config_status(State(s): State<AdminState>) -> Response {
+    match serde_json::to_string(&s.limiter.config_status()) {
+        Ok(body) => {
+            (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+        }
+        Err(e) => json_error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
 }
 
 async fn metrics(State(s): State<AdminState>) -> Response {

@@ -6,7 +6,9 @@
 pub mod grpc;
 pub mod http;
 mod incoming;
+pub mod reload;
 pub mod signal;
+pub mod tls;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::RuleSet;
@@ -96,6 +98,14 @@ pub struct ServerConfig {
     pub health_interval: Duration,
     /// `TRACING_ENABLED`: export spans over OTLP with these settings; `None` traces nothing.
     pub tracing: Option<TraceSettings>,
+    /// Live reload of the config; `None` keeps the initial rules for the process's life.
+    pub reload: Option<reload::ReloadSettings>,
+    /// Digest ([`crate::config::fingerprint`]) of the config tree taken just before `rules`
+    /// were read, so reload sees any change made after that read.
+    pub loaded_fingerprint: u64,
+    /// TLS (and mTLS) on the gRPC port; `None` serves plaintext. The HTTP admin port is always
+    /// plaintext.
+    pub grpc_tls: Option<tls::TlsSettings>,
 }
 
 impl ServerConfig {
@@ -114,6 +124,9 @@ impl ServerConfig {
             config_path: None,
             health_interval: DEFAULT_HEALTH_INTERVAL,
             tracing: None,
+            reload: None,
+            loaded_fingerprint: 0,
+            grpc_tls: None,
         }
     }
 
@@ -151,6 +164,8 @@ pub enum ServerError {
     Transcoder(#[from] http::TranscodeSetupError),
     #[error(transparent)]
     Metrics(#[from] crate::telemetry::metrics::MetricsError),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
     #[error("cannot start OTLP trace export: {0}")]
     Tracing(#[from] crate::telemetry::trace::TraceError),
     #[error("gRPC server failed: {0}")]
@@ -249,6 +264,9 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         config_path,
         health_interval,
         tracing,
+        reload,
+        loaded_fingerprint,
+        grpc_tls,
     } = config;
 
     // Bind first: a port conflict is reported before any task starts, and port 0 resolves to
@@ -261,6 +279,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     // Everything that can fail is built before a task is spawned.
     let (reflection_v1, reflection_v1alpha) = grpc::reflection_services()?;
     let transcoder = http::Transcoder::new()?;
+    let grpc_tls = grpc_tls.as_ref().map(tls::GrpcTls::load).transpose()?;
 
     let mut telemetry = Telemetry::new(Arc::clone(&clock))?;
     let tracing = match tracing {
@@ -292,12 +311,24 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         );
     }
     set_health(&health_reporter, store_ok).await;
-    let health_task = tokio::spawn(watch_store_health(
+    let mut background = vec![tokio::spawn(watch_store_health(
         Arc::clone(limiter.store()),
         health_reporter.clone(),
         health_interval,
         store_ok,
-    ));
+    ))];
+    if let Some(r) = reload {
+        tracing::info!(
+            source = %r.path.display(),
+            interval = ?r.interval,
+            "watching the config for changes"
+        );
+        background.push(tokio::spawn(reload::watch(
+            Arc::clone(&limiter),
+            r,
+            loaded_fingerprint,
+        )));
+    }
 
     // Two triggers: `shutdown` is the caller's (handles, signals, dropping `Running`); `drain` is
     // the supervisor's and is what the servers obey, so an early server failure can also stop
@@ -310,13 +341,21 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     // shutdown signal never fires first; passing one still makes tonic drain its connections
     // gracefully once the stream ends.
     let incoming = incoming::DrainingIncoming::new(grpc_listener, draining.clone());
-    let grpc_server = tonic::transport::Server::builder()
+    let grpc_router = tonic::transport::Server::builder()
         .add_service(grpc::RlsService::new(Arc::clone(&limiter)).into_server())
         .add_service(health_service)
         .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .serve_with_incoming_shutdown(incoming, std::future::pending::<()>());
-    let grpc_task = tokio::spawn(grpc_server);
+        .add_service(reflection_v1alpha);
+    // With TLS the same draining accept stream feeds per-connection handshakes.
+    let grpc_task = match grpc_tls {
+        None => tokio::spawn(
+            grpc_router.serve_with_incoming_shutdown(incoming, std::future::pending::<()>()),
+        ),
+        Some(tls) => tokio::spawn(
+            grpc_router
+                .serve_with_incoming_shutdown(tls.incoming(incoming), std::future::pending::<()>()),
+        ),
+    };
 
     let app = http::router(Arc::clone(&limiter), transcoder, draining.clone());
     let http_server = axum::serve(http_listener, app).with_graceful_shutdown(draining.triggered());
@@ -333,7 +372,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
             trigger,
             drain,
             health_reporter,
-            health_task,
+            background,
             grpc_task,
             http_task,
             shutdown_grace,
@@ -457,7 +496,7 @@ async fn supervise(
     trigger: ShutdownWatch,
     drain: ShutdownHandle,
     health: tonic_health::server::HealthReporter,
-    health_task: JoinHandle<()>,
+    background: Vec<JoinHandle<()>>,
     mut grpc_task: JoinHandle<Result<(), tonic::transport::Error>>,
     mut http_task: JoinHandle<std::io::Result<()>>,
     grace: Duration,
@@ -476,8 +515,11 @@ async fn supervise(
 
     // The health task is stopped (and joined) first, so a probe finishing during the drain
     // can never turn a service back to SERVING.
-    health_task.abort();
-    let _ = health_task.await;
+    // Config reloads stop too: the drain finishes on the rules in force.
+    for task in background {
+        task.abort();
+        let _ = task.await;
+    }
     // Probes see NOT_SERVING for the whole drain (the HTTP /healthcheck reads the trigger).
     set_health(&health, false).await;
     // Stop accepting on both listeners; in-flight calls continue.
@@ -844,6 +886,7 @@ mod tests {
                 pool_size: 2,
                 timeout: crate::store::redis::DEFAULT_TIMEOUT,
                 key_prefix: String::new(),
+                tls: Default::default(),
             },
             breaker: BreakerSettings::default(),
             local_cache_bytes,

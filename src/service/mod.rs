@@ -104,6 +104,49 @@ pub struct RateLimiter {
     options: ServiceOptions,
     store_errors: ErrorLog,
     telemetry: Telemetry,
+    config_status: std::sync::Mutex<ConfigStatus>,
+}
+
+/// The state of the config for operators (`GET /config/status`): when the rules in force were
+/// loaded, and how the last reload went.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ConfigStatus {
+    /// Unix seconds the rules in force were loaded.
+    pub loaded_at: u64,
+    /// Domains in the rules in force.
+    pub domains: Vec<String>,
+    /// Reloads that took effect, and that failed, since start.
+    pub reloads_ok: u64,
+    pub reloads_failed: u64,
+    /// The last reload attempt, if any.
+    pub last_reload: Option<ReloadOutcome>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ReloadOutcome {
+    /// Unix seconds of the attempt.
+    pub at: u64,
+    pub ok: bool,
+    /// Every error of a failed reload (file:line: path: message, one per line).
+    pub error: Option<String>,
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn describe_rules(rules: &RuleSet) -> (u64, Vec<String>) {
+    let at = rules
+        .loaded_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut domains: Vec<String> = rules.domains.keys().cloned().collect();
+    domains.sort();
+    (at, domains)
 }
 
 /// Logs store errors at most once per [`ErrorLog::EVERY`], with the number left out in between,
@@ -173,12 +216,33 @@ impl RateLimiter {
         telemetry: Telemetry,
     ) -> Self {
         telemetry.metrics.config_loaded(&rules);
+        let (loaded_at, domains) = describe_rules(&rules);
         Self {
             rules: RwLock::new(Arc::new(rules)),
             store,
             options,
             store_errors: ErrorLog::new(),
             telemetry,
+            config_status: std::sync::Mutex::new(ConfigStatus {
+                loaded_at,
+                domains,
+                ..ConfigStatus::default()
+            }),
+        }
+    }
+
+    /// When the rules in force were loaded and how the last reload went.
+    pub fn config_status(&self) -> ConfigStatus {
+        self.config_status
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
+    }
+
+    fn update_status(&self, f: impl FnOnce(&mut ConfigStatus)) {
+        match self.config_status.lock() {
+            Ok(mut s) => f(&mut s),
+            Err(e) => f(&mut e.into_inner()),
         }
     }
 
@@ -195,9 +259,17 @@ impl RateLimiter {
         )
     }
 
-    /// Records a config (re)load that failed; the rules in force stay.
-    pub fn config_load_failed(&self) {
+    /// Records a config reload that failed (`error` says why); the rules in force stay.
+    pub fn config_load_failed(&self, error: &str) {
         self.telemetry.metrics.config_failed();
+        self.update_status(|s| {
+            s.reloads_failed += 1;
+            s.last_reload = Some(ReloadOutcome {
+                at: unix_now(),
+                ok: false,
+                error: Some(error.to_string()),
+            });
+        });
     }
 
     /// The current config snapshot.
@@ -211,6 +283,17 @@ impl RateLimiter {
     /// Swaps in a new config; requests already running keep the snapshot they started with.
     pub fn replace_rules(&self, rules: RuleSet) {
         self.telemetry.metrics.config_loaded(&rules);
+        let (loaded_at, domains) = describe_rules(&rules);
+        self.update_status(|s| {
+            s.loaded_at = loaded_at;
+            s.domains = domains;
+            s.reloads_ok += 1;
+            s.last_reload = Some(ReloadOutcome {
+                at: unix_now(),
+                ok: true,
+                error: None,
+            });
+        });
         let new = Arc::new(rules);
         match self.rules.write() {
             Ok(mut g) => *g = new,

@@ -257,7 +257,7 @@ async fn metrics_count_a_scripted_sequence_exactly() {
         .expect("after 1970")
         .as_secs_f64();
     limiter.replace_rules(reloaded);
-    limiter.config_load_failed();
+    limiter.config_load_failed("test.yaml:1: broken");
     let m = scrape(&s).await;
     assert_eq!(
         value(&m, "sluice_config_loads_total", &[("result", "success")]),
