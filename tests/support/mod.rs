@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod otlp;
+pub mod proxy;
 pub mod redis;
 
 use sluice::clock::ManualClock;

@@ -1,0 +1,728 @@
+#!/usr/bin/env python3
+"""Lint and render the Helm chart helm/sluice with the real Helm engine, validate every rendered
+manifest against the Kubernetes schemas, check the facts each value set must produce, and show
+that bad values are rejected by values.schema.json.
+
+    python3 -m pip install helm-python-sdk kubernetes-validate
+    python3 scripts/check_helm.py            # exit 0 when everything holds
+    python3 scripts/check_helm.py -v         # also print every rendered manifest
+
+The Helm engine is helm-python-sdk (module `helm_python`): ctypes bindings over libhelm_c, Helm's
+Go SDK (v4) compiled into a shared library shipped inside the wheel, so no `helm` binary, Go
+toolchain or cluster is needed. Manifests are validated with kubernetes-validate, strict mode
+(unknown fields are errors), against the Kubernetes schemas that package ships for
+KUBE_VERSION. Nothing is downloaded at run time: Python-level network access is blocked while the
+checks run (only loopback is allowed, for the optional binary smoke test), and the checks also
+pass in a network namespace with nothing but loopback:
+`unshare -rn sh -c 'ip link set lo up && python3 scripts/check_helm.py'`.
+
+The ServiceMonitor (monitoring.coreos.com/v1) is a CRD that kubernetes-validate has no schema
+for: it is checked structurally here instead (apiVersion, kind, selector, endpoints[0] = port
+`http`, path `/metrics`).
+
+When a built sluice binary is found (target/release/sluice or target/debug/sluice, or
+--sluice-bin), the rendered domain files are also checked with `sluice check`, and the binary is
+started once with the environment the chart renders for the memory store and the ConfigMap laid
+out the way kubelet mounts it (`..data` symlink), and must answer /healthcheck and /rlconfig.
+--no-binary skips that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "helm" / "sluice"
+KUBE_VERSION = "1.30.0"
+RELEASE = "edge"
+NAMESPACE = "ingress"
+FULLNAME = "edge-sluice"  # <release>-<chart>
+REDIS_NAME = f"{FULLNAME}-redis"
+SVC_DNS = f"{FULLNAME}.{NAMESPACE}.svc.cluster.local"
+IMAGE = "ghcr.io/sluice-rs/sluice:0.1.0"
+
+try:
+    import yaml
+    import helm_python as helm
+    import kubernetes_validate
+    from kubernetes_validate.utils import SchemaNotFoundError
+    from kubernetes_validate.utils import ValidationError as KubeValidationError
+except ImportError as exc:  # pragma: no cover - environment problem, not a check failure
+    sys.exit(
+        f"check_helm: missing Python package ({exc}).\n"
+        "Install them with: python3 -m pip install helm-python-sdk kubernetes-validate"
+    )
+
+
+# --------------------------------------------------------------------------- offline guard
+
+
+def block_network() -> None:
+    """Make any non-loopback connection from Python fail loudly: the checks must run offline."""
+
+    def loopback(host: Any) -> bool:
+        return str(host) in ("localhost", "::1") or str(host).startswith("127.")
+
+    real_connect = socket.socket.connect
+    real_getaddrinfo = socket.getaddrinfo
+
+    def guarded_connect(self: socket.socket, address: Any) -> Any:
+        if self.family in (socket.AF_INET, socket.AF_INET6) and not loopback(address[0]):
+            raise RuntimeError(f"check_helm must run offline, but something connected to {address}")
+        return real_connect(self, address)
+
+    def guarded_getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host is not None and not loopback(host):
+            raise RuntimeError(f"check_helm must run offline, but something resolved {host!r}")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    socket.socket.connect = guarded_connect  # type: ignore[method-assign]
+    socket.getaddrinfo = guarded_getaddrinfo  # type: ignore[assignment]
+
+
+# --------------------------------------------------------------------------- bookkeeping
+
+
+class Checks:
+    def __init__(self) -> None:
+        self.failures: list[str] = []
+        self.passed = 0
+        self.context = ""
+
+    def expect(self, cond: bool, what: str) -> bool:
+        if cond:
+            self.passed += 1
+        else:
+            self.failures.append(f"[{self.context}] {what}")
+            print(f"  FAIL {what}")
+        return cond
+
+    def equal(self, got: Any, want: Any, what: str) -> bool:
+        return self.expect(got == want, f"{what}: got {got!r}, want {want!r}")
+
+
+C = Checks()
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def render(values: dict[str, Any] | None) -> dict[str, str]:
+    with helm.Chart.load(CHART) as chart:
+        return chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+
+
+def split_documents(rendered: dict[str, str]) -> tuple[list[tuple[str, dict[str, Any]]], str]:
+    """The manifests (template path, object) and the rendered NOTES.txt."""
+    docs: list[tuple[str, dict[str, Any]]] = []
+    notes = ""
+    for path, text in sorted(rendered.items()):
+        if path.endswith("NOTES.txt"):
+            notes = text
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                docs.append((path, doc))
+    return docs, notes
+
+
+def by_kind(docs: list[tuple[str, dict[str, Any]]], kind: str) -> list[dict[str, Any]]:
+    return [d for _, d in docs if d.get("kind") == kind]
+
+
+def one(docs: list[tuple[str, dict[str, Any]]], kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in by_kind(docs, kind) if d["metadata"]["name"] == name]
+    C.equal(len(found), 1, f"number of {kind} named {name}")
+    return found[0] if found else {}
+
+
+def env_map(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    env = container.get("env", [])
+    names = [e["name"] for e in env]
+    C.equal(sorted(n for n in set(names) if names.count(n) > 1), [], "duplicate env names")
+    return {e["name"]: e for e in env}
+
+
+def env_value(env: dict[str, dict[str, Any]], name: str) -> Any:
+    return env.get(name, {}).get("value")
+
+
+def seconds(duration: str) -> int:
+    assert duration.endswith("s") and duration[:-1].isdigit(), duration
+    return int(duration[:-1])
+
+
+def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate_manifests(docs: list[tuple[str, dict[str, Any]]]) -> int:
+    """kubernetes-validate (strict) for built-in kinds; structural checks for ServiceMonitor."""
+    count = 0
+    for path, doc in docs:
+        name = f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')} ({path})"
+        if doc.get("kind") == "ServiceMonitor":
+            check_service_monitor(doc)
+            count += 1
+            continue
+        try:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+            count += 1
+        except KubeValidationError as exc:
+            where = ".".join(str(p) for p in exc.path)
+            C.expect(False, f"{name} is not a valid Kubernetes {KUBE_VERSION} object: {where}: {exc.message}")
+        except SchemaNotFoundError as exc:
+            C.expect(False, f"{name}: {exc.message}")
+    return count
+
+
+def check_service_monitor(sm: dict[str, Any]) -> None:
+    """No schema ships for this CRD, so check the fields Prometheus Operator needs by hand."""
+    C.equal(sm.get("apiVersion"), "monitoring.coreos.com/v1", "ServiceMonitor apiVersion")
+    C.expect(set(sm) <= {"apiVersion", "kind", "metadata", "spec"}, f"ServiceMonitor top-level keys {sorted(sm)}")
+    spec = sm.get("spec", {})
+    C.expect(set(spec) <= {"selector", "namespaceSelector", "endpoints", "jobLabel"}, f"ServiceMonitor spec keys {sorted(spec)}")
+    C.expect(bool(spec.get("selector", {}).get("matchLabels")), "ServiceMonitor selects by matchLabels")
+    endpoints = spec.get("endpoints") or [{}]
+    ep = endpoints[0]
+    C.equal(ep.get("port"), "http", "ServiceMonitor endpoints[0].port")
+    C.equal(ep.get("path"), "/metrics", "ServiceMonitor endpoints[0].path")
+    for key in ("interval", "scrapeTimeout"):
+        value = str(ep.get(key, ""))
+        C.expect(value[:-1].isdigit() and value[-1] in "smh", f"ServiceMonitor {key} {value!r} is a Prometheus duration")
+
+
+# --------------------------------------------------------------------------- facts
+
+
+def check_common(values: dict[str, Any], docs: list[tuple[str, dict[str, Any]]], notes: str) -> dict[str, Any]:
+    """Facts every value set must produce. Returns the sluice container's env for per-set checks."""
+    for _, doc in docs:
+        labels = doc["metadata"].get("labels", {})
+        for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by", "helm.sh/chart"):
+            C.expect(key in labels, f"{doc['kind']}/{doc['metadata']['name']} has label {key}")
+
+    dep = one(docs, "Deployment", FULLNAME)
+    pod = dep["spec"]["template"]["spec"]
+    selector = dep["spec"]["selector"]["matchLabels"]
+    C.equal(selector, {"app.kubernetes.io/name": "sluice", "app.kubernetes.io/instance": RELEASE}, "Deployment selector")
+    C.expect(matches(selector, dep["spec"]["template"]["metadata"]["labels"]), "pod labels match the Deployment selector")
+    annotations = dep["spec"]["template"]["metadata"].get("annotations", {})
+    C.expect(not any("checksum" in k for k in annotations), "no ConfigMap checksum annotation (config reloads live)")
+
+    # Security context.
+    psc = pod["securityContext"]
+    C.equal(psc.get("runAsNonRoot"), True, "pod runAsNonRoot")
+    C.equal(psc.get("runAsUser"), 65532, "pod runAsUser")
+    C.expect(isinstance(psc.get("fsGroup"), int), "pod fsGroup set")
+    C.equal(psc.get("seccompProfile"), {"type": "RuntimeDefault"}, "pod seccompProfile")
+    containers = {c["name"]: c for c in pod["containers"]}
+    C.equal(sorted(containers), ["sluice"], "containers")
+    ctr = containers.get("sluice", {})
+    csc = ctr.get("securityContext", {})
+    C.equal(csc.get("readOnlyRootFilesystem"), True, "container readOnlyRootFilesystem")
+    C.equal(csc.get("allowPrivilegeEscalation"), False, "container allowPrivilegeEscalation")
+    C.equal(csc.get("capabilities"), {"drop": ["ALL"]}, "container capabilities")
+    C.equal(ctr.get("image"), IMAGE, "image")
+
+    # Ports and env.
+    C.equal({p["name"]: p["containerPort"] for p in ctr.get("ports", [])}, {"grpc": 8081, "http": 8080}, "container ports")
+    env = env_map(ctr)
+    for name, want in {
+        "GRPC_PORT": "8081", "PORT": "8080", "RUNTIME_ROOT": "/data", "RUNTIME_SUBDIRECTORY": "ratelimit",
+        "RUNTIME_APPDIRECTORY": "config", "RUNTIME_IGNOREDOTFILES": "true", "RUNTIME_WATCH_ROOT": "false",
+    }.items():
+        C.equal(env_value(env, name), want, f"env {name}")
+    for name in ("LOG_LEVEL", "LOG_FORMAT", "SHADOW_MODE", "NEAR_LIMIT_RATIO", "LIMIT_RESPONSE_HEADERS_ENABLED",
+                 "LOCAL_CACHE_SIZE_IN_BYTES", "TRACING_ENABLED", "SHUTDOWN_GRACE_PERIOD"):
+        C.expect(isinstance(env_value(env, name), str), f"env {name} is set (a string)")
+    for name, var in env.items():
+        C.expect(isinstance(var.get("value"), str) or "valueFrom" in var, f"env {name} has a string value or valueFrom")
+    grace = seconds(env_value(env, "SHUTDOWN_GRACE_PERIOD") or "0s")
+    C.expect(pod["terminationGracePeriodSeconds"] > grace,
+             f"terminationGracePeriodSeconds {pod['terminationGracePeriodSeconds']} > SHUTDOWN_GRACE_PERIOD {grace}s")
+
+    # Probes.
+    probes = values.get("probes", {})
+    probe_type = probes.get("type", "grpc")
+    for probe, kind in (("readinessProbe", probe_type), ("livenessProbe", probes.get("liveness", {}).get("type") or probe_type)):
+        p = ctr.get(probe, {})
+        want = {
+            "grpc": ("grpc", {"port": 8081, "service": "ratelimit"}),
+            "http": ("httpGet", {"path": "/healthcheck", "port": "http"}),
+            "tcp": ("tcpSocket", {"port": "grpc"}),
+        }[kind]
+        C.equal(p.get(want[0]), want[1], f"{probe} ({kind})")
+    startup = values.get("probes", {}).get("startup", {}).get("enabled", False)
+    C.equal("startupProbe" in ctr, startup, "startupProbe present iff probes.startup.enabled")
+
+    # The ConfigMap mount: the whole map as a directory (kubelet's ..data symlink swap).
+    mounts = {m["name"]: m for m in ctr.get("volumeMounts", [])}
+    C.equal(mounts.get("config", {}).get("mountPath"), "/data/ratelimit/config", "config mount path")
+    C.expect("subPath" not in mounts.get("config", {}), "config mounted without subPath (live updates)")
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    C.equal(volumes.get("config", {}).get("configMap", {}).get("name"), FULLNAME, "config volume's ConfigMap")
+
+    # Topology spread: zone and hostname, best effort, this release's sluice pods.
+    tsc = pod.get("topologySpreadConstraints", [])
+    C.equal(sorted(t["topologyKey"] for t in tsc), ["kubernetes.io/hostname", "topology.kubernetes.io/zone"], "topology keys")
+    for t in tsc:
+        C.equal(t.get("whenUnsatisfiable"), "ScheduleAnyway", "topology whenUnsatisfiable")
+        C.equal(t.get("labelSelector", {}).get("matchLabels"), selector, "topology labelSelector = pod selector")
+
+    # ServiceAccount.
+    sa = one(docs, "ServiceAccount", FULLNAME)
+    C.equal(pod.get("serviceAccountName"), sa.get("metadata", {}).get("name"), "pod uses the chart's ServiceAccount")
+
+    # Service: ports grpc/http, selecting exactly the sluice pods.
+    svc = one(docs, "Service", FULLNAME)
+    ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    C.equal(sorted(ports), ["grpc", "http"], "Service port names")
+    C.equal((ports["grpc"]["port"], ports["grpc"].get("appProtocol")), (8081, "grpc"), "Service grpc port")
+    C.equal(ports["http"]["port"], 8080, "Service http port")
+    C.equal(svc["spec"]["selector"], selector, "Service selector")
+    C.equal(svc["spec"]["type"], "ClusterIP", "Service type")
+
+    # ConfigMap: one key per domain file, each a YAML document with its domain.
+    cm = one(docs, "ConfigMap", FULLNAME)
+    config = {"example": {"domain": "example"}, **values.get("config", {})}  # Helm merges with the default
+    want_files = {}
+    for name, cfg in config.items():
+        if cfg is None:  # `name: null` removes a default entry
+            continue
+        domain = (yaml.safe_load(cfg) if isinstance(cfg, str) else cfg)["domain"]
+        want_files[name if name.endswith((".yaml", ".yml")) else f"{name}.yaml"] = domain
+    data = cm.get("data", {})
+    C.equal(sorted(data), sorted(want_files), "ConfigMap keys (one per domain file)")
+    for key, text in data.items():
+        doc = yaml.safe_load(text)
+        C.equal(doc.get("domain"), want_files.get(key), f"ConfigMap {key} domain")
+
+    # HPA / PDB / ServiceMonitor only when enabled.
+    hpa_on = values.get("autoscaling", {}).get("enabled", False)
+    C.equal(len(by_kind(docs, "HorizontalPodAutoscaler")), int(hpa_on), "HPA present iff autoscaling.enabled")
+    C.equal("replicas" in dep["spec"], not hpa_on, "Deployment.replicas set iff no HPA")
+    C.equal(len(by_kind(docs, "PodDisruptionBudget")), int(values.get("pdb", {}).get("enabled", False)), "PDB present iff pdb.enabled")
+    C.equal(len(by_kind(docs, "ServiceMonitor")), int(values.get("serviceMonitor", {}).get("enabled", False)),
+            "ServiceMonitor present iff serviceMonitor.enabled")
+    for pdb in by_kind(docs, "PodDisruptionBudget"):
+        C.equal(pdb["spec"]["selector"]["matchLabels"], selector, "PDB selector")
+    for hpa in by_kind(docs, "HorizontalPodAutoscaler"):
+        C.equal(hpa["spec"]["scaleTargetRef"], {"apiVersion": "apps/v1", "kind": "Deployment", "name": FULLNAME}, "HPA target")
+    for sm in by_kind(docs, "ServiceMonitor"):
+        C.equal(sm["spec"]["selector"]["matchLabels"], selector, "ServiceMonitor selector")
+        C.expect(matches(sm["spec"]["selector"]["matchLabels"], svc["metadata"]["labels"]), "ServiceMonitor selects the Service")
+
+    # Evaluation Redis objects only when enabled.
+    redis_on = values.get("redis", {}).get("enabled", False)
+    redis_objs = [d for _, d in docs if d["metadata"]["name"] == REDIS_NAME]
+    C.equal(sorted(d["kind"] for d in redis_objs), ["Deployment", "Service"] if redis_on else [], "evaluation Redis objects")
+
+    check_notes(notes, redis_on)
+    memory = values.get("store", {}).get("type", "memory") == "memory"
+    several = hpa_on or values.get("replicaCount", 1) > 1
+    C.equal("each pod keeps its own counters" in notes, memory and several,
+            "NOTES warn about per-pod counters iff memory store with several replicas")
+    return env
+
+
+def check_notes(notes: str, redis_on: bool) -> None:
+    """NOTES.txt is part of the engine's output: it names the service and holds a valid Envoy snippet."""
+    C.expect(f"{SVC_DNS}:8081" in notes, f"NOTES mention {SVC_DNS}:8081")
+    start = notes.find("http_filters:")
+    end = notes.find("\n\n", notes.find("clusters:"))
+    try:
+        snippet = yaml.safe_load(notes[start:end])
+    except yaml.YAMLError as exc:
+        C.expect(False, f"the Envoy snippet in NOTES is not YAML: {exc}")
+        return
+    flt = snippet["http_filters"][0]
+    C.equal(flt["name"], "envoy.filters.http.ratelimit", "NOTES filter name")
+    rls = flt["typed_config"]["rate_limit_service"]
+    C.equal(rls["transport_api_version"], "V3", "NOTES transport_api_version")
+    cluster = snippet["clusters"][0]
+    C.equal(rls["grpc_service"]["envoy_grpc"]["cluster_name"], cluster["name"], "NOTES filter -> cluster name")
+    C.equal(cluster["type"], "STRICT_DNS", "NOTES cluster type")
+    opts = cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+    C.equal(opts["@type"], "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions", "NOTES protocol options type")
+    C.equal(opts["explicit_http_config"], {"http2_protocol_options": {}}, "NOTES HTTP/2")
+    sock = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+    C.equal((sock["address"], sock["port_value"]), (SVC_DNS, 8081), "NOTES cluster address")
+    C.equal("EVALUATION ONLY" in notes, redis_on, "NOTES evaluation-Redis warning iff redis.enabled")
+
+
+def no_redis_env(env: dict[str, Any]) -> None:
+    C.equal(sorted(n for n in env if n.startswith("REDIS_") or n == "CACHE_KEY_PREFIX"), [], "no Redis env with the memory store")
+
+
+# --------------------------------------------------------------------------- value sets
+
+SECRET = {"existingSecret": "redis-credentials", "existingSecretKey": "password"}
+SEEDS = ["rc-0.rc.infra:6379", "rc-1.rc.infra:6379", "rc-2.rc.infra:6379"]
+
+
+def facts_default(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
+    no_redis_env(env)
+    C.equal(env_value(env, "SHUTDOWN_GRACE_PERIOD"), "15s", "default SHUTDOWN_GRACE_PERIOD")
+
+
+def facts_headless(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
+    no_redis_env(env)
+    C.equal(one(docs, "Service", FULLNAME)["spec"].get("clusterIP"), "None", "headless Service")
+    C.equal(one(docs, "Deployment", FULLNAME)["spec"].get("replicas"), 2, "replicas")
+
+
+def facts_memory(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
+    no_redis_env(env)
+    cm = one(docs, "ConfigMap", FULLNAME)["data"]
+    C.expect("requests_per_unit: 10000000" in cm.get("big.yaml", ""), "large integers render as integers (not 1e+07)")
+    C.expect('value: "1.10"' in cm.get("raw.yml", "") and "# kept verbatim" in cm.get("raw.yml", ""),
+             "a string config entry is rendered verbatim")
+    for name, want in {"TRACING_ENABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector.observability:4317",
+                       "OTEL_SERVICE_NAME": "sluice-edge", "TRACING_SAMPLING_RATE": "0.1", "LOG_LEVEL": "debug",
+                       "LOG_FORMAT": "text", "SHADOW_MODE": "true", "NEAR_LIMIT_RATIO": "0.9",
+                       "LIMIT_RESPONSE_HEADERS_ENABLED": "true", "RATELIMIT_HEADERS_DRAFT": "ietf",
+                       "CONFIG_RELOAD_INTERVAL": "2s"}.items():
+        C.equal(env_value(env, name), want, f"env {name}")
+    pod = one(docs, "Deployment", FULLNAME)["spec"]["template"]["spec"]
+    C.equal([v["name"] for v in pod["volumes"]], ["config", "tls"], "extraVolumes appended")
+    C.equal([m["mountPath"] for m in pod["containers"][0]["volumeMounts"]], ["/data/ratelimit/config", "/etc/sluice/tls"],
+            "extraVolumeMounts appended")
+
+
+def facts_redis(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
+    C.equal(env_value(env, "REDIS_URL"), "redis.infra.svc:6379", "REDIS_URL")
+    C.equal(env_value(env, "REDIS_TYPE"), "single", "REDIS_TYPE")
+    auth = env.get("REDIS_AUTH", {})
+    C.expect("value" not in auth, "REDIS_AUTH has no plain value")
+    C.equal(auth.get("valueFrom", {}).get("secretKeyRef"), {"name": "redis-credentials", "key": "password"}, "REDIS_AUTH secretKeyRef")
+    for name, want in {"REDIS_TLS": "true", "REDIS_POOL_SIZE": "16", "REDIS_TIMEOUT": "250ms",
+                       "CACHE_KEY_PREFIX": "edge_", "FAILURE_MODE": "allow", "LOCAL_CACHE_SIZE_IN_BYTES": "16777216"}.items():
+        C.equal(env_value(env, name), want, f"env {name}")
+
+
+def facts_cluster(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
+    C.equal(env_value(env, "REDIS_URL"), ",".join(SEEDS), "REDIS_URL (comma-joined seeds)")
+    C.equal(env_value(env, "REDIS_TYPE"), "cluster", "REDIS_TYPE")
+    C.equal(env.get("REDIS_AUTH", {}).get("valueFrom", {}).get("secretKeyRef"),
+            {"name": "redis-credentials", "key": "password"}, "REDIS_AUTH secretKeyRef")
+    C.expect("REDIS_TLS" not in env, "no REDIS_TLS when store.redis.tls is false")
+    hpa = one(docs, "HorizontalPodAutoscaler", FULLNAME)["spec"]
+    C.equal((hpa["minReplicas"], hpa["maxReplicas"]), (3, 12), "HPA min/max")
+    C.equal(hpa["metrics"][0]["resource"]["target"], {"type": "Utilization", "averageUtilization": 60}, "HPA CPU target")
+    C.equal(one(docs, "PodDisruptionBudget", FULLNAME)["spec"].get("minAvailable"), 2, "PDB minAvailable")
+    sm = one(docs, "ServiceMonitor", FULLNAME)
+    C.equal(sm["metadata"]["labels"].get("release"), "kube-prometheus-stack", "ServiceMonitor extra label")
+    C.equal(sm["spec"]["endpoints"][0].get("interval"), "15s", "ServiceMonitor interval")
+
+
+def facts_eval_redis(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
+    C.equal(env_value(env, "REDIS_URL"), f"{REDIS_NAME}:6379", "REDIS_URL points at the evaluation Redis")
+    C.equal(env_value(env, "REDIS_TYPE"), "single", "REDIS_TYPE")
+    dep = one(docs, "Deployment", REDIS_NAME)
+    svc = one(docs, "Service", REDIS_NAME)
+    sluice = one(docs, "Deployment", FULLNAME)
+    if not (dep and svc and sluice):
+        return
+    pod = dep["spec"]["template"]["spec"]
+    ctr = pod["containers"][0]
+    C.equal(ctr["image"], "redis:7-alpine", "evaluation Redis image")
+    C.equal(pod["securityContext"].get("runAsNonRoot"), True, "evaluation Redis runAsNonRoot")
+    C.expect(isinstance(pod["securityContext"].get("runAsUser"), int) and pod["securityContext"]["runAsUser"] > 0,
+             "evaluation Redis runs as a non-root uid")
+    C.equal(ctr["securityContext"].get("readOnlyRootFilesystem"), True, "evaluation Redis readOnlyRootFilesystem")
+    C.equal(ctr["securityContext"].get("capabilities"), {"drop": ["ALL"]}, "evaluation Redis capabilities")
+    C.expect("--requirepass" in ctr["args"] and "$(REDIS_PASSWORD)" in ctr["args"], "evaluation Redis requires the Secret's password")
+    C.expect(all(v.get("emptyDir") is not None for v in pod.get("volumes", [])), "evaluation Redis has no persistent volume")
+    redis_pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    sluice_pod_labels = sluice["spec"]["template"]["metadata"]["labels"]
+    C.expect(matches(svc["spec"]["selector"], redis_pod_labels), "Redis Service selects the Redis pod")
+    C.expect(not matches(svc["spec"]["selector"], sluice_pod_labels), "Redis Service does not select sluice pods")
+    C.expect(not matches(sluice["spec"]["selector"]["matchLabels"], redis_pod_labels), "sluice selector does not match the Redis pod")
+    C.equal(svc["spec"]["ports"][0]["port"], 6379, "Redis Service port")
+
+
+VALUE_SETS: list[tuple[str, dict[str, Any], Callable[..., None]]] = [
+    ("default", {}, facts_default),
+    ("memory", {
+        "store": {"type": "memory"},
+        "probes": {"type": "http", "startup": {"enabled": True}},
+        "settings": {"logLevel": "debug", "logFormat": "text", "shadowMode": True, "nearLimitRatio": 0.9,
+                     "limitResponseHeadersEnabled": True},
+        "tracing": {"enabled": True, "endpoint": "http://otel-collector.observability:4317",
+                    "serviceName": "sluice-edge", "samplingRate": 0.1},
+        "extraEnv": [{"name": "RATELIMIT_HEADERS_DRAFT", "value": "ietf"},
+                     {"name": "CONFIG_RELOAD_INTERVAL", "value": "2s"}],
+        "extraVolumes": [{"name": "tls", "secret": {"secretName": "sluice-tls"}}],
+        "extraVolumeMounts": [{"name": "tls", "mountPath": "/etc/sluice/tls", "readOnly": True}],
+        "config": {
+            "example": None,  # drop the chart's example domain
+            "api": {"domain": "api", "descriptors": [{"key": "remote_address",
+                                                      "rate_limit": {"unit": "second", "requests_per_unit": 10}}]},
+            "big": {"domain": "big", "descriptors": [{"key": "tenant",
+                                                      "rate_limit": {"unit": "day", "requests_per_unit": 10000000}}]},
+            "raw.yml": "# kept verbatim\ndomain: raw\ndescriptors:\n  - key: version\n    value: \"1.10\"\n"
+                       "    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+        },
+    }, facts_memory),
+    ("memory, 2 replicas, headless", {
+        "replicaCount": 2,
+        "service": {"clusterIP": "None"},
+    }, facts_headless),
+    ("redis", {
+        "store": {"type": "redis", "failureMode": "allow", "localCacheSizeInBytes": 16777216,
+                  "redis": {"url": "redis.infra.svc:6379", **SECRET, "tls": True, "poolSize": 16,
+                            "timeout": "250ms", "cacheKeyPrefix": "edge_"}},
+        "replicaCount": 3,
+        "probes": {"liveness": {"type": "tcp"}},
+    }, facts_redis),
+    ("cluster+hpa+pdb+servicemonitor", {
+        "store": {"type": "cluster", "redis": dict(SECRET), "cluster": {"seeds": SEEDS}},
+        "autoscaling": {"enabled": True, "minReplicas": 3, "maxReplicas": 12, "targetCPUUtilizationPercentage": 60},
+        "pdb": {"enabled": True, "minAvailable": 2},
+        "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "kube-prometheus-stack"}},
+    }, facts_cluster),
+    ("evaluation-redis", {
+        "store": {"type": "redis", "redis": dict(SECRET)},
+        "redis": {"enabled": True},
+    }, facts_eval_redis),
+]
+
+def facts_istio(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
+    C.equal(env_value(env, "REDIS_URL"), values["store"]["redis"]["url"], "REDIS_URL")
+    C.equal(env_value(env, "REDIS_TYPE"), "single", "REDIS_TYPE")
+    C.equal(env_value(env, "LOG_LEVEL"), values["settings"]["logLevel"], "LOG_LEVEL")
+
+
+# The values file the Istio example and the migration guide install with, when present: the
+# docs must keep working with the chart.
+ISTIO_VALUES = ROOT / "config" / "istio" / "values-istio.yaml"
+if ISTIO_VALUES.is_file():
+    VALUE_SETS.append((f"{ISTIO_VALUES.relative_to(ROOT)}", yaml.safe_load(ISTIO_VALUES.read_text()), facts_istio))
+
+# Values the schema must reject: (name, values, fragments the error must contain).
+BAD_VALUES: list[tuple[str, dict[str, Any], list[str]]] = [
+    ("wrong type", {"replicaCount": "two"}, ["/replicaCount", "want integer"]),
+    ("unknown top-level key", {"replicaCont": 2}, ["additional properties 'replicaCont' not allowed"]),
+    ("unknown nested key", {"store": {"redis": {"passwrd": "x"}}}, ["/store/redis", "'passwrd' not allowed"]),
+    ("invalid enum", {"store": {"type": "mongo"}}, ["/store/type", "memory", "redis", "cluster"]),
+    ("cluster without seeds", {"store": {"type": "cluster"}}, ["/store/cluster/seeds", "minItems"]),
+    ("redis without url", {"store": {"type": "redis"}}, ["/store/redis/url", "minLength"]),
+    ("evaluation Redis with cluster", {"store": {"type": "cluster", "cluster": {"seeds": SEEDS}}, "redis": {"enabled": True}},
+     ["/store/type", "'redis'"]),
+    ("bad seed", {"store": {"type": "cluster", "cluster": {"seeds": ["no-port"]}}}, ["/store/cluster/seeds/0"]),
+    ("bad probe type", {"probes": {"type": "tcp"}}, ["/probes/type"]),
+    ("headless NodePort", {"service": {"type": "NodePort", "clusterIP": "None"}}, ["/service/type", "'ClusterIP'"]),
+    ("tracing without endpoint", {"tracing": {"enabled": True}}, ["/tracing/endpoint"]),
+    ("ratio above 1", {"settings": {"nearLimitRatio": 1.5}}, ["/settings/nearLimitRatio", "maximum"]),
+    ("PDB with both bounds", {"pdb": {"enabled": True, "minAvailable": 1, "maxUnavailable": 1}}, ["/pdb/maxUnavailable"]),
+    ("config file name with a leading dot", {"config": {".hidden": {"domain": "h"}}}, ["'.hidden'"]),
+]
+
+# Values the templates must refuse (cross-field rules the schema cannot express).
+BAD_RENDER: list[tuple[str, dict[str, Any], str]] = [
+    ("termination grace not above the drain", {"terminationGracePeriodSeconds": 15}, "must be greater than settings.shutdownGracePeriodSeconds"),
+    ("one domain in two files", {"config": {"a": {"domain": "example"}}}, 'domain "example" is defined twice'),
+]
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def step_lint() -> None:
+    C.context = "lint"
+    print(f"==> helm lint {CHART} (Helm SDK {helm.helm_sdk_version()}, kube {KUBE_VERSION})")
+    for name, values, _ in VALUE_SETS:
+        report = helm.lint(CHART, values or None, kube_version=f"v{KUBE_VERSION}")
+        messages = report.get("messages", [])
+        for m in messages:
+            level = {1: "INFO", 2: "WARNING", 3: "ERROR"}.get(m["severity"], "UNKNOWN")
+            if name == "default" or m["severity"] >= 2:
+                print(f"  [{name}] {level} {m['path']}: {m['error'].strip()}")
+        errors = [m for m in messages if m["severity"] >= 3] + [{"error": e} for e in report.get("errors", [])]
+        C.expect(not errors, f"lint of value set {name!r} has errors: {[e['error'].strip() for e in errors]}")
+
+
+def step_render(verbose: bool) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for name, values, facts in VALUE_SETS:
+        C.context = f"render {name}"
+        print(f"==> render {name!r} and validate against Kubernetes {KUBE_VERSION} (strict)")
+        try:
+            rendered = render(values or None)
+        except helm.HelmError as exc:
+            C.expect(False, f"render failed: {exc}")
+            continue
+        docs, notes = split_documents(rendered)
+        if verbose:
+            for path, text in sorted(rendered.items()):
+                print(f"# ---- {path}\n{text}")
+        counts[name] = validate_manifests(docs)
+        kinds = ", ".join(f"{d['kind']}/{d['metadata']['name']}" for _, d in docs)
+        print(f"  {counts[name]} documents: {kinds}")
+        try:
+            env = check_common(values, docs, notes)
+            facts(values, docs, env)
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
+            # A missing field is a failed check, reported with the others, not a crash.
+            C.expect(False, f"the rendered output lacks an expected field ({type(exc).__name__}: {exc})")
+    return counts
+
+
+def step_rejections() -> int:
+    rejected = 0
+    for name, values, fragments in BAD_VALUES:
+        C.context = f"reject {name}"
+        try:
+            render(values)
+            C.expect(False, f"values {values} rendered, but the schema must reject them")
+            continue
+        except helm.HelmValuesError as exc:
+            message = str(exc)
+        except helm.HelmError as exc:
+            C.expect(False, f"values {values} failed, but not with a schema error: {type(exc).__name__}: {exc}")
+            continue
+        ok = C.expect("don't meet the specifications of the schema" in message, f"render error is a schema error: {message}")
+        ok &= C.expect(all(f in message for f in fragments), f"schema error names {fragments}: {message}")
+        report = helm.lint(CHART, values)
+        lint_errors = [m["error"] for m in report.get("messages", []) if m["severity"] >= 3] + report.get("errors", [])
+        ok &= C.expect(any(all(f in e for f in fragments) for e in lint_errors), f"lint reports the schema error: {lint_errors}")
+        if ok:
+            rejected += 1
+            print(f"  rejected ({name}): {message.splitlines()[-1].strip()}")
+    for name, values, fragment in BAD_RENDER:
+        C.context = f"reject {name}"
+        try:
+            render(values)
+            C.expect(False, f"values {values} rendered, but the chart must refuse them")
+        except helm.HelmRenderError as exc:
+            if C.expect(fragment in str(exc), f"render error names the rule ({fragment!r}): {exc}"):
+                rejected += 1
+                print(f"  refused ({name}): {str(exc).split('): ', 1)[-1]}")
+        except helm.HelmError as exc:
+            C.expect(False, f"values {values} failed with an unexpected error: {type(exc).__name__}: {exc}")
+    return rejected
+
+
+def find_binary(explicit: str | None) -> Path | None:
+    if explicit:
+        return Path(explicit)
+    found = [p for p in (ROOT / "target" / "release" / "sluice", ROOT / "target" / "debug" / "sluice") if p.is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def step_binary(binary: Path) -> None:
+    """The rendered config passes `sluice check`; the memory-store env starts the real binary."""
+    C.context = f"binary {binary.relative_to(ROOT) if binary.is_relative_to(ROOT) else binary}"
+    print(f"==> {C.context}: `sluice check` on the rendered domain files, then a start with the chart's env")
+    for name, values, _ in VALUE_SETS:
+        docs, _ = split_documents(render(values or None))
+        data = one(docs, "ConfigMap", FULLNAME).get("data", {})
+        with tempfile.TemporaryDirectory() as tmp:
+            for key, text in data.items():
+                Path(tmp, key).write_text(text)
+            run = subprocess.run([str(binary), "check", tmp], capture_output=True, text=True, timeout=60)
+            if C.expect(run.returncode == 0, f"`sluice check` of the {name!r} ConfigMap: {run.stdout}{run.stderr}"):
+                print(f"  sluice check: the {len(data)} domain file(s) of {name!r} are valid")
+
+    docs, _ = split_documents(render(None))
+    data = one(docs, "ConfigMap", FULLNAME)["data"]
+    ctr = one(docs, "Deployment", FULLNAME)["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in ctr["env"]}
+    with tempfile.TemporaryDirectory() as root:
+        # kubelet's layout: files in a timestamped dir, `..data` -> it, and each key -> ..data/key.
+        config = Path(root, "ratelimit", "config")
+        stamped = config / "..2030_01_01_00_00_00.000000001"
+        stamped.mkdir(parents=True)
+        for key, text in data.items():
+            (stamped / key).write_text(text)
+        (config / "..data").symlink_to(stamped.name)
+        for key in data:
+            (config / key).symlink_to(Path("..data", key))
+        grpc, http = free_port(), free_port()
+        env.update({"RUNTIME_ROOT": root, "GRPC_PORT": str(grpc), "PORT": str(http), "GRPC_HOST": "127.0.0.1",
+                    "HOST": "127.0.0.1", "SHUTDOWN_GRACE_PERIOD": "2s"})
+        proc = subprocess.Popen([str(binary)], env={"PATH": os.environ.get("PATH", "")} | env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            health = rlconfig = ""
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{http}/healthcheck", timeout=1) as r:
+                        health = r.read().decode()
+                    with urllib.request.urlopen(f"http://127.0.0.1:{http}/rlconfig", timeout=1) as r:
+                        rlconfig = r.read().decode()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            C.expect(health.strip() == "OK", f"/healthcheck with the chart's env answers OK (got {health!r})")
+            C.expect("example." in rlconfig, f"/rlconfig lists the example domain from the mounted ConfigMap: {rlconfig!r}")
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            try:
+                out, _ = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+        if C.equal(proc.returncode, 0, f"exit code after SIGTERM (output: {out[-2000:]!r})") and health:
+            print("  sluice serve with the chart's env and a kubelet-style mount: /healthcheck OK, "
+                  "/rlconfig lists the domain, exit 0 on SIGTERM")
+
+
+def main() -> int:
+    global CHART
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="print every rendered manifest")
+    parser.add_argument("--chart", type=Path, default=CHART, help="chart directory (default: helm/sluice)")
+    parser.add_argument("--sluice-bin", help="sluice binary for the smoke test (default: target/{release,debug}/sluice)")
+    parser.add_argument("--no-binary", action="store_true", help="skip the checks with the sluice binary")
+    args = parser.parse_args()
+
+    CHART = args.chart.resolve()
+    started = time.monotonic()
+    block_network()
+    step_lint()
+    counts = step_render(args.verbose)
+    rejected = step_rejections()
+    binary = None if args.no_binary else find_binary(args.sluice_bin)
+    if binary:
+        step_binary(binary)
+
+    print("\n==> summary")
+    for name, n in counts.items():
+        print(f"  {name:32} {n} documents validated")
+    print(f"  bad value sets rejected: {rejected} of {len(BAD_VALUES) + len(BAD_RENDER)}")
+    print(f"  sluice binary checks: {'ran with ' + str(binary) if binary else 'skipped (no binary)'}")
+    print(f"  {C.passed} checks passed, {len(C.failures)} failed, in {time.monotonic() - started:.1f}s")
+    if C.failures:
+        print("\ncheck_helm: FAILED", file=sys.stderr)
+        for failure in C.failures:
+            print(f"  {failure}", file=sys.stderr)
+        return 1
+    print("check_helm: OK")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

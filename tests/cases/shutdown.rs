@@ -1,0 +1,404 @@
+//! SIGTERM with calls provably in flight, on the real binary and a real Redis. A test-owned
+//! proxy between sluice and Redis holds every Redis script call, so the test knows (by counting
+//! the held `EVALSHA`s, not by waiting) that all its calls are inside sluice waiting on Redis
+//! when the signal arrives, and that shutdown has started (health NOT_SERVING, then the gRPC
+//! listener refusing connections) before any of them can be answered. Nothing here depends on
+//! wall time: every wait is for a condition, with a cap that only bounds a broken setup.
+
+use crate::support::proxy::RedisProxy;
+use crate::support::redis::RedisServer;
+use crate::support::*;
+use sluice::proto::rate_limit_response::Code;
+use sluice::proto::rate_limit_service_client::RateLimitServiceClient;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::task::JoinHandle;
+use tonic::transport::{Channel, Endpoint};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+
+/// Upper bound on waiting for any one condition; only there so a broken setup cannot hang.
+const CAP: Duration = Duration::from_secs(60);
+
+/// Every client value has its own counter of 10 per hour, so each call of the burst is admitted
+/// (overall OK, 9 left) and no call depends on another.
+const CONFIG: &str = "\
+domain: shutdown
+descriptors:
+  - key: client
+    rate_limit:
+      unit: hour
+      requests_per_unit: 10
+";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// The real `sluice serve` on free ports, its Redis behind `proxy`. Killed on drop.
+struct Sluice {
+    child: tokio::process::Child,
+    grpc: SocketAddr,
+    /// Every stderr line so far (the reader task appends until the process closes stderr).
+    log: Arc<Mutex<Vec<String>>>,
+    log_reader: Option<JoinHandle<()>>,
+    _config: tempfile::TempDir,
+}
+
+impl Sluice {
+    /// Starts sluice with `pool_size` Redis connections and `grace` as `SHUTDOWN_GRACE_PERIOD`,
+    /// and waits until it is ready: gRPC health SERVING (its Redis PING went through the proxy)
+    /// and one real decision answered OK (which also loads the script into Redis, so no call of
+    /// the burst meets NOSCRIPT).
+    async fn start(proxy: &RedisProxy, pool_size: usize, grace: &str) -> (Self, Channel) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = dir.path().join("shutdown.yaml");
+        std::fs::write(&config, CONFIG).expect("write config");
+        let (grpc_port, http_port) = (free_port(), free_port());
+        let mut command = tokio::process::Command::new(BIN);
+        command
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("GRPC_PORT", grpc_port.to_string())
+            .env("HOST", "127.0.0.1")
+            .env("PORT", http_port.to_string())
+            .env("REDIS_URL", proxy.url())
+            .env("REDIS_POOL_SIZE", pool_size.to_string())
+            .env("REDIS_TIMEOUT", "30s")
+            .env("SHUTDOWN_GRACE_PERIOD", grace)
+            .env("LOG_LEVEL", "info")
+            .env("LOG_FORMAT", "text");
+        for var in [
+            "RUST_LOG",
+            "SLUICE_CONFIG",
+            "REDIS_TYPE",
+            "REDIS_AUTH",
+            "REDIS_TLS",
+            "FAILURE_MODE",
+            "SHADOW_MODE",
+            "LOCAL_CACHE_SIZE_IN_BYTES",
+            "CACHE_KEY_PREFIX",
+            "TRACING_ENABLED",
+        ] {
+            command.env_remove(var);
+        }
+        let mut child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn sluice");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let sink = Arc::clone(&log);
+        let log_reader = tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                sink.lock().expect("log lock").push(line);
+            }
+        });
+        let mut sluice = Self {
+            child,
+            grpc: SocketAddr::from(([127, 0, 0, 1], grpc_port)),
+            log,
+            log_reader: Some(log_reader),
+            _config: dir,
+        };
+        let channel = sluice.ready().await;
+        (sluice, channel)
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().expect("log lock").join("\n")
+    }
+
+    async fn ready(&mut self) -> Channel {
+        let endpoint = Endpoint::from_shared(format!("http://{}", self.grpc)).expect("endpoint");
+        let deadline = tokio::time::Instant::now() + CAP;
+        let channel = loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "sluice exited with {status} before serving:\n{}",
+                    self.log()
+                );
+            }
+            if let Ok(channel) = endpoint.connect().await {
+                break channel;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "sluice did not listen on {} within {CAP:?}:\n{}",
+                self.grpc,
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let mut health = HealthClient::new(channel.clone());
+        loop {
+            let status = health
+                .check(HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await
+                .map(|r| r.into_inner().status);
+            if matches!(status, Ok(s) if s == ServingStatus::Serving as i32) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "sluice was not SERVING within {CAP:?} (last: {status:?}):\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let warm_up = RateLimitServiceClient::new(channel.clone())
+            .should_rate_limit(one("shutdown", &[("client", "warm-up")]))
+            .await
+            .unwrap_or_else(|e| panic!("first decision failed: {e:?}\n{}", self.log()))
+            .into_inner();
+        assert_eq!(code(&warm_up), Code::Ok, "{warm_up:?}");
+        channel
+    }
+
+    fn sigterm(&self) {
+        let pid = self.child.id().expect("sluice is running").to_string();
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM {pid}");
+    }
+
+    /// Waits for the process to exit; returns its exit code and its whole stderr.
+    async fn exit(&mut self) -> (Option<i32>, String) {
+        let status = match tokio::time::timeout(CAP, self.child.wait()).await {
+            Ok(status) => status.expect("wait for sluice"),
+            Err(_) => panic!("sluice did not exit within {CAP:?}:\n{}", self.log()),
+        };
+        if let Some(reader) = self.log_reader.take() {
+            // stderr is closed now that the process is gone: the reader has read everything.
+            let _ = tokio::time::timeout(CAP, reader).await;
+        }
+        (status.code(), self.log())
+    }
+}
+
+/// A gRPC health `Watch` on its own connection, opened while sluice serves.
+async fn watch_health(grpc: SocketAddr) -> tonic::Streaming<tonic_health::pb::HealthCheckResponse> {
+    let channel = Endpoint::from_shared(format!("http://{grpc}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("health connection");
+    let mut watch = HealthClient::new(channel)
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("health watch")
+        .into_inner();
+    let first = watch.message().await.expect("watch").expect("first status");
+    assert_eq!(first.status, ServingStatus::Serving as i32);
+    watch
+}
+
+/// Shutdown has started, established from sluice's side, in the order sluice does it: the
+/// health watch reports NOT_SERVING (nothing else can turn it: the store answers PING through
+/// the proxy and the pool has connections to spare), then a new TCP connection to the gRPC port
+/// is refused (the listener is closed: the drain has begun). Consumes the watch, so it does not
+/// keep a stream of its own open during the drain.
+async fn shutdown_started(
+    mut watch: tonic::Streaming<tonic_health::pb::HealthCheckResponse>,
+    sluice: &Sluice,
+) {
+    let not_serving = tokio::time::timeout(CAP, async {
+        loop {
+            match watch.message().await {
+                Ok(Some(m)) if m.status == ServingStatus::NotServing as i32 => return Ok(()),
+                Ok(Some(_)) => continue,
+                other => return Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    match not_serving {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!(
+            "health watch ended before NOT_SERVING: {e}\n{}",
+            sluice.log()
+        ),
+        Err(_) => panic!("no NOT_SERVING within {CAP:?}:\n{}", sluice.log()),
+    }
+    drop(watch);
+
+    let refused = tokio::time::timeout(CAP, async {
+        loop {
+            match tokio::net::TcpStream::connect(sluice.grpc).await {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return,
+                // Still accepting (or a transient error): close it and look again.
+                _ => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        }
+    })
+    .await;
+    assert!(
+        refused.is_ok(),
+        "the gRPC listener still accepted connections {CAP:?} after NOT_SERVING:\n{}",
+        sluice.log()
+    );
+}
+
+type CallResult = Result<sluice::proto::RateLimitResponse, tonic::Status>;
+
+/// `n` concurrent ShouldRateLimit calls over one HTTP/2 connection, each on its own descriptor.
+fn burst(channel: &Channel, n: usize) -> Vec<(String, JoinHandle<CallResult>)> {
+    (0..n)
+        .map(|i| {
+            let value = format!("burst-{i}");
+            let mut client = RateLimitServiceClient::new(channel.clone());
+            let request = one("shutdown", &[("client", &value)]);
+            let call = tokio::spawn(async move {
+                client
+                    .should_rate_limit(request)
+                    .await
+                    .map(|r| r.into_inner())
+            });
+            (value, call)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_during_a_burst_answers_every_in_flight_call_then_exits_zero() {
+    const N: usize = 64;
+    let redis = RedisServer::start();
+    let proxy = RedisProxy::start(SocketAddr::from(([127, 0, 0, 1], redis.port()))).await;
+    // Each pooled connection carries one call at a time; N of them (plus spares for the health
+    // probe) let all N calls reach Redis, i.e. the proxy, at once.
+    let (mut sluice, channel) = Sluice::start(&proxy, N + 4, "30s").await;
+    let watch = watch_health(sluice.grpc).await;
+
+    proxy.hold();
+    let calls = burst(&channel, N);
+    // All N calls are inside sluice, each waiting on its own EVALSHA that the proxy holds.
+    let held = proxy
+        .wait_for("all burst calls reaching Redis", CAP, |s| {
+            s.scripts_held >= N
+        })
+        .await;
+    assert_eq!(
+        held.scripts_held, N,
+        "one script call per request: {held:?}"
+    );
+    assert_eq!(held.commands_held, N, "{held:?}");
+    assert_eq!(held.unparsed_bytes, 0, "{held:?}");
+
+    sluice.sigterm();
+    shutdown_started(watch, &sluice).await;
+    // Still nothing answered: the draining sluice is waiting on Redis for every call.
+    assert_eq!(proxy.stats().scripts_held, N);
+    let finished: Vec<&str> = calls
+        .iter()
+        .filter(|(_, c)| c.is_finished())
+        .map(|(v, _)| v.as_str())
+        .collect();
+    assert!(
+        finished.is_empty(),
+        "calls ended before Redis answered: {finished:?}\n{}",
+        sluice.log()
+    );
+
+    proxy.release();
+    let mut failures = Vec::new();
+    for (value, call) in calls {
+        let answer = match tokio::time::timeout(CAP, call).await {
+            Ok(joined) => joined.expect("call task"),
+            Err(_) => panic!(
+                "call {value} got no answer within {CAP:?}:\n{}",
+                sluice.log()
+            ),
+        };
+        match answer {
+            Ok(r) if code(&r) == Code::Ok && r.statuses.len() == 1 => {
+                let status = &r.statuses[0];
+                assert_eq!(status_code(status), Code::Ok, "{value}: {r:?}");
+                assert_eq!(limit_of(status), Some((10, "HOUR".to_string())), "{value}");
+                assert_eq!(status.limit_remaining, 9, "{value}: counted once");
+            }
+            other => failures.push(format!("{value}: {other:?}")),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {N} in-flight calls got no OK answer:\n{}\n--- sluice log ---\n{}",
+        failures.len(),
+        failures.join("\n"),
+        sluice.log()
+    );
+
+    let (code, log) = sluice.exit().await;
+    assert_eq!(code, Some(0), "sluice exits 0 after draining:\n{log}");
+    assert!(
+        log.contains("shutdown complete"),
+        "the drain completed (not cut short by the grace period):\n{log}"
+    );
+    assert!(!log.contains("grace period elapsed"), "{log}");
+    // The answers came from Redis: one counter per burst call, plus the warm-up's.
+    let keys = tokio::task::block_in_place(|| redis.keys_with_ttl());
+    assert_eq!(keys.len(), N + 1, "{keys:?}");
+    drop(channel);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_with_calls_stuck_past_the_grace_period_still_exits_zero() {
+    const N: usize = 8;
+    let redis = RedisServer::start();
+    let proxy = RedisProxy::start(SocketAddr::from(([127, 0, 0, 1], redis.port()))).await;
+    let (mut sluice, channel) = Sluice::start(&proxy, N + 4, "1s").await;
+    let watch = watch_health(sluice.grpc).await;
+
+    proxy.hold();
+    let calls = burst(&channel, N);
+    let held = proxy
+        .wait_for("all stuck calls reaching Redis", CAP, |s| {
+            s.scripts_held >= N
+        })
+        .await;
+    assert_eq!(held.scripts_held, N, "{held:?}");
+
+    sluice.sigterm();
+    shutdown_started(watch, &sluice).await;
+    // Redis never answers (the hold is never released): only the grace period ends the drain.
+    let (code, log) = sluice.exit().await;
+    assert_eq!(
+        code,
+        Some(0),
+        "sluice exits 0 after the grace period:\n{log}"
+    );
+    assert!(
+        log.contains("grace period elapsed"),
+        "the drain was cut short by the grace period:\n{log}"
+    );
+    assert!(!log.contains("shutdown complete"), "{log}");
+    assert_eq!(proxy.stats().scripts_held, N, "nothing reached Redis");
+    // No call got an answer (none was possible); each ends with a transport error instead of
+    // hanging.
+    for (value, call) in calls {
+        let answer = match tokio::time::timeout(CAP, call).await {
+            Ok(joined) => joined.expect("call task"),
+            Err(_) => panic!("call {value} still pending after sluice exited"),
+        };
+        assert!(answer.is_err(), "{value} was answered: {answer:?}");
+    }
+    drop(channel);
+}
