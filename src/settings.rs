@@ -4,11 +4,15 @@
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::{load_path, ConfigErrors, LoadOptions, RuleSet};
+use crate::server::reload::ReloadSettings;
+use crate::server::tls::TlsSettings;
 use crate::server::{ServerConfig, StoreChain};
 use crate::service::headers::HeaderOptions;
 use crate::service::{FailureMode, ServiceOptions};
 use crate::store::breaker::{BreakerSettings, DEFAULT_FAILURE_THRESHOLD};
-use crate::store::redis::{redact_url, RedisKind, RedisSettings, DEFAULT_POOL_SIZE};
+use crate::store::redis::{
+    redact_url, RedisKind, RedisSettings, RedisTlsSettings, DEFAULT_POOL_SIZE,
+};
 use crate::store::StoreError;
 use crate::telemetry::trace::TraceSettings;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
@@ -192,6 +196,79 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub observe: ObserveArgs,
+
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// TLS on the gRPC port, with envoyproxy/ratelimit's names. The HTTP admin port stays plaintext.
+#[derive(Debug, Clone, Args)]
+pub struct TlsArgs {
+    /// Serve gRPC over TLS with GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY.
+    #[arg(
+        long,
+        env = "GRPC_SERVER_USE_TLS",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub grpc_server_use_tls: bool,
+
+    /// PEM certificate chain of the gRPC server (reloaded when the file changes).
+    #[arg(long, env = "GRPC_SERVER_TLS_CERT")]
+    pub grpc_server_tls_cert: Option<PathBuf>,
+
+    /// PEM private key of the gRPC server (reloaded when the file changes).
+    #[arg(long, env = "GRPC_SERVER_TLS_KEY")]
+    pub grpc_server_tls_key: Option<PathBuf>,
+
+    /// PEM CA bundle: when set, clients must present a certificate signed by it (mutual TLS).
+    #[arg(long, env = "GRPC_CLIENT_TLS_CACERT")]
+    pub grpc_client_tls_cacert: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// The gRPC TLS settings, or `None` for plaintext. The files are read (and checked) when the
+    /// server starts.
+    pub fn grpc_tls(&self) -> Result<Option<TlsSettings>, SettingsError> {
+        // clap refuses an empty path, and an empty env var counts as unset (`ignore_empty_env`).
+        let cert = self.grpc_server_tls_cert.clone();
+        let key = self.grpc_server_tls_key.clone();
+        let ca = self.grpc_client_tls_cacert.clone();
+        if !self.grpc_server_use_tls {
+            // Serving plaintext while the operator expects every client to show a certificate
+            // would silently drop the authentication they asked for.
+            if ca.is_some() {
+                return Err(SettingsError::Tls(
+                    "GRPC_CLIENT_TLS_CACERT is set but GRPC_SERVER_USE_TLS is not true: \
+                     refusing to serve gRPC in plaintext when client certificates are expected"
+                        .into(),
+                ));
+            }
+            // envoyproxy ignores them too; say so, since it is probably not what was meant.
+            if cert.is_some() || key.is_some() {
+                tracing::warn!(
+                    "GRPC_SERVER_TLS_CERT/GRPC_SERVER_TLS_KEY are ignored: GRPC_SERVER_USE_TLS is \
+                     not true, gRPC is served in plaintext"
+                );
+            }
+            return Ok(None);
+        }
+        let (Some(cert), Some(key)) = (cert, key) else {
+            return Err(SettingsError::Tls(
+                "GRPC_SERVER_USE_TLS=true needs both GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY \
+                 (PEM files)"
+                    .into(),
+            ));
+        };
+        let settings = TlsSettings::new(cert, key);
+        Ok(Some(match ca {
+            Some(ca) => settings.with_client_ca(ca),
+            None => settings,
+        }))
+    }
 }
 
 /// Metrics, response headers and traces.
@@ -356,6 +433,31 @@ pub struct RedisArgs {
     )]
     pub redis_tls: bool,
 
+    /// PEM CA bundle that signs the Redis server certificate (default: the system roots).
+    #[arg(long, env = "REDIS_TLS_CACERT")]
+    pub redis_tls_cacert: Option<PathBuf>,
+
+    /// PEM client certificate for Redis `tls-auth-clients yes` (with REDIS_TLS_CLIENT_KEY).
+    #[arg(long, env = "REDIS_TLS_CLIENT_CERT")]
+    pub redis_tls_client_cert: Option<PathBuf>,
+
+    /// PEM private key of REDIS_TLS_CLIENT_CERT.
+    #[arg(long, env = "REDIS_TLS_CLIENT_KEY")]
+    pub redis_tls_client_key: Option<PathBuf>,
+
+    /// Accept a Redis certificate whose names do not match the host (e.g. GCP Memorystore); the
+    /// chain is still verified against the CA.
+    #[arg(
+        long,
+        env = "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub redis_tls_skip_hostname_verification: bool,
+
     /// Connections to a standalone Redis (each one multiplexed: requests are pipelined).
     #[arg(long, env = "REDIS_POOL_SIZE", default_value_t = DEFAULT_POOL_SIZE,
           value_parser = clap::value_parser!(u32).range(1..))]
@@ -431,8 +533,23 @@ impl RedisArgs {
                 urls.len()
             )));
         }
-        if urls.iter().any(|u| u.starts_with("rediss://")) {
-            return Err(SettingsError::RedisTls);
+        let tls = RedisTlsSettings {
+            ca_cert: self.redis_tls_cacert.clone(),
+            client_cert: self.redis_tls_client_cert.clone(),
+            client_key: self.redis_tls_client_key.clone(),
+            skip_hostname_verification: self.redis_tls_skip_hostname_verification,
+        };
+        if tls.client_cert.is_some() != tls.client_key.is_some() {
+            return Err(SettingsError::Redis(
+                "REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY must be set together".into(),
+            ));
+        }
+        if tls != RedisTlsSettings::default() && !urls.iter().any(|u| u.starts_with("rediss://")) {
+            // envoyproxy ignores them too without REDIS_TLS; say so, it is probably a mistake.
+            tracing::warn!(
+                "REDIS_TLS_* certificate settings are ignored: Redis is reached without TLS \
+                 (set REDIS_TLS=true or use rediss:// URLs)"
+            );
         }
         Ok(Some(RedisSettings {
             urls,
@@ -445,6 +562,7 @@ impl RedisArgs {
             pool_size: self.redis_pool_size,
             timeout: self.redis_timeout,
             key_prefix: self.cache_key_prefix.clone(),
+            tls,
         }))
     }
 
@@ -547,6 +665,30 @@ pub struct RuntimeArgs {
         default_missing_value = "true"
     )]
     pub runtime_ignoredotfiles: bool,
+
+    /// envoyproxy's switch between watching the runtime root (a swapped `RUNTIME_ROOT` symlink)
+    /// or the config directory (a ConfigMap's `..data` swap). Accepted for compatibility: sluice
+    /// re-reads the whole tree from `RUNTIME_ROOT` down, following symlinks, so it sees both.
+    #[arg(
+        long,
+        env = "RUNTIME_WATCH_ROOT",
+        default_value = "true",
+        value_parser = parse_go_bool,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub runtime_watch_root: bool,
+
+    /// How often the config files are checked for changes (`1s`, `500ms`); `0` turns live
+    /// reload off.
+    #[arg(
+        long,
+        env = "CONFIG_RELOAD_INTERVAL",
+        default_value = "1s",
+        value_parser = parse_duration
+    )]
+    pub config_reload_interval: Duration,
 }
 
 impl RuntimeArgs {
@@ -619,11 +761,8 @@ impl FromStr for Secret {
 pub enum SettingsError {
     #[error("{0}")]
     Redis(String),
-    #[error(
-        "Redis TLS is not supported in this version (REDIS_TLS=true or a rediss:// URL); \
-         connect to Redis without TLS, or through a local TLS proxy"
-    )]
-    RedisTls,
+    #[error("{0}")]
+    Tls(String),
     #[error("cannot set up the Redis store: {0}")]
     Store(#[from] StoreError),
     #[error("cannot resolve {what} address {host}:{port}: {reason}")]
@@ -667,9 +806,12 @@ impl ServeArgs {
     /// before it binds. Fails before any port is opened.
     pub fn server_config(&self) -> Result<ServerConfig, SettingsError> {
         let chain = self.store_chain()?;
+        let grpc_tls = self.tls.grpc_tls()?;
         let grpc_addr = resolve("gRPC", &self.grpc_host, self.grpc_port)?;
         let http_addr = resolve("HTTP", &self.host, self.port)?;
         let path = self.config_path();
+        // Taken before the read: a change made after it is seen by the first reload check.
+        let loaded_fingerprint = crate::config::fingerprint(&path, &self.load_options());
         let rules = load_rules(&path, &self.load_options())?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let store = match &chain {
@@ -678,6 +820,7 @@ impl ServeArgs {
                     kind = ?chain.redis.kind,
                     urls = ?chain.redis.urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>(),
                     timeout = ?chain.redis.timeout,
+                    tls = ?chain.redis.tls,
                     local_cache_bytes = chain.local_cache_bytes,
                     "using the Redis store"
                 );
@@ -698,6 +841,14 @@ impl ServeArgs {
             headers: self.observe.headers(),
         };
         config.tracing = self.observe.tracing();
+        config.grpc_tls = grpc_tls;
+        config.loaded_fingerprint = loaded_fingerprint;
+        let interval = self.runtime.config_reload_interval;
+        config.reload = (!interval.is_zero()).then(|| ReloadSettings {
+            path: path.clone(),
+            options: self.load_options(),
+            interval,
+        });
         config.store = store;
         config.shutdown_grace = self.shutdown_grace;
         config.config_path = Some(path);
@@ -842,12 +993,25 @@ mod tests {
                 ("runtime-subdirectory", "RUNTIME_SUBDIRECTORY"),
                 ("runtime-appdirectory", "RUNTIME_APPDIRECTORY"),
                 ("runtime-ignoredotfiles", "RUNTIME_IGNOREDOTFILES"),
+                ("runtime-watch-root", "RUNTIME_WATCH_ROOT"),
+                ("config-reload-interval", "CONFIG_RELOAD_INTERVAL"),
                 ("shadow-mode", "SHADOW_MODE"),
                 ("shutdown-grace", "SHUTDOWN_GRACE_PERIOD"),
                 ("redis-url", "REDIS_URL"),
                 ("redis-type", "REDIS_TYPE"),
                 ("redis-auth", "REDIS_AUTH"),
                 ("redis-tls", "REDIS_TLS"),
+                ("redis-tls-cacert", "REDIS_TLS_CACERT"),
+                ("redis-tls-client-cert", "REDIS_TLS_CLIENT_CERT"),
+                ("redis-tls-client-key", "REDIS_TLS_CLIENT_KEY"),
+                (
+                    "redis-tls-skip-hostname-verification",
+                    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+                ),
+                ("grpc-server-use-tls", "GRPC_SERVER_USE_TLS"),
+                ("grpc-server-tls-cert", "GRPC_SERVER_TLS_CERT"),
+                ("grpc-server-tls-key", "GRPC_SERVER_TLS_KEY"),
+                ("grpc-client-tls-cacert", "GRPC_CLIENT_TLS_CACERT"),
                 ("redis-pool-size", "REDIS_POOL_SIZE"),
                 ("redis-timeout", "REDIS_TIMEOUT"),
                 ("cache-key-prefix", "CACHE_KEY_PREFIX"),
@@ -965,6 +1129,12 @@ mod tests {
         let r = &s.redis;
         assert_eq!(r.redis_type, RedisType::Single);
         assert!(!r.redis_tls);
+        assert_eq!(r.redis_tls_cacert, None);
+        assert_eq!(r.redis_tls_client_cert, None);
+        assert_eq!(r.redis_tls_client_key, None);
+        assert!(!r.redis_tls_skip_hostname_verification);
+        assert!(!s.tls.grpc_server_use_tls);
+        assert_eq!(s.tls.grpc_tls().unwrap(), None);
         assert_eq!(r.redis_pool_size, DEFAULT_POOL_SIZE);
         assert_eq!(r.redis_timeout, crate::store::redis::DEFAULT_TIMEOUT);
         assert_eq!(r.cache_key_prefix, "");
@@ -1119,7 +1289,7 @@ mod tests {
     }
 
     #[test]
-    fn tls_is_normalised_then_refused_clearly() {
+    fn redis_tls_urls_and_certificates() {
         assert_eq!(
             normalize_redis_urls("r:6379,redis://s:1,rediss://t:2", true).unwrap(),
             ["rediss://r:6379", "rediss://s:1", "rediss://t:2"]
@@ -1128,19 +1298,156 @@ mod tests {
             normalize_redis_urls("rediss://t:2", false).unwrap(),
             ["rediss://t:2"]
         );
+        // REDIS_TLS or a rediss:// URL: TLS on the system roots, no client certificate.
         for args in [
             &["--redis-url=redis:6379", "--redis-tls"][..],
             &["--redis-url=redis:6379", "--redis-tls=true"][..],
             &["--redis-url=rediss://redis:6379"][..],
         ] {
-            let e = redis_settings(args).unwrap_err();
-            assert!(matches!(e, SettingsError::RedisTls), "{args:?}: {e}");
+            let r = redis_settings(args).unwrap().unwrap();
+            assert_eq!(r.urls, ["rediss://redis:6379"], "{args:?}");
+            assert_eq!(r.tls, RedisTlsSettings::default(), "{args:?}");
+        }
+        let r = redis_settings(&[
+            "--redis-url=a:7000,b:7000",
+            "--redis-type=cluster",
+            "--redis-tls=1",
+            "--redis-tls-cacert=/etc/redis-tls/ca.crt",
+            "--redis-tls-client-cert=/etc/redis-tls/tls.crt",
+            "--redis-tls-client-key=/etc/redis-tls/tls.key",
+            "--redis-tls-skip-hostname-verification=True",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.urls, ["rediss://a:7000", "rediss://b:7000"]);
+        assert_eq!(
+            r.tls,
+            RedisTlsSettings {
+                ca_cert: Some("/etc/redis-tls/ca.crt".into()),
+                client_cert: Some("/etc/redis-tls/tls.crt".into()),
+                client_key: Some("/etc/redis-tls/tls.key".into()),
+                skip_hostname_verification: true,
+            }
+        );
+        // Paths are shown, never file contents (they are read only when the store is built).
+        let dbg = format!("{r:?}");
+        assert!(dbg.contains("/etc/redis-tls/tls.key"), "{dbg}");
+        // An empty path is refused (an empty env var counts as unset instead).
+        assert!(parse(&["--redis-tls-cacert="]).is_err());
+        // A client certificate needs its key and the other way round.
+        for half in [
+            "--redis-tls-client-cert=/c.crt",
+            "--redis-tls-client-key=/c.key",
+        ] {
+            let e = redis_settings(&["--redis-url=rediss://r:1", half]).unwrap_err();
+            assert!(matches!(e, SettingsError::Redis(_)), "{half}: {e}");
             assert!(e
                 .to_string()
-                .contains("Redis TLS is not supported in this version"));
+                .contains("REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY"));
         }
+        // Certificate settings without TLS are ignored (with a warning), as envoyproxy does.
+        let r = redis_settings(&["--redis-url=r:1", "--redis-tls-cacert=/ca.crt"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.urls, ["redis://r:1"]);
+        assert!(parse(&["--redis-tls-skip-hostname-verification=yes"]).is_err());
         // REDIS_TLS without REDIS_URL changes nothing: memory store.
         assert!(redis_settings(&["--redis-tls"]).unwrap().is_none());
+    }
+
+    fn grpc_tls(args: &[&str]) -> Result<Option<TlsSettings>, SettingsError> {
+        serve_args(parse(args).unwrap()).tls.grpc_tls()
+    }
+
+    #[test]
+    fn grpc_tls_settings() {
+        assert_eq!(grpc_tls(&[]).unwrap(), None, "plaintext by default");
+        let t = grpc_tls(&[
+            "--grpc-server-use-tls",
+            "--grpc-server-tls-cert=/tls/tls.crt",
+            "--grpc-server-tls-key=/tls/tls.key",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(t, TlsSettings::new("/tls/tls.crt", "/tls/tls.key"));
+        assert_eq!(t.client_ca, None);
+        assert_eq!(
+            t.reload_interval,
+            crate::server::tls::DEFAULT_RELOAD_INTERVAL
+        );
+        // A client CA makes it mutual TLS.
+        let t = grpc_tls(&[
+            "--grpc-server-use-tls=T",
+            "--grpc-server-tls-cert=/tls/tls.crt",
+            "--grpc-server-tls-key=/tls/tls.key",
+            "--grpc-client-tls-cacert=/tls/ca.crt",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(t.client_ca, Some(PathBuf::from("/tls/ca.crt")));
+        // TLS without a certificate or a key cannot work.
+        for args in [
+            &["--grpc-server-use-tls"][..],
+            &["--grpc-server-use-tls", "--grpc-server-tls-cert=/c"][..],
+            &["--grpc-server-use-tls", "--grpc-server-tls-key=/k"][..],
+        ] {
+            let e = grpc_tls(args).unwrap_err();
+            assert!(matches!(e, SettingsError::Tls(_)), "{args:?}: {e}");
+            assert!(e.to_string().contains("GRPC_SERVER_TLS_CERT"), "{e}");
+        }
+        // mTLS asked for but TLS off: refused rather than served in plaintext.
+        let e = grpc_tls(&["--grpc-client-tls-cacert=/tls/ca.crt"]).unwrap_err();
+        assert!(e.to_string().contains("GRPC_SERVER_USE_TLS"), "{e}");
+        // A certificate without GRPC_SERVER_USE_TLS is ignored, as envoyproxy does.
+        assert_eq!(
+            grpc_tls(&["--grpc-server-tls-cert=/c", "--grpc-server-tls-key=/k"]).unwrap(),
+            None
+        );
+        assert_eq!(
+            grpc_tls(&["--grpc-server-use-tls=false", "--grpc-server-tls-cert=/c"]).unwrap(),
+            None
+        );
+        assert!(parse(&["--grpc-server-use-tls=yes"]).is_err());
+        // `serve` takes the same flags.
+        let s = serve_args(
+            parse(&[
+                "serve",
+                "--grpc-server-use-tls",
+                "--grpc-server-tls-cert=/c",
+                "--grpc-server-tls-key=/k",
+            ])
+            .unwrap(),
+        );
+        assert!(s.tls.grpc_tls().unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn grpc_tls_reaches_the_server_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, "domain: d\n").unwrap();
+        let config = format!("--config={}", path.display());
+        let s = serve_args(
+            parse(&[
+                "--grpc-port=0",
+                "--port=0",
+                &config,
+                "--grpc-server-use-tls",
+                "--grpc-server-tls-cert=/tls/tls.crt",
+                "--grpc-server-tls-key=/tls/tls.key",
+            ])
+            .unwrap(),
+        );
+        // The files are read when the server starts, not here.
+        let c = s.server_config().unwrap();
+        assert_eq!(
+            c.grpc_tls,
+            Some(TlsSettings::new("/tls/tls.crt", "/tls/tls.key"))
+        );
+        let s = serve_args(parse(&["--grpc-port=0", "--port=0", &config]).unwrap());
+        assert_eq!(s.server_config().unwrap().grpc_tls, None);
+        let s = serve_args(parse(&["--grpc-server-use-tls", &config]).unwrap());
+        assert!(matches!(s.server_config(), Err(SettingsError::Tls(_))));
     }
 
     #[test]

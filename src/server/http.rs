@@ -125,9 +125,12 @@ async fn rlconfig(State(s): State<AdminState>) -> Response {
 /// When the rules in force were loaded and how the last reload went (JSON).
 async fn config_status(State(s): State<AdminState>) -> Response {
     match serde_json::to_string(&s.limiter.config_status()) {
-        Ok(body) => {
-            (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response()
-        }
+        Ok(body) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
         Err(e) => json_error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
 }

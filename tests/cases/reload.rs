@@ -47,7 +47,10 @@ impl ConfigMapDir {
     }
 
     fn data_dir_name(&self) -> String {
-        format!("..2026_11_21_00_00_0{}.000000{}", self.version, self.version)
+        format!(
+            "..2026_11_21_00_00_0{}.000000{}",
+            self.version, self.version
+        )
     }
 
     fn write_version(&mut self, yaml: &str) {
@@ -165,7 +168,10 @@ async fn a_configmap_swap_takes_effect_while_requests_flow_and_a_broken_one_is_r
     assert_eq!(probe().await, 1000);
 
     cm.swap(&config(2000));
-    eventually("the new limit is in force", || async { probe().await == 2000 }).await;
+    eventually("the new limit is in force", || async {
+        probe().await == 2000
+    })
+    .await;
     let s = status(&running).await;
     assert_eq!(s["reloads_ok"], 1, "{s}");
     assert_eq!(s["last_reload"]["ok"], true, "{s}");
@@ -191,7 +197,10 @@ async fn a_configmap_swap_takes_effect_while_requests_flow_and_a_broken_one_is_r
 
     // Fixing the config is picked up again.
     cm.swap(&config(3000));
-    eventually("the fixed config is in force", || async { probe().await == 3000 }).await;
+    eventually("the fixed config is in force", || async {
+        probe().await == 3000
+    })
+    .await;
 
     stop.store(true, Ordering::Relaxed);
     let mut answers = Vec::new();

@@ -2,6 +2,7 @@
 //! requests. Everything goes through real TCP sockets and a real tonic client.
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod otlp;
 pub mod proxy;
 pub mod redis;

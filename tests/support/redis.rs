@@ -232,6 +232,318 @@ impl Drop for RedisServer {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Standalone server over TLS
+// ---------------------------------------------------------------------------------------------
+
+impl RedisServer {
+    /// Starts a standalone server that speaks TLS only (`--port 0 --tls-port PORT`), with the
+    /// server certificate, key and CA of `certs`; with `auth_clients` it also requires a client
+    /// certificate signed by that CA (`tls-auth-clients yes`). Waits until `PING` over TLS
+    /// answers. [`RedisServer::port`] is the TLS port; use [`RedisServer::tls_url`] and
+    /// [`RedisServer::tls_cli`]: the plaintext helpers (`url`, `ping`, `cli`, `keys_with_ttl`,
+    /// `restart`) do not apply to it.
+    pub fn start_tls(certs: &super::certs::TlsFiles, auth_clients: bool) -> Self {
+        Self::launch_tls(certs, auth_clients, &[], false)
+    }
+
+    /// [`RedisServer::start_tls`] with extra arguments; `bus` reserves `port + 10000` too.
+    fn launch_tls(
+        certs: &super::certs::TlsFiles,
+        auth_clients: bool,
+        extra: &[&str],
+        bus: bool,
+    ) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("sluice-redis-tls-")
+            .tempdir()
+            .expect("create a temporary directory for redis-server");
+        let path = |p: &Path| p.to_string_lossy().to_string();
+        let mut failures = Vec::new();
+        for attempt in 1..=START_ATTEMPTS {
+            let port = reserve_port(bus);
+            let mut extra_args: Vec<String> = [
+                "--tls-port",
+                &port.to_string(),
+                "--tls-cert-file",
+                &path(&certs.server_cert),
+                "--tls-key-file",
+                &path(&certs.server_key),
+                "--tls-ca-cert-file",
+                &path(&certs.ca_cert),
+                "--tls-auth-clients",
+                if auth_clients { "yes" } else { "no" },
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            extra_args.extend(extra.iter().map(|s| s.to_string()));
+            match spawn_tls_ready(port, dir.path(), &extra_args) {
+                Ok(child) => {
+                    return Self {
+                        port,
+                        bus,
+                        extra_args,
+                        child: Some(child),
+                        dir,
+                    }
+                }
+                Err(e) => {
+                    release_port(port, bus);
+                    failures.push(format!(
+                        "--- attempt {attempt} on TLS port {port} ---\n{}",
+                        e.message
+                    ));
+                    if !e.port_taken {
+                        break;
+                    }
+                    clear_dir(dir.path());
+                }
+            }
+        }
+        panic!(
+            "redis-server with TLS could not be started (is it built with TLS? Debian's is)\n{}",
+            failures.join("\n")
+        );
+    }
+
+    /// `rediss://127.0.0.1:PORT` of a server started with [`RedisServer::start_tls`].
+    pub fn tls_url(&self) -> String {
+        format!("rediss://127.0.0.1:{}", self.port)
+    }
+
+    /// `redis-cli --tls` against a server started with [`RedisServer::start_tls`], trusting its
+    /// CA and presenting its own certificate (valid as a client certificate of the same CA).
+    pub fn tls_cli(&self, args: &[&str]) -> String {
+        self.try_tls_cli(&[], args).unwrap_or_else(|e| {
+            panic!(
+                "redis-cli --tls -p {} {args:?} failed: {e}\n{}",
+                self.port,
+                logs(self.dir())
+            )
+        })
+    }
+
+    /// [`RedisServer::tls_cli`] with extra redis-cli options (`-c`, `--cluster`...) before the
+    /// connection arguments; a failing redis-cli is an `Err` with its output.
+    fn try_tls_cli(&self, options: &[&str], args: &[&str]) -> Result<String, String> {
+        let arg = |name: &str| {
+            self.extra_args
+                .iter()
+                .position(|a| a == name)
+                .and_then(|i| self.extra_args.get(i + 1))
+                .cloned()
+                .unwrap_or_else(|| panic!("not a TLS server: no {name}"))
+        };
+        let connection = tls_connection(self.port, &arg);
+        let connection: Vec<&str> = options
+            .iter()
+            .copied()
+            .chain(connection.iter().map(String::as_str))
+            .collect();
+        redis_cli(&connection, args)
+    }
+}
+
+/// `redis-cli` connection arguments for TLS on `port`, with the files named in the server's
+/// arguments (looked up through `arg`).
+fn tls_connection(port: u16, arg: &dyn Fn(&str) -> String) -> Vec<String> {
+    vec![
+        "--tls".into(),
+        "--cacert".into(),
+        arg("--tls-ca-cert-file"),
+        "--cert".into(),
+        arg("--tls-cert-file"),
+        "--key".into(),
+        arg("--tls-key-file"),
+        "-h".into(),
+        "127.0.0.1".into(),
+        "-p".into(),
+        port.to_string(),
+    ]
+}
+
+/// Like `spawn_ready`, for a server with no plaintext port: readiness is `PING` through
+/// `redis-cli --tls`, and the `dir` check makes sure the server answering is ours.
+fn spawn_tls_ready(port: u16, dir: &Path, extra: &[String]) -> Result<Child, StartError> {
+    let fatal = |message: String| StartError {
+        port_taken: false,
+        message,
+    };
+    let out = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(stdout_path(dir))
+        .map_err(|e| fatal(format!("open {}: {e}", stdout_path(dir).display())))?;
+    let err = out
+        .try_clone()
+        .map_err(|e| fatal(format!("clone log handle: {e}")))?;
+    let dir_arg = dir.to_string_lossy().to_string();
+    let log_arg = log_path(dir).to_string_lossy().to_string();
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(WATCHDOG)
+        .arg("sh")
+        .args([
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            &dir_arg,
+            "--logfile",
+            &log_arg,
+            "--daemonize",
+            "no",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(extra)
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| fatal(format!("cannot spawn sh (for redis-server): {e}")))?;
+
+    let arg = |name: &str| {
+        extra
+            .iter()
+            .position(|a| a == name)
+            .and_then(|i| extra.get(i + 1))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let connection = tls_connection(port, &arg);
+    let connection: Vec<&str> = connection.iter().map(String::as_str).collect();
+    let our_dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let deadline = Instant::now() + START_DEADLINE;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                let log = logs(dir);
+                return Err(StartError {
+                    port_taken: log.contains("Address already in use")
+                        || log.contains("Could not create server TCP listening socket"),
+                    message: format!(
+                        "redis-server exited with {status} before it was ready\n{log}"
+                    ),
+                });
+            }
+            Ok(None) => {}
+            Err(e) => {
+                stop_child(&mut child);
+                return Err(fatal(format!("waiting for redis-server: {e}")));
+            }
+        }
+        // Only once something listens, so the loop does not spawn redis-cli in vain.
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            if let Ok(out) = redis_cli(&connection, &["CONFIG", "GET", "dir"]) {
+                let served = out.lines().nth(1).map(PathBuf::from);
+                if served.as_deref() == Some(our_dir.as_path()) || served.as_deref() == Some(dir) {
+                    return Ok(child);
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            stop_child(&mut child);
+            return Err(fatal(format!(
+                "redis-server on TLS port {port} did not answer within {START_DEADLINE:?}\n{}",
+                logs(dir)
+            )));
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl RedisCluster {
+    /// A three-master Redis Cluster that speaks TLS only, clients and cluster bus alike
+    /// (`--tls-cluster yes`), with the certificates of `certs` (see
+    /// [`RedisServer::start_tls`]). Use [`RedisCluster::tls_seeds`] and
+    /// [`RedisCluster::tls_cli_cluster`]; the plaintext helpers do not apply.
+    pub fn start_tls(certs: &super::certs::TlsFiles, auth_clients: bool) -> Self {
+        let mut failures = Vec::new();
+        for attempt in 1..=CLUSTER_ATTEMPTS {
+            let nodes: Vec<RedisServer> = (0..3)
+                .map(|_| {
+                    RedisServer::launch_tls(
+                        certs,
+                        auth_clients,
+                        &[
+                            "--cluster-enabled",
+                            "yes",
+                            "--cluster-config-file",
+                            "nodes.conf",
+                            "--cluster-node-timeout",
+                            "5000",
+                            "--tls-cluster",
+                            "yes",
+                        ],
+                        true,
+                    )
+                })
+                .collect();
+            let cluster = Self { nodes };
+            match cluster.form_tls() {
+                Ok(()) => return cluster,
+                Err(e) => failures.push(format!("=== attempt {attempt} ===\n{e}")),
+            }
+        }
+        panic!(
+            "Redis Cluster over TLS could not be formed\n{}",
+            failures.join("\n")
+        );
+    }
+
+    fn form_tls(&self) -> Result<(), String> {
+        let deadline = Instant::now() + CLUSTER_DEADLINE;
+        let addrs: Vec<String> = self
+            .ports()
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let mut args = vec!["--cluster", "create"];
+        args.extend(addrs.iter().map(String::as_str));
+        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        let out = self.nodes[0].try_tls_cli(&[], &args)?;
+        if !out.contains("All 16384 slots covered") {
+            return Err(format!("redis-cli --cluster create:\n{out}"));
+        }
+        loop {
+            let states: Vec<String> = self
+                .nodes
+                .iter()
+                .map(|n| n.try_tls_cli(&[], &["CLUSTER", "INFO"]).unwrap_or_default())
+                .collect();
+            if states.iter().all(|i| {
+                i.contains("cluster_state:ok")
+                    && i.contains(&format!("cluster_slots_assigned:{CLUSTER_SLOTS}"))
+                    && i.contains("cluster_known_nodes:3")
+            }) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("the cluster did not become ok:\n{states:#?}"));
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `rediss://127.0.0.1:PORT` of every node of a cluster from [`RedisCluster::start_tls`].
+    pub fn tls_seeds(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::tls_url).collect()
+    }
+
+    /// `redis-cli --tls -c` (follows redirects) through the first node.
+    pub fn tls_cli_cluster(&self, args: &[&str]) -> String {
+        self.nodes[0]
+            .try_tls_cli(&["-c"], args)
+            .unwrap_or_else(|e| panic!("redis-cli --tls -c {args:?} failed: {e}"))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Cluster
 // ---------------------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 use std::collections::HashMap;
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -47,6 +48,102 @@ pub struct RedisSettings {
     pub timeout: Duration,
     /// `CACHE_KEY_PREFIX`.
     pub key_prefix: String,
+    /// Certificates for `rediss://` URLs (unused for `redis://`).
+    pub tls: RedisTlsSettings,
+}
+
+/// TLS to Redis (envoyproxy's `REDIS_TLS_*`), applied to `rediss://` URLs. The defaults trust
+/// the system's root certificates and present no client certificate. `Debug` shows paths only,
+/// never file contents.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisTlsSettings {
+    /// `REDIS_TLS_CACERT`: PEM CA bundle that replaces the system roots for verifying Redis.
+    pub ca_cert: Option<PathBuf>,
+    /// `REDIS_TLS_CLIENT_CERT`: PEM client certificate chain, for `tls-auth-clients yes`.
+    pub client_cert: Option<PathBuf>,
+    /// `REDIS_TLS_CLIENT_KEY`: the client certificate's PEM private key.
+    pub client_key: Option<PathBuf>,
+    /// `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION`: accept a certificate whose names do not match the
+    /// host connected to (managed Redis services that hand out IPs); the chain is still verified.
+    pub skip_hostname_verification: bool,
+}
+
+impl RedisTlsSettings {
+    /// Reads and checks the files, so a missing file, a bad PEM or a client key that does not
+    /// match its certificate fails at start, naming the file, instead of at every connection.
+    fn certificates(&self) -> Result<redis::TlsCertificates, StoreError> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        fn read(var: &str, path: &Path) -> Result<Vec<u8>, StoreError> {
+            std::fs::read(path).map_err(|e| {
+                StoreError::Permanent(format!("cannot read {var} {}: {e}", path.display()))
+            })
+        }
+        fn certs(var: &str, path: &Path, pem: &[u8]) -> Result<(), StoreError> {
+            let bad = |why: String| {
+                StoreError::Permanent(format!("invalid {var} {}: {why}", path.display()))
+            };
+            let certs = CertificateDer::pem_slice_iter(pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| bad(e.to_string()))?;
+            match certs.first() {
+                None => Err(bad("no PEM CERTIFICATE block found".into())),
+                Some(first) => rustls::server::ParsedCertificate::try_from(first)
+                    .map(|_| ())
+                    .map_err(|e| bad(e.to_string())),
+            }
+        }
+        let root_cert = match &self.ca_cert {
+            Some(path) => {
+                let pem = read("REDIS_TLS_CACERT", path)?;
+                certs("REDIS_TLS_CACERT", path, &pem)?;
+                Some(pem)
+            }
+            None => None,
+        };
+        let client_tls = match (&self.client_cert, &self.client_key) {
+            (Some(cert_path), Some(key_path)) => {
+                let client_cert = read("REDIS_TLS_CLIENT_CERT", cert_path)?;
+                certs("REDIS_TLS_CLIENT_CERT", cert_path, &client_cert)?;
+                let client_key = read("REDIS_TLS_CLIENT_KEY", key_path)?;
+                let key = PrivateKeyDer::from_pem_slice(&client_key).map_err(|e| {
+                    StoreError::Permanent(format!(
+                        "invalid REDIS_TLS_CLIENT_KEY {}: {e}",
+                        key_path.display()
+                    ))
+                })?;
+                let chain = CertificateDer::pem_slice_iter(&client_cert)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| StoreError::Permanent(e.to_string()))?;
+                rustls::sign::CertifiedKey::from_der(
+                    chain,
+                    key,
+                    &rustls::crypto::ring::default_provider(),
+                )
+                .map_err(|e| {
+                    StoreError::Permanent(format!(
+                        "REDIS_TLS_CLIENT_KEY {} does not fit REDIS_TLS_CLIENT_CERT {}: {e}",
+                        key_path.display(),
+                        cert_path.display()
+                    ))
+                })?;
+                Some(redis::ClientTlsConfig {
+                    client_cert,
+                    client_key,
+                })
+            }
+            (None, None) => None,
+            _ => {
+                return Err(StoreError::Permanent(
+                    "REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY must be set together".into(),
+                ))
+            }
+        };
+        Ok(redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        })
+    }
 }
 
 impl fmt::Debug for RedisSettings {
@@ -61,6 +158,7 @@ impl fmt::Debug for RedisSettings {
             .field("pool_size", &self.pool_size)
             .field("timeout", &self.timeout)
             .field("key_prefix", &self.key_prefix)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -104,6 +202,28 @@ impl RedisSettings {
     }
 }
 
+/// A `rediss://` address.
+fn is_tls(info: &redis::ConnectionInfo) -> bool {
+    matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. })
+}
+
+/// A standalone client for a `rediss://` URL with the configured roots and client certificate.
+fn tls_client(
+    info: redis::ConnectionInfo,
+    certs: &redis::TlsCertificates,
+    skip_hostname_verification: bool,
+) -> redis::RedisResult<redis::Client> {
+    let client = redis::Client::build_with_tls(info, certs.clone())?;
+    if !skip_hostname_verification {
+        return Ok(client);
+    }
+    // `build_with_tls` resets the flag, so it is set on the finished address.
+    let info = client.get_connection_info().clone();
+    let mut addr = info.addr().clone();
+    addr.set_danger_accept_invalid_hostnames(true);
+    redis::Client::open(info.set_addr(addr))
+}
+
 /// A multiplexed connection that remembers an I/O failure, so the pool drops it instead of
 /// handing a dead connection out again after Redis restarts.
 pub struct PooledConn {
@@ -119,6 +239,40 @@ pub struct PooledConn {
 pub struct Manager {
     client: redis::Client,
     config: redis::AsyncConnectionConfig,
+    errors: ConnectErrors,
+}
+
+/// Logs why the pool could not connect. bb8 hands connection errors to its error sink only (a
+/// caller just times out), so without this a rejected certificate or a wrong CA would never be
+/// told. Each distinct error is logged once until a connection succeeds again, so a Redis that
+/// stays down does not flood the log.
+#[derive(Debug, Clone, Default)]
+struct ConnectErrors {
+    last: Arc<Mutex<Option<String>>>,
+}
+
+impl ConnectErrors {
+    fn connected(&self) {
+        if let Ok(mut last) = self.last.lock() {
+            *last = None;
+        }
+    }
+}
+
+impl bb8::ErrorSink<RedisError> for ConnectErrors {
+    fn sink(&self, error: RedisError) {
+        let message = error.to_string();
+        if let Ok(mut last) = self.last.lock() {
+            if last.as_deref() != Some(message.as_str()) {
+                tracing::warn!(error = %message, "cannot connect to Redis");
+                *last = Some(message);
+            }
+        }
+    }
+
+    fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<RedisError>> {
+        Box::new(self.clone())
+    }
 }
 
 impl bb8::ManageConnection for Manager {
@@ -130,6 +284,7 @@ impl bb8::ManageConnection for Manager {
             .client
             .get_multiplexed_async_connection_with_config(&self.config)
             .await?;
+        self.errors.connected();
         Ok(PooledConn {
             conn,
             broken: false,
@@ -186,6 +341,15 @@ impl RedisStore {
     pub fn new(settings: &RedisSettings) -> Result<Self, StoreError> {
         keys::validate_prefix(&settings.key_prefix).map_err(StoreError::Permanent)?;
         let infos = settings.connection_infos()?;
+        let tls = infos.iter().any(is_tls);
+        let certs = if tls {
+            // redis asks rustls for the process-wide provider; make sure it is ring (the only
+            // one compiled in) even if some other crate in the process enabled another.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            Some(settings.tls.certificates()?)
+        } else {
+            None
+        };
         let backend = match settings.kind {
             RedisKind::Single => {
                 let [info] = <[_; 1]>::try_from(infos).map_err(|v: Vec<_>| {
@@ -194,11 +358,17 @@ impl RedisStore {
                         v.len()
                     ))
                 })?;
-                let client = redis::Client::open(info)
-                    .map_err(|e| StoreError::Permanent(format!("Redis client: {e}")))?;
+                let client = match &certs {
+                    Some(certs) if is_tls(&info) => {
+                        tls_client(info, certs, settings.tls.skip_hostname_verification)
+                    }
+                    _ => redis::Client::open(info),
+                }
+                .map_err(|e| StoreError::Permanent(format!("Redis client: {e}")))?;
                 let config = redis::AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(settings.timeout))
                     .set_response_timeout(Some(settings.timeout));
+                let errors = ConnectErrors::default();
                 let pool = bb8::Pool::builder()
                     .max_size(settings.pool_size.max(1))
                     .connection_timeout(settings.timeout)
@@ -206,14 +376,25 @@ impl RedisStore {
                     // A refused connection fails the call at once instead of retrying until the
                     // timeout: the breaker and the health probe handle recovery.
                     .retry_connection(false)
-                    .build_unchecked(Manager { client, config });
+                    .error_sink(Box::new(errors.clone()))
+                    .build_unchecked(Manager {
+                        client,
+                        config,
+                        errors,
+                    });
                 Backend::Single(pool)
             }
             RedisKind::Cluster => {
                 if infos.is_empty() {
                     return Err(StoreError::Permanent("no Redis Cluster seed given".into()));
                 }
-                let client = ClusterClient::builder(infos)
+                let mut builder = ClusterClient::builder(infos);
+                if let Some(certs) = certs {
+                    builder = builder
+                        .certs(certs)
+                        .danger_accept_invalid_hostnames(settings.tls.skip_hostname_verification);
+                }
+                let client = builder
                     .connection_timeout(settings.timeout)
                     .response_timeout(settings.timeout)
                     .retries(2)
