@@ -592,6 +592,15 @@ pub fn normalize_redis_urls(raw: &str, tls: bool) -> Result<Vec<String>, Setting
     };
     let mut urls = Vec::new();
     for item in raw.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        // redis-rs reads a `#insecure` fragment as "skip every certificate check": too quiet a
+        // switch for that; REDIS_TLS_SKIP_HOSTNAME_VERIFICATION is the explicit, narrower one.
+        if item.contains('#') {
+            return Err(bad(
+                item,
+                "a URL fragment ('#...') is not accepted (to relax TLS checks, set \
+                 REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=true)",
+            ));
+        }
         let url = match item.split_once("://") {
             Some((scheme, rest)) => {
                 let scheme = scheme.to_ascii_lowercase();
@@ -1298,6 +1307,12 @@ mod tests {
             normalize_redis_urls("rediss://t:2", false).unwrap(),
             ["rediss://t:2"]
         );
+        // redis-rs's `#insecure` would silently turn off certificate checks.
+        let e = normalize_redis_urls("rediss://:pw@t:2/#insecure", false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"), "{e}");
+        assert!(!e.contains("pw"), "{e}");
         // REDIS_TLS or a rediss:// URL: TLS on the system roots, no client certificate.
         for args in [
             &["--redis-url=redis:6379", "--redis-tls"][..],
