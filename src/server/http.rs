@@ -124,7 +124,12 @@ async fn rlconfig(State(s): State<AdminState>) -> Response {
 
 /// When the rules in force were loaded and how the last reload went (JSON).
 async fn config_status(State(s): State<AdminState>) -> Response {
-    match serde_json::to_string(&s.limiter.config_status()) {
+    json_ok(&s.limiter.config_status())
+}
+
+/// 200 with `value` as JSON.
+fn json_ok(value: &impl serde::Serialize) -> Response {
+    match serde_json::to_string(value) {
         Ok(body) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],
@@ -167,13 +172,7 @@ async fn offenders(
     };
     let tracker = &s.limiter.telemetry().offenders;
     let Some(domain) = q.domain else {
-        let body = serde_json::json!({ "domains": tracker.domains() }).to_string();
-        return (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "application/json")],
-            body,
-        )
-            .into_response();
+        return json_ok(&serde_json::json!({ "domains": tracker.domains() }));
     };
     let limit = q.limit.unwrap_or(10);
     let report = tracker.top(&domain, limit).unwrap_or_else(|| {
@@ -183,15 +182,7 @@ async fn offenders(
             offenders: Vec::new(),
         }
     });
-    match serde_json::to_string(&report) {
-        Ok(body) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "application/json")],
-            body,
-        )
-            .into_response(),
-        Err(e) => json_error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-    }
+    json_ok(&report)
 }
 
 async fn json(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> Response {

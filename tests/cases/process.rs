@@ -59,13 +59,6 @@ fn check_reports_every_mistake_with_file_and_line() {
     );
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_in_flight_calls_and_exits_zero() {
     let (grpc, http_port) = (free_port(), free_port());

@@ -37,13 +37,6 @@ descriptors:
       requests_per_unit: 10
 ";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
 /// The real `sluice serve` on free ports, its Redis behind `proxy`. Killed on drop.
 struct Sluice {
     child: tokio::process::Child,

@@ -387,13 +387,6 @@ async fn broken_tls_files_stop_the_start_naming_the_file() {
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
 /// The binary configured only by envoyproxy's env vars serves mutual TLS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_serves_mutual_tls_from_envoyproxy_env_vars() {

@@ -233,3 +233,11 @@ pub fn grpcurl(args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stderr).to_string(),
     )
 }
+
+/// A port that was free a moment ago on `127.0.0.1` (for a child process to bind).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}

@@ -35,6 +35,15 @@ const CLUSTER_ATTEMPTS: usize = 3;
 const BUS_OFFSET: u16 = 10_000;
 const POLL: Duration = Duration::from_millis(25);
 const CLUSTER_SLOTS: &str = "16384";
+/// `redis-server` arguments of every cluster node.
+const CLUSTER_NODE_ARGS: [&str; 6] = [
+    "--cluster-enabled",
+    "yes",
+    "--cluster-config-file",
+    "nodes.conf",
+    "--cluster-node-timeout",
+    "5000",
+];
 
 /// Runs redis-server as a background job of `sh` and exits with its status. A watcher holds the
 /// read end of our stdin pipe: when the write end closes (on `stop`, or because the test process
@@ -80,14 +89,22 @@ impl RedisServer {
     }
 
     fn launch(extra_args: Vec<String>, bus: bool) -> Self {
+        Self::launch_with(Listen::Plain, bus, |_| extra_args.clone())
+    }
+
+    /// Starts a server listening as `listen` with the arguments `args` gives for a port, on a
+    /// fresh port each time the chosen one turns out to be taken; `bus` reserves `port + 10000`
+    /// too. Panics with the server's log if it cannot start.
+    fn launch_with(listen: Listen, bus: bool, args: impl Fn(u16) -> Vec<String>) -> Self {
         let dir = tempfile::Builder::new()
-            .prefix("sluice-redis-")
+            .prefix(listen.dir_prefix())
             .tempdir()
             .expect("create a temporary directory for redis-server");
         let mut failures = Vec::new();
         for attempt in 1..=START_ATTEMPTS {
             let port = reserve_port(bus);
-            match spawn_ready(port, dir.path(), &extra_args) {
+            let extra_args = args(port);
+            match spawn_ready(listen, port, dir.path(), &extra_args) {
                 Ok(child) => {
                     return Self {
                         port,
@@ -100,7 +117,8 @@ impl RedisServer {
                 Err(e) => {
                     release_port(port, bus);
                     failures.push(format!(
-                        "--- attempt {attempt} on port {port} ---\n{}",
+                        "--- attempt {attempt} on {} {port} ---\n{}",
+                        listen.port_name(),
                         e.message
                     ));
                     if !e.port_taken {
@@ -110,11 +128,7 @@ impl RedisServer {
                 }
             }
         }
-        panic!(
-            "redis-server could not be started (is it installed? apt-get install -y redis-server \
-             redis-tools)\n{}",
-            failures.join("\n")
-        );
+        panic!("{}\n{}", listen.not_started(), failures.join("\n"));
     }
 
     pub fn port(&self) -> u16 {
@@ -203,7 +217,7 @@ impl RedisServer {
         let deadline = Instant::now() + START_DEADLINE;
         let mut failures = Vec::new();
         for attempt in 1..=START_ATTEMPTS {
-            match spawn_ready(self.port, self.dir(), &self.extra_args) {
+            match spawn_ready(Listen::Plain, self.port, self.dir(), &self.extra_args) {
                 Ok(child) => {
                     self.child = Some(child);
                     return;
@@ -253,14 +267,8 @@ impl RedisServer {
         extra: &[&str],
         bus: bool,
     ) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("sluice-redis-tls-")
-            .tempdir()
-            .expect("create a temporary directory for redis-server");
         let path = |p: &Path| p.to_string_lossy().to_string();
-        let mut failures = Vec::new();
-        for attempt in 1..=START_ATTEMPTS {
-            let port = reserve_port(bus);
+        Self::launch_with(Listen::Tls, bus, |port| {
             let mut extra_args: Vec<String> = [
                 "--tls-port",
                 &port.to_string(),
@@ -277,33 +285,8 @@ impl RedisServer {
             .map(|s| s.to_string())
             .collect();
             extra_args.extend(extra.iter().map(|s| s.to_string()));
-            match spawn_tls_ready(port, dir.path(), &extra_args) {
-                Ok(child) => {
-                    return Self {
-                        port,
-                        bus,
-                        extra_args,
-                        child: Some(child),
-                        dir,
-                    }
-                }
-                Err(e) => {
-                    release_port(port, bus);
-                    failures.push(format!(
-                        "--- attempt {attempt} on TLS port {port} ---\n{}",
-                        e.message
-                    ));
-                    if !e.port_taken {
-                        break;
-                    }
-                    clear_dir(dir.path());
-                }
-            }
-        }
-        panic!(
-            "redis-server with TLS could not be started (is it built with TLS? Debian's is)\n{}",
-            failures.join("\n")
-        );
+            extra_args
+        })
     }
 
     /// `rediss://127.0.0.1:PORT` of a server started with [`RedisServer::start_tls`].
@@ -327,11 +310,7 @@ impl RedisServer {
     /// connection arguments; a failing redis-cli is an `Err` with its output.
     fn try_tls_cli(&self, options: &[&str], args: &[&str]) -> Result<String, String> {
         let arg = |name: &str| {
-            self.extra_args
-                .iter()
-                .position(|a| a == name)
-                .and_then(|i| self.extra_args.get(i + 1))
-                .cloned()
+            arg_value(&self.extra_args, name)
                 .unwrap_or_else(|| panic!("not a TLS server: no {name}"))
         };
         let connection = tls_connection(self.port, &arg);
@@ -342,6 +321,14 @@ impl RedisServer {
             .collect();
         redis_cli(&connection, args)
     }
+}
+
+/// The value following `name` in redis-server arguments.
+fn arg_value(args: &[String], name: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
 }
 
 /// `redis-cli` connection arguments for TLS on `port`, with the files named in the server's
@@ -362,150 +349,25 @@ fn tls_connection(port: u16, arg: &dyn Fn(&str) -> String) -> Vec<String> {
     ]
 }
 
-/// Like `spawn_ready`, for a server with no plaintext port: readiness is `PING` through
-/// `redis-cli --tls`, and the `dir` check makes sure the server answering is ours.
-fn spawn_tls_ready(port: u16, dir: &Path, extra: &[String]) -> Result<Child, StartError> {
-    let fatal = |message: String| StartError {
-        port_taken: false,
-        message,
-    };
-    let out = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(stdout_path(dir))
-        .map_err(|e| fatal(format!("open {}: {e}", stdout_path(dir).display())))?;
-    let err = out
-        .try_clone()
-        .map_err(|e| fatal(format!("clone log handle: {e}")))?;
-    let dir_arg = dir.to_string_lossy().to_string();
-    let log_arg = log_path(dir).to_string_lossy().to_string();
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(WATCHDOG)
-        .arg("sh")
-        .args([
-            "--port",
-            "0",
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            &dir_arg,
-            "--logfile",
-            &log_arg,
-            "--daemonize",
-            "no",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .args(extra)
-        .current_dir(dir)
-        .stdin(Stdio::piped())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .map_err(|e| fatal(format!("cannot spawn sh (for redis-server): {e}")))?;
-
-    let arg = |name: &str| {
-        extra
-            .iter()
-            .position(|a| a == name)
-            .and_then(|i| extra.get(i + 1))
-            .cloned()
-            .unwrap_or_default()
-    };
-    let connection = tls_connection(port, &arg);
-    let connection: Vec<&str> = connection.iter().map(String::as_str).collect();
-    let our_dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-    let deadline = Instant::now() + START_DEADLINE;
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => {
-                let log = logs(dir);
-                return Err(StartError {
-                    port_taken: log.contains("Address already in use")
-                        || log.contains("Could not create server TCP listening socket"),
-                    message: format!(
-                        "redis-server exited with {status} before it was ready\n{log}"
-                    ),
-                });
-            }
-            Ok(None) => {}
-            Err(e) => {
-                stop_child(&mut child);
-                return Err(fatal(format!("waiting for redis-server: {e}")));
-            }
-        }
-        // Only once something listens, so the loop does not spawn redis-cli in vain.
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            if let Ok(out) = redis_cli(&connection, &["CONFIG", "GET", "dir"]) {
-                let served = out.lines().nth(1).map(PathBuf::from);
-                if served.as_deref() == Some(our_dir.as_path()) || served.as_deref() == Some(dir) {
-                    return Ok(child);
-                }
-            }
-        }
-        if Instant::now() > deadline {
-            stop_child(&mut child);
-            return Err(fatal(format!(
-                "redis-server on TLS port {port} did not answer within {START_DEADLINE:?}\n{}",
-                logs(dir)
-            )));
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
-}
-
 impl RedisCluster {
     /// A three-master Redis Cluster that speaks TLS only, clients and cluster bus alike
     /// (`--tls-cluster yes`), with the certificates of `certs` (see
     /// [`RedisServer::start_tls`]). Use [`RedisCluster::tls_seeds`] and
     /// [`RedisCluster::tls_cli_cluster`]; the plaintext helpers do not apply.
     pub fn start_tls(certs: &super::certs::TlsFiles, auth_clients: bool) -> Self {
-        let mut failures = Vec::new();
-        for attempt in 1..=CLUSTER_ATTEMPTS {
-            let nodes: Vec<RedisServer> = (0..3)
-                .map(|_| {
-                    RedisServer::launch_tls(
-                        certs,
-                        auth_clients,
-                        &[
-                            "--cluster-enabled",
-                            "yes",
-                            "--cluster-config-file",
-                            "nodes.conf",
-                            "--cluster-node-timeout",
-                            "5000",
-                            "--tls-cluster",
-                            "yes",
-                        ],
-                        true,
-                    )
-                })
-                .collect();
-            let cluster = Self { nodes };
-            match cluster.form_tls() {
-                Ok(()) => return cluster,
-                Err(e) => failures.push(format!("=== attempt {attempt} ===\n{e}")),
-            }
-        }
-        panic!(
-            "Redis Cluster over TLS could not be formed\n{}",
-            failures.join("\n")
-        );
+        let mut node_args = CLUSTER_NODE_ARGS.to_vec();
+        node_args.extend(["--tls-cluster", "yes"]);
+        Self::start_with(
+            "Redis Cluster over TLS",
+            || RedisServer::launch_tls(certs, auth_clients, &node_args, true),
+            Self::form_tls,
+        )
     }
 
     fn form_tls(&self) -> Result<(), String> {
         let deadline = Instant::now() + CLUSTER_DEADLINE;
-        let addrs: Vec<String> = self
-            .ports()
-            .iter()
-            .map(|p| format!("127.0.0.1:{p}"))
-            .collect();
-        let mut args = vec!["--cluster", "create"];
-        args.extend(addrs.iter().map(String::as_str));
-        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        let args = self.create_args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = self.nodes[0].try_tls_cli(&[], &args)?;
         if !out.contains("All 16384 slots covered") {
             return Err(format!("redis-cli --cluster create:\n{out}"));
@@ -558,55 +420,55 @@ impl RedisCluster {
     /// node reports `cluster_state:ok` with all 16384 slots assigned. Panics with the nodes'
     /// logs if the cluster cannot be formed.
     pub fn start() -> Self {
-        let mut failures = Vec::new();
-        for attempt in 1..=CLUSTER_ATTEMPTS {
-            let nodes: Vec<RedisServer> = (0..3)
-                .map(|_| {
-                    RedisServer::launch(
-                        [
-                            "--cluster-enabled",
-                            "yes",
-                            "--cluster-config-file",
-                            "nodes.conf",
-                            "--cluster-node-timeout",
-                            "5000",
-                        ]
-                        .iter()
-                        .map(|s| s.to_string())
-                        .collect(),
-                        true,
-                    )
-                })
-                .collect();
-            let cluster = Self { nodes };
-            match cluster.form() {
-                Ok(()) => return cluster,
-                Err(e) => {
+        let node_args: Vec<String> = CLUSTER_NODE_ARGS.iter().map(|s| s.to_string()).collect();
+        Self::start_with(
+            "Redis Cluster",
+            || RedisServer::launch(node_args.clone(), true),
+            |cluster| {
+                cluster.form().map_err(|e| {
                     let logs: Vec<String> = cluster
                         .nodes
                         .iter()
                         .map(|n| format!("--- node on port {} ---\n{}", n.port, n.log()))
                         .collect();
-                    failures.push(format!(
-                        "=== attempt {attempt} ===\n{e}\n{}",
-                        logs.join("\n")
-                    ));
-                }
+                    format!("{e}\n{}", logs.join("\n"))
+                })
+            },
+        )
+    }
+
+    /// Up to [`CLUSTER_ATTEMPTS`] times: three fresh nodes from `node`, joined by `form`.
+    /// Panics with every attempt's error if none forms; `what` names the cluster there.
+    fn start_with(
+        what: &str,
+        node: impl Fn() -> RedisServer,
+        form: impl Fn(&Self) -> Result<(), String>,
+    ) -> Self {
+        let mut failures = Vec::new();
+        for attempt in 1..=CLUSTER_ATTEMPTS {
+            let cluster = Self {
+                nodes: (0..3).map(|_| node()).collect(),
+            };
+            match form(&cluster) {
+                Ok(()) => return cluster,
+                Err(e) => failures.push(format!("=== attempt {attempt} ===\n{e}")),
             }
         }
-        panic!("Redis Cluster could not be formed\n{}", failures.join("\n"));
+        panic!("{what} could not be formed\n{}", failures.join("\n"));
+    }
+
+    /// `redis-cli --cluster create` arguments joining every node as a master.
+    fn create_args(&self) -> Vec<String> {
+        let mut args = vec!["--cluster".to_string(), "create".to_string()];
+        args.extend(self.ports().iter().map(|p| format!("127.0.0.1:{p}")));
+        args.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+        args
     }
 
     fn form(&self) -> Result<(), String> {
         let deadline = Instant::now() + CLUSTER_DEADLINE;
-        let addrs: Vec<String> = self
-            .ports()
-            .iter()
-            .map(|p| format!("127.0.0.1:{p}"))
-            .collect();
-        let mut args = vec!["--cluster", "create"];
-        args.extend(addrs.iter().map(String::as_str));
-        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        let args = self.create_args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = run(Command::new("redis-cli").args(&args), deadline)
             .map_err(|e| format!("redis-cli {}: {e}", args.join(" ")))?;
         if !out.status.success() || !out.stdout.contains("All 16384 slots covered") {
@@ -822,9 +684,109 @@ fn clear_dir(dir: &Path) {
     }
 }
 
-/// Spawns redis-server (under the watchdog) and waits until it answers `PING` and is really
-/// ours (its `dir` is ours: not some other server that holds the port).
-fn spawn_ready(port: u16, dir: &Path, extra: &[String]) -> Result<Child, StartError> {
+/// How a server listens, and so how [`spawn_ready`] asks it whether it is up and ours.
+#[derive(Clone, Copy)]
+enum Listen {
+    /// Plaintext on the port: `PING`, then `CONFIG GET dir`, through the RESP client.
+    Plain,
+    /// TLS only (`--port 0`; `--tls-port` and the certificate files are among the extra
+    /// arguments): `CONFIG GET dir` through `redis-cli --tls` once something listens.
+    Tls,
+}
+
+impl Listen {
+    /// The value of `--port`: no plaintext port for a TLS server.
+    fn port_arg(self, port: u16) -> String {
+        match self {
+            Listen::Plain => port.to_string(),
+            Listen::Tls => "0".to_string(),
+        }
+    }
+
+    /// What the port is called in messages.
+    fn port_name(self) -> &'static str {
+        match self {
+            Listen::Plain => "port",
+            Listen::Tls => "TLS port",
+        }
+    }
+
+    fn dir_prefix(self) -> &'static str {
+        match self {
+            Listen::Plain => "sluice-redis-",
+            Listen::Tls => "sluice-redis-tls-",
+        }
+    }
+
+    fn not_started(self) -> &'static str {
+        match self {
+            Listen::Plain => {
+                "redis-server could not be started (is it installed? apt-get install -y \
+                 redis-server redis-tools)"
+            }
+            Listen::Tls => {
+                "redis-server with TLS could not be started (is it built with TLS? Debian's is)"
+            }
+        }
+    }
+
+    /// What the server is waited for to answer, in messages.
+    fn awaited(self) -> &'static str {
+        match self {
+            Listen::Plain => "answer PING",
+            Listen::Tls => "answer",
+        }
+    }
+
+    /// How often readiness is polled (a TLS poll spawns redis-cli).
+    fn poll(self) -> Duration {
+        match self {
+            Listen::Plain => POLL,
+            Listen::Tls => Duration::from_millis(50),
+        }
+    }
+
+    /// The check of a server on `port` started with `extra`: the `dir` it serves, once it
+    /// answers.
+    fn served_dir(self, port: u16, extra: &[String]) -> Box<dyn Fn() -> Option<PathBuf>> {
+        match self {
+            Listen::Plain => Box::new(move || {
+                if !ping(port) {
+                    return None;
+                }
+                match resp_call(port, &[b"CONFIG", b"GET", b"dir"]) {
+                    Ok(Resp::Array(Some(items))) => match items.get(1) {
+                        Some(Resp::Bulk(Some(served))) => {
+                            Some(PathBuf::from(String::from_utf8_lossy(served).to_string()))
+                        }
+                        _ => None,
+                    },
+                    _ => None,
+                }
+            }),
+            Listen::Tls => {
+                let arg = |name: &str| arg_value(extra, name).unwrap_or_default();
+                let connection = tls_connection(port, &arg);
+                Box::new(move || {
+                    // Only once something listens, so the loop does not spawn redis-cli in vain.
+                    TcpStream::connect(("127.0.0.1", port)).ok()?;
+                    let connection: Vec<&str> = connection.iter().map(String::as_str).collect();
+                    let out = redis_cli(&connection, &["CONFIG", "GET", "dir"]).ok()?;
+                    out.lines().nth(1).map(PathBuf::from)
+                })
+            }
+        }
+    }
+}
+
+/// Spawns redis-server (under the watchdog), listening as `listen`, and waits until it answers
+/// and is really ours (its `dir` is ours: not some other server that holds the port).
+fn spawn_ready(
+    listen: Listen,
+    port: u16,
+    dir: &Path,
+    extra: &[String],
+) -> Result<Child, StartError> {
     let fatal = |message: String| StartError {
         port_taken: false,
         message,
@@ -839,7 +801,7 @@ fn spawn_ready(port: u16, dir: &Path, extra: &[String]) -> Result<Child, StartEr
         .map_err(|e| fatal(format!("clone log handle: {e}")))?;
     let dir_arg = dir.to_string_lossy().to_string();
     let log_arg = log_path(dir).to_string_lossy().to_string();
-    let port_arg = port.to_string();
+    let port_arg = listen.port_arg(port);
     let mut child = Command::new("sh")
         .arg("-c")
         .arg(WATCHDOG)
@@ -868,6 +830,7 @@ fn spawn_ready(port: u16, dir: &Path, extra: &[String]) -> Result<Child, StartEr
         .spawn()
         .map_err(|e| fatal(format!("cannot spawn sh (for redis-server): {e}")))?;
 
+    let served_dir = listen.served_dir(port, extra);
     let our_dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
     let deadline = Instant::now() + START_DEADLINE;
     loop {
@@ -888,24 +851,21 @@ fn spawn_ready(port: u16, dir: &Path, extra: &[String]) -> Result<Child, StartEr
                 return Err(fatal(format!("waiting for redis-server: {e}")));
             }
         }
-        if ping(port) {
-            if let Ok(Resp::Array(Some(items))) = resp_call(port, &[b"CONFIG", b"GET", b"dir"]) {
-                if let Some(Resp::Bulk(Some(served))) = items.get(1) {
-                    let served = PathBuf::from(String::from_utf8_lossy(served).to_string());
-                    if served == our_dir || served == dir {
-                        return Ok(child);
-                    }
-                }
+        if let Some(served) = served_dir() {
+            if served == our_dir || served == dir {
+                return Ok(child);
             }
         }
         if Instant::now() > deadline {
             stop_child(&mut child);
             return Err(fatal(format!(
-                "redis-server on port {port} did not answer PING within {START_DEADLINE:?}\n{}",
+                "redis-server on {} {port} did not {} within {START_DEADLINE:?}\n{}",
+                listen.port_name(),
+                listen.awaited(),
                 logs(dir)
             )));
         }
-        thread::sleep(POLL);
+        thread::sleep(listen.poll());
     }
 }
 
