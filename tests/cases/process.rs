@@ -114,12 +114,7 @@ async fn sigterm_finishes_in_flight_calls_and_exits_zero() {
             answers
         }));
     }
-    let pid = child.id().expect("pid").to_string();
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill");
-    assert!(killed.success());
+    sigterm(&child);
     let status = child.wait().await.expect("wait for sluice");
     assert_eq!(status.code(), Some(0), "sluice exits 0 on SIGTERM");
 
@@ -191,12 +186,7 @@ async fn json_logs_say_what_was_loaded_and_when_the_store_changes_state_without_
             break;
         }
     }
-    let pid = child.id().expect("pid").to_string();
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill");
-    assert!(killed.success());
+    sigterm(&child);
     while let Some(line) = lines.next_line().await.expect("read stderr") {
         seen.push(line);
     }
@@ -237,4 +227,14 @@ async fn json_logs_say_what_was_loaded_and_when_the_store_changes_state_without_
         !all.contains(secret),
         "a secret leaked into the logs:\n{all}"
     );
+}
+
+/// Sends SIGTERM to a running child, as Kubernetes does to stop a pod.
+fn sigterm(child: &tokio::process::Child) {
+    let pid = child.id().expect("pid").to_string();
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
 }
