@@ -15,6 +15,7 @@ async fn main() -> ExitCode {
     match command {
         Command::Serve(args) => serve(args).await,
         Command::Check(args) => check(&args),
+        Command::Bench(args) => bench(args).await,
     }
 }
 
@@ -51,6 +52,31 @@ async fn serve(args: ServeArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `sluice bench`: the summary on stdout (JSON with `--json`), progress on stderr.
+async fn bench(args: sluice::bench::BenchArgs) -> ExitCode {
+    let json = args.json;
+    match sluice::bench::run(args).await {
+        Ok(summary) => {
+            if json {
+                match serde_json::to_string(&summary) {
+                    Ok(s) => println!("{s}"),
+                    Err(e) => {
+                        eprintln!("{e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            } else {
+                print!("{}", sluice::bench::render(&summary));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sluice bench: {e}");
             ExitCode::FAILURE
         }
     }

@@ -74,6 +74,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Validate a config file or directory: print every error, exit 1 if there is any.
     Check(CheckArgs),
+    /// Load generator for any RLS endpoint: decisions/s, OK / OVER_LIMIT / errors, latency.
+    Bench(crate::bench::BenchArgs),
 }
 
 /// Logging, shared by every command.
@@ -969,7 +971,7 @@ mod tests {
     fn serve_args(cli: Cli) -> ServeArgs {
         match cli.into_command().0 {
             Command::Serve(s) => s,
-            Command::Check(_) => panic!("expected serve"),
+            other => panic!("expected serve, got {other:?}"),
         }
     }
 
@@ -1250,7 +1252,7 @@ mod tests {
                 assert_eq!(c.path, PathBuf::from("/etc/rl"));
                 assert!(c.ignore_dotfiles);
             }
-            Command::Serve(_) => panic!("expected check"),
+            other => panic!("expected check, got {other:?}"),
         }
         assert!(parse(&["check"]).is_err(), "PATH is required");
         // Serve flags belong to serve.

@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""Side-by-side load runs: sluice against Kuadrant Limitador (and the tonic gRPC floor), the same
+`sluice bench` load for each, each server on its own fresh redis-server, alternated, in one run.
+
+Reports decisions/s, p99 and CPU per decision of the server and of redis-server (utime + stime
+from /proc/PID/stat before and after the load, divided by the decisions answered), and the ratios
+sluice / Limitador. Absolute figures drift on shared machines; ratios from one run hold.
+
+    cargo build --release
+    python3 scripts/bench.py --store redis --duration 20 --rounds 2
+    python3 scripts/bench.py --store memory --duration 20 --rounds 2
+
+Needs redis-server on PATH (for --store redis) and ../shared/peers/limitador-server.gz (the
+README of ../shared/peers says what it is). Not part of the test suite: it times things.
+"""
+import argparse
+import gzip
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SLUICE = os.path.join(ROOT, "target", "release", "sluice")
+PEERS = os.path.join(ROOT, "..", "shared", "peers")
+TICK = os.sysconf("SC_CLK_TCK")
+
+WORKLOADS = {
+    # name: (domain, descriptor templates)
+    "resource+consumer": ("bench", ["resource=api,consumer={id}"]),
+    "two-descriptors": ("bench2", ["remote_address={id}", "path=/api"]),
+}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # fields[11], [12] are utime, stime (fields 14 and 15 of proc(5), counted after the name)
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def wait_port(port, proc, what):
+    for _ in range(200):
+        if proc.poll() is not None:
+            sys.exit(f"{what} exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit(f"{what} did not listen on {port}")
+
+
+def start_redis(tmp):
+    port = free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no",
+         "--dir", tmp, "--slowlog-log-slower-than", "1000"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_port(port, proc, "redis-server")
+    return proc, port
+
+
+def limitador_binary():
+    out = os.path.join(ROOT, "target", "peers", "limitador-server")
+    if not os.path.exists(out):
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with gzip.open(os.path.join(PEERS, "limitador-server.gz")) as src, open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.chmod(out, 0o755)
+    return out
+
+
+def start_server(system, store, redis_port):
+    port, http = free_port(), free_port()
+    env = dict(os.environ)
+    if system == "sluice":
+        env.update({"GRPC_HOST": "127.0.0.1", "GRPC_PORT": str(port), "HOST": "127.0.0.1",
+                    "PORT": str(http), "LOG_LEVEL": "warn"})
+        if store == "redis":
+            env["REDIS_URL"] = f"127.0.0.1:{redis_port}"
+        cmd = [SLUICE, "serve", "--config", os.path.join(ROOT, "config", "bench", "sluice")]
+    elif system == "limitador":
+        cmd = [limitador_binary(), "-b", "127.0.0.1", "-p", str(port), "-B", "127.0.0.1",
+               "-P", str(http), os.path.join(ROOT, "config", "bench", "limitador.yaml")]
+        cmd += ["redis", f"redis://127.0.0.1:{redis_port}"] if store == "redis" else ["memory"]
+        env["RUST_LOG"] = "error"
+    else:  # the gRPC floor answers OK without deciding
+        cmd = [os.path.join(PEERS, "rls-floor"), f"127.0.0.1:{port}"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_port(port, proc, system)
+    return proc, port
+
+
+def bench(port, workload, args, duration):
+    domain, descriptors = WORKLOADS[workload]
+    cmd = [SLUICE, "bench", "--target", f"http://127.0.0.1:{port}", "--domain", domain,
+           "--consumers", str(args.consumers), "--concurrency", str(args.concurrency),
+           "--connections", str(args.connections), "--duration", f"{duration}s", "--json"]
+    for d in descriptors:
+        cmd += ["--descriptor", d]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def run_one(system, workload, args, tmp):
+    redis = None
+    redis_port = 0
+    if args.store == "redis" and system != "floor":
+        redis, redis_port = start_redis(tmp)
+    server, port = start_server(system, args.store, redis_port)
+    try:
+        bench(port, workload, args, args.warmup)  # connections, scripts, allocator warm
+        s0 = cpu_seconds(server.pid)
+        r0 = cpu_seconds(redis.pid) if redis else 0.0
+        result = bench(port, workload, args, args.duration)
+        s1 = cpu_seconds(server.pid)
+        r1 = cpu_seconds(redis.pid) if redis else 0.0
+        if redis:
+            slow = subprocess.run(["redis-cli", "-p", str(redis_port), "SLOWLOG", "LEN"],
+                                  capture_output=True, text=True).stdout.strip()
+            result["redis_slowlog"] = int(slow or 0)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=15)
+        if redis:
+            redis.terminate()
+            redis.wait(timeout=15)
+    n = max(result["decisions"], 1)
+    result["server_cpu_us"] = (s1 - s0) / n * 1e6
+    result["redis_cpu_us"] = (r1 - r0) / n * 1e6
+    return result
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--store", choices=["redis", "memory"], default="redis")
+    p.add_argument("--systems", default="sluice,limitador", help="comma list: sluice,limitador,floor")
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--duration", type=int, default=20, help="seconds per measured run")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=2, help="alternations of the systems")
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--connections", type=int, default=4)
+    p.add_argument("--consumers", type=int, default=10000)
+    p.add_argument("--json", help="also write every run to this file")
+    args = p.parse_args()
+    systems = args.systems.split(",")
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for workload in args.workloads.split(","):
+            for rnd in range(args.rounds):
+                order = systems if rnd % 2 == 0 else list(reversed(systems))
+                for system in order:
+                    r = run_one(system, workload, args, tmp)
+                    r.update(system=system, workload=workload, round=rnd)
+                    runs.append(r)
+                    print(f"{workload:18} {system:9} {r['decisions_per_s']:8.0f}/s "
+                          f"p99 {r['p99_us'] / 1000:6.2f}ms server {r['server_cpu_us']:6.1f}us "
+                          f"redis {r['redis_cpu_us']:5.1f}us errors {r['errors']} "
+                          f"slowlog {r.get('redis_slowlog', '-')}", flush=True)
+    print()
+    print(f"store={args.store}  concurrency={args.concurrency}  connections={args.connections}  "
+          f"consumers={args.consumers}  {args.duration}s x {args.rounds} rounds (means)")
+    keys = [("decisions_per_s", "decisions/s"), ("p99_us", "p99 us"),
+            ("server_cpu_us", "server CPU us/decision"), ("redis_cpu_us", "Redis CPU us/decision")]
+    for workload in args.workloads.split(","):
+        mean = {}
+        for system in systems:
+            rs = [r for r in runs if r["system"] == system and r["workload"] == workload]
+            mean[system] = {k: sum(r[k] for r in rs) / len(rs) for k, _ in keys}
+        print(f"\n{workload}")
+        print(f"  {'figure':24}" + "".join(f"{s:>12}" for s in systems) +
+              ("   sluice/limitador" if {"sluice", "limitador"} <= set(systems) else ""))
+        for k, label in keys:
+            line = f"  {label:24}" + "".join(f"{mean[s][k]:12.1f}" for s in systems)
+            if {"sluice", "limitador"} <= set(systems) and mean["limitador"][k]:
+                line += f"   {mean['sluice'][k] / mean['limitador'][k]:.2f}x"
+            print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(runs, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
