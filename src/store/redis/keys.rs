@@ -75,6 +75,16 @@ pub fn counter_key(prefix: &str, key: &CounterKey) -> String {
     out
 }
 
+/// The Redis Cluster slot of a hash tag as [`hash_tag`] builds it (never empty: it holds the
+/// domain, and a tag inside braces is hashed as is).
+pub fn tag_slot(tag: &str) -> u16 {
+    if tag.is_empty() {
+        // `{}` is no hash tag for Redis: the whole key is hashed. Only a bug reaches this.
+        return 0;
+    }
+    crc16_xmodem(tag.as_bytes()) % 16384
+}
+
 /// The Redis Cluster slot of a key (CRC16/XMODEM of the hash tag, as Redis computes it).
 pub fn slot(key: &str) -> u16 {
     let bytes = key.as_bytes();

@@ -13,9 +13,9 @@ use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
-use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -224,17 +224,20 @@ fn tls_client(
     redis::Client::open(info.set_addr(addr))
 }
 
-/// A multiplexed connection that remembers an I/O failure, so the pool drops it instead of
-/// handing a dead connection out again after Redis restarts.
+/// A multiplexed connection shared by every in-flight call, and a flag set when a call on it
+/// fails at the transport level, so the pool replaces it (after a Redis restart, say).
 pub struct PooledConn {
     conn: MultiplexedConnection,
-    broken: bool,
+    broken: Arc<AtomicBool>,
 }
 
-/// bb8 manager for [`PooledConn`]. bb8-redis's own manager never reports a multiplexed
-/// connection as broken, so it needs a PING on every checkout (a second round trip per
-/// decision) to notice a restarted Redis; this one marks a connection broken when a call on it
-/// fails at the transport level.
+/// bb8 manager for [`PooledConn`]. A call checks a connection out only long enough to clone its
+/// handle (the clone shares the one socket and its writer task), so bb8 keeps `REDIS_POOL_SIZE`
+/// multiplexed connections open and hands them out in turn, while the number of calls in flight
+/// is unbounded and concurrent commands are written in batches (auto-pipelining). bb8-redis's
+/// own manager never reports a multiplexed connection as broken, so it needs a PING on every
+/// checkout (a second round trip per decision) to notice a restarted Redis; this one checks the
+/// flag a failed call set, without I/O.
 #[derive(Debug)]
 pub struct Manager {
     client: redis::Client,
@@ -287,16 +290,24 @@ impl bb8::ManageConnection for Manager {
         self.errors.connected();
         Ok(PooledConn {
             conn,
-            broken: false,
+            broken: Arc::new(AtomicBool::new(false)),
         })
     }
 
+    /// No I/O: a connection is valid until a call on it failed at the transport level.
     async fn is_valid(&self, conn: &mut PooledConn) -> Result<(), RedisError> {
-        redis::cmd("PING").query_async::<()>(&mut conn.conn).await
+        if conn.broken.load(Ordering::Relaxed) {
+            Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "connection marked broken",
+            )))
+        } else {
+            Ok(())
+        }
     }
 
     fn has_broken(&self, conn: &mut PooledConn) -> bool {
-        conn.broken
+        conn.broken.load(Ordering::Relaxed)
     }
 }
 
@@ -308,8 +319,65 @@ enum Backend {
         client: ClusterClient,
         /// Connected lazily, so sluice starts (and reports NOT_SERVING) while Redis is down
         /// and recovers without a restart.
-        conn: tokio::sync::Mutex<Option<ClusterConnection>>,
+        conn: Mutex<Option<ClusterConnection>>,
     },
+}
+
+/// A connection handle for one call.
+enum Conn {
+    Single(MultiplexedConnection, Arc<AtomicBool>),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    /// Runs `run` on this connection; a transport failure marks a pooled connection broken.
+    async fn query<T>(
+        &mut self,
+        run: impl AsyncFnOnce(&mut Conn) -> redis::RedisResult<T>,
+    ) -> Result<T, StoreError> {
+        let broken = match self {
+            Conn::Single(_, broken) => Some(broken.clone()),
+            Conn::Cluster(_) => None,
+        };
+        let r = run(self).await;
+        if let (Err(e), Some(broken)) = (&r, broken) {
+            if is_transport(e) {
+                broken.store(true, Ordering::Relaxed);
+            }
+        }
+        r.map_err(classify)
+    }
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Single(c, _) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Single(c, _) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c, _) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
 }
 
 /// Counters in Redis or Redis Cluster.
@@ -371,8 +439,10 @@ impl RedisStore {
                 let errors = ConnectErrors::default();
                 let pool = bb8::Pool::builder()
                     .max_size(settings.pool_size.max(1))
+                    .min_idle(Some(settings.pool_size.max(1)))
                     .connection_timeout(settings.timeout)
-                    .test_on_check_out(false)
+                    // `is_valid` only reads the broken flag, so this costs no round trip.
+                    .test_on_check_out(true)
                     // A refused connection fails the call at once instead of retrying until the
                     // timeout: the breaker and the health probe handle recovery.
                     .retry_connection(false)
@@ -402,7 +472,7 @@ impl RedisStore {
                     .map_err(|e| StoreError::Permanent(format!("Redis Cluster client: {e}")))?;
                 Backend::Cluster {
                     client,
-                    conn: tokio::sync::Mutex::new(None),
+                    conn: Mutex::new(None),
                 }
             }
         };
@@ -467,37 +537,9 @@ impl RedisStore {
                 .arg(p.burst);
         }
         let call = async {
-            match &self.backend {
-                Backend::Single(pool) => {
-                    let mut conn = pool.get().await.map_err(|e| match e {
-                        bb8::RunError::User(e) => classify(e),
-                        bb8::RunError::TimedOut => {
-                            StoreError::Transient("timed out connecting to Redis".into())
-                        }
-                    })?;
-                    let r = inv.invoke_async::<Vec<i64>>(&mut conn.conn).await;
-                    if let Err(e) = &r {
-                        if is_transport(e) {
-                            conn.broken = true;
-                        }
-                    }
-                    r.map_err(classify)
-                }
-                Backend::Cluster { client, conn } => {
-                    let mut c = {
-                        let mut guard = conn.lock().await;
-                        match guard.as_ref() {
-                            Some(c) => c.clone(),
-                            None => {
-                                let c = client.get_async_connection().await.map_err(classify)?;
-                                *guard = Some(c.clone());
-                                c
-                            }
-                        }
-                    };
-                    inv.invoke_async::<Vec<i64>>(&mut c).await.map_err(classify)
-                }
-            }
+            let mut conn = self.connection().await?;
+            conn.query(async |c| inv.invoke_async::<Vec<i64>>(c).await)
+                .await
         };
         let result = match tokio::time::timeout(self.timeout, call).await {
             Ok(r) => r,
@@ -522,19 +564,28 @@ impl RedisStore {
         Ok(values)
     }
 
-    async fn decide_all(&self, checks: &[LimitCheck]) -> Result<Decision, StoreError> {
-        // Group by hash tag, keeping each check's index; one script call per group.
-        let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
-        let mut by_tag: HashMap<String, usize> = HashMap::new();
-        for (i, c) in checks.iter().enumerate() {
-            let tag = keys::hash_tag(&c.key);
-            let g = *by_tag.entry(tag.clone()).or_insert_with(|| {
-                groups.push((tag, Vec::new()));
-                groups.len() - 1
-            });
-            groups[g].1.push(i);
+    /// The atomic steps of a request, as indexes into `checks`. Standalone Redis holds every key,
+    /// so the whole request is ONE script call, exact, whatever the hash tags. Cluster needs one
+    /// call per slot (a script may only touch keys of one slot); keys of different tags that
+    /// happen to share a slot still go together.
+    fn groups(&self, checks: &[LimitCheck]) -> Vec<Vec<usize>> {
+        if self.kind == RedisKind::Single || checks.len() <= 1 {
+            return vec![(0..checks.len()).collect()];
         }
-        let calls = groups.iter().map(|(_, idx)| {
+        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        for (i, c) in checks.iter().enumerate() {
+            let slot = keys::tag_slot(&keys::hash_tag(&c.key));
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, g)) => g.push(i),
+                None => groups.push((slot, vec![i])),
+            }
+        }
+        groups.into_iter().map(|(_, g)| g).collect()
+    }
+
+    async fn decide_all(&self, checks: &[LimitCheck]) -> Result<Decision, StoreError> {
+        let groups = self.groups(checks);
+        let calls = groups.iter().map(|idx| {
             let group: Vec<&LimitCheck> = idx.iter().map(|&i| &checks[i]).collect();
             async move { self.eval_group(&group, false).await }
         });
@@ -552,7 +603,7 @@ impl RedisStore {
         let mut admitted = true;
         let mut group_admitted = Vec::with_capacity(groups.len());
         let mut first_error = None;
-        for ((_, idx), r) in groups.iter().zip(results) {
+        for (idx, r) in groups.iter().zip(results) {
             match r {
                 Ok(values) => {
                     let ok = values[0] == 1;
@@ -581,7 +632,7 @@ impl RedisStore {
         }
         if !admitted {
             // All or nothing across groups: give back what admitted groups charged.
-            for ((_, idx), ok) in groups.iter().zip(&group_admitted) {
+            for (idx, ok) in groups.iter().zip(&group_admitted) {
                 if !*ok {
                     continue;
                 }
@@ -622,38 +673,39 @@ impl RedisStore {
         })
     }
 
+    /// A handle on a live connection: a clone of a pooled multiplexed connection (checked out
+    /// only for the clone), or the shared Cluster connection, connected on first use.
+    async fn connection(&self) -> Result<Conn, StoreError> {
+        match &self.backend {
+            Backend::Single(pool) => {
+                let pooled = pool.get().await.map_err(|e| match e {
+                    bb8::RunError::User(e) => classify(e),
+                    bb8::RunError::TimedOut => {
+                        StoreError::Transient("timed out connecting to Redis".into())
+                    }
+                })?;
+                Ok(Conn::Single(pooled.conn.clone(), pooled.broken.clone()))
+            }
+            Backend::Cluster { client, conn } => {
+                if let Some(c) = conn.lock().ok().and_then(|g| g.clone()) {
+                    return Ok(Conn::Cluster(c));
+                }
+                // Two first calls may both connect; the later one's connection is kept.
+                let c = client.get_async_connection().await.map_err(classify)?;
+                if let Ok(mut g) = conn.lock() {
+                    *g = Some(c.clone());
+                }
+                Ok(Conn::Cluster(c))
+            }
+        }
+    }
+
     /// One PING round trip: health checks and circuit-breaker probes.
     pub async fn ping(&self) -> bool {
         let call = async {
-            match &self.backend {
-                Backend::Single(pool) => {
-                    let mut conn = pool.get().await.map_err(|e| e.to_string())?;
-                    let r = redis::cmd("PING").query_async::<()>(&mut conn.conn).await;
-                    if let Err(e) = &r {
-                        if is_transport(e) {
-                            conn.broken = true;
-                        }
-                    }
-                    r.map_err(|e| e.to_string())
-                }
-                Backend::Cluster { client, conn } => {
-                    let mut guard = conn.lock().await;
-                    if guard.is_none() {
-                        *guard = Some(
-                            client
-                                .get_async_connection()
-                                .await
-                                .map_err(|e| e.to_string())?,
-                        );
-                    }
-                    let mut c = guard.clone().ok_or("no connection")?;
-                    drop(guard);
-                    redis::cmd("PING")
-                        .query_async::<()>(&mut c)
-                        .await
-                        .map_err(|e| e.to_string())
-                }
-            }
+            let mut conn = self.connection().await?;
+            conn.query(async |c| redis::cmd("PING").query_async::<()>(c).await)
+                .await
         };
         let ok = matches!(tokio::time::timeout(self.timeout, call).await, Ok(Ok(())));
         self.set_healthy(ok);
@@ -678,8 +730,7 @@ impl CounterStore for RedisStore {
     }
 
     fn call_shape(&self, checks: &[LimitCheck]) -> CallShape {
-        let groups: std::collections::HashSet<String> =
-            checks.iter().map(|c| keys::hash_tag(&c.key)).collect();
+        let groups = self.groups(checks);
         CallShape {
             store: match self.backend {
                 Backend::Single(_) => "redis",
