@@ -32,10 +32,12 @@ pub enum State {
         previous: u64,
         current: u64,
     },
-    /// sliding_log: timestamps of the counted hits, oldest first.
-    Log(VecDeque<u64>),
-    /// token_bucket: the theoretical arrival time (GCRA's TAT).
-    Bucket { tat: u64 },
+    /// sliding_log: the admitted charges, oldest first, as (time, hits). One entry per charge,
+    /// not per hit, so a `hits_addend` of 60 000 is one entry.
+    Log(VecDeque<(u64, u64)>),
+    /// token_bucket: the theoretical arrival time (GCRA's TAT), `tat + frac / limit`
+    /// microseconds, so `period / limit` is added exactly whatever the rate.
+    Bucket { tat: u64, frac: u64 },
 }
 
 /// What one limit says about one request.
@@ -229,9 +231,14 @@ pub fn sliding_window(
     )
 }
 
-/// sliding_log: the exact timestamps of the counted hits within the last period. `reset` is
-/// when the newest counted hit leaves the period (the quota is full again); a denial retries
-/// when enough old hits have left for this request to fit.
+/// Most entries a refund (`is_negative_hits`) removes or shrinks, newest first: the store's
+/// work per call stays bounded whatever `hits` says.
+pub const LOG_REFUND_ENTRIES: usize = 64;
+
+/// sliding_log: the exact charges within the last period. `reset` is when the newest counted
+/// charge leaves the period (the quota is full again); a denial retries when enough old hits
+/// have left for this request to fit. A charge is stamped no earlier than the newest entry, so
+/// the log stays ordered even if the clock steps back.
 pub fn sliding_log(
     state: Option<&State>,
     now: u64,
@@ -243,22 +250,35 @@ pub fn sliding_log(
         Some(State::Log(l)) => l.clone(),
         _ => VecDeque::new(),
     };
-    // A hit at `t` counts while `t > now - period`.
+    // A charge at `t` counts while `t > now - period`.
     let horizon = now.saturating_sub(p.period_us);
-    while log.front().is_some_and(|&t| t <= horizon) {
+    while log.front().is_some_and(|&(t, _)| t <= horizon) {
         log.pop_front();
     }
     let limit = u64::from(p.limit);
-    let count = log.len() as u64;
+    let count: u64 = log.iter().map(|&(_, h)| h).sum();
     let allowed = match mode {
         Mode::Refund => {
-            for _ in 0..hits.min(count) {
-                log.pop_back();
+            let mut left = hits;
+            let mut touched = 0;
+            while left > 0 && touched < LOG_REFUND_ENTRIES {
+                let Some(last) = log.back_mut() else { break };
+                if last.1 <= left {
+                    left -= last.1;
+                    log.pop_back();
+                } else {
+                    last.1 -= left;
+                    left = 0;
+                }
+                touched += 1;
             }
             true
         }
         Mode::Charge if fits(count, hits, limit) => {
-            log.extend(std::iter::repeat_n(now, hits as usize));
+            if hits > 0 {
+                let t = log.back().map_or(now, |&(t, _)| t.max(now));
+                log.push_back((t, hits));
+            }
             true
         }
         Mode::Charge => false,
@@ -268,15 +288,25 @@ pub fn sliding_log(
     } else if hits.max(1) > limit {
         u64::MAX
     } else {
-        // The hit that must leave for `hits` to fit is the (count + hits - limit)-th oldest.
-        let idx = (count + hits.max(1) - limit - 1) as usize;
-        log.get(idx).map_or(0, |&t| t + p.period_us - now)
+        // The oldest hits must leave until `hits` fit: the entry whose hits bring the total
+        // that left to `count + hits - limit`.
+        let need = count + hits.max(1) - limit;
+        let mut left = 0;
+        log.iter()
+            .find(|&&(_, h)| {
+                left += h;
+                left >= need
+            })
+            .map_or(0, |&(t, _)| (t + p.period_us).saturating_sub(now))
     };
-    let reset = log.back().map_or(0, |&t| t + p.period_us - now);
+    let total: u64 = log.iter().map(|&(_, h)| h).sum();
+    let reset = log
+        .back()
+        .map_or(0, |&(t, _)| (t + p.period_us).saturating_sub(now));
     (
         Outcome {
             allowed,
-            remaining: clamp_u32(limit.saturating_sub(log.len() as u64)),
+            remaining: clamp_u32(limit.saturating_sub(total)),
             reset: us(reset),
             retry_after: us(retry_after),
         },
@@ -284,11 +314,54 @@ pub fn sliding_log(
     )
 }
 
+/// A time `us + frac / limit` microseconds (`frac < limit`): token_bucket's clock, on which
+/// the emission interval `period / limit` is exact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Fine {
+    us: u64,
+    frac: u64,
+}
+
+impl Fine {
+    fn add(self, us: u64, frac: u64, limit: u64) -> Fine {
+        let f = self.frac + frac;
+        Fine {
+            us: self.us.saturating_add(us).saturating_add(f / limit),
+            frac: f % limit,
+        }
+    }
+
+    /// `self - us - frac / limit`, never below `floor`.
+    fn sub(self, us: u64, frac: u64, limit: u64, floor: Fine) -> Fine {
+        let (borrow, f) = if self.frac >= frac {
+            (0, self.frac - frac)
+        } else {
+            (1, self.frac + limit - frac)
+        };
+        match self.us.checked_sub(us + borrow) {
+            Some(u) => Fine { us: u, frac: f }.max(floor),
+            None => floor,
+        }
+    }
+}
+
+/// `hits` emission intervals of `period / limit`: (whole µs, remainder in 1/limit µs).
+fn intervals(hits: u64, period: u64, limit: u64) -> (u64, u64) {
+    let (q, r) = (period / limit, period % limit);
+    // Config validation keeps (burst + 1) * r below 2^53, and callers pass hits <= burst + 1.
+    let rh = r.saturating_mul(hits);
+    (
+        q.saturating_mul(hits).saturating_add(rh / limit),
+        rh % limit,
+    )
+}
+
 /// token_bucket: GCRA as in redis-cell. Emission interval `T = period / limit`, tolerance
 /// `tau = T * (burst + 1)`, state the theoretical arrival time (TAT). A request of `hits` is
-/// admitted when `max(TAT, now) + hits * T <= now + tau`. `remaining` is the whole tokens left,
-/// `reset` the time until the bucket is full again, and a denial's `retry_after` the time until
-/// the request would conform.
+/// admitted when `max(TAT, now) + hits * T <= now + tau`. `T` is kept exact (the TAT carries a
+/// remainder in 1/limit µs), so at 600 000/s the bucket refills at 600 000/s, not 1 000 000/s.
+/// `remaining` is the whole tokens left, `reset` the time until the bucket is full again, and a
+/// denial's `retry_after` the time until the request would conform (both rounded up to µs).
 pub fn token_bucket(
     state: Option<&State>,
     now: u64,
@@ -296,9 +369,13 @@ pub fn token_bucket(
     hits: u64,
     mode: Mode,
 ) -> (Outcome, State) {
+    let now_f = Fine { us: now, frac: 0 };
     let stored = match state {
-        Some(State::Bucket { tat }) => *tat,
-        _ => now,
+        Some(State::Bucket { tat, frac }) => Fine {
+            us: *tat,
+            frac: *frac,
+        },
+        _ => now_f,
     };
     if p.limit == 0 {
         return (
@@ -312,38 +389,59 @@ pub fn token_bucket(
                     Duration::MAX
                 },
             },
-            State::Bucket { tat: stored },
+            State::Bucket {
+                tat: stored.us,
+                frac: stored.frac,
+            },
         );
     }
-    let t = (p.period_us / u64::from(p.limit)).max(1);
-    let tau = t.saturating_mul(u64::from(p.burst) + 1);
-    let tat = stored.max(now);
-    let (allowed, new_tat) = match mode {
-        Mode::Refund => (true, tat.saturating_sub(t.saturating_mul(hits)).max(now)),
+    let limit = u64::from(p.limit);
+    let period = p.period_us;
+    let slots = u64::from(p.burst) + 1;
+    let (tau_us, tau_f) = intervals(slots, period, limit);
+    let horizon = now_f.add(tau_us, tau_f, limit);
+    let tat = stored.max(now_f);
+    let h = hits.max(1);
+    let (allowed, new_tat, candidate) = match mode {
+        Mode::Refund => {
+            let (c_us, c_f) = intervals(hits.min(slots), period, limit);
+            (true, tat.sub(c_us, c_f, limit, now_f), None)
+        }
+        Mode::Charge if h > slots => (false, tat, None),
         Mode::Charge => {
-            let cost = t.saturating_mul(hits.max(1));
-            let candidate = tat.saturating_add(cost);
-            let ok = candidate <= now.saturating_add(tau);
+            let (c_us, c_f) = intervals(h, period, limit);
+            let candidate = tat.add(c_us, c_f, limit);
+            let ok = candidate <= horizon;
             let charged = if hits == 0 { tat } else { candidate };
-            (ok, if ok { charged } else { tat })
+            (ok, if ok { charged } else { tat }, Some(candidate))
         }
     };
-    let ttl = new_tat - now;
-    let retry_after = if allowed {
-        0
-    } else if t.saturating_mul(hits.max(1)) > tau {
-        u64::MAX
-    } else {
-        tat + t.saturating_mul(hits.max(1)) - tau - now
+    let ceil_us = |f: Fine| f.us + u64::from(f.frac > 0);
+    let ttl = ceil_us(new_tat).saturating_sub(now);
+    let retry_after = match (allowed, candidate) {
+        (true, _) => 0,
+        (false, None) => u64::MAX,
+        // The request conforms once `now' + tau >= candidate`.
+        (false, Some(c)) => {
+            let wait = c.sub(tau_us, tau_f, limit, now_f);
+            ceil_us(wait) - now
+        }
     };
+    // Whole tokens left: (tau - (TAT - now)) / T, in 1/limit µs, as f64 in the script's order.
+    let used = (new_tat.us - now) as f64 * limit as f64 + new_tat.frac as f64;
+    let room = tau_us as f64 * limit as f64 + tau_f as f64 - used;
+    let remaining = (room / period as f64).floor().max(0.0);
     (
         Outcome {
             allowed,
-            remaining: clamp_u32(tau.saturating_sub(ttl) / t),
+            remaining: clamp_u32(remaining as u64),
             reset: us(ttl),
             retry_after: us(retry_after),
         },
-        State::Bucket { tat: new_tat },
+        State::Bucket {
+            tat: new_tat.us,
+            frac: new_tat.frac,
+        },
     )
 }
 
@@ -353,8 +451,8 @@ pub fn expires_at(state: &State, p: LimitParams) -> u64 {
     match state {
         State::Fixed { window_start, .. } => window_start + p.period_us,
         State::Sliding { window_start, .. } => window_start + 2 * p.period_us,
-        State::Log(l) => l.back().map_or(0, |t| t + p.period_us),
-        State::Bucket { tat } => *tat,
+        State::Log(l) => l.back().map_or(0, |(t, _)| t + p.period_us),
+        State::Bucket { tat, frac } => tat + u64::from(*frac > 0),
     }
 }
 

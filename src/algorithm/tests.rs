@@ -179,7 +179,7 @@ fn sliding_log_multiple_hits_add_entries_and_refunds_remove_the_newest() {
     let (o, next) = decide(st.as_ref(), T0 + S, lp, 2, Mode::Refund);
     assert!(o.allowed);
     assert_eq!(o.remaining, 4);
-    assert_eq!(next, State::Log(VecDeque::from([T0])));
+    assert_eq!(next, State::Log(VecDeque::from([(T0, 1)])));
 }
 
 // ---- token_bucket (GCRA, redis-cell math) ---------------------------------------------------
@@ -212,6 +212,32 @@ fn gcra_admit_deny_boundary_remaining_and_retry_after() {
     let o = step(&mut st, T0 + 4 * S - 1, lp, 1);
     assert!(!o.allowed);
     assert_eq!(o.retry_after, Duration::from_micros(1));
+}
+
+#[test]
+fn gcra_is_exact_at_rates_that_do_not_divide_the_period() {
+    // 600 000 per second with a burst of one second: T = 1/600 000 s = 1.666... µs. Rounding T
+    // down to 1 µs would refill at 1 000 000/s.
+    let lp = p(600_000, 1, Algorithm::TokenBucket, 599_999);
+    let mut st = None;
+    assert!(step(&mut st, T0, lp, 600_000).allowed, "the full burst");
+    assert!(!step(&mut st, T0, lp, 1).allowed, "nothing left");
+    // Half a second refills exactly 300 000 tokens.
+    let half = T0 + S / 2;
+    let o = step(&mut st, half, lp, 400_000);
+    assert!(!o.allowed, "400 000 more within half a second are refused");
+    assert_eq!(o.remaining, 300_000);
+    assert!(step(&mut st, half, lp, 300_000).allowed);
+    assert!(!step(&mut st, half, lp, 1).allowed);
+    // One request at a time: over the next 100 ms exactly 60 000 conform.
+    let mut admitted = 0;
+    for i in 0..120_000u64 {
+        // two requests per emission interval, spread over 100 ms
+        if step(&mut st, half + i * 100_000 / 120_000, lp, 1).allowed {
+            admitted += 1;
+        }
+    }
+    assert!((59_999..=60_000).contains(&admitted), "{admitted}");
 }
 
 #[test]

@@ -1149,7 +1149,7 @@ impl Ctx {
                     node.line,
                     &join(path, "requests_per_unit"),
                     format!(
-                        "sliding_log keeps one entry per admitted hit (about 42 bytes each in                          Redis), so its requests_per_unit is capped at {MAX_SLIDING_LOG_LIMIT};                          got {rpu}. Use sliding_window for large limits"
+                        "sliding_log keeps one entry per admitted request (about 50 bytes each in                          Redis), so its requests_per_unit is capped at {MAX_SLIDING_LOG_LIMIT};                          got {rpu}. Use sliding_window for large limits"
                     ),
                 );
             }
@@ -1187,11 +1187,29 @@ impl Ctx {
                     "rate limit has no requests_per_unit; it defaults to 0 and blocks every request"
                 );
             }
+            let period = from_unit
+                .or(from_period)
+                .unwrap_or(Period::from_unit(Unit::Second));
+            if algorithm == Some(Algorithm::TokenBucket) && rpu > 0 {
+                // The TAT carries the emission interval's remainder in 1/rpu µs; products of it
+                // must stay exact in the Lua script's doubles.
+                let rem = period.millis().saturating_mul(1000) % u64::from(rpu);
+                if (u64::from(burst) + 1).saturating_mul(rem) >= 1 << 53 {
+                    self.err(
+                        node.line,
+                        path,
+                        format!(
+                            "token_bucket with requests_per_unit {rpu} and burst {burst} over \
+                             {period} cannot be decided exactly: (burst + 1) x (period in µs mod \
+                             requests_per_unit) must stay below 2^53. Lower the burst or pick a \
+                             period that is a multiple of requests_per_unit µs"
+                        ),
+                    );
+                }
+            }
             Quota::Limited(Limit {
                 requests_per_unit: rpu,
-                period: from_unit
-                    .or(from_period)
-                    .unwrap_or(Period::from_unit(Unit::Second)),
+                period,
                 algorithm: algorithm.unwrap_or_default(),
                 burst,
             })

@@ -317,11 +317,14 @@ const ACL: &[&str] = &[
     "+get",
     "+set",
     "+time",
+    "+exists",
     "+zrange",
     "+zadd",
     "+zcard",
-    "+zremrangebyscore",
-    "+zpopmax",
+    "+zcount",
+    "+zrank",
+    "+zrem",
+    "+zremrangebyrank",
     "+pexpire",
     "+del",
     "+cluster|slots",
@@ -352,7 +355,7 @@ async fn decide_as_acl_user(urls: Vec<String>, kind: RedisKind) {
     let s = server_on_redis_settings(ALL_ALGORITHMS, &settings).await;
     let req = one("calc", &[("resource", "calc"), ("consumer", "acl")]);
     assert_eq!(admitted(&s, &req, 7).await, 5);
-    // A refund exercises ZPOPMAX (and DEL once a log is empty).
+    // A refund exercises ZREMRANGEBYRANK on the log's newest entries.
     let mut refund = desc(&[("resource", "calc"), ("consumer", "acl")]);
     refund.hits_addend = Some(5);
     refund.is_negative_hits = true;

@@ -1,43 +1,74 @@
--- sluice: one atomic rate-limit decision for every limit of one hash-tag group.
+-- sluice: one atomic rate-limit decision for every limit of one request (standalone Redis) or of
+-- one slot (Redis Cluster).
 --
--- KEYS[i]   counter key of limit i. All keys share one hash tag, hence one Cluster slot.
+-- KEYS[i]   counter key of limit i. On Cluster all keys of one call share a slot.
 -- ARGV[1]   time override in microseconds since the Unix epoch, or "" to use the Redis server
 --           clock (TIME). Only tests set it; production always decides on the server clock, so
 --           replicas with skewed clocks agree.
--- ARGV[2 + 6*(i-1) .. 7 + 6*(i-1)], for limit i:
+-- ARGV[2 + 7*(i-1) .. 8 + 7*(i-1)], for limit i:
 --   limit      requests admitted per period (0 blocks everything)
 --   period_us  period in microseconds (> 0); windows are aligned to the Unix epoch
 --   hits       hits to charge (0 = check only: allowed while one more request would fit)
 --   flags      bit 0 (1): shadow, decided like an enforced limit but never denies the request
---              bit 1 (2): refund, gives `hits` back (never below zero) instead of charging
+--              bit 1 (2): refund, gives `hits` back (Envoy's is_negative_hits), newest first
+--              bit 2 (4): undo, takes back exactly the charge `token` names (a Cluster request
+--                         denied in another slot); nothing else is decided
 --   algorithm  0 fixed_window, 1 sliding_window, 2 sliding_log, 3 token_bucket
 --   burst      token_bucket: requests allowed at once above the steady rate
+--   token      undo only: what the charge returned as its token (else 0)
 --
--- Returns {admitted, allowed_1, remaining_1, reset_us_1, retry_us_1, allowed_2, ...}:
+-- Returns {admitted, allowed_1, remaining_1, reset_us_1, retry_us_1, token_1, allowed_2, ...}:
 --   admitted    1 if every non-shadow limit allowed the request; only then is anything written
 --   allowed_i   1 if limit i alone allows it
 --   remaining_i hits left after this request if admitted, else as stored (nothing was charged)
 --   reset_us_i  microseconds until the counter is back to its full quota
 --   retry_us_i  for a denial, microseconds until the request would be admitted (-1: never)
+--   token_i     for a charge that was written, what an undo needs: the window start (fixed and
+--               sliding window), the entry's cumulative count (sliding_log); 0 otherwise
+-- An undo call returns {1, done_1, 0, 0, 0, 0, ...}: done 0 when the charge could not be taken
+-- back within the bounded work below (the caller reports it).
 --
 -- Stored state (each write sets a TTL until the state stops mattering, so no key outlives it):
 --   fixed_window    string "<window start us>:<count>"
 --   sliding_window  string "<window start us>:<previous count>:<current count>"
---   sliding_log     sorted set, score = hit time (us), member "<time>:<seq>" (unique)
---   token_bucket    string "<TAT us>"
+--   sliding_log     sorted set, one entry per admitted charge: score = its time (us), member
+--                   "<C>:<hits>" with C the running total of hits up to and including it
+--                   (15 digits, zero-padded, so equal scores sort by C). The hits inside the
+--                   window are C(newest) - C(newest expired entry), found in O(log n); expired
+--                   entries are trimmed at most 64 per call.
+--   token_bucket    string "<TAT us>:<frac>", the TAT being us + frac / limit microseconds, so
+--                   the emission interval period / limit is exact
 -- The math mirrors src/algorithm/mod.rs operation for operation (the parity test checks it);
--- keep the two in step.
+-- keep the two in step. Every call does O(keys x log n) work: no loop runs over hits or over a
+-- whole sorted set.
 
 local now
 -- With a time override the script's clock and Redis's expiry clock differ, so TTLs get an
 -- hour of slack: a test's key must not expire in real time while its manual clock stands still.
-local ttl_slack_ms = 0
+local slack = 0
 if ARGV[1] ~= '' then
   now = tonumber(ARGV[1])
-  ttl_slack_ms = 3600000
+  slack = 3600000
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local call, find, sub, floor, max, min, fmt =
+  redis.call, string.find, string.sub, math.floor, math.max, math.min, string.format
+local TRIM = 64
+local REFUND_ENTRIES = 64
+local UNDO_REWRITE = 256
+
+-- Whole milliseconds, rounded up, at least 1: a TTL for PEXPIRE / SET PX.
+local function ttl_ms(us)
+  return max(floor((us + 999) / 1000), 1) + slack
+end
+
+-- "a:b" -> a, b (numbers)
+local function pair(raw)
+  local p = find(raw, ':', 1, true)
+  return tonumber(sub(raw, 1, p - 1)), tonumber(sub(raw, p + 1))
 end
 
 local function fits(used, hits, limit)
@@ -45,49 +76,42 @@ local function fits(used, hits, limit)
   return used + hits <= limit
 end
 
-local function split(raw)
-  local out = {}
-  for part in string.gmatch(raw, '[^:]+') do out[#out + 1] = tonumber(part) end
-  return out
-end
+---------------------------------------------------------------------------- fixed / sliding window
 
--- Loads the stored state of `key` for `alg`.
-local function load(key, alg, period)
-  if alg == 2 then
-    local log = {}
-    local raw = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
-    for j = 2, #raw, 2 do log[#log + 1] = tonumber(raw[j]) end
-    return {log = log, added = 0, popped = 0}
+local function load_counter(key, alg)
+  local raw = call('GET', key)
+  if not raw then return {ws = -1, a = 0, b = 0} end
+  if alg == 0 then
+    local ws, c = pair(raw)
+    return {ws = ws, a = c, b = 0}
   end
-  local raw = redis.call('GET', key)
-  if not raw then return {} end
-  local v = split(raw)
-  if alg == 0 then return {ws = v[1], count = v[2]} end
-  if alg == 1 then return {ws = v[1], prev = v[2], cur = v[3]} end
-  return {tat = v[1]}
+  local p1 = find(raw, ':', 1, true)
+  local p2 = find(raw, ':', p1 + 1, true)
+  return {ws = tonumber(sub(raw, 1, p1 - 1)), a = tonumber(sub(raw, p1 + 1, p2 - 1)),
+    b = tonumber(sub(raw, p2 + 1))}
 end
 
--- Each decide function returns allowed, remaining, reset, retry (-1 = never), new state; it
--- never modifies `s`.
-
+-- fixed_window; s = {ws, a = count}
 local function fixed(s, limit, period, hits, refund)
   local start = now - (now % period)
   local current = 0
-  if s.ws == start then current = s.count end
+  if s.ws == start then current = s.a end
   local reset = start + period - now
-  local allowed, after
+  local allowed, after = true, current
   if refund then
-    allowed, after = true, math.max(current - hits, 0)
+    after = max(current - hits, 0)
   elseif fits(current, hits, limit) then
-    allowed, after = true, current + hits
+    after = current + hits
   else
-    allowed, after = false, current
+    allowed = false
   end
   local retry = 0
   if not allowed then
-    if math.max(hits, 1) > limit then retry = -1 else retry = reset end
+    if max(hits, 1) > limit then retry = -1 else retry = reset end
+  else
+    s.ws, s.a, s.dirty = start, after, true
   end
-  return allowed, math.max(limit - after, 0), reset, retry, {ws = start, count = after}
+  return allowed, max(limit - after, 0), reset, retry, start
 end
 
 local function estimate(prev, cur, elapsed, period)
@@ -95,198 +119,472 @@ local function estimate(prev, cur, elapsed, period)
   return prev * w + cur
 end
 
+-- sliding_window; s = {ws, a = previous, b = current}
 local function sliding(s, limit, period, hits, refund)
   local start = now - (now % period)
   local elapsed = now - start
   local prev, cur = 0, 0
   if s.ws == start then
-    prev, cur = s.prev, s.cur
-  elseif s.ws ~= nil and s.ws + period == start then
-    prev, cur = s.cur, 0
+    prev, cur = s.a, s.b
+  elseif s.ws + period == start then
+    prev = s.b
   end
   local est = estimate(prev, cur, elapsed, period)
   local allowed, after
   if refund then
-    allowed, after = true, math.max(cur - hits, 0)
+    allowed, after = true, max(cur - hits, 0)
   else
     if hits == 0 then allowed = est < limit else allowed = est + hits <= limit end
     if allowed then after = cur + hits else after = cur end
   end
   local used = estimate(prev, after, elapsed, period)
-  local remaining = math.max(math.floor(limit - used), 0)
+  local remaining = max(floor(limit - used), 0)
   local retry = 0
   if not allowed then
-    local h = math.max(hits, 1)
+    local h = max(hits, 1)
     if h > limit then
       retry = -1
     elseif prev > 0 and cur + h <= limit then
       local need = est + h - limit
-      retry = math.min(math.ceil(need / prev * period), period - elapsed)
+      retry = min(math.ceil(need / prev * period), period - elapsed)
     elseif cur + h <= limit then
       retry = period - elapsed
     else
       -- This window's hits slide out of the next one: cur * (period - x) / period + h <= limit.
       retry = period - elapsed + math.ceil((cur + h - limit) / cur * period)
     end
+  else
+    s.ws, s.a, s.b, s.dirty = start, prev, after, true
   end
-  return allowed, remaining, period - elapsed, retry, {ws = start, prev = prev, cur = after}
+  return allowed, remaining, period - elapsed, retry, start
 end
 
-local function sliding_log(s, limit, period, hits, refund)
-  local horizon = now - period
-  local log = {}
-  for _, t in ipairs(s.log) do
-    if t > horizon then log[#log + 1] = t end
-  end
-  local added, popped = s.added, s.popped
-  local count = #log
-  local allowed
-  if refund then
-    local n = math.min(hits, count)
-    for _ = 1, n do
-      log[#log] = nil
-      if added > 0 then added = added - 1 else popped = popped + 1 end
+---------------------------------------------------------------------------------- sliding_log
+-- A log view: what is stored (read with O(log n) commands) plus what this call changes at the
+-- newest end: stored entries popped or shrunk by refunds, and entries added.
+
+local function entry(key, rank)
+  local r = call('ZRANGE', key, rank, rank, 'WITHSCORES')
+  local c, h = pair(r[1])
+  return {m = r[1], c = c, h = h, t = tonumber(r[2])}
+end
+
+local function load_log(key, period)
+  local v = {size = call('ZCARD', key), adds = {}, addsum = 0, sp = 0, spsum = 0, sr = 0,
+    cache = {}}
+  v.e = 0
+  v.base, v.top = 0, 0
+  if v.size > 0 then
+    v.e = call('ZCOUNT', key, '-inf', fmt('%d', now - period))
+    local last = entry(key, v.size - 1)
+    v.cache[v.size - 1] = last
+    v.top = last.c
+    if v.e > 0 then
+      v.base = entry(key, v.e - 1).c
+    elseif v.size > 0 then
+      local first = entry(key, 0)
+      v.base = first.c - first.h
     end
-    allowed = true
+  end
+  return v
+end
+
+local function cached(key, v, rank)
+  local en = v.cache[rank]
+  if not en then
+    en = entry(key, rank)
+    v.cache[rank] = en
+  end
+  return en
+end
+
+-- Index of the newest stored entry still in the view (in the window, not popped), or nil.
+local function newest_stored(v)
+  local r = v.size - 1 - v.sp
+  if r >= v.e then return r end
+  return nil
+end
+
+local function log_count(v)
+  local stored = 0
+  if v.size > v.e then stored = v.top - v.base - v.spsum - v.sr end
+  return stored + v.addsum
+end
+
+local function sliding_log(key, v, limit, period, hits, refund)
+  local count = log_count(v)
+  local allowed = true
+  local token = 0
+  if refund then
+    local left, touched = hits, 0
+    while left > 0 and touched < REFUND_ENTRIES do
+      local na = #v.adds
+      if na > 0 then
+        local a = v.adds[na]
+        if a.h <= left then
+          left = left - a.h
+          v.addsum = v.addsum - a.h
+          v.adds[na] = nil
+        else
+          a.h = a.h - left
+          v.addsum = v.addsum - left
+          left = 0
+        end
+      else
+        local r = newest_stored(v)
+        if not r then break end
+        local en = cached(key, v, r)
+        local h = en.h - v.sr
+        if h <= left then
+          left = left - h
+          v.sp, v.spsum, v.sr = v.sp + 1, v.spsum + en.h, 0
+        else
+          v.sr = v.sr + left
+          left = 0
+        end
+      end
+      touched = touched + 1
+    end
+    v.dirty = true
   elseif fits(count, hits, limit) then
-    for _ = 1, hits do log[#log + 1] = now end
-    added = added + hits
-    allowed = true
+    if hits > 0 then
+      local t = now
+      local na = #v.adds
+      if na > 0 then
+        t = max(v.adds[na].t, now)
+      else
+        local r = newest_stored(v)
+        if r then t = max(cached(key, v, r).t, now) end
+      end
+      v.adds[na + 1] = {t = t, h = hits}
+      v.addsum = v.addsum + hits
+      v.dirty = true
+    end
   else
     allowed = false
   end
+  local after = log_count(v)
   local retry = 0
   if not allowed then
-    local h = math.max(hits, 1)
+    local h = max(hits, 1)
     if h > limit then
       retry = -1
     else
-      local t = log[count + h - limit]
-      if t then retry = t + period - now end
+      -- The entry whose hits bring the total that left the window to count + h - limit.
+      local need = count + h - limit
+      local hi = newest_stored(v)
+      local stored = 0
+      if hi then stored = v.top - v.base - v.spsum - v.sr end
+      local t = nil
+      if hi and stored >= need then
+        local lo = v.e
+        while lo < hi do
+          local mid = floor((lo + hi) / 2)
+          if cached(key, v, mid).c - v.base >= need then hi = mid else lo = mid + 1 end
+        end
+        t = cached(key, v, lo).t
+      else
+        local acc = stored
+        for _, a in ipairs(v.adds) do
+          acc = acc + a.h
+          if acc >= need then t = a.t break end
+        end
+      end
+      if t then retry = max(t + period - now, 0) end
     end
   end
   local reset = 0
-  if #log > 0 then reset = log[#log] + period - now end
-  return allowed, math.max(limit - #log, 0), reset, retry,
-    {log = log, added = added, popped = popped}
+  local na = #v.adds
+  if na > 0 then
+    reset = v.adds[na].t + period - now
+  else
+    local r = newest_stored(v)
+    if r then reset = cached(key, v, r).t + period - now end
+  end
+  return allowed, max(limit - after, 0), max(reset, 0), retry, token
+end
+
+local function member(c, h)
+  return fmt('%015d:%d', c, h)
+end
+
+local function commit_log(key, v, period)
+  -- Pops and shrinks first (newest end), then the new entries, then a bounded trim of expired
+  -- ones from the oldest end; C keeps running from the newest entry left in the set.
+  if v.sp > 0 then call('ZREMRANGEBYRANK', key, v.size - v.sp, v.size - 1) end
+  local cprev, newest_t = 0, nil
+  local r = v.size - 1 - v.sp
+  if r >= 0 then
+    local en = cached(key, v, r)
+    cprev = en.c
+    if v.sr > 0 then
+      cprev = en.c - v.sr
+      call('ZREM', key, en.m)
+      call('ZADD', key, fmt('%d', en.t), member(cprev, en.h - v.sr))
+    end
+    newest_t = en.t
+  end
+  local tokens = {}
+  if #v.adds > 0 then
+    local z = {}
+    for i, a in ipairs(v.adds) do
+      cprev = cprev + a.h
+      z[#z + 1] = fmt('%d', a.t)
+      z[#z + 1] = member(cprev, a.h)
+      tokens[i] = cprev
+      newest_t = a.t
+    end
+    call('ZADD', key, unpack(z))
+  end
+  if v.e > 0 then call('ZREMRANGEBYRANK', key, 0, min(v.e, TRIM) - 1) end
+  if newest_t and call('EXISTS', key) == 1 then
+    call('PEXPIRE', key, ttl_ms(newest_t + period - now))
+  end
+  return tokens
+end
+
+-- Takes back exactly the entry a charge added: removes it and lowers C of the entries after it.
+local function undo_log(key, hits, c)
+  local m = member(c, hits)
+  local rank = call('ZRANK', key, m)
+  if not rank then return 1 end -- expired and trimmed already, or never written
+  local size = call('ZCARD', key)
+  if size - rank - 1 > UNDO_REWRITE then return 0 end
+  local later = call('ZRANGE', key, rank + 1, -1, 'WITHSCORES')
+  call('ZREM', key, m)
+  if #later > 0 then
+    local rem, add = {}, {}
+    for j = 1, #later, 2 do
+      local lc, lh = pair(later[j])
+      rem[#rem + 1] = later[j]
+      add[#add + 1] = later[j + 1]
+      add[#add + 1] = member(lc - hits, lh)
+    end
+    call('ZREM', key, unpack(rem))
+    call('ZADD', key, unpack(add))
+  end
+  return 1
+end
+
+--------------------------------------------------------------------------------- token_bucket
+-- Times are pairs (us, frac): us + frac / limit microseconds.
+
+local function intervals(h, period, limit)
+  local q, r = floor(period / limit), period % limit
+  local rh = r * h
+  return q * h + floor(rh / limit), rh % limit
+end
+
+local function le(au, af, bu, bf)
+  return au < bu or (au == bu and af <= bf)
+end
+
+local function fadd(u, f, du, df, limit)
+  local s = f + df
+  return u + du + floor(s / limit), s % limit
+end
+
+-- u.f - du.df, never below (now, 0)
+local function fsub(u, f, du, df, limit)
+  local borrow, nf = 0, f - df
+  if f < df then borrow, nf = 1, f + limit - df end
+  local nu = u - du - borrow
+  if nu < now then return now, 0 end
+  return nu, nf
+end
+
+local function load_bucket(key)
+  local raw = call('GET', key)
+  if not raw then return {u = now, f = 0} end
+  local u, f = pair(raw)
+  return {u = u, f = f}
 end
 
 local function token_bucket(s, limit, period, hits, refund, burst)
-  local stored = s.tat or now
   if limit == 0 then
     local retry = -1
     if refund then retry = 0 end
-    return refund, 0, 0, retry, {tat = stored}
+    return refund, 0, 0, retry, 0
   end
-  local t = math.max(math.floor(period / limit), 1)
-  local tau = t * (burst + 1)
-  local tat = math.max(stored, now)
-  local allowed, new_tat
+  local slots = burst + 1
+  local tau_u, tau_f = intervals(slots, period, limit)
+  local hz_u, hz_f = fadd(now, 0, tau_u, tau_f, limit)
+  local tu, tf = s.u, s.f
+  if tu < now then tu, tf = now, 0 end
+  local h = max(hits, 1)
+  local allowed = true
+  local nu, nf = tu, tf
+  local cu, cf = nil, nil
   if refund then
-    allowed, new_tat = true, math.max(tat - t * hits, now)
+    local du, df = intervals(min(hits, slots), period, limit)
+    nu, nf = fsub(tu, tf, du, df, limit)
+  elseif h > slots then
+    allowed = false
   else
-    local cost = t * math.max(hits, 1)
-    local candidate = tat + cost
-    allowed = candidate <= now + tau
-    local charged = candidate
-    if hits == 0 then charged = tat end
-    if allowed then new_tat = charged else new_tat = tat end
+    local du, df = intervals(h, period, limit)
+    cu, cf = fadd(tu, tf, du, df, limit)
+    allowed = le(cu, cf, hz_u, hz_f)
+    if allowed and hits > 0 then nu, nf = cu, cf end
   end
-  local ttl = new_tat - now
+  local ceil_new = nu
+  if nf > 0 then ceil_new = nu + 1 end
+  local ttl = ceil_new - now
   local retry = 0
   if not allowed then
-    local cost = t * math.max(hits, 1)
-    if cost > tau then retry = -1 else retry = tat + cost - tau - now end
+    if not cu then
+      retry = -1
+    else
+      local wu, wf = fsub(cu, cf, tau_u, tau_f, limit)
+      if wf > 0 then wu = wu + 1 end
+      retry = wu - now
+    end
   end
-  return allowed, math.floor(math.max(tau - ttl, 0) / t), ttl, retry, {tat = new_tat}
+  local used = (nu - now) * limit + nf
+  local room = tau_u * limit + tau_f - used
+  local remaining = max(floor(room / period), 0)
+  if allowed then s.u, s.f, s.dirty = nu, nf, true end
+  return allowed, remaining, ttl, retry, 0
 end
 
-local function decide(s, alg, limit, period, hits, refund, burst)
-  if alg == 0 then return fixed(s, limit, period, hits, refund) end
-  if alg == 1 then return sliding(s, limit, period, hits, refund) end
-  if alg == 2 then return sliding_log(s, limit, period, hits, refund) end
-  return token_bucket(s, limit, period, hits, refund, burst)
-end
-
--- Whole milliseconds, rounded up, at least 1: a TTL for PEXPIRE / SET PX.
-local function ttl_ms(us)
-  return math.max(math.floor((us + 999) / 1000), 1) + ttl_slack_ms
-end
+------------------------------------------------------------------------------------- the call
 
 local n = #KEYS
-local original = {}
-local pending = {}
-local out = {0}
+local out = {1}
+local views = {}
+
+-- Undo: ARGV flags bit 2 on every limit of the call.
+if n > 0 and floor(tonumber(ARGV[5]) / 4) % 2 == 1 then
+  for i = 1, n do
+    local key, b = KEYS[i], 2 + 7 * (i - 1)
+    local period, hits = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+    local alg, token = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 6])
+    local done = 1
+    if alg == 2 then
+      done = undo_log(key, hits, token)
+    elseif alg == 3 then
+      local limit = tonumber(ARGV[b])
+      local s = load_bucket(key)
+      if limit > 0 and s.u >= now then
+        local du, df = intervals(min(hits, tonumber(ARGV[b + 5]) + 1), period, limit)
+        local nu, nf = fsub(s.u, s.f, du, df, limit)
+        if nu == now and nf == 0 then
+          call('DEL', key)
+        else
+          call('SET', key, fmt('%d:%d', nu, nf), 'KEEPTTL')
+        end
+      end
+    else
+      local s = load_counter(key, alg)
+      local changed = false
+      if alg == 0 then
+        if s.ws == token then s.a, changed = max(s.a - hits, 0), true end
+      elseif s.ws == token then
+        s.b, changed = max(s.b - hits, 0), true
+      elseif s.ws == token + period then
+        s.a, changed = max(s.a - hits, 0), true
+      end
+      if changed then
+        if s.a == 0 and s.b == 0 then
+          call('DEL', key)
+        elseif alg == 0 then
+          call('SET', key, fmt('%d:%d', s.ws, s.a), 'KEEPTTL')
+        else
+          call('SET', key, fmt('%d:%d:%d', s.ws, s.a, s.b), 'KEEPTTL')
+        end
+      end
+    end
+    out[#out + 1] = done
+    for _ = 1, 4 do out[#out + 1] = 0 end
+  end
+  return out
+end
+
 local admitted = 1
-local args = {}
+local logslot = {} -- check index -> position of its entry among its key's adds
 
 for i = 1, n do
-  local key = KEYS[i]
-  local b = 2 + 6 * (i - 1)
-  local a = {
-    limit = tonumber(ARGV[b]), period = tonumber(ARGV[b + 1]), hits = tonumber(ARGV[b + 2]),
-    flags = tonumber(ARGV[b + 3]), alg = tonumber(ARGV[b + 4]), burst = tonumber(ARGV[b + 5]),
-  }
-  a.shadow = a.flags % 2 == 1
-  a.refund = math.floor(a.flags / 2) % 2 == 1
-  args[i] = a
-  if original[key] == nil then original[key] = load(key, a.alg, a.period) end
-  local s = pending[key] or original[key]
-  local allowed, remaining, reset, retry, new =
-    decide(s, a.alg, a.limit, a.period, a.hits, a.refund, a.burst)
-  if not allowed and not a.shadow then admitted = 0 end
-  -- A denial (shadow or not) leaves the state as it was: `new` equals `s` then.
-  pending[key] = new
+  local key, b = KEYS[i], 2 + 7 * (i - 1)
+  local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+  local flags, alg = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+  local refund = floor(flags / 2) % 2 == 1
+  local v = views[key]
+  if not v then
+    if alg == 2 then
+      v = load_log(key, period)
+    elseif alg == 3 then
+      v = load_bucket(key)
+    else
+      v = load_counter(key, alg)
+    end
+    views[key] = v
+  end
+  local allowed, remaining, reset, retry, token
+  if alg == 0 then
+    allowed, remaining, reset, retry, token = fixed(v, limit, period, hits, refund)
+  elseif alg == 1 then
+    allowed, remaining, reset, retry, token = sliding(v, limit, period, hits, refund)
+  elseif alg == 2 then
+    local before = #v.adds
+    allowed, remaining, reset, retry, token = sliding_log(key, v, limit, period, hits, refund)
+    if #v.adds > before then logslot[i] = #v.adds end
+  else
+    allowed, remaining, reset, retry, token =
+      token_bucket(v, limit, period, hits, refund, tonumber(ARGV[b + 5]))
+  end
+  if not allowed and flags % 2 == 0 then admitted = 0 end
   if allowed then out[#out + 1] = 1 else out[#out + 1] = 0 end
   out[#out + 1] = remaining
   out[#out + 1] = reset
   out[#out + 1] = retry
+  -- Only a written charge has something to undo.
+  if allowed and hits > 0 and not refund then out[#out + 1] = token else out[#out + 1] = 0 end
 end
 
 out[1] = admitted
 if admitted == 1 then
-  local written = {}
+  local tokens = {}
   for i = 1, n do
-    local key, a = KEYS[i], args[i]
-    if a.hits > 0 and not written[key] then
-      written[key] = true
-      local s = pending[key]
-      if a.alg == 0 then
-        local ttl = s.ws + a.period - now
-        redis.call('SET', key, string.format('%d:%d', s.ws, s.count), 'PX', ttl_ms(ttl))
-      elseif a.alg == 1 then
-        local ttl = s.ws + 2 * a.period - now
-        redis.call('SET', key, string.format('%d:%d:%d', s.ws, s.prev, s.cur), 'PX', ttl_ms(ttl))
-      elseif a.alg == 2 then
-        redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - a.period))
-        if s.popped > 0 then redis.call('ZPOPMAX', key, s.popped) end
-        if s.added > 0 then
-          -- Members are unique: the sequence continues from the entries left in the set
-          -- (zero-padded, so ZPOPMAX of equal scores removes the highest sequence first).
-          local base = redis.call('ZCARD', key)
-          local zargs = {}
-          for j = 1, s.added do
-            zargs[#zargs + 1] = string.format('%d', now)
-            zargs[#zargs + 1] = string.format('%d:%010d', now, base + j - 1)
-          end
-          redis.call('ZADD', key, unpack(zargs))
-        end
-        if #s.log > 0 then
-          redis.call('PEXPIRE', key, ttl_ms(s.log[#s.log] + a.period - now))
-        else
-          redis.call('DEL', key)
-        end
+    local key = KEYS[i]
+    local v = views[key]
+    if v.dirty then
+      v.dirty = false
+      local b = 2 + 7 * (i - 1)
+      local period, alg = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 4])
+      if alg == 0 then
+        call('SET', key, fmt('%d:%d', v.ws, v.a), 'PX', ttl_ms(v.ws + period - now))
+      elseif alg == 1 then
+        call('SET', key, fmt('%d:%d:%d', v.ws, v.a, v.b), 'PX', ttl_ms(v.ws + 2 * period - now))
+      elseif alg == 2 then
+        tokens[key] = commit_log(key, v, period)
       else
-        redis.call('SET', key, string.format('%d', s.tat), 'PX', ttl_ms(s.tat - now))
+        local ceil_tat = v.u
+        if v.f > 0 then ceil_tat = v.u + 1 end
+        call('SET', key, fmt('%d:%d', v.u, v.f), 'PX', ttl_ms(ceil_tat - now))
       end
     end
   end
+  for i, pos in pairs(logslot) do
+    local t = tokens[KEYS[i]]
+    if t and t[pos] then out[1 + 5 * (i - 1) + 5] = t[pos] end
+  end
 else
-  -- Nothing is charged: report what each counter really has left.
+  -- Nothing is charged: report what each counter really has left (read again: nothing was
+  -- written, and a denial is the path an attacker drives, so it stays O(log n) too).
   for i = 1, n do
-    local a = args[i]
-    local _, remaining = decide(original[KEYS[i]], a.alg, a.limit, a.period, 0, false, a.burst)
-    out[3 + 4 * (i - 1)] = remaining
+    local key, b = KEYS[i], 2 + 7 * (i - 1)
+    local limit, period, alg = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 4])
+    local _, remaining
+    if alg == 2 then
+      _, remaining = sliding_log(key, load_log(key, period), limit, period, 0, false)
+    elseif alg == 3 then
+      _, remaining = token_bucket(load_bucket(key), limit, period, 0, false, tonumber(ARGV[b + 5]))
+    elseif alg == 0 then
+      _, remaining = fixed(load_counter(key, 0), limit, period, 0, false)
+    else
+      _, remaining = sliding(load_counter(key, 1), limit, period, 0, false)
+    end
+    out[3 + 5 * (i - 1)] = remaining
+    out[6 + 5 * (i - 1)] = 0
   end
 end
 return out

@@ -15,7 +15,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -228,7 +228,30 @@ fn tls_client(
 /// fails at the transport level, so the pool replaces it (after a Redis restart, say).
 pub struct PooledConn {
     conn: MultiplexedConnection,
-    broken: Arc<AtomicBool>,
+    broken: Broken,
+}
+
+/// Marks connections broken. A transport failure on one connection usually means Redis went
+/// away (a restart, a failover), so it also retires every connection opened before it: the
+/// next call then gets a fresh connection instead of another dead one.
+#[derive(Clone, Debug)]
+struct Broken {
+    this: Arc<AtomicBool>,
+    /// Failures seen by the pool so far, and how many there had been when this one connected.
+    epoch: Arc<AtomicU64>,
+    born: u64,
+}
+
+impl Broken {
+    fn set(&self) {
+        if !self.this.swap(true, Ordering::Relaxed) {
+            self.epoch.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn is_set(&self) -> bool {
+        self.this.load(Ordering::Relaxed) || self.epoch.load(Ordering::Relaxed) != self.born
+    }
 }
 
 /// bb8 manager for [`PooledConn`]. A call checks a connection out only long enough to clone its
@@ -241,6 +264,7 @@ pub struct PooledConn {
 #[derive(Debug)]
 pub struct Manager {
     client: redis::Client,
+    epoch: Arc<AtomicU64>,
     config: redis::AsyncConnectionConfig,
     errors: ConnectErrors,
 }
@@ -290,13 +314,17 @@ impl bb8::ManageConnection for Manager {
         self.errors.connected();
         Ok(PooledConn {
             conn,
-            broken: Arc::new(AtomicBool::new(false)),
+            broken: Broken {
+                this: Arc::new(AtomicBool::new(false)),
+                born: self.epoch.load(Ordering::Relaxed),
+                epoch: self.epoch.clone(),
+            },
         })
     }
 
     /// No I/O: a connection is valid until a call on it failed at the transport level.
     async fn is_valid(&self, conn: &mut PooledConn) -> Result<(), RedisError> {
-        if conn.broken.load(Ordering::Relaxed) {
+        if conn.broken.is_set() {
             Err(RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::BrokenPipe,
                 "connection marked broken",
@@ -307,7 +335,7 @@ impl bb8::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut PooledConn) -> bool {
-        conn.broken.load(Ordering::Relaxed)
+        conn.broken.is_set()
     }
 }
 
@@ -324,8 +352,9 @@ enum Backend {
 }
 
 /// A connection handle for one call.
+#[derive(Clone)]
 enum Conn {
-    Single(MultiplexedConnection, Arc<AtomicBool>),
+    Single(MultiplexedConnection, Broken),
     Cluster(ClusterConnection),
 }
 
@@ -342,7 +371,7 @@ impl Conn {
         let r = run(self).await;
         if let (Err(e), Some(broken)) = (&r, broken) {
             if is_transport(e) {
-                broken.store(true, Ordering::Relaxed);
+                broken.set();
             }
         }
         r.map_err(classify)
@@ -390,6 +419,8 @@ pub struct RedisStore {
     /// Tests only: decide on this clock instead of the Redis server clock.
     test_clock: Option<Arc<dyn Clock>>,
     healthy: Mutex<bool>,
+    /// Cluster undos that failed after retries (a metric).
+    undo_failures: Arc<AtomicU64>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -449,6 +480,7 @@ impl RedisStore {
                     .error_sink(Box::new(errors.clone()))
                     .build_unchecked(Manager {
                         client,
+                        epoch: Arc::default(),
                         config,
                         errors,
                     });
@@ -484,6 +516,7 @@ impl RedisStore {
             kind: settings.kind,
             test_clock: None,
             healthy: Mutex::new(true),
+            undo_failures: Arc::default(),
         })
     }
 
@@ -512,56 +545,37 @@ impl RedisStore {
         }
     }
 
-    /// Runs the script for one group of limits: one EVALSHA (plus SCRIPT LOAD after NOSCRIPT).
-    async fn eval_group(
-        &self,
-        group: &[&LimitCheck],
-        refund: bool,
-    ) -> Result<Vec<i64>, StoreError> {
-        let mut inv = self.script.prepare_invoke();
-        let now = self
-            .test_clock
-            .as_ref()
-            .map(|c| c.now().as_micros().to_string())
-            .unwrap_or_default();
-        inv.arg(now);
-        for c in group {
+    /// The script call deciding `idx` of `checks`, owned so it can run on a spawned task.
+    fn call_for(&self, checks: &[LimitCheck], idx: &[usize]) -> Call {
+        let mut keys = Vec::with_capacity(idx.len());
+        let mut args = Vec::with_capacity(idx.len() * ARGS_PER_KEY);
+        for &i in idx {
+            let c = &checks[i];
             let p = c.params();
-            let flags = u8::from(c.shadow) | (u8::from(refund || c.refund) << 1);
-            inv.key(self.key_of(&c.key))
-                .arg(p.limit)
-                .arg(p.period_us)
-                .arg(c.hits)
-                .arg(flags)
-                .arg(p.algorithm.code())
-                .arg(p.burst);
+            keys.push(self.key_of(&c.key));
+            args.extend([
+                u64::from(p.limit),
+                p.period_us,
+                c.hits,
+                u64::from(c.shadow) | (u64::from(c.refund) << 1),
+                u64::from(p.algorithm.code()),
+                u64::from(p.burst),
+                0,
+            ]);
         }
-        let call = async {
-            let mut conn = self.connection().await?;
-            conn.query(async |c| inv.invoke_async::<Vec<i64>>(c).await)
-                .await
-        };
-        let result = match tokio::time::timeout(self.timeout, call).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Transient(format!(
-                "Redis did not answer within {:?}",
-                self.timeout
-            ))),
-        };
-        match &result {
+        Call { keys, args }
+    }
+
+    fn now_arg(&self) -> String {
+        now_arg(self.test_clock.as_ref())
+    }
+
+    fn record_health<T>(&self, r: &Result<T, StoreError>) {
+        match r {
             Ok(_) => self.set_healthy(true),
             Err(StoreError::Transient(_)) => self.set_healthy(false),
             Err(StoreError::Permanent(_)) => {}
         }
-        let values = result?;
-        if values.len() != 1 + 4 * group.len() {
-            return Err(StoreError::Permanent(format!(
-                "decide.lua returned {} values for {} limits",
-                values.len(),
-                group.len()
-            )));
-        }
-        Ok(values)
     }
 
     /// The atomic steps of a request, as indexes into `checks`. Standalone Redis holds every key,
@@ -585,92 +599,80 @@ impl RedisStore {
 
     async fn decide_all(&self, checks: &[LimitCheck]) -> Result<Decision, StoreError> {
         let groups = self.groups(checks);
-        let calls = groups.iter().map(|idx| {
-            let group: Vec<&LimitCheck> = idx.iter().map(|&i| &checks[i]).collect();
-            async move { self.eval_group(&group, false).await }
-        });
-        let results = futures_util::future::join_all(calls).await;
-
-        let mut outcomes = vec![
-            Outcome {
-                allowed: false,
-                remaining: 0,
-                reset: Duration::ZERO,
-                retry_after: Duration::ZERO,
-            };
-            checks.len()
-        ];
+        let now = self.now_arg();
+        let conn = self.connection().await;
+        self.record_health(&conn);
+        let conn = conn?;
+        if let [only] = groups.as_slice() {
+            // One call decides everything: all or nothing inside the script, nothing to undo.
+            let call = self.call_for(checks, only);
+            let r = run(&self.script, conn, &now, &call, self.timeout).await;
+            self.record_health(&r);
+            let mut outcomes = vec![DENIED; checks.len()];
+            let admitted = parse(&r?, only, &mut outcomes)?;
+            return Ok(Decision {
+                admitted,
+                outcomes,
+                local: false,
+            });
+        }
+        // Cluster, several slots: the charges and, if one slot denies, the undo of the others
+        // run on their own task, so a caller that gives up (Envoy's deadline) cannot leave a
+        // charge without its undo.
+        let calls: Vec<Call> = groups.iter().map(|g| self.call_for(checks, g)).collect();
+        let task = tokio::spawn(charge_or_undo(
+            self.script.clone(),
+            conn,
+            self.test_clock.clone(),
+            calls,
+            self.timeout,
+            self.undo_failures.clone(),
+        ));
+        let (results, undone) = task
+            .await
+            .map_err(|e| StoreError::Permanent(format!("decision task failed: {e}")))?;
+        let mut outcomes = vec![DENIED; checks.len()];
         let mut admitted = true;
-        let mut group_admitted = Vec::with_capacity(groups.len());
         let mut first_error = None;
-        for (idx, r) in groups.iter().zip(results) {
-            match r {
-                Ok(values) => {
-                    let ok = values[0] == 1;
-                    admitted &= ok;
-                    group_admitted.push(ok);
-                    for (j, &i) in idx.iter().enumerate() {
-                        let v = &values[1 + 4 * j..5 + 4 * j];
-                        outcomes[i] = Outcome {
-                            allowed: v[0] == 1,
-                            remaining: u32::try_from(v[1].max(0)).unwrap_or(u32::MAX),
-                            reset: micros(v[2]),
-                            retry_after: if v[3] < 0 {
-                                Duration::MAX
-                            } else {
-                                micros(v[3])
-                            },
-                        };
-                    }
-                }
+        for (g, r) in groups.iter().zip(results) {
+            self.record_health(&r);
+            match r.and_then(|values| parse(&values, g, &mut outcomes)) {
+                Ok(ok) => admitted &= ok,
                 Err(e) => {
                     admitted = false;
-                    group_admitted.push(false);
                     first_error.get_or_insert(e);
-                }
-            }
-        }
-        if !admitted {
-            // All or nothing across groups: give back what admitted groups charged.
-            for (idx, ok) in groups.iter().zip(&group_admitted) {
-                if !*ok {
-                    continue;
-                }
-                let charged: Vec<&LimitCheck> = idx
-                    .iter()
-                    .map(|&i| &checks[i])
-                    .filter(|c| c.hits > 0 && !c.refund)
-                    .collect();
-                if charged.is_empty() {
-                    continue;
-                }
-                match self.eval_group(&charged, true).await {
-                    Ok(_) => {
-                        for &i in idx {
-                            let c = &checks[i];
-                            if c.hits > 0 && !c.refund {
-                                let o = &mut outcomes[i];
-                                o.remaining = o
-                                    .remaining
-                                    .saturating_add(u32::try_from(c.hits).unwrap_or(u32::MAX))
-                                    .min(c.key.limit.requests_per_unit);
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "could not refund a partially charged request");
-                    }
                 }
             }
         }
         if let Some(e) = first_error {
             return Err(e);
         }
+        // What an undone charge gave back is left again.
+        for (g, done) in groups.iter().zip(undone) {
+            if !done {
+                continue;
+            }
+            for &i in g {
+                let c = &checks[i];
+                let o = &mut outcomes[i];
+                if o.allowed && c.hits > 0 && !c.refund {
+                    o.remaining = o
+                        .remaining
+                        .saturating_add(u32::try_from(c.hits).unwrap_or(u32::MAX))
+                        .min(c.key.limit.requests_per_unit);
+                }
+            }
+        }
         Ok(Decision {
             admitted,
             outcomes,
             local: false,
         })
+    }
+
+    /// Charges a Cluster store could not take back (for `sluice_refund_failures_total`).
+    pub fn undo_failures(&self) -> u64 {
+        self.undo_failures.load(Ordering::Relaxed)
     }
 
     /// A handle on a live connection: a clone of a pooled multiplexed connection (checked out
@@ -711,6 +713,174 @@ impl RedisStore {
         self.set_healthy(ok);
         ok
     }
+}
+
+/// Script arguments per limit (see the top of `decide.lua`).
+const ARGS_PER_KEY: usize = 7;
+/// The undo flag of `decide.lua`.
+const UNDO: u64 = 4;
+/// Attempts at an undo before it is counted as failed.
+const UNDO_ATTEMPTS: usize = 3;
+
+const DENIED: Outcome = Outcome {
+    allowed: false,
+    remaining: 0,
+    reset: Duration::ZERO,
+    retry_after: Duration::ZERO,
+};
+
+/// ARGV[1]: "" (the script reads Redis `TIME`), or the test clock's time.
+fn now_arg(test_clock: Option<&Arc<dyn Clock>>) -> String {
+    test_clock
+        .map(|c| c.now().as_micros().to_string())
+        .unwrap_or_default()
+}
+
+/// One script call: its keys and the numeric arguments after ARGV[1] (the time override).
+#[derive(Debug, Clone)]
+struct Call {
+    keys: Vec<String>,
+    args: Vec<u64>,
+}
+
+/// One EVALSHA (plus SCRIPT LOAD after NOSCRIPT), bounded by `timeout`.
+async fn run(
+    script: &Script,
+    mut conn: Conn,
+    now: &str,
+    call: &Call,
+    timeout: Duration,
+) -> Result<Vec<i64>, StoreError> {
+    let mut inv = script.prepare_invoke();
+    inv.arg(now);
+    for (key, args) in call.keys.iter().zip(call.args.chunks(ARGS_PER_KEY)) {
+        inv.key(key.as_str());
+        for a in args {
+            inv.arg(*a);
+        }
+    }
+    let fut = conn.query(async |c| inv.invoke_async::<Vec<i64>>(c).await);
+    let values = match tokio::time::timeout(timeout, fut).await {
+        Ok(r) => r?,
+        Err(_) => {
+            return Err(StoreError::Transient(format!(
+                "Redis did not answer within {timeout:?}"
+            )))
+        }
+    };
+    if values.len() != 1 + 5 * call.keys.len() {
+        return Err(StoreError::Permanent(format!(
+            "decide.lua returned {} values for {} limits",
+            values.len(),
+            call.keys.len()
+        )));
+    }
+    Ok(values)
+}
+
+/// Folds one call's reply into `outcomes` (at `idx`); returns whether the call admitted.
+fn parse(values: &[i64], idx: &[usize], outcomes: &mut [Outcome]) -> Result<bool, StoreError> {
+    if values.len() != 1 + 5 * idx.len() {
+        return Err(StoreError::Permanent(format!(
+            "decide.lua returned {} values for {} limits",
+            values.len(),
+            idx.len()
+        )));
+    }
+    for (v, &i) in values[1..].chunks(5).zip(idx) {
+        outcomes[i] = Outcome {
+            allowed: v[0] == 1,
+            remaining: u32::try_from(v[1].max(0)).unwrap_or(u32::MAX),
+            reset: micros(v[2]),
+            retry_after: if v[3] < 0 {
+                Duration::MAX
+            } else {
+                micros(v[3])
+            },
+        };
+    }
+    Ok(values[0] == 1)
+}
+
+/// Runs every slot's call concurrently; if one denies (or fails), undoes exactly what the others
+/// charged: the same window, the same sorted-set entry, only the checks that were written.
+/// Returns each call's result and, per call, whether an undo was done.
+async fn charge_or_undo(
+    script: Script,
+    conn: Conn,
+    test_clock: Option<Arc<dyn Clock>>,
+    calls: Vec<Call>,
+    timeout: Duration,
+    failures: Arc<AtomicU64>,
+) -> (Vec<Result<Vec<i64>, StoreError>>, Vec<bool>) {
+    let now = now_arg(test_clock.as_ref());
+    let results = futures_util::future::join_all(
+        calls
+            .iter()
+            .map(|c| run(&script, conn.clone(), &now, c, timeout)),
+    )
+    .await;
+    let admitted = results
+        .iter()
+        .all(|r| r.as_ref().is_ok_and(|v| v.first() == Some(&1)));
+    let mut undone = vec![false; calls.len()];
+    if admitted {
+        return (results, undone);
+    }
+    for ((call, r), undone) in calls.iter().zip(&results).zip(&mut undone) {
+        let Ok(values) = r else { continue };
+        if values.first() != Some(&1) {
+            continue;
+        }
+        let mut undo = Call {
+            keys: Vec::new(),
+            args: Vec::new(),
+        };
+        for ((key, args), v) in call
+            .keys
+            .iter()
+            .zip(call.args.chunks(ARGS_PER_KEY))
+            .zip(values[1..].chunks(5))
+        {
+            let (hits, flags) = (args[2], args[3]);
+            // Written: allowed, hits to charge, not a refund. A shadow denial wrote nothing.
+            if v[0] == 1 && hits > 0 && flags & 2 == 0 {
+                undo.keys.push(key.clone());
+                let mut a = args.to_vec();
+                a[3] = UNDO;
+                a[6] = u64::try_from(v[4]).unwrap_or(0);
+                undo.args.extend(a);
+            }
+        }
+        if undo.keys.is_empty() {
+            continue;
+        }
+        let mut last = None;
+        for _ in 0..UNDO_ATTEMPTS {
+            // Read the clock again: an undo decides nothing, it only needs "now" to clamp a
+            // token bucket, and a test clock may have moved past a window edge meanwhile.
+            let now = now_arg(test_clock.as_ref());
+            match run(&script, conn.clone(), &now, &undo, timeout).await {
+                Ok(v) if v[1..].chunks(5).all(|d| d[0] == 1) => {
+                    last = None;
+                    *undone = true;
+                    break;
+                }
+                Ok(_) => {
+                    last = Some(StoreError::Permanent(
+                        "the charge moved too far to be taken back within bounded work".into(),
+                    ));
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        if let Some(e) = last {
+            failures.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(error = %e, keys = undo.keys.len(), "could not undo the charge of a request denied in another slot");
+        }
+    }
+    (results, undone)
 }
 
 impl CounterStore for RedisStore {
