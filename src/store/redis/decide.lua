@@ -5,28 +5,34 @@
 -- ARGV[1]   time override in microseconds since the Unix epoch, or "" to use the Redis server
 --           clock (TIME). Only tests set it; production always decides on the server clock, so
 --           replicas with skewed clocks agree.
--- ARGV[2 + 7*(i-1) .. 8 + 7*(i-1)], for limit i:
+-- ARGV[2]   "1" to return each charge's undo token (a Cluster request spanning slots), else "0"
+-- ARGV[3 + K*(i-1) ..], for limit i (K = 4, or 5 in an undo call):
 --   limit      requests admitted per period (0 blocks everything)
 --   period_us  period in microseconds (> 0); windows are aligned to the Unix epoch
 --   hits       hits to charge (0 = check only: allowed while one more request would fit)
---   flags      bit 0 (1): shadow, decided like an enforced limit but never denies the request
---              bit 1 (2): refund, gives `hits` back (Envoy's is_negative_hits), newest first
---              bit 2 (4): undo, takes back exactly the charge `token` names (a Cluster request
---                         denied in another slot); nothing else is decided
---   algorithm  0 fixed_window, 1 sliding_window, 2 sliding_log, 3 token_bucket
---   burst      token_bucket: requests allowed at once above the steady rate
---   token      undo only: what the charge returned as its token (else 0)
+--   meta       algorithm + 4 * flags + 32 * burst, where
+--              algorithm  0 fixed_window, 1 sliding_window, 2 sliding_log, 3 token_bucket
+--              flags      bit 0 (1): shadow, decided like an enforced limit, never denies
+--                         bit 1 (2): refund, gives `hits` back (Envoy's is_negative_hits)
+--                         bit 2 (4): undo, takes back exactly the charge `token` names (a
+--                                    Cluster request denied in another slot); set on every
+--                                    limit of an undo call, which decides nothing
+--              burst      token_bucket: requests allowed at once above the steady rate
+--   token      undo calls only: what the charge returned as its token
+-- (One number for algorithm, flags and burst: every argument is a Lua string to convert, and
+-- this script's cost is measured against a minimal one; see README "Performance".)
 --
--- Returns {admitted, allowed_1, remaining_1, reset_us_1, retry_us_1, token_1, allowed_2, ...}:
+-- Returns {admitted, state_1, reset_us_1, retry_us_1, [token_1,] state_2, ...}:
 --   admitted    1 if every non-shadow limit allowed the request; only then is anything written
---   allowed_i   1 if limit i alone allows it
---   remaining_i hits left after this request if admitted, else as stored (nothing was charged)
+--   state_i     allowed_i + 2 * remaining_i: allowed_i is 1 if limit i alone allows it;
+--               remaining_i the hits left after this request if admitted, else as stored
 --   reset_us_i  microseconds until the counter is back to its full quota
 --   retry_us_i  for a denial, microseconds until the request would be admitted (-1: never)
---   token_i     for a charge that was written, what an undo needs: the window start (fixed and
---               sliding window), the entry's cumulative count (sliding_log); 0 otherwise
--- An undo call returns {1, done_1, 0, 0, 0, 0, ...}: done 0 when the charge could not be taken
--- back within the bounded work below (the caller reports it).
+--   token_i     (ARGV[2] = "1") for a charge that was written, what an undo needs: the window
+--               start (fixed and sliding window), the entry's running total (sliding_log); 0
+--               for token_bucket (its undo is exact arithmetic) and for checks not written
+-- An undo call returns {1, done_1, done_2, ...}: done 0 when the charge could not be taken back
+-- within the bounded work below (the caller counts it).
 --
 -- Stored state (each write sets a TTL until the state stops mattering, so no key outlives it):
 --   fixed_window    string "<window start us>:<count>"
@@ -56,6 +62,16 @@ end
 
 local call, find, sub, floor, max, min, fmt =
   redis.call, string.find, string.sub, math.floor, math.max, math.min, string.format
+local n = #KEYS
+local tokens_wanted = ARGV[2] == '1'
+-- Which algorithms this call needs: only their helpers are built (each `function` below is a
+-- closure created on every call, which costs as much as a Redis command).
+local undo = n > 0 and math.floor(tonumber(ARGV[6]) / 16) % 2 == 1
+local K = 4
+if undo then K = 5 end
+local has = {}
+for i = 1, n do has[tonumber(ARGV[6 + K * (i - 1)]) % 4] = true end
+
 local TRIM = 64
 local REFUND_ENTRIES = 64
 local UNDO_REWRITE = 256
@@ -78,394 +94,402 @@ end
 
 ---------------------------------------------------------------------------- fixed / sliding window
 
-local function load_counter(key, alg)
-  local raw = call('GET', key)
-  if not raw then return {ws = -1, a = 0, b = 0} end
-  if alg == 0 then
-    local ws, c = pair(raw)
-    return {ws = ws, a = c, b = 0}
-  end
-  local p1 = find(raw, ':', 1, true)
-  local p2 = find(raw, ':', p1 + 1, true)
-  return {ws = tonumber(sub(raw, 1, p1 - 1)), a = tonumber(sub(raw, p1 + 1, p2 - 1)),
-    b = tonumber(sub(raw, p2 + 1))}
-end
-
--- fixed_window; s = {ws, a = count}
-local function fixed(s, limit, period, hits, refund)
-  local start = now - (now % period)
-  local current = 0
-  if s.ws == start then current = s.a end
-  local reset = start + period - now
-  local allowed, after = true, current
-  if refund then
-    after = max(current - hits, 0)
-  elseif fits(current, hits, limit) then
-    after = current + hits
-  else
-    allowed = false
-  end
-  local retry = 0
-  if not allowed then
-    if max(hits, 1) > limit then retry = -1 else retry = reset end
-  else
-    s.ws, s.a, s.dirty = start, after, true
-  end
-  return allowed, max(limit - after, 0), reset, retry, start
-end
-
-local function estimate(prev, cur, elapsed, period)
-  local w = (period - elapsed) / period
-  return prev * w + cur
-end
-
--- sliding_window; s = {ws, a = previous, b = current}
-local function sliding(s, limit, period, hits, refund)
-  local start = now - (now % period)
-  local elapsed = now - start
-  local prev, cur = 0, 0
-  if s.ws == start then
-    prev, cur = s.a, s.b
-  elseif s.ws + period == start then
-    prev = s.b
-  end
-  local est = estimate(prev, cur, elapsed, period)
-  local allowed, after
-  if refund then
-    allowed, after = true, max(cur - hits, 0)
-  else
-    if hits == 0 then allowed = est < limit else allowed = est + hits <= limit end
-    if allowed then after = cur + hits else after = cur end
-  end
-  local used = estimate(prev, after, elapsed, period)
-  local remaining = max(floor(limit - used), 0)
-  local retry = 0
-  if not allowed then
-    local h = max(hits, 1)
-    if h > limit then
-      retry = -1
-    elseif prev > 0 and cur + h <= limit then
-      local need = est + h - limit
-      retry = min(math.ceil(need / prev * period), period - elapsed)
-    elseif cur + h <= limit then
-      retry = period - elapsed
-    else
-      -- This window's hits slide out of the next one: cur * (period - x) / period + h <= limit.
-      retry = period - elapsed + math.ceil((cur + h - limit) / cur * period)
+local load_counter, fixed, estimate, sliding
+if has[0] or has[1] then
+  load_counter = function(key, alg)
+    local raw = call('GET', key)
+    if not raw then return {ws = -1, a = 0, b = 0} end
+    if alg == 0 then
+      local ws, c = pair(raw)
+      return {ws = ws, a = c, b = 0}
     end
-  else
-    s.ws, s.a, s.b, s.dirty = start, prev, after, true
+    local p1 = find(raw, ':', 1, true)
+    local p2 = find(raw, ':', p1 + 1, true)
+    return {ws = tonumber(sub(raw, 1, p1 - 1)), a = tonumber(sub(raw, p1 + 1, p2 - 1)),
+      b = tonumber(sub(raw, p2 + 1))}
   end
-  return allowed, remaining, period - elapsed, retry, start
+
+  -- fixed_window; s = {ws, a = count}
+  fixed = function(s, limit, period, hits, refund)
+    local start = now - (now % period)
+    local current = 0
+    if s.ws == start then current = s.a end
+    local reset = start + period - now
+    local allowed, after = true, current
+    if refund then
+      after = max(current - hits, 0)
+    elseif fits(current, hits, limit) then
+      after = current + hits
+    else
+      allowed = false
+    end
+    local retry = 0
+    if not allowed then
+      if max(hits, 1) > limit then retry = -1 else retry = reset end
+    else
+      s.ws, s.a, s.dirty = start, after, true
+    end
+    return allowed, max(limit - after, 0), reset, retry, start
+  end
+
+  estimate = function(prev, cur, elapsed, period)
+    local w = (period - elapsed) / period
+    return prev * w + cur
+  end
+
+  -- sliding_window; s = {ws, a = previous, b = current}
+  sliding = function(s, limit, period, hits, refund)
+    local start = now - (now % period)
+    local elapsed = now - start
+    local prev, cur = 0, 0
+    if s.ws == start then
+      prev, cur = s.a, s.b
+    elseif s.ws + period == start then
+      prev = s.b
+    end
+    local est = estimate(prev, cur, elapsed, period)
+    local allowed, after
+    if refund then
+      allowed, after = true, max(cur - hits, 0)
+    else
+      if hits == 0 then allowed = est < limit else allowed = est + hits <= limit end
+      if allowed then after = cur + hits else after = cur end
+    end
+    local used = estimate(prev, after, elapsed, period)
+    local remaining = max(floor(limit - used), 0)
+    local retry = 0
+    if not allowed then
+      local h = max(hits, 1)
+      if h > limit then
+        retry = -1
+      elseif prev > 0 and cur + h <= limit then
+        local need = est + h - limit
+        retry = min(math.ceil(need / prev * period), period - elapsed)
+      elseif cur + h <= limit then
+        retry = period - elapsed
+      else
+        -- This window's hits slide out of the next one: cur * (period - x) / period + h <= limit.
+        retry = period - elapsed + math.ceil((cur + h - limit) / cur * period)
+      end
+    else
+      s.ws, s.a, s.b, s.dirty = start, prev, after, true
+    end
+    return allowed, remaining, period - elapsed, retry, start
+  end
+
+  --
 end
 
----------------------------------------------------------------------------------- sliding_log
+-------------------------------------------------------------------------------- sliding_log
 -- A log view: what is stored (read with O(log n) commands) plus what this call changes at the
 -- newest end: stored entries popped or shrunk by refunds, and entries added.
 
-local function entry(key, rank)
-  local r = call('ZRANGE', key, rank, rank, 'WITHSCORES')
-  local c, h = pair(r[1])
-  return {m = r[1], c = c, h = h, t = tonumber(r[2])}
-end
-
-local function load_log(key, period)
-  local v = {size = call('ZCARD', key), adds = {}, addsum = 0, sp = 0, spsum = 0, sr = 0,
-    cache = {}}
-  v.e = 0
-  v.base, v.top = 0, 0
-  if v.size > 0 then
-    v.e = call('ZCOUNT', key, '-inf', fmt('%d', now - period))
-    local last = entry(key, v.size - 1)
-    v.cache[v.size - 1] = last
-    v.top = last.c
-    if v.e > 0 then
-      v.base = entry(key, v.e - 1).c
-    elseif v.size > 0 then
-      local first = entry(key, 0)
-      v.base = first.c - first.h
-    end
+local entry, load_log, cached, newest_stored, log_count, sliding_log, member, commit_log, undo_log
+if has[2] then
+  entry = function(key, rank)
+    local r = call('ZRANGE', key, rank, rank, 'WITHSCORES')
+    local c, h = pair(r[1])
+    return {m = r[1], c = c, h = h, t = tonumber(r[2])}
   end
-  return v
-end
 
-local function cached(key, v, rank)
-  local en = v.cache[rank]
-  if not en then
-    en = entry(key, rank)
-    v.cache[rank] = en
-  end
-  return en
-end
-
--- Index of the newest stored entry still in the view (in the window, not popped), or nil.
-local function newest_stored(v)
-  local r = v.size - 1 - v.sp
-  if r >= v.e then return r end
-  return nil
-end
-
-local function log_count(v)
-  local stored = 0
-  if v.size > v.e then stored = v.top - v.base - v.spsum - v.sr end
-  return stored + v.addsum
-end
-
-local function sliding_log(key, v, limit, period, hits, refund)
-  local count = log_count(v)
-  local allowed = true
-  local token = 0
-  if refund then
-    local left, touched = hits, 0
-    while left > 0 and touched < REFUND_ENTRIES do
-      local na = #v.adds
-      if na > 0 then
-        local a = v.adds[na]
-        if a.h <= left then
-          left = left - a.h
-          v.addsum = v.addsum - a.h
-          v.adds[na] = nil
-        else
-          a.h = a.h - left
-          v.addsum = v.addsum - left
-          left = 0
-        end
-      else
-        local r = newest_stored(v)
-        if not r then break end
-        local en = cached(key, v, r)
-        local h = en.h - v.sr
-        if h <= left then
-          left = left - h
-          v.sp, v.spsum, v.sr = v.sp + 1, v.spsum + en.h, 0
-        else
-          v.sr = v.sr + left
-          left = 0
-        end
+  load_log = function(key, period)
+    local v = {size = call('ZCARD', key), adds = {}, addsum = 0, sp = 0, spsum = 0, sr = 0,
+      cache = {}}
+    v.e = 0
+    v.base, v.top = 0, 0
+    if v.size > 0 then
+      v.e = call('ZCOUNT', key, '-inf', fmt('%d', now - period))
+      local last = entry(key, v.size - 1)
+      v.cache[v.size - 1] = last
+      v.top = last.c
+      if v.e > 0 then
+        v.base = entry(key, v.e - 1).c
+      elseif v.size > 0 then
+        local first = entry(key, 0)
+        v.base = first.c - first.h
       end
-      touched = touched + 1
     end
-    v.dirty = true
-  elseif fits(count, hits, limit) then
-    if hits > 0 then
-      local t = now
-      local na = #v.adds
-      if na > 0 then
-        t = max(v.adds[na].t, now)
-      else
-        local r = newest_stored(v)
-        if r then t = max(cached(key, v, r).t, now) end
+    return v
+  end
+
+  cached = function(key, v, rank)
+    local en = v.cache[rank]
+    if not en then
+      en = entry(key, rank)
+      v.cache[rank] = en
+    end
+    return en
+  end
+
+  -- Index of the newest stored entry still in the view (in the window, not popped), or nil.
+  newest_stored = function(v)
+    local r = v.size - 1 - v.sp
+    if r >= v.e then return r end
+    return nil
+  end
+
+  log_count = function(v)
+    local stored = 0
+    if v.size > v.e then stored = v.top - v.base - v.spsum - v.sr end
+    return stored + v.addsum
+  end
+
+  sliding_log = function(key, v, limit, period, hits, refund)
+    local count = log_count(v)
+    local allowed = true
+    local token = 0
+    if refund then
+      local left, touched = hits, 0
+      while left > 0 and touched < REFUND_ENTRIES do
+        local na = #v.adds
+        if na > 0 then
+          local a = v.adds[na]
+          if a.h <= left then
+            left = left - a.h
+            v.addsum = v.addsum - a.h
+            v.adds[na] = nil
+          else
+            a.h = a.h - left
+            v.addsum = v.addsum - left
+            left = 0
+          end
+        else
+          local r = newest_stored(v)
+          if not r then break end
+          local en = cached(key, v, r)
+          local h = en.h - v.sr
+          if h <= left then
+            left = left - h
+            v.sp, v.spsum, v.sr = v.sp + 1, v.spsum + en.h, 0
+          else
+            v.sr = v.sr + left
+            left = 0
+          end
+        end
+        touched = touched + 1
       end
-      v.adds[na + 1] = {t = t, h = hits}
-      v.addsum = v.addsum + hits
       v.dirty = true
-    end
-  else
-    allowed = false
-  end
-  local after = log_count(v)
-  local retry = 0
-  if not allowed then
-    local h = max(hits, 1)
-    if h > limit then
-      retry = -1
-    else
-      -- The entry whose hits bring the total that left the window to count + h - limit.
-      local need = count + h - limit
-      local hi = newest_stored(v)
-      local stored = 0
-      if hi then stored = v.top - v.base - v.spsum - v.sr end
-      local t = nil
-      if hi and stored >= need then
-        local lo = v.e
-        while lo < hi do
-          local mid = floor((lo + hi) / 2)
-          if cached(key, v, mid).c - v.base >= need then hi = mid else lo = mid + 1 end
+    elseif fits(count, hits, limit) then
+      if hits > 0 then
+        local t = now
+        local na = #v.adds
+        if na > 0 then
+          t = max(v.adds[na].t, now)
+        else
+          local r = newest_stored(v)
+          if r then t = max(cached(key, v, r).t, now) end
         end
-        t = cached(key, v, lo).t
-      else
-        local acc = stored
-        for _, a in ipairs(v.adds) do
-          acc = acc + a.h
-          if acc >= need then t = a.t break end
-        end
+        v.adds[na + 1] = {t = t, h = hits}
+        v.addsum = v.addsum + hits
+        v.dirty = true
       end
-      if t then retry = max(t + period - now, 0) end
+    else
+      allowed = false
     end
+    local after = log_count(v)
+    local retry = 0
+    if not allowed then
+      local h = max(hits, 1)
+      if h > limit then
+        retry = -1
+      else
+        -- The entry whose hits bring the total that left the window to count + h - limit.
+        local need = count + h - limit
+        local hi = newest_stored(v)
+        local stored = 0
+        if hi then stored = v.top - v.base - v.spsum - v.sr end
+        local t = nil
+        if hi and stored >= need then
+          local lo = v.e
+          while lo < hi do
+            local mid = floor((lo + hi) / 2)
+            if cached(key, v, mid).c - v.base >= need then hi = mid else lo = mid + 1 end
+          end
+          t = cached(key, v, lo).t
+        else
+          local acc = stored
+          for _, a in ipairs(v.adds) do
+            acc = acc + a.h
+            if acc >= need then t = a.t break end
+          end
+        end
+        if t then retry = max(t + period - now, 0) end
+      end
+    end
+    local reset = 0
+    local na = #v.adds
+    if na > 0 then
+      reset = v.adds[na].t + period - now
+    else
+      local r = newest_stored(v)
+      if r then reset = cached(key, v, r).t + period - now end
+    end
+    return allowed, max(limit - after, 0), max(reset, 0), retry, token
   end
-  local reset = 0
-  local na = #v.adds
-  if na > 0 then
-    reset = v.adds[na].t + period - now
-  else
-    local r = newest_stored(v)
-    if r then reset = cached(key, v, r).t + period - now end
-  end
-  return allowed, max(limit - after, 0), max(reset, 0), retry, token
-end
 
-local function member(c, h)
-  return fmt('%015d:%d', c, h)
-end
+  member = function(c, h)
+    return fmt('%015d:%d', c, h)
+  end
 
-local function commit_log(key, v, period)
-  -- Pops and shrinks first (newest end), then the new entries, then a bounded trim of expired
-  -- ones from the oldest end; C keeps running from the newest entry left in the set.
-  if v.sp > 0 then call('ZREMRANGEBYRANK', key, v.size - v.sp, v.size - 1) end
-  local cprev, newest_t = 0, nil
-  local r = v.size - 1 - v.sp
-  if r >= 0 then
-    local en = cached(key, v, r)
-    cprev = en.c
-    if v.sr > 0 then
-      cprev = en.c - v.sr
-      call('ZREM', key, en.m)
-      call('ZADD', key, fmt('%d', en.t), member(cprev, en.h - v.sr))
+  commit_log = function(key, v, period)
+    -- Pops and shrinks first (newest end), then the new entries, then a bounded trim of expired
+    -- ones from the oldest end; C keeps running from the newest entry left in the set.
+    if v.sp > 0 then call('ZREMRANGEBYRANK', key, v.size - v.sp, v.size - 1) end
+    local cprev, newest_t = 0, nil
+    local r = v.size - 1 - v.sp
+    if r >= 0 then
+      local en = cached(key, v, r)
+      cprev = en.c
+      if v.sr > 0 then
+        cprev = en.c - v.sr
+        call('ZREM', key, en.m)
+        call('ZADD', key, fmt('%d', en.t), member(cprev, en.h - v.sr))
+      end
+      newest_t = en.t
     end
-    newest_t = en.t
-  end
-  local tokens = {}
-  if #v.adds > 0 then
-    local z = {}
-    for i, a in ipairs(v.adds) do
-      cprev = cprev + a.h
-      z[#z + 1] = fmt('%d', a.t)
-      z[#z + 1] = member(cprev, a.h)
-      tokens[i] = cprev
-      newest_t = a.t
+    local tokens = {}
+    if #v.adds > 0 then
+      local z = {}
+      for i, a in ipairs(v.adds) do
+        cprev = cprev + a.h
+        z[#z + 1] = fmt('%d', a.t)
+        z[#z + 1] = member(cprev, a.h)
+        tokens[i] = cprev
+        newest_t = a.t
+      end
+      call('ZADD', key, unpack(z))
     end
-    call('ZADD', key, unpack(z))
+    if v.e > 0 then call('ZREMRANGEBYRANK', key, 0, min(v.e, TRIM) - 1) end
+    if newest_t and call('EXISTS', key) == 1 then
+      call('PEXPIRE', key, ttl_ms(newest_t + period - now))
+    end
+    return tokens
   end
-  if v.e > 0 then call('ZREMRANGEBYRANK', key, 0, min(v.e, TRIM) - 1) end
-  if newest_t and call('EXISTS', key) == 1 then
-    call('PEXPIRE', key, ttl_ms(newest_t + period - now))
-  end
-  return tokens
-end
 
--- Takes back exactly the entry a charge added: removes it and lowers C of the entries after it.
-local function undo_log(key, hits, c)
-  local m = member(c, hits)
-  local rank = call('ZRANK', key, m)
-  if not rank then return 1 end -- expired and trimmed already, or never written
-  local size = call('ZCARD', key)
-  if size - rank - 1 > UNDO_REWRITE then return 0 end
-  local later = call('ZRANGE', key, rank + 1, -1, 'WITHSCORES')
-  call('ZREM', key, m)
-  if #later > 0 then
-    local rem, add = {}, {}
-    for j = 1, #later, 2 do
-      local lc, lh = pair(later[j])
-      rem[#rem + 1] = later[j]
-      add[#add + 1] = later[j + 1]
-      add[#add + 1] = member(lc - hits, lh)
+  -- Takes back exactly the entry a charge added: removes it and lowers C of the entries after it.
+  undo_log = function(key, hits, c)
+    local m = member(c, hits)
+    local rank = call('ZRANK', key, m)
+    if not rank then return 1 end -- expired and trimmed already, or never written
+    local size = call('ZCARD', key)
+    if size - rank - 1 > UNDO_REWRITE then return 0 end
+    local later = call('ZRANGE', key, rank + 1, -1, 'WITHSCORES')
+    call('ZREM', key, m)
+    if #later > 0 then
+      local rem, add = {}, {}
+      for j = 1, #later, 2 do
+        local lc, lh = pair(later[j])
+        rem[#rem + 1] = later[j]
+        add[#add + 1] = later[j + 1]
+        add[#add + 1] = member(lc - hits, lh)
+      end
+      call('ZREM', key, unpack(rem))
+      call('ZADD', key, unpack(add))
     end
-    call('ZREM', key, unpack(rem))
-    call('ZADD', key, unpack(add))
+    return 1
   end
-  return 1
 end
 
 --------------------------------------------------------------------------------- token_bucket
 -- Times are pairs (us, frac): us + frac / limit microseconds.
 
-local function intervals(h, period, limit)
-  local q, r = floor(period / limit), period % limit
-  local rh = r * h
-  return q * h + floor(rh / limit), rh % limit
-end
-
-local function le(au, af, bu, bf)
-  return au < bu or (au == bu and af <= bf)
-end
-
-local function fadd(u, f, du, df, limit)
-  local s = f + df
-  return u + du + floor(s / limit), s % limit
-end
-
--- u.f - du.df, never below (now, 0)
-local function fsub(u, f, du, df, limit)
-  local borrow, nf = 0, f - df
-  if f < df then borrow, nf = 1, f + limit - df end
-  local nu = u - du - borrow
-  if nu < now then return now, 0 end
-  return nu, nf
-end
-
-local function load_bucket(key)
-  local raw = call('GET', key)
-  if not raw then return {u = now, f = 0} end
-  local u, f = pair(raw)
-  return {u = u, f = f}
-end
-
-local function token_bucket(s, limit, period, hits, refund, burst)
-  if limit == 0 then
-    local retry = -1
-    if refund then retry = 0 end
-    return refund, 0, 0, retry, 0
+local intervals, le, fadd, fsub, load_bucket, token_bucket
+if has[3] then
+  intervals = function(h, period, limit)
+    local q, r = floor(period / limit), period % limit
+    local rh = r * h
+    return q * h + floor(rh / limit), rh % limit
   end
-  local slots = burst + 1
-  local tau_u, tau_f = intervals(slots, period, limit)
-  local hz_u, hz_f = fadd(now, 0, tau_u, tau_f, limit)
-  local tu, tf = s.u, s.f
-  if tu < now then tu, tf = now, 0 end
-  local h = max(hits, 1)
-  local allowed = true
-  local nu, nf = tu, tf
-  local cu, cf = nil, nil
-  if refund then
-    local du, df = intervals(min(hits, slots), period, limit)
-    nu, nf = fsub(tu, tf, du, df, limit)
-  elseif h > slots then
-    allowed = false
-  else
-    local du, df = intervals(h, period, limit)
-    cu, cf = fadd(tu, tf, du, df, limit)
-    allowed = le(cu, cf, hz_u, hz_f)
-    if allowed and hits > 0 then nu, nf = cu, cf end
+
+  le = function(au, af, bu, bf)
+    return au < bu or (au == bu and af <= bf)
   end
-  local ceil_new = nu
-  if nf > 0 then ceil_new = nu + 1 end
-  local ttl = ceil_new - now
-  local retry = 0
-  if not allowed then
-    if not cu then
-      retry = -1
-    else
-      local wu, wf = fsub(cu, cf, tau_u, tau_f, limit)
-      if wf > 0 then wu = wu + 1 end
-      retry = wu - now
+
+  fadd = function(u, f, du, df, limit)
+    local s = f + df
+    return u + du + floor(s / limit), s % limit
+  end
+
+  -- u.f - du.df, never below (now, 0)
+  fsub = function(u, f, du, df, limit)
+    local borrow, nf = 0, f - df
+    if f < df then borrow, nf = 1, f + limit - df end
+    local nu = u - du - borrow
+    if nu < now then return now, 0 end
+    return nu, nf
+  end
+
+  load_bucket = function(key)
+    local raw = call('GET', key)
+    if not raw then return {u = now, f = 0} end
+    local u, f = pair(raw)
+    return {u = u, f = f}
+  end
+
+  token_bucket = function(s, limit, period, hits, refund, burst)
+    if limit == 0 then
+      local retry = -1
+      if refund then retry = 0 end
+      return refund, 0, 0, retry, 0
     end
+    local slots = burst + 1
+    local tau_u, tau_f = intervals(slots, period, limit)
+    local hz_u, hz_f = fadd(now, 0, tau_u, tau_f, limit)
+    local tu, tf = s.u, s.f
+    if tu < now then tu, tf = now, 0 end
+    local h = max(hits, 1)
+    local allowed = true
+    local nu, nf = tu, tf
+    local cu, cf = nil, nil
+    if refund then
+      local du, df = intervals(min(hits, slots), period, limit)
+      nu, nf = fsub(tu, tf, du, df, limit)
+    elseif h > slots then
+      allowed = false
+    else
+      local du, df = intervals(h, period, limit)
+      cu, cf = fadd(tu, tf, du, df, limit)
+      allowed = le(cu, cf, hz_u, hz_f)
+      if allowed and hits > 0 then nu, nf = cu, cf end
+    end
+    local ceil_new = nu
+    if nf > 0 then ceil_new = nu + 1 end
+    local ttl = ceil_new - now
+    local retry = 0
+    if not allowed then
+      if not cu then
+        retry = -1
+      else
+        local wu, wf = fsub(cu, cf, tau_u, tau_f, limit)
+        if wf > 0 then wu = wu + 1 end
+        retry = wu - now
+      end
+    end
+    local used = (nu - now) * limit + nf
+    local room = tau_u * limit + tau_f - used
+    local remaining = max(floor(room / period), 0)
+    if allowed then s.u, s.f, s.dirty = nu, nf, true end
+    return allowed, remaining, ttl, retry, 0
   end
-  local used = (nu - now) * limit + nf
-  local room = tau_u * limit + tau_f - used
-  local remaining = max(floor(room / period), 0)
-  if allowed then s.u, s.f, s.dirty = nu, nf, true end
-  return allowed, remaining, ttl, retry, 0
 end
 
 ------------------------------------------------------------------------------------- the call
 
-local n = #KEYS
 local out = {1}
-local views = {}
 
--- Undo: ARGV flags bit 2 on every limit of the call.
-if n > 0 and floor(tonumber(ARGV[5]) / 4) % 2 == 1 then
+if undo then
   for i = 1, n do
-    local key, b = KEYS[i], 2 + 7 * (i - 1)
-    local period, hits = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
-    local alg, token = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 6])
+    local key, b = KEYS[i], 3 + K * (i - 1)
+    local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+    local meta, token = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+    local alg, burst = meta % 4, floor(meta / 32)
     local done = 1
     if alg == 2 then
       done = undo_log(key, hits, token)
     elseif alg == 3 then
-      local limit = tonumber(ARGV[b])
       local s = load_bucket(key)
       if limit > 0 and s.u >= now then
-        local du, df = intervals(min(hits, tonumber(ARGV[b + 5]) + 1), period, limit)
+        local du, df = intervals(min(hits, burst + 1), period, limit)
         local nu, nf = fsub(s.u, s.f, du, df, limit)
         if nu == now and nf == 0 then
           call('DEL', key)
@@ -493,20 +517,23 @@ if n > 0 and floor(tonumber(ARGV[5]) / 4) % 2 == 1 then
         end
       end
     end
-    out[#out + 1] = done
-    for _ = 1, 4 do out[#out + 1] = 0 end
+    out[i + 1] = done
   end
   return out
 end
 
+local W = 3
+if tokens_wanted then W = 4 end
+local views = {}
 local admitted = 1
 local logslot = {} -- check index -> position of its entry among its key's adds
 
 for i = 1, n do
-  local key, b = KEYS[i], 2 + 7 * (i - 1)
+  local key, b = KEYS[i], 3 + K * (i - 1)
   local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
-  local flags, alg = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
-  local refund = floor(flags / 2) % 2 == 1
+  local meta = tonumber(ARGV[b + 3])
+  local alg, flags = meta % 4, floor(meta / 4) % 8
+  local refund = flags >= 2
   local v = views[key]
   if not v then
     if alg == 2 then
@@ -529,33 +556,39 @@ for i = 1, n do
     if #v.adds > before then logslot[i] = #v.adds end
   else
     allowed, remaining, reset, retry, token =
-      token_bucket(v, limit, period, hits, refund, tonumber(ARGV[b + 5]))
+      token_bucket(v, limit, period, hits, refund, floor(meta / 32))
   end
-  if not allowed and flags % 2 == 0 then admitted = 0 end
-  if allowed then out[#out + 1] = 1 else out[#out + 1] = 0 end
-  out[#out + 1] = remaining
-  out[#out + 1] = reset
-  out[#out + 1] = retry
-  -- Only a written charge has something to undo.
-  if allowed and hits > 0 and not refund then out[#out + 1] = token else out[#out + 1] = 0 end
+  local o = 2 + W * (i - 1)
+  if allowed then
+    out[o] = 1 + 2 * remaining
+  else
+    out[o] = 2 * remaining
+    if flags % 2 == 0 then admitted = 0 end
+  end
+  out[o + 1] = reset
+  out[o + 2] = retry
+  if tokens_wanted then
+    -- Only a written charge has something to undo.
+    if allowed and hits > 0 and not refund then out[o + 3] = token else out[o + 3] = 0 end
+  end
 end
 
 out[1] = admitted
 if admitted == 1 then
-  local tokens = {}
+  local written = {}
   for i = 1, n do
     local key = KEYS[i]
     local v = views[key]
     if v.dirty then
       v.dirty = false
-      local b = 2 + 7 * (i - 1)
-      local period, alg = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 4])
+      local b = 3 + K * (i - 1)
+      local period, alg = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 3]) % 4
       if alg == 0 then
         call('SET', key, fmt('%d:%d', v.ws, v.a), 'PX', ttl_ms(v.ws + period - now))
       elseif alg == 1 then
         call('SET', key, fmt('%d:%d:%d', v.ws, v.a, v.b), 'PX', ttl_ms(v.ws + 2 * period - now))
       elseif alg == 2 then
-        tokens[key] = commit_log(key, v, period)
+        written[key] = commit_log(key, v, period)
       else
         local ceil_tat = v.u
         if v.f > 0 then ceil_tat = v.u + 1 end
@@ -563,28 +596,33 @@ if admitted == 1 then
       end
     end
   end
-  for i, pos in pairs(logslot) do
-    local t = tokens[KEYS[i]]
-    if t and t[pos] then out[1 + 5 * (i - 1) + 5] = t[pos] end
+  if tokens_wanted then
+    for i, pos in pairs(logslot) do
+      local t = written[KEYS[i]]
+      if t and t[pos] then out[5 + W * (i - 1)] = t[pos] end
+    end
   end
 else
   -- Nothing is charged: report what each counter really has left (read again: nothing was
   -- written, and a denial is the path an attacker drives, so it stays O(log n) too).
   for i = 1, n do
-    local key, b = KEYS[i], 2 + 7 * (i - 1)
-    local limit, period, alg = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 4])
+    local key, b = KEYS[i], 3 + K * (i - 1)
+    local limit, period = tonumber(ARGV[b]), tonumber(ARGV[b + 1])
+    local meta = tonumber(ARGV[b + 3])
+    local alg = meta % 4
     local _, remaining
     if alg == 2 then
       _, remaining = sliding_log(key, load_log(key, period), limit, period, 0, false)
     elseif alg == 3 then
-      _, remaining = token_bucket(load_bucket(key), limit, period, 0, false, tonumber(ARGV[b + 5]))
+      _, remaining = token_bucket(load_bucket(key), limit, period, 0, false, floor(meta / 32))
     elseif alg == 0 then
       _, remaining = fixed(load_counter(key, 0), limit, period, 0, false)
     else
       _, remaining = sliding(load_counter(key, 1), limit, period, 0, false)
     end
-    out[3 + 5 * (i - 1)] = remaining
-    out[6 + 5 * (i - 1)] = 0
+    local o = 2 + W * (i - 1)
+    out[o] = out[o] % 2 + 2 * remaining
+    if tokens_wanted then out[o + 3] = 0 end
   end
 end
 return out

@@ -553,17 +553,15 @@ impl RedisStore {
             let c = &checks[i];
             let p = c.params();
             keys.push(self.key_of(&c.key));
-            args.extend([
-                u64::from(p.limit),
-                p.period_us,
-                c.hits,
-                u64::from(c.shadow) | (u64::from(c.refund) << 1),
-                u64::from(p.algorithm.code()),
-                u64::from(p.burst),
-                0,
-            ]);
+            let flags = u64::from(c.shadow) | (u64::from(c.refund) << 1);
+            let meta = u64::from(p.algorithm.code()) | flags << 2 | u64::from(p.burst) << 5;
+            args.extend([u64::from(p.limit), p.period_us, c.hits, meta]);
         }
-        Call { keys, args }
+        Call {
+            keys,
+            args,
+            tokens: false,
+        }
     }
 
     fn now_arg(&self) -> String {
@@ -609,7 +607,7 @@ impl RedisStore {
             let r = run(&self.script, conn, &now, &call, self.timeout).await;
             self.record_health(&r);
             let mut outcomes = vec![DENIED; checks.len()];
-            let admitted = parse(&r?, only, &mut outcomes)?;
+            let admitted = parse(&r?, only, false, &mut outcomes)?;
             return Ok(Decision {
                 admitted,
                 outcomes,
@@ -619,7 +617,13 @@ impl RedisStore {
         // Cluster, several slots: the charges and, if one slot denies, the undo of the others
         // run on their own task, so a caller that gives up (Envoy's deadline) cannot leave a
         // charge without its undo.
-        let calls: Vec<Call> = groups.iter().map(|g| self.call_for(checks, g)).collect();
+        let calls: Vec<Call> = groups
+            .iter()
+            .map(|g| Call {
+                tokens: true,
+                ..self.call_for(checks, g)
+            })
+            .collect();
         let task = tokio::spawn(charge_or_undo(
             self.script.clone(),
             conn,
@@ -636,7 +640,7 @@ impl RedisStore {
         let mut first_error = None;
         for (g, r) in groups.iter().zip(results) {
             self.record_health(&r);
-            match r.and_then(|values| parse(&values, g, &mut outcomes)) {
+            match r.and_then(|values| parse(&values, g, true, &mut outcomes)) {
                 Ok(ok) => admitted &= ok,
                 Err(e) => {
                     admitted = false;
@@ -715,10 +719,10 @@ impl RedisStore {
     }
 }
 
-/// Script arguments per limit (see the top of `decide.lua`).
-const ARGS_PER_KEY: usize = 7;
-/// The undo flag of `decide.lua`.
-const UNDO: u64 = 4;
+/// Script arguments per limit (see the top of `decide.lua`); an undo call adds the token.
+const ARGS_PER_KEY: usize = 4;
+/// The undo flag of `decide.lua`, as placed in `meta`.
+const UNDO: u64 = 4 << 2;
 /// Attempts at an undo before it is counted as failed.
 const UNDO_ATTEMPTS: usize = 3;
 
@@ -736,11 +740,38 @@ fn now_arg(test_clock: Option<&Arc<dyn Clock>>) -> String {
         .unwrap_or_default()
 }
 
-/// One script call: its keys and the numeric arguments after ARGV[1] (the time override).
+/// One script call: its keys and the numeric arguments after ARGV[2].
 #[derive(Debug, Clone)]
 struct Call {
     keys: Vec<String>,
     args: Vec<u64>,
+    /// Ask for undo tokens (ARGV[2]).
+    tokens: bool,
+}
+
+impl Call {
+    /// Values per limit in the reply.
+    fn width(&self) -> usize {
+        if self.is_undo() {
+            1
+        } else if self.tokens {
+            4
+        } else {
+            3
+        }
+    }
+
+    fn per_key(&self) -> usize {
+        if self.is_undo() {
+            ARGS_PER_KEY + 1
+        } else {
+            ARGS_PER_KEY
+        }
+    }
+
+    fn is_undo(&self) -> bool {
+        self.args.get(3).is_some_and(|meta| meta & UNDO != 0)
+    }
 }
 
 /// One EVALSHA (plus SCRIPT LOAD after NOSCRIPT), bounded by `timeout`.
@@ -752,8 +783,8 @@ async fn run(
     timeout: Duration,
 ) -> Result<Vec<i64>, StoreError> {
     let mut inv = script.prepare_invoke();
-    inv.arg(now);
-    for (key, args) in call.keys.iter().zip(call.args.chunks(ARGS_PER_KEY)) {
+    inv.arg(now).arg(if call.tokens { "1" } else { "0" });
+    for (key, args) in call.keys.iter().zip(call.args.chunks(call.per_key())) {
         inv.key(key.as_str());
         for a in args {
             inv.arg(*a);
@@ -768,7 +799,7 @@ async fn run(
             )))
         }
     };
-    if values.len() != 1 + 5 * call.keys.len() {
+    if values.len() != 1 + call.width() * call.keys.len() {
         return Err(StoreError::Permanent(format!(
             "decide.lua returned {} values for {} limits",
             values.len(),
@@ -779,23 +810,29 @@ async fn run(
 }
 
 /// Folds one call's reply into `outcomes` (at `idx`); returns whether the call admitted.
-fn parse(values: &[i64], idx: &[usize], outcomes: &mut [Outcome]) -> Result<bool, StoreError> {
-    if values.len() != 1 + 5 * idx.len() {
+fn parse(
+    values: &[i64],
+    idx: &[usize],
+    tokens: bool,
+    outcomes: &mut [Outcome],
+) -> Result<bool, StoreError> {
+    let width = if tokens { 4 } else { 3 };
+    if values.len() != 1 + width * idx.len() {
         return Err(StoreError::Permanent(format!(
             "decide.lua returned {} values for {} limits",
             values.len(),
             idx.len()
         )));
     }
-    for (v, &i) in values[1..].chunks(5).zip(idx) {
+    for (v, &i) in values[1..].chunks(width).zip(idx) {
         outcomes[i] = Outcome {
-            allowed: v[0] == 1,
-            remaining: u32::try_from(v[1].max(0)).unwrap_or(u32::MAX),
-            reset: micros(v[2]),
-            retry_after: if v[3] < 0 {
+            allowed: v[0] & 1 == 1,
+            remaining: u32::try_from((v[0] >> 1).max(0)).unwrap_or(u32::MAX),
+            reset: micros(v[1]),
+            retry_after: if v[2] < 0 {
                 Duration::MAX
             } else {
-                micros(v[3])
+                micros(v[2])
             },
         };
     }
@@ -835,21 +872,25 @@ async fn charge_or_undo(
         let mut undo = Call {
             keys: Vec::new(),
             args: Vec::new(),
+            tokens: false,
         };
         for ((key, args), v) in call
             .keys
             .iter()
             .zip(call.args.chunks(ARGS_PER_KEY))
-            .zip(values[1..].chunks(5))
+            .zip(values[1..].chunks(call.width()))
         {
-            let (hits, flags) = (args[2], args[3]);
+            let (hits, meta) = (args[2], args[3]);
             // Written: allowed, hits to charge, not a refund. A shadow denial wrote nothing.
-            if v[0] == 1 && hits > 0 && flags & 2 == 0 {
+            if v[0] & 1 == 1 && hits > 0 && meta & (2 << 2) == 0 {
                 undo.keys.push(key.clone());
-                let mut a = args.to_vec();
-                a[3] = UNDO;
-                a[6] = u64::try_from(v[4]).unwrap_or(0);
-                undo.args.extend(a);
+                undo.args.extend([
+                    args[0],
+                    args[1],
+                    hits,
+                    meta | UNDO,
+                    u64::try_from(v[3]).unwrap_or(0),
+                ]);
             }
         }
         if undo.keys.is_empty() {
@@ -861,7 +902,7 @@ async fn charge_or_undo(
             // token bucket, and a test clock may have moved past a window edge meanwhile.
             let now = now_arg(test_clock.as_ref());
             match run(&script, conn.clone(), &now, &undo, timeout).await {
-                Ok(v) if v[1..].chunks(5).all(|d| d[0] == 1) => {
+                Ok(v) if v[1..].iter().all(|&done| done == 1) => {
                     last = None;
                     *undone = true;
                     break;
