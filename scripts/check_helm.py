@@ -258,14 +258,20 @@ def check_common(values: dict[str, Any], docs: list[tuple[str, dict[str, Any]]],
     # Probes.
     probes = values.get("probes", {})
     probe_type = probes.get("type", "grpc")
-    for probe, kind in (("readinessProbe", probe_type), ("livenessProbe", probes.get("liveness", {}).get("type") or probe_type)):
+    liveness_type = probes.get("liveness", {}).get("type", "live") or probe_type
+    for probe, kind in (("readinessProbe", probe_type), ("livenessProbe", liveness_type)):
         p = ctr.get(probe, {})
         want = {
+            "live": ("httpGet", {"path": "/livez", "port": "http"}),
             "grpc": ("grpc", {"port": 8081, "service": "ratelimit"}),
             "http": ("httpGet", {"path": "/healthcheck", "port": "http"}),
             "tcp": ("tcpSocket", {"port": "grpc"}),
         }[kind]
         C.equal(p.get(want[0]), want[1], f"{probe} ({kind})")
+    if "liveness" not in probes:
+        # The default liveness probe never depends on Redis (readiness does).
+        C.equal(ctr.get("livenessProbe", {}).get("httpGet"), {"path": "/livez", "port": "http"},
+                "default livenessProbe is GET /livez, independent of Redis")
     startup = values.get("probes", {}).get("startup", {}).get("enabled", False)
     C.equal("startupProbe" in ctr, startup, "startupProbe present iff probes.startup.enabled")
 

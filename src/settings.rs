@@ -8,7 +8,7 @@ use crate::server::reload::ReloadSettings;
 use crate::server::tls::TlsSettings;
 use crate::server::{ServerConfig, StoreChain};
 use crate::service::headers::HeaderOptions;
-use crate::service::{FailureMode, ServiceOptions};
+use crate::service::{FailureMode, RequestCaps, ServiceOptions};
 use crate::store::breaker::{BreakerSettings, DEFAULT_FAILURE_THRESHOLD};
 use crate::store::redis::{
     redact_url, RedisKind, RedisSettings, RedisTlsSettings, DEFAULT_POOL_SIZE,
@@ -173,6 +173,28 @@ pub struct ServeArgs {
         default_missing_value = "true"
     )]
     pub shadow_mode: bool,
+
+    /// Most descriptors one request may carry; a request over it gets INVALID_ARGUMENT before
+    /// any store work (Envoy sends one per matching rate-limit action: a handful).
+    #[arg(long, env = "MAX_DESCRIPTORS_PER_REQUEST", default_value_t = RequestCaps::default().descriptors,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_descriptors_per_request: u32,
+
+    /// Most entries one descriptor may carry (INVALID_ARGUMENT above it).
+    #[arg(long, env = "MAX_ENTRIES_PER_DESCRIPTOR", default_value_t = RequestCaps::default().entries,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_entries_per_descriptor: u32,
+
+    /// Most bytes in a descriptor entry's key (INVALID_ARGUMENT above it).
+    #[arg(long, env = "MAX_DESCRIPTOR_KEY_BYTES", default_value_t = RequestCaps::default().key_bytes,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_descriptor_key_bytes: u32,
+
+    /// Most bytes in a descriptor entry's value, e.g. a path or a header (INVALID_ARGUMENT above
+    /// it).
+    #[arg(long, env = "MAX_DESCRIPTOR_VALUE_BYTES", default_value_t = RequestCaps::default().value_bytes,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_descriptor_value_bytes: u32,
 
     /// How long in-flight requests may run after SIGTERM/SIGINT (`15s`, `500ms`, `1m30s`).
     #[arg(
@@ -460,7 +482,8 @@ pub struct RedisArgs {
     )]
     pub redis_tls_skip_hostname_verification: bool,
 
-    /// Connections to a standalone Redis (each one multiplexed: requests are pipelined).
+    /// Multiplexed connections to a standalone Redis, shared by every in-flight decision (not a
+    /// cap on concurrent calls): concurrent scripts are written to them in batches.
     #[arg(long, env = "REDIS_POOL_SIZE", default_value_t = DEFAULT_POOL_SIZE,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub redis_pool_size: u32,
@@ -503,7 +526,7 @@ pub enum RedisType {
 
 /// `REDIS_TIMEOUT`'s default as clap reads it; a test checks it equals
 /// [`crate::store::redis::DEFAULT_TIMEOUT`].
-const DEFAULT_REDIS_TIMEOUT: &str = "500ms";
+const DEFAULT_REDIS_TIMEOUT: &str = "100ms";
 /// `REDIS_BREAKER_OPEN`'s default; a test checks it equals
 /// [`crate::store::breaker::DEFAULT_OPEN_FOR`].
 const DEFAULT_BREAKER_OPEN: &str = "1s";
@@ -850,6 +873,12 @@ impl ServeArgs {
             failure_mode: self.failure_mode,
             near_limit_ratio: self.observe.near_limit_ratio,
             headers: self.observe.headers(),
+            caps: RequestCaps {
+                descriptors: self.max_descriptors_per_request,
+                entries: self.max_entries_per_descriptor,
+                key_bytes: self.max_descriptor_key_bytes,
+                value_bytes: self.max_descriptor_value_bytes,
+            },
         };
         config.tracing = self.observe.tracing();
         config.grpc_tls = grpc_tls;

@@ -87,6 +87,7 @@ pub(crate) fn router(
 ) -> Router {
     Router::new()
         .route("/healthcheck", get(healthcheck))
+        .route("/livez", get(livez))
         .route("/rlconfig", get(rlconfig))
         .route("/json", post(json))
         .route("/metrics", get(metrics))
@@ -99,12 +100,19 @@ pub(crate) fn router(
         })
 }
 
+/// Liveness: the process answers HTTP. Never depends on Redis (readiness, `/healthcheck`, does),
+/// and stays OK while draining, so an orchestrator never kills a pod for a store outage or in
+/// the middle of its graceful shutdown.
+async fn livez() -> Response {
+    (StatusCode::OK, "OK").into_response()
+}
+
 async fn healthcheck(State(s): State<AdminState>) -> Response {
     // Failing while draining takes the instance out of a load balancer before it closes.
     if s.shutdown.is_shutting_down() {
         return (StatusCode::INTERNAL_SERVER_ERROR, "shutting down\n").into_response();
     }
-    if !s.limiter.store().healthy() {
+    if !s.limiter.ready() {
         return (
             StatusCode::INTERNAL_SERVER_ERROR,
             "counter store unhealthy\n",

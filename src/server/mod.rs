@@ -310,12 +310,16 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
             "counter store unreachable at start: health is NOT_SERVING until it answers"
         );
     }
-    set_health(&health_reporter, store_ok).await;
+    // With a FAILURE_MODE sluice answers every request itself while the store is down, so it
+    // stays ready (SERVING); the store is still probed, which closes the breaker on recovery.
+    let always_ready = limiter.options().failure_mode.is_some();
+    set_health(&health_reporter, store_ok || always_ready).await;
     let mut background = vec![tokio::spawn(watch_store_health(
         Arc::clone(limiter.store()),
         health_reporter.clone(),
         health_interval,
         store_ok,
+        always_ready,
     ))];
     if let Some(r) = reload {
         tracing::info!(
@@ -468,6 +472,7 @@ async fn watch_store_health(
     health: tonic_health::server::HealthReporter,
     interval: Duration,
     mut healthy: bool,
+    always_ready: bool,
 ) {
     // A zero interval would spin; a probe per millisecond is already more than enough.
     let interval = interval.max(Duration::from_millis(1));
@@ -479,12 +484,15 @@ async fn watch_store_health(
         if ok == healthy {
             continue;
         }
-        if ok {
-            tracing::info!("counter store reachable: health is SERVING");
-        } else {
-            tracing::warn!("counter store unreachable: health is NOT_SERVING");
+        match (ok, always_ready) {
+            (true, false) => tracing::info!("counter store reachable: health is SERVING"),
+            (false, false) => tracing::warn!("counter store unreachable: health is NOT_SERVING"),
+            (true, true) => tracing::info!("counter store reachable"),
+            (false, true) => tracing::warn!(
+                "counter store unreachable: FAILURE_MODE answers meanwhile, health stays SERVING"
+            ),
         }
-        set_health(&health, ok).await;
+        set_health(&health, ok || always_ready).await;
         healthy = ok;
     }
 }
@@ -854,12 +862,16 @@ mod tests {
 
     /// Status code of `GET /healthcheck` over a raw HTTP/1.1 request.
     async fn http_status(base: &str) -> u16 {
+        get_status(base, "/healthcheck").await
+    }
+
+    /// Status code of `GET path` over a raw HTTP/1.1 request.
+    async fn get_status(base: &str, path: &str) -> u16 {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let addr = base.trim_start_matches("http://");
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
         s.write_all(
-            format!("GET /healthcheck HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
+            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
         )
         .await
         .unwrap();
@@ -917,6 +929,29 @@ mod tests {
             assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
         }
         running.stop().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn liveness_ignores_redis_and_failure_mode_stays_ready() {
+        for failure_mode in [None, Some(crate::service::FailureMode::Allow)] {
+            let (mut config, _store) = gated(Duration::from_secs(1));
+            let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+            config.store = Some(redis_chain(closed_port(), 0).build(clock).unwrap());
+            config.options.failure_mode = failure_mode;
+            let running = start(config).await.unwrap();
+            let mut health = health_client(&running).await;
+            let http = running.http_url();
+            assert_eq!(get_status(&http, "/livez").await, 200, "{failure_mode:?}");
+            if failure_mode.is_some() {
+                // sluice answers for the store, so it stays ready.
+                assert_eq!(check(&mut health, "").await, Status::Serving as i32);
+                assert_eq!(http_status(&http).await, 200);
+            } else {
+                assert_eq!(check(&mut health, "").await, Status::NotServing as i32);
+                assert_eq!(http_status(&http).await, 500);
+            }
+            running.stop().await.unwrap();
+        }
     }
 
     #[tokio::test]

@@ -32,6 +32,36 @@ pub struct ServiceOptions {
     pub near_limit_ratio: f64,
     /// `LIMIT_RESPONSE_HEADERS_ENABLED`: the headers to add; `None` adds none.
     pub headers: Option<headers::HeaderOptions>,
+    /// Bounds on what one request may ask for.
+    pub caps: RequestCaps,
+}
+
+/// Bounds on one request, checked before any rule or store work, so no request a client
+/// controls can make a script run long, hold the memory store's locks, or allocate without
+/// limit. The defaults leave room for what Envoy really sends (a few descriptors of a few
+/// entries; values such as paths and header values) and keep the worst accepted request at a
+/// few hundred counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestCaps {
+    /// `MAX_DESCRIPTORS_PER_REQUEST`.
+    pub descriptors: u32,
+    /// `MAX_ENTRIES_PER_DESCRIPTOR`.
+    pub entries: u32,
+    /// `MAX_DESCRIPTOR_KEY_BYTES`.
+    pub key_bytes: u32,
+    /// `MAX_DESCRIPTOR_VALUE_BYTES`.
+    pub value_bytes: u32,
+}
+
+impl Default for RequestCaps {
+    fn default() -> Self {
+        Self {
+            descriptors: 64,
+            entries: 16,
+            key_bytes: 256,
+            value_bytes: 4096,
+        }
+    }
 }
 
 /// envoyproxy/ratelimit's default `NEAR_LIMIT_RATIO`.
@@ -44,6 +74,7 @@ impl Default for ServiceOptions {
             failure_mode: None,
             near_limit_ratio: DEFAULT_NEAR_LIMIT_RATIO,
             headers: None,
+            caps: RequestCaps::default(),
         }
     }
 }
@@ -301,6 +332,16 @@ impl RateLimiter {
         }
     }
 
+    pub fn options(&self) -> &ServiceOptions {
+        &self.options
+    }
+
+    /// Readiness: the store can decide, or `FAILURE_MODE` answers for it (then sluice keeps
+    /// answering every request during a store outage and stays ready).
+    pub fn ready(&self) -> bool {
+        self.options.failure_mode.is_some() || self.store.healthy()
+    }
+
     pub fn store(&self) -> &Arc<dyn CounterStore> {
         &self.store
     }
@@ -370,7 +411,7 @@ impl RateLimiter {
         request: &RateLimitRequest,
         cx: Option<&Context>,
     ) -> Result<RateLimitResponse, RequestError> {
-        validate(request)?;
+        validate(request, &self.options.caps)?;
         let snapshot = self.rules();
         let plan = plan(&snapshot, request, &self.options)?;
         if plan.checks.is_empty() {
@@ -526,8 +567,48 @@ impl RateLimiter {
     }
 }
 
-/// Rejects what Envoy's own proto validation forbids and what no limit could be found for.
-fn validate(request: &RateLimitRequest) -> Result<(), RequestError> {
+/// Rejects what Envoy's own proto validation forbids, what no limit could be found for, and
+/// what is over the request caps (naming the cap and its setting).
+fn validate(request: &RateLimitRequest, caps: &RequestCaps) -> Result<(), RequestError> {
+    let over = |what: String, n: usize, cap: u32, setting: &str| {
+        RequestError::Invalid(format!("{what} is {n}, over the cap of {cap} ({setting})"))
+    };
+    if request.descriptors.len() > caps.descriptors as usize {
+        return Err(over(
+            "the number of descriptors".into(),
+            request.descriptors.len(),
+            caps.descriptors,
+            "MAX_DESCRIPTORS_PER_REQUEST",
+        ));
+    }
+    for (i, d) in request.descriptors.iter().enumerate() {
+        if d.entries.len() > caps.entries as usize {
+            return Err(over(
+                format!("the number of entries of descriptors[{i}]"),
+                d.entries.len(),
+                caps.entries,
+                "MAX_ENTRIES_PER_DESCRIPTOR",
+            ));
+        }
+        for (j, e) in d.entries.iter().enumerate() {
+            if e.key.len() > caps.key_bytes as usize {
+                return Err(over(
+                    format!("the key of descriptors[{i}].entries[{j}] in bytes"),
+                    e.key.len(),
+                    caps.key_bytes,
+                    "MAX_DESCRIPTOR_KEY_BYTES",
+                ));
+            }
+            if e.value.len() > caps.value_bytes as usize {
+                return Err(over(
+                    format!("the value of descriptors[{i}].entries[{j}] in bytes"),
+                    e.value.len(),
+                    caps.value_bytes,
+                    "MAX_DESCRIPTOR_VALUE_BYTES",
+                ));
+            }
+        }
+    }
     if request.domain.is_empty() {
         return Err(RequestError::Invalid(
             "rate limit domain must not be empty".into(),

@@ -190,23 +190,21 @@ impl CircuitBreaker {
     }
 }
 
-/// Re-opens the breaker if a half-open trial is dropped before it finishes (the client went
-/// away), so the breaker never stays half-open with nobody left to close it.
-struct TrialGuard<'a> {
+/// Records a call dropped before it finished as a transient failure. Envoy gives up on a
+/// rate-limit call at its deadline (`grpc-timeout`, 20 ms by default) and tonic then drops the
+/// handler: without this, a Redis slower than every caller's deadline would never open the
+/// breaker while every request still waited on it. A dropped half-open trial re-opens it.
+struct CallGuard<'a> {
     breaker: &'a CircuitBreaker,
     generation: u64,
+    trial: bool,
     done: bool,
 }
 
-impl Drop for TrialGuard<'_> {
+impl Drop for CallGuard<'_> {
     fn drop(&mut self) {
         if !self.done {
-            let mut s = self.breaker.lock();
-            if s.generation == self.generation {
-                // Back to open with the timer already elapsed: the next call is the new trial.
-                s.state = BreakerState::Open;
-                s.generation += 1;
-            }
+            self.breaker.record(self.generation, self.trial, true);
         }
     }
 }
@@ -222,16 +220,14 @@ impl CounterStore for CircuitBreaker {
                 Admission::Normal(g) => (g, false),
                 Admission::Trial(g) => (g, true),
             };
-            // Built only for a trial: a guard dropped unfinished re-opens the breaker.
-            let mut guard = trial.then(|| TrialGuard {
+            let mut guard = CallGuard {
                 breaker: self,
                 generation,
+                trial,
                 done: false,
-            });
+            };
             let result = self.inner.decide(checks).await;
-            if let Some(g) = guard.as_mut() {
-                g.done = true;
-            }
+            guard.done = true;
             let transient = matches!(result, Err(StoreError::Transient(_)));
             self.record(generation, trial, transient);
             result
@@ -505,7 +501,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_dropped_trial_does_not_leave_it_half_open() {
+    async fn a_dropped_trial_reopens_it() {
         let (store, breaker, clock) = setup(Scripted {
             gate: Some(tokio::sync::Semaphore::new(
                 DEFAULT_FAILURE_THRESHOLD as usize,
@@ -524,12 +520,44 @@ mod tests {
         trial.abort();
         assert!(trial.await.is_err());
         assert_eq!(breaker.state(), BreakerState::Open);
+        assert!(
+            breaker.decide(&checks()).await.is_err(),
+            "a trial cut short counts as a failure: open for another period"
+        );
 
-        // The next call is a new trial at once.
+        // After it, the next call is a new trial.
+        clock.advance(DEFAULT_OPEN_FOR);
         store.set(Mode::Ok);
         store.gate.as_ref().unwrap().add_permits(1);
         assert!(breaker.decide(&checks()).await.is_ok());
         assert_eq!(breaker.state(), BreakerState::Closed);
+    }
+
+    #[tokio::test]
+    async fn calls_dropped_unfinished_count_as_failures() {
+        // A store that never answers: every call is cut by its caller (Envoy's deadline).
+        let (store, breaker, _clock) = setup(Scripted {
+            gate: Some(tokio::sync::Semaphore::new(0)),
+            ..Default::default()
+        });
+        let breaker = Arc::new(breaker);
+        for i in 0..DEFAULT_FAILURE_THRESHOLD {
+            assert_eq!(breaker.state(), BreakerState::Closed, "call {i}");
+            let b = Arc::clone(&breaker);
+            let before = store.calls();
+            let call = tokio::spawn(async move { b.decide(&checks()).await.is_ok() });
+            store.wait_calls(before + 1).await;
+            call.abort();
+            assert!(call.await.is_err());
+        }
+        assert_eq!(breaker.state(), BreakerState::Open);
+        let before = store.calls();
+        assert!(breaker.decide(&checks()).await.is_err());
+        assert_eq!(
+            store.calls(),
+            before,
+            "an open breaker does not wait on the store"
+        );
     }
 
     #[tokio::test]

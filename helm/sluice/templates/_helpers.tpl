@@ -173,6 +173,10 @@ grpc:
 {{- else if eq .type "tcp" }}
 tcpSocket:
   port: grpc
+{{- else if eq .type "live" }}
+httpGet:
+  path: /livez
+  port: http
 {{- else }}
 httpGet:
   path: /healthcheck

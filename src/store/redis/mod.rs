@@ -22,10 +22,16 @@ use std::time::Duration;
 /// The decision script; KEYS/ARGV are documented at its top.
 pub const DECIDE_LUA: &str = include_str!("decide.lua");
 
-/// Default bound on one Redis round trip (`REDIS_TIMEOUT`): Envoy's own default timeout for the
-/// rate-limit call is 20 ms, so waiting much longer only ties up sluice.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(500);
-pub const DEFAULT_POOL_SIZE: u32 = 8;
+/// Default bound on one Redis round trip (`REDIS_TIMEOUT`). Envoy gives up on the rate-limit call
+/// after 20 ms by default and sluice stops waiting at the caller's deadline anyway, so this only
+/// bounds callers that send none (and connecting): five Envoy timeouts, far above a healthy
+/// Redis's latency (well under a millisecond) and short enough that a stuck Redis is noticed,
+/// and the breaker opened, within a few hundred milliseconds.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+/// Multiplexed connections to a standalone Redis (`REDIS_POOL_SIZE`). Every in-flight call shares
+/// them, so this is not a cap on concurrency: two keep both of a small pod's cores busy writing
+/// batches (see README "Performance").
+pub const DEFAULT_POOL_SIZE: u32 = 2;
 
 /// Standalone or Cluster (`REDIS_TYPE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
