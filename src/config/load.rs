@@ -372,7 +372,7 @@ enum Scope {
     Replaces,
 }
 
-const ROOT_KEYS: &[&str] = &["domain", "descriptors"];
+const ROOT_KEYS: &[&str] = &["domain", "descriptors", "hash_tag"];
 const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
     "value",
@@ -602,8 +602,27 @@ impl Ctx {
         let mut domain: Option<(String, usize)> = None;
         let mut descriptors = None;
         let mut domain_seen = false;
+        let mut domain_tag = false;
         for (key, _, value) in self.entries(entries, "", Scope::Root) {
             match key {
+                "hash_tag" => {
+                    domain_tag = match self.string(value, "hash_tag", "hash_tag").as_deref() {
+                        Some("domain") => true,
+                        Some("descriptor") | None => false,
+                        Some(other) => {
+                            self.err(
+                                value.line,
+                                "hash_tag",
+                                format!(
+                                    "hash_tag must be `descriptor` (the default: domain and the \
+                                     descriptor's first entry) or `domain` (the whole domain in \
+                                     one Redis Cluster slot), got {other:?}"
+                                ),
+                            );
+                            false
+                        }
+                    }
+                }
                 "domain" => {
                     domain_seen = true;
                     domain = self
@@ -645,6 +664,7 @@ impl Ctx {
                     domain,
                     file: self.file.clone(),
                     root: level,
+                    domain_tag,
                 },
                 line,
             )

@@ -325,6 +325,8 @@ pub struct DomainRules {
     pub domain: String,
     pub file: Arc<str>,
     pub root: Level,
+    /// `hash_tag: domain` (sluice extension): every counter of the domain in one Cluster slot.
+    pub domain_tag: bool,
 }
 
 /// The loaded, validated configuration: one immutable snapshot.

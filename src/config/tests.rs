@@ -1832,3 +1832,34 @@ fn sliding_log_limits_are_capped() {
     )
     .is_ok());
 }
+
+#[test]
+fn hash_tag_scope_is_descriptor_by_default_or_the_domain() {
+    let rs = load("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+        .expect("loads");
+    assert!(!domain(&rs, "d").domain_tag);
+    let rs = load("domain: d\nhash_tag: domain\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+        .expect("loads");
+    assert!(domain(&rs, "d").domain_tag);
+    one_error(
+        "domain: d\nhash_tag: slot\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+        2,
+        "hash_tag",
+        "hash_tag must be `descriptor`",
+    );
+}
+
+#[test]
+fn token_bucket_that_cannot_be_exact_is_refused() {
+    // A day / 4 000 000 007 leaves a remainder of ~2.6e9; with the default burst the products
+    // pass 2^53.
+    one_error(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 4000000007, algorithm: token_bucket}\n",
+        4,
+        "descriptors[0].rate_limit",
+        "cannot be decided exactly",
+    );
+    // A rate that divides the period is exact at any burst.
+    load("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1000000, algorithm: token_bucket, burst: 4000000000}\n")
+        .expect("exact");
+}

@@ -287,6 +287,7 @@ impl RateLimiter {
             self.store.breaker_state(),
             self.store.healthy(),
             self.telemetry.offenders.dropped(),
+            self.store.undo_failures(),
         )
     }
 
@@ -816,6 +817,7 @@ fn plan(
                 entries: entries[..c.depth.min(entries.len())].to_vec(),
                 limit,
                 overridden: c.overridden,
+                domain_tag: domain.domain_tag,
             };
             if c.resource {
                 if let Some(&existing) = resource_checks.get(&key) {

@@ -253,6 +253,14 @@ impl CounterStore for CircuitBreaker {
         self.inner.call_shape(checks)
     }
 
+    fn denial_is_final(&self, key: &super::CounterKey) -> bool {
+        self.inner.denial_is_final(key)
+    }
+
+    fn undo_failures(&self) -> u64 {
+        self.inner.undo_failures()
+    }
+
     fn breaker_state(&self) -> Option<BreakerState> {
         Some(self.state())
     }
@@ -349,6 +357,7 @@ mod tests {
                 entries: vec![("k".into(), "v".into())],
                 limit: crate::config::Limit::fixed(5, Unit::Minute),
                 overridden: false,
+                domain_tag: false,
             },
             hits: 1,
             refund: false,

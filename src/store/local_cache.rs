@@ -14,6 +14,10 @@
 //! - A refund seen here for a cached counter drops its entry (the counter has room again). A
 //!   refund made through another replica is not seen: that replica's entry lives until the
 //!   window resets, the same trade-off envoyproxy makes.
+//! - Only final denials are cached: on a Redis Cluster a request spanning slots charges each
+//!   slot and undoes the charges if one slot denies, so a counter may look full for the moment
+//!   another request's charge stands; such a denial is answered but not cached (a domain with
+//!   `hash_tag: domain` has no such requests, and standalone Redis and memory never do).
 //! - Memory is bounded: each entry is accounted as the length of its key strings plus
 //!   [`ENTRY_OVERHEAD`] bytes; an insert that would exceed the budget first drops expired
 //!   entries, then is skipped. The cache never grows past its budget.
@@ -196,6 +200,9 @@ impl LocalDenyCache {
             .iter()
             .zip(&decision.outcomes)
             .filter(|(c, o)| eligible(c) && c.hits == 1 && !o.allowed && o.remaining == 0)
+            // A counter another request holds a temporary charge on (a Cluster request spanning
+            // slots, undone when another slot denies) may be free again a moment later.
+            .filter(|(c, _)| self.inner.denial_is_final(&c.key))
             .map(|(c, o)| {
                 let until = if o.retry_after == Duration::MAX {
                     o.reset
@@ -257,6 +264,14 @@ impl CounterStore for LocalDenyCache {
         self.inner.call_shape(checks)
     }
 
+    fn denial_is_final(&self, key: &super::CounterKey) -> bool {
+        self.inner.denial_is_final(key)
+    }
+
+    fn undo_failures(&self) -> u64 {
+        self.inner.undo_failures()
+    }
+
     fn breaker_state(&self) -> Option<super::breaker::BreakerState> {
         self.inner.breaker_state()
     }
@@ -306,6 +321,7 @@ mod tests {
             entries: vec![("k".into(), value.into())],
             limit: crate::config::Limit::fixed(limit, Unit::Minute),
             overridden: false,
+            domain_tag: false,
         }
     }
 
@@ -580,6 +596,7 @@ mod tests {
             entries: vec![("ab".into(), "cde".into()), ("f".into(), String::new())],
             limit: crate::config::Limit::fixed(1, Unit::Second),
             overridden: false,
+            domain_tag: false,
         };
         assert_eq!(entry_bytes(&k), 3 + 2 + 3 + 1 + ENTRY_OVERHEAD);
     }

@@ -177,6 +177,7 @@ mod tests {
                 entries: vec![("k".into(), value.into())],
                 limit: crate::config::Limit::fixed(limit, unit),
                 overridden: false,
+                domain_tag: false,
             },
             hits: 1,
             refund: false,

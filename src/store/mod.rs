@@ -29,6 +29,9 @@ pub struct CounterKey {
     pub limit: Limit,
     /// True when the limit came from the request's `limit` override.
     pub overridden: bool,
+    /// The domain's `hash_tag: domain`: the Redis hash tag is the domain alone, so every counter
+    /// of the domain shares one Cluster slot (one atomic call per request, on one node).
+    pub domain_tag: bool,
 }
 
 /// One limit to decide for one request.
@@ -122,6 +125,19 @@ pub trait CounterStore: Send + Sync + std::fmt::Debug {
             groups: usize::from(!checks.is_empty()),
             keys: checks.len(),
         }
+    }
+
+    /// Whether a denial of `key` is final: no other request's temporary charge (a Cluster
+    /// request spanning slots, charged in one slot and undone after another denied) can have
+    /// caused it. The local deny cache caches only final denials.
+    fn denial_is_final(&self, key: &CounterKey) -> bool {
+        let _ = key;
+        true
+    }
+
+    /// Cluster charges that could not be undone (`sluice_refund_failures_total`).
+    fn undo_failures(&self) -> u64 {
+        0
     }
 
     /// The circuit breaker's state, if the chain has one (for metrics).

@@ -73,6 +73,7 @@ pub struct Metrics {
     config_timestamp: Gauge,
     config_rules: IntGaugeVec,
     offenders_dropped: IntCounter,
+    undo_failures: IntCounter,
 }
 
 /// Why the metric set could not be built (a programming error: a duplicate or invalid name).
@@ -174,6 +175,12 @@ impl Metrics {
             "Denials not recorded in /debug/offenders because its domain cap was reached.",
         )?;
         registry.register(Box::new(offenders_dropped.clone()))?;
+        let undo_failures = IntCounter::new(
+            "sluice_refund_failures_total",
+            "Redis Cluster charges that could not be undone after a request was denied in \
+             another slot (retried first): each leaves a counter charged for a denied request.",
+        )?;
+        registry.register(Box::new(undo_failures.clone()))?;
         let build_info = IntGaugeVec::new(
             Opts::new(
                 "sluice_build_info",
@@ -209,6 +216,7 @@ impl Metrics {
             config_timestamp,
             config_rules,
             offenders_dropped,
+            undo_failures,
         })
     }
 
@@ -285,7 +293,12 @@ impl Metrics {
         breaker: Option<BreakerState>,
         store_up: bool,
         offenders_dropped: u64,
+        undo_failures: u64,
     ) -> String {
+        let seen = self.undo_failures.get();
+        if undo_failures > seen {
+            self.undo_failures.inc_by(undo_failures - seen);
+        }
         let seen = self.offenders_dropped.get();
         if offenders_dropped > seen {
             self.offenders_dropped.inc_by(offenders_dropped - seen);

@@ -271,6 +271,7 @@ async fn memory_and_redis_decide_identically_for_every_algorithm() {
                 entries,
                 limit: l,
                 overridden: false,
+                domain_tag: false,
             };
             let checks = vec![
                 LimitCheck {
@@ -343,6 +344,7 @@ async fn measure_redis_memory_per_counter() {
                 ],
                 limit: l,
                 overridden: false,
+                domain_tag: false,
             },
             hits: 1,
             refund: false,

@@ -120,6 +120,7 @@ fn check(value: &str, limit: u32, unit: Unit, hits: u64) -> LimitCheck {
             entries: vec![("k".into(), value.into())],
             limit: sluice::config::Limit::fixed(limit, unit),
             overridden: false,
+            domain_tag: false,
         },
         hits,
         refund: false,

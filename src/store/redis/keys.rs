@@ -24,10 +24,17 @@ pub fn escape_into(out: &mut String, s: &str) {
     }
 }
 
-/// The hash tag (without braces) of a counter: domain and the descriptor's first entry.
+/// The hash tag (without braces) of a counter: domain and the descriptor's first entry, or the
+/// domain alone under `hash_tag: domain`.
 pub fn hash_tag(key: &CounterKey) -> String {
     let mut tag = String::with_capacity(64);
     escape_into(&mut tag, &key.domain);
+    if key.domain_tag {
+        // `|` never follows the domain in a descriptor-scoped tag without `k=v`, so the two
+        // scopes never share a key: `{d|}` here, `{d|k=v}` there.
+        tag.push('|');
+        return tag;
+    }
     if let Some((k, v)) = key.entries.first() {
         tag.push('|');
         escape_into(&mut tag, k);
@@ -44,7 +51,8 @@ pub fn counter_key(prefix: &str, key: &CounterKey) -> String {
     out.push('{');
     out.push_str(&hash_tag(key));
     out.push('}');
-    for (k, v) in key.entries.iter().skip(1) {
+    let rest = if key.domain_tag { 0 } else { 1 };
+    for (k, v) in key.entries.iter().skip(rest) {
         out.push('|');
         escape_into(&mut out, k);
         out.push('=');
@@ -140,6 +148,7 @@ mod tests {
                 .collect(),
             limit: Limit::fixed(rpu, unit),
             overridden: o,
+            domain_tag: false,
         }
     }
 
@@ -217,10 +226,10 @@ mod tests {
             ],
             prop::sample::select(Algorithm::ALL.to_vec()),
             0u32..3,
-            any::<bool>(),
+            (any::<bool>(), any::<bool>()),
         )
             .prop_map(
-                |(d, entries, rpu, period, algorithm, burst, o)| CounterKey {
+                |(d, entries, rpu, period, algorithm, burst, (o, domain_tag))| CounterKey {
                     domain: Arc::from(d.as_str()),
                     entries,
                     limit: Limit {
@@ -235,6 +244,7 @@ mod tests {
                         },
                     },
                     overridden: o,
+                    domain_tag,
                 },
             )
     }
@@ -266,6 +276,7 @@ mod tests {
             let close = full[open..].find('}').map(|c| open + c).unwrap_or(0);
             let tag = hash_tag(&base);
             prop_assert_eq!(&full[open + 1..close], tag.as_str());
+            prop_assert_eq!(tag_slot(&tag), slot(&full));
         }
     }
 }

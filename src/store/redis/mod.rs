@@ -680,11 +680,6 @@ impl RedisStore {
         })
     }
 
-    /// Charges a Cluster store could not take back (for `sluice_refund_failures_total`).
-    pub fn undo_failures(&self) -> u64 {
-        self.undo_failures.load(Ordering::Relaxed)
-    }
-
     /// A handle on a live connection: a clone of a pooled multiplexed connection (checked out
     /// only for the clone), or the shared Cluster connection, connected on first use.
     async fn connection(&self) -> Result<Conn, StoreError> {
@@ -944,6 +939,16 @@ impl CounterStore for RedisStore {
 
     fn probe(&self) -> BoxFuture<'_, bool> {
         Box::pin(self.ping())
+    }
+
+    fn denial_is_final(&self, key: &CounterKey) -> bool {
+        // Standalone decides every request in one call: no charge is ever temporary. On
+        // Cluster, only a domain in one slot has no request that spans slots.
+        self.kind == RedisKind::Single || key.domain_tag
+    }
+
+    fn undo_failures(&self) -> u64 {
+        self.undo_failures.load(Ordering::Relaxed)
     }
 
     fn call_shape(&self, checks: &[LimitCheck]) -> CallShape {
