@@ -5,6 +5,7 @@ mod observability;
 mod process;
 mod redis;
 mod redis_faults;
+mod redis_path;
 mod redis_support;
 mod reload;
 mod semantics;

@@ -322,8 +322,8 @@ const ACL: &[&str] = &[
     "+zadd",
     "+zcard",
     "+zcount",
-    "+zrank",
     "+zrem",
+    "+zrevrange",
     "+zremrangebyrank",
     "+pexpire",
     "+del",
@@ -345,6 +345,8 @@ descriptors:
           - {requests_per_unit: 5, unit: hour, algorithm: sliding_window}
           - {requests_per_unit: 5, unit: hour, algorithm: sliding_log}
           - {requests_per_unit: 5, unit: hour, algorithm: token_bucket}
+  - key: other
+    rate_limit: {requests_per_unit: 1, unit: hour}
 "#;
 
 async fn decide_as_acl_user(urls: Vec<String>, kind: RedisKind) {
@@ -362,6 +364,22 @@ async fn decide_as_acl_user(urls: Vec<String>, kind: RedisKind) {
     let r = s.call(request("calc", vec![refund])).await;
     assert_eq!(code(&r), Code::Ok);
     assert_eq!(admitted(&s, &req, 1).await, 1, "quota given back");
+    // A request spanning two hash tags denied by one of them: on Cluster the other slot's
+    // charges (every algorithm) are undone, as the ACL user too.
+    let cross = request(
+        "calc",
+        vec![
+            desc(&[("resource", "calc"), ("consumer", "acl2")]),
+            desc(&[("other", "x")]),
+        ],
+    );
+    assert_eq!(code(&s.call(cross.clone()).await), Code::Ok);
+    let r = s.call(cross).await;
+    assert_eq!(code(&r), Code::OverLimit);
+    assert_eq!(
+        r.statuses[0].limit_remaining, 4,
+        "the denied request's charges were undone"
+    );
     s.stop().await;
 }
 

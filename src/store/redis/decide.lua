@@ -29,7 +29,7 @@
 --   reset_us_i  microseconds until the counter is back to its full quota
 --   retry_us_i  for a denial, microseconds until the request would be admitted (-1: never)
 --   token_i     (ARGV[2] = "1") for a charge that was written, what an undo needs: the window
---               start (fixed and sliding window), the entry's running total (sliding_log); 0
+--               start (fixed and sliding window), the entry's id (sliding_log); 0
 --               for token_bucket (its undo is exact arithmetic) and for checks not written
 -- An undo call returns {1, done_1, done_2, ...}: done 0 when the charge could not be taken back
 -- within the bounded work below (the caller counts it).
@@ -38,8 +38,9 @@
 --   fixed_window    string "<window start us>:<count>"
 --   sliding_window  string "<window start us>:<previous count>:<current count>"
 --   sliding_log     sorted set, one entry per admitted charge: score = its time (us), member
---                   "<C>:<hits>" with C the running total of hits up to and including it
---                   (15 digits, zero-padded, so equal scores sort by C). The hits inside the
+--                   "<C>:<hits>:<id>" with C the running total of hits up to and including it
+--                   (15 digits, zero-padded, so equal scores sort by C) and id its number in
+--                   the set (unique, never rewritten: what an undo finds it by). The hits inside the
 --                   window are C(newest) - C(newest expired entry), found in O(log n); expired
 --                   entries are trimmed at most 64 per call.
 --   token_bucket    string "<TAT us>:<frac>", the TAT being us + frac / limit microseconds, so
@@ -81,9 +82,10 @@ local function ttl_ms(us)
   return max(floor((us + 999) / 1000), 1) + slack
 end
 
--- "a:b" -> a, b (numbers)
+-- "a:b" -> a, b (numbers); "a" -> a, 0
 local function pair(raw)
   local p = find(raw, ':', 1, true)
+  if not p then return tonumber(raw), 0 end
   return tonumber(sub(raw, 1, p - 1)), tonumber(sub(raw, p + 1))
 end
 
@@ -184,12 +186,19 @@ end
 -- A log view: what is stored (read with O(log n) commands) plus what this call changes at the
 -- newest end: stored entries popped or shrunk by refunds, and entries added.
 
-local entry, load_log, cached, newest_stored, log_count, sliding_log, member, commit_log, undo_log
+local parse_member, entry, load_log, cached, newest_stored, log_count, sliding_log, member, commit_log, undo_log
 if has[2] then
+  -- "C:h:id" -> C, h, id
+  parse_member = function(m)
+    local p1 = find(m, ':', 1, true)
+    local p2 = find(m, ':', p1 + 1, true)
+    return tonumber(sub(m, 1, p1 - 1)), tonumber(sub(m, p1 + 1, p2 - 1)), tonumber(sub(m, p2 + 1))
+  end
+
   entry = function(key, rank)
     local r = call('ZRANGE', key, rank, rank, 'WITHSCORES')
-    local c, h = pair(r[1])
-    return {m = r[1], c = c, h = h, t = tonumber(r[2])}
+    local c, h, id = parse_member(r[1])
+    return {m = r[1], c = c, h = h, id = id, t = tonumber(r[2])}
   end
 
   load_log = function(key, period)
@@ -327,23 +336,25 @@ if has[2] then
     return allowed, max(limit - after, 0), max(reset, 0), retry, token
   end
 
-  member = function(c, h)
-    return fmt('%015d:%d', c, h)
+  member = function(c, h, id)
+    return fmt('%015d:%d:%d', c, h, id)
   end
 
   commit_log = function(key, v, period)
     -- Pops and shrinks first (newest end), then the new entries, then a bounded trim of expired
     -- ones from the oldest end; C keeps running from the newest entry left in the set.
     if v.sp > 0 then call('ZREMRANGEBYRANK', key, v.size - v.sp, v.size - 1) end
-    local cprev, newest_t = 0, nil
+    -- New entries' ids continue from the newest one left, so ids are unique within the set
+    -- and never change (C does, when an undo removes an older entry).
+    local cprev, idprev, newest_t = 0, 0, nil
     local r = v.size - 1 - v.sp
     if r >= 0 then
       local en = cached(key, v, r)
-      cprev = en.c
+      cprev, idprev = en.c, en.id
       if v.sr > 0 then
         cprev = en.c - v.sr
         call('ZREM', key, en.m)
-        call('ZADD', key, fmt('%d', en.t), member(cprev, en.h - v.sr))
+        call('ZADD', key, fmt('%d', en.t), member(cprev, en.h - v.sr, en.id))
       end
       newest_t = en.t
     end
@@ -351,10 +362,10 @@ if has[2] then
     if #v.adds > 0 then
       local z = {}
       for i, a in ipairs(v.adds) do
-        cprev = cprev + a.h
+        cprev, idprev = cprev + a.h, idprev + 1
         z[#z + 1] = fmt('%d', a.t)
-        z[#z + 1] = member(cprev, a.h)
-        tokens[i] = cprev
+        z[#z + 1] = member(cprev, a.h, idprev)
+        tokens[i] = idprev
         newest_t = a.t
       end
       call('ZADD', key, unpack(z))
@@ -366,22 +377,29 @@ if has[2] then
     return tokens
   end
 
-  -- Takes back exactly the entry a charge added: removes it and lowers C of the entries after it.
-  undo_log = function(key, hits, c)
-    local m = member(c, hits)
-    local rank = call('ZRANK', key, m)
-    if not rank then return 1 end -- expired and trimmed already, or never written
-    local size = call('ZCARD', key)
-    if size - rank - 1 > UNDO_REWRITE then return 0 end
-    local later = call('ZRANGE', key, rank + 1, -1, 'WITHSCORES')
-    call('ZREM', key, m)
-    if #later > 0 then
+  -- Takes back exactly the entry a charge added (found by its id among the newest entries):
+  -- removes it and lowers C of the entries after it by its hits.
+  undo_log = function(key, id)
+    local newest = call('ZREVRANGE', key, 0, UNDO_REWRITE, 'WITHSCORES')
+    local at = nil
+    for j = 1, #newest, 2 do
+      local _, _, eid = parse_member(newest[j])
+      if eid == id then at = j break end
+    end
+    if not at then
+      -- Gone (expired and trimmed) unless the set is too long to have been searched whole.
+      if #newest / 2 > UNDO_REWRITE then return 0 end
+      return 1
+    end
+    local _, h = parse_member(newest[at])
+    call('ZREM', key, newest[at])
+    if at > 1 then
       local rem, add = {}, {}
-      for j = 1, #later, 2 do
-        local lc, lh = pair(later[j])
-        rem[#rem + 1] = later[j]
-        add[#add + 1] = later[j + 1]
-        add[#add + 1] = member(lc - hits, lh)
+      for j = 1, at - 1, 2 do
+        local lc, lh, lid = parse_member(newest[j])
+        rem[#rem + 1] = newest[j]
+        add[#add + 1] = newest[j + 1]
+        add[#add + 1] = member(lc - h, lh, lid)
       end
       call('ZREM', key, unpack(rem))
       call('ZADD', key, unpack(add))
@@ -485,17 +503,16 @@ if undo then
     local alg, burst = meta % 4, floor(meta / 32)
     local done = 1
     if alg == 2 then
-      done = undo_log(key, hits, token)
+      done = undo_log(key, token)
     elseif alg == 3 then
-      local s = load_bucket(key)
-      if limit > 0 and s.u >= now then
+      -- Exact subtraction, not clamped at now: a TAT in the past means a full bucket either
+      -- way, and the stored value goes back to exactly what it was before the charge.
+      if limit > 0 and call('EXISTS', key) == 1 then
+        local s = load_bucket(key)
         local du, df = intervals(min(hits, burst + 1), period, limit)
-        local nu, nf = fsub(s.u, s.f, du, df, limit)
-        if nu == now and nf == 0 then
-          call('DEL', key)
-        else
-          call('SET', key, fmt('%d:%d', nu, nf), 'KEEPTTL')
-        end
+        local nu, nf = s.u - du, s.f - df
+        if nf < 0 then nu, nf = nu - 1, nf + limit end
+        call('SET', key, fmt('%d:%d', nu, nf), 'KEEPTTL')
       end
     else
       local s = load_counter(key, alg)

@@ -603,14 +603,13 @@ impl RedisStore {
 
     async fn decide_all(&self, checks: &[LimitCheck]) -> Result<Decision, StoreError> {
         let groups = self.groups(checks);
-        let now = self.now_arg();
         let conn = self.connection().await;
         self.record_health(&conn);
         let conn = conn?;
         if let [only] = groups.as_slice() {
             // One call decides everything: all or nothing inside the script, nothing to undo.
             let call = self.call_for(checks, only);
-            let r = run(&self.script, conn, &now, &call, self.timeout).await;
+            let r = run(&self.script, conn, &self.now_arg(), &call, self.timeout).await;
             self.record_health(&r);
             let mut outcomes = vec![DENIED; checks.len()];
             let admitted = parse(&r?, only, false, &mut outcomes)?;

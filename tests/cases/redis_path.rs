@@ -1,0 +1,531 @@
+//! The Redis path at its limits (issue 10), on real Redis and a real 3-master Cluster: one script
+//! call per request on standalone whatever the hash tags, exactness for every algorithm across
+//! hash tags and replicas, exact Cluster undo (also across a window roll), bounded abuse with an
+//! empty SLOWLOG, recovery from a restart under load, and a slow Redis opening the breaker.
+
+use super::store::{redis_settings, redis_store};
+use crate::support::proxy::RedisProxy;
+use crate::support::redis::{RedisCluster, RedisServer};
+use crate::support::*;
+use sluice::clock::{Clock, ManualClock};
+use sluice::config::{Algorithm, Limit, Period};
+use sluice::proto::rate_limit_response::Code;
+use sluice::service::ServiceOptions;
+use sluice::store::breaker::{BreakerSettings, CircuitBreaker};
+use sluice::store::redis::{keys, RedisKind, RedisStore};
+use sluice::store::{CounterKey, CounterStore, LimitCheck};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+async fn start_redis(args: &'static [&'static str]) -> RedisServer {
+    tokio::task::spawn_blocking(move || RedisServer::start_with_args(args))
+        .await
+        .expect("start redis")
+}
+
+async fn start_cluster() -> RedisCluster {
+    tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .expect("start cluster")
+}
+
+const ALGORITHMS: [&str; 4] = [
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+    "token_bucket",
+];
+
+/// Per algorithm: `r=<alg>` admits 50 an hour; `s=<alg>` (another hash tag) admits 1000.
+fn exact_config() -> String {
+    let mut y = String::from("domain: ex\ndescriptors:\n");
+    for key in ["r", "s"] {
+        let rpu = if key == "r" { 50 } else { 1000 };
+        for alg in ALGORITHMS {
+            y.push_str(&format!(
+                "  - key: {key}\n    value: {alg}\n    rate_limit: {{requests_per_unit: {rpu}, unit: hour, algorithm: {alg}}}\n"
+            ));
+        }
+    }
+    y
+}
+
+#[tokio::test]
+async fn three_hash_tags_cost_one_evalsha_on_standalone() {
+    let redis = start_redis(&[]).await;
+    let yaml = r#"
+domain: tags
+descriptors:
+  - key: a
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: b
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: c
+    rate_limit: {unit: hour, requests_per_unit: 1}
+"#;
+    let clock = ManualClock::new(T0);
+    let store = redis_store(vec![redis.url()], RedisKind::Single, &clock);
+    let s = TestServer::start_on(yaml, ServiceOptions::default(), Some(store), clock).await;
+    let req = request(
+        "tags",
+        vec![
+            desc(&[("a", "1")]),
+            desc(&[("b", "2")]),
+            desc(&[("c", "3")]),
+        ],
+    );
+    // Loads the script (a fresh Redis answers the first EVALSHA with NOSCRIPT).
+    let warm = s.call(one("tags", &[("a", "warm")])).await;
+    assert_eq!(code(&warm), Code::Ok);
+    assert_eq!(redis.cli(&["CONFIG", "RESETSTAT"]).trim(), "OK");
+    let r = s.call(req.clone()).await;
+    assert_eq!(code(&r), Code::Ok);
+    assert_eq!(redis.evalsha_calls(), 1, "three hash tags, one script call");
+    // Denied by c: still one call, and nothing charged anywhere (no refund call either).
+    let r = s.call(req).await;
+    assert_eq!(code(&r), Code::OverLimit);
+    assert_eq!(redis.evalsha_calls(), 2);
+    assert_eq!(
+        r.statuses[0].limit_remaining, 9,
+        "a was not charged by the denial"
+    );
+    assert_eq!(
+        r.statuses[1].limit_remaining, 9,
+        "b was not charged by the denial"
+    );
+    s.stop().await;
+}
+
+/// 200 concurrent requests spanning two hash tags, through two sluice instances sharing one
+/// Redis (or Cluster), admit exactly 50 for every algorithm; the other tag's counter holds
+/// exactly the 50 admitted hits afterwards (Cluster: every denied request's charge was undone).
+async fn exact_across_tags(urls: Vec<String>, kind: RedisKind) {
+    let yaml = exact_config();
+    let clock = ManualClock::new(T0);
+    let a = TestServer::start_on(
+        &yaml,
+        ServiceOptions::default(),
+        Some(redis_store(urls.clone(), kind, &clock)),
+        clock.clone(),
+    )
+    .await;
+    let b = TestServer::start_on(
+        &yaml,
+        ServiceOptions::default(),
+        Some(redis_store(urls, kind, &clock)),
+        clock,
+    )
+    .await;
+    for alg in ALGORITHMS {
+        let req = request("ex", vec![desc(&[("r", alg)]), desc(&[("s", alg)])]);
+        let mut tasks = Vec::new();
+        for i in 0..200 {
+            let mut client = if i % 2 == 0 {
+                a.client().await
+            } else {
+                b.client().await
+            };
+            let req = req.clone();
+            tasks.push(tokio::spawn(async move {
+                client.should_rate_limit(req).await.map(|r| r.into_inner())
+            }));
+        }
+        let (mut ok, mut over) = (0, 0);
+        for t in tasks {
+            match code(&t.await.expect("task").expect("call succeeds")) {
+                Code::Ok => ok += 1,
+                Code::OverLimit => over += 1,
+                other => panic!("{alg}: unexpected {other:?}"),
+            }
+        }
+        assert_eq!((ok, over), (50, 150), "{alg}");
+        // A check (hits_addend 0) of the other tag: exactly the 50 admitted hits are counted.
+        let mut check = desc(&[("s", alg)]);
+        check.hits_addend = Some(0);
+        let r = a.call(request("ex", vec![check])).await;
+        assert_eq!(
+            r.statuses[0].limit_remaining, 950,
+            "{alg}: s counted exactly 50"
+        );
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_algorithm_is_exact_across_hash_tags_on_redis() {
+    let redis = start_redis(&[]).await;
+    exact_across_tags(vec![redis.url()], RedisKind::Single).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_algorithm_is_exact_across_hash_tags_on_cluster() {
+    let cluster = start_cluster().await;
+    exact_across_tags(cluster.seeds(), RedisKind::Cluster).await;
+}
+
+/// A clock that moves `step` forward after every read, so the undo of a Cluster request reads a
+/// later time than its charge did (a window edge between them, with a step of one period).
+#[derive(Debug)]
+struct SteppingClock {
+    now: Mutex<Duration>,
+    step: Mutex<Duration>,
+}
+
+impl Clock for SteppingClock {
+    fn now(&self) -> Duration {
+        let mut now = self.now.lock().expect("clock");
+        let t = *now;
+        *now += *self.step.lock().expect("clock");
+        t
+    }
+}
+
+fn limit(rpu: u32, period: &str, algorithm: Algorithm) -> Limit {
+    Limit {
+        requests_per_unit: rpu,
+        period: Period::parse(period).expect("period"),
+        algorithm,
+        burst: if algorithm == Algorithm::TokenBucket {
+            rpu - 1
+        } else {
+            0
+        },
+    }
+}
+
+fn ck(value: &str, limit: Limit, hits: u64) -> LimitCheck {
+    LimitCheck {
+        key: CounterKey {
+            domain: Arc::from("undo"),
+            entries: vec![("k".into(), value.into())],
+            limit,
+            overridden: false,
+            domain_tag: false,
+        },
+        hits,
+        refund: false,
+        shadow: false,
+    }
+}
+
+/// The raw stored value of a key: a string, or a sorted set's members and scores.
+fn raw(cluster: &RedisCluster, key: &str) -> String {
+    match cluster.cli_cluster(&["TYPE", key]).trim() {
+        "zset" => cluster.cli_cluster(&["ZRANGE", key, "0", "-1", "WITHSCORES"]),
+        "none" => "<none>".into(),
+        _ => cluster.cli_cluster(&["GET", key]),
+    }
+}
+
+#[tokio::test]
+async fn a_cluster_denial_leaves_every_counter_exactly_as_it_was() {
+    let cluster = start_cluster().await;
+    for alg in Algorithm::ALL {
+        for roll in [false, true] {
+            let clock = Arc::new(SteppingClock {
+                now: Mutex::new(T0 + Duration::from_secs(7)),
+                step: Mutex::new(Duration::ZERO),
+            });
+            let store = RedisStore::new(&redis_settings(cluster.seeds(), RedisKind::Cluster))
+                .expect("store")
+                .with_test_clock(clock.clone());
+            // A counter with room (10 a minute) and a full one in another slot.
+            let roomy = limit(10, "1m", alg);
+            let full = limit(1, "1m", Algorithm::FixedWindow);
+            let a_value = format!("a-{}-{roll}", alg.name());
+            let mut b_value = format!("b-{}-{roll}", alg.name());
+            while keys::slot(&store.key_of(&ck(&b_value, full, 1).key))
+                == keys::slot(&store.key_of(&ck(&a_value, roomy, 1).key))
+            {
+                b_value.push('b');
+            }
+            let (a_key, b_key) = (
+                store.key_of(&ck(&a_value, roomy, 1).key),
+                store.key_of(&ck(&b_value, full, 1).key),
+            );
+            // Earlier traffic: 3 hits on a, b full.
+            for c in [ck(&a_value, roomy, 3), ck(&b_value, full, 1)] {
+                assert!(store.decide(&[c]).await.expect("decides").admitted);
+            }
+            let (a_before, b_before) = (raw(&cluster, &a_key), raw(&cluster, &b_key));
+            assert_ne!(a_before, "<none>");
+            // The request: a charges in its slot, b denies in the other, a's charge is undone
+            // (with `roll`, a whole period later than it was charged).
+            if roll {
+                *clock.step.lock().expect("clock") = Duration::from_secs(60);
+            }
+            let d = store
+                .decide(&[ck(&a_value, roomy, 1), ck(&b_value, full, 1)])
+                .await
+                .expect("decides");
+            assert!(!d.admitted, "{alg:?}");
+            assert!(d.outcomes[0].allowed && !d.outcomes[1].allowed);
+            assert_eq!(
+                raw(&cluster, &a_key),
+                a_before,
+                "{alg:?} roll={roll}: a exactly as before"
+            );
+            assert_eq!(raw(&cluster, &b_key), b_before, "{alg:?} roll={roll}");
+            assert_eq!(store.undo_failures(), 0);
+        }
+    }
+}
+
+const ABUSE: &str = r#"
+domain: abuse
+descriptors:
+  - key: log
+    rate_limit: {requests_per_unit: 100000, unit: hour, algorithm: sliding_log}
+  - key: probe
+    rate_limit: {requests_per_unit: 1000000, unit: hour}
+"#;
+
+/// Sends `req` and, concurrently, a probe request; returns the answer to `req` (or its gRPC
+/// error) after checking the probe was answered OK.
+async fn with_probe(
+    s: &TestServer,
+    req: sluice::proto::RateLimitRequest,
+) -> Result<sluice::proto::RateLimitResponse, tonic::Status> {
+    let mut c1 = s.client().await;
+    let mut c2 = s.client().await;
+    let (r, probe) = tokio::join!(
+        c1.should_rate_limit(req),
+        c2.should_rate_limit(one("abuse", &[("probe", "p")]))
+    );
+    let probe = probe.expect("the probe is answered").into_inner();
+    assert_eq!(code(&probe), Code::Ok);
+    r.map(|r| r.into_inner())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn abusive_requests_get_clear_answers_and_never_stall_redis() {
+    let redis = start_redis(&["--slowlog-log-slower-than", "1000"]).await;
+    let clock = ManualClock::new(T0);
+    let store = redis_store(vec![redis.url()], RedisKind::Single, &clock);
+    let s =
+        TestServer::start_on(ABUSE, ServiceOptions::default(), Some(store), clock.clone()).await;
+    assert_eq!(redis.cli(&["SLOWLOG", "RESET"]).trim(), "OK");
+
+    for n in [20_000usize, 100_000] {
+        let many = request(
+            "abuse",
+            (0..n).map(|i| desc(&[("log", &i.to_string())])).collect(),
+        );
+        let e = with_probe(&s, many).await.expect_err("over the cap");
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{n}: {e:?}");
+        assert!(e.message().contains("MAX_DESCRIPTORS_PER_REQUEST"), "{e:?}");
+    }
+    let big = "x".repeat(3 * 1024 * 1024);
+    let e = with_probe(&s, one("abuse", &[("log", &big)]))
+        .await
+        .expect_err("over the cap");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("MAX_DESCRIPTOR_VALUE_BYTES"), "{e:?}");
+
+    // hits_addend 60 000 on a sliding_log of 100 000: one entry, admitted; again: denied.
+    let mut heavy = desc(&[("log", "heavy")]);
+    heavy.hits_addend = Some(60_000);
+    let r = with_probe(&s, request("abuse", vec![heavy.clone()]))
+        .await
+        .expect("decided");
+    assert_eq!(code(&r), Code::Ok);
+    assert_eq!(r.statuses[0].limit_remaining, 40_000);
+    let r = with_probe(&s, request("abuse", vec![heavy]))
+        .await
+        .expect("decided");
+    assert_eq!(code(&r), Code::OverLimit);
+    assert_eq!(
+        r.statuses[0].limit_remaining, 40_000,
+        "a denial charges nothing"
+    );
+
+    // A sliding_log holding 100 000 entries (written directly, as 100 000 single hits over the
+    // last half hour would have left it).
+    let key = "sluice_test:{abuse|log=full}:sl:100000:hour".to_string();
+    let t0 = T0.as_micros() as u64;
+    let fill = r#"
+local t0, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+for i = 1, n, 1000 do
+  local z = {}
+  for j = i, math.min(i + 999, n) do
+    z[#z + 1] = string.format('%d', t0 - 1800000000 + j)
+    z[#z + 1] = string.format('%015d:1:%d', j, j)
+  end
+  redis.call('ZADD', KEYS[1], unpack(z))
+end
+redis.call('PEXPIRE', KEYS[1], 7200000)
+return redis.call('ZCARD', KEYS[1])
+"#;
+    assert_eq!(
+        redis
+            .cli(&["EVAL", fill, "1", &key, &t0.to_string(), "100000"])
+            .trim(),
+        "100000"
+    );
+    assert_eq!(
+        redis.cli(&["SLOWLOG", "RESET"]).trim(),
+        "OK",
+        "the fill itself was slow"
+    );
+    let full = one("abuse", &[("log", "full")]);
+    let r = with_probe(&s, full.clone()).await.expect("decided");
+    assert_eq!(code(&r), Code::OverLimit, "100 000 of 100 000 used");
+    // Half an hour later the oldest entry leaves: exactly one hit fits.
+    clock.advance(Duration::from_secs(1800) + Duration::from_micros(1));
+    let r = with_probe(&s, full.clone()).await.expect("decided");
+    assert_eq!(code(&r), Code::Ok);
+    let r = with_probe(&s, full.clone()).await.expect("decided");
+    assert_eq!(code(&r), Code::OverLimit);
+    // Two hours later every entry expired: trimmed at most 64 per call, decided at once.
+    clock.advance(Duration::from_secs(7200));
+    let r = with_probe(&s, full).await.expect("decided");
+    assert_eq!(code(&r), Code::Ok);
+    assert_eq!(r.statuses[0].limit_remaining, 99_999);
+
+    let slow = redis.cli(&["SLOWLOG", "GET", "10"]);
+    assert_eq!(
+        redis.cli(&["SLOWLOG", "LEN"]).trim(),
+        "0",
+        "slow calls: {slow}"
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn token_bucket_is_exact_at_600k_per_second_on_redis() {
+    let redis = start_redis(&[]).await;
+    let clock = ManualClock::new(T0);
+    let store = redis_store(vec![redis.url()], RedisKind::Single, &clock);
+    let tb = Limit {
+        requests_per_unit: 600_000,
+        period: Period::parse("1s").expect("period"),
+        algorithm: Algorithm::TokenBucket,
+        burst: 599_999,
+    };
+    let c = |hits| ck("tb", tb, hits);
+    assert!(
+        store.decide(&[c(600_000)]).await.expect("ok").admitted,
+        "the burst"
+    );
+    assert!(!store.decide(&[c(1)]).await.expect("ok").admitted);
+    clock.advance(Duration::from_millis(500));
+    let d = store.decide(&[c(400_000)]).await.expect("ok");
+    assert!(!d.admitted, "400 000 more within half a second are refused");
+    assert_eq!(d.outcomes[0].remaining, 300_000);
+    assert!(store.decide(&[c(300_000)]).await.expect("ok").admitted);
+    assert!(!store.decide(&[c(1)]).await.expect("ok").admitted);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn decisions_resume_after_a_redis_restart_under_load() {
+    let mut redis = start_redis(&[]).await;
+    let settings = sluice::store::redis::RedisSettings {
+        timeout: Duration::from_secs(2),
+        ..redis_settings(vec![redis.url()], RedisKind::Single)
+    };
+    let s = super::store::server_on_redis_settings(ABUSE, &settings).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = Vec::new();
+    for w in 0..8 {
+        let mut client = s.client().await;
+        let stop = stop.clone();
+        load.push(tokio::spawn(async move {
+            let (mut ok, mut unavailable) = (0u64, 0u64);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match client
+                    .should_rate_limit(one("abuse", &[("probe", &w.to_string())]))
+                    .await
+                {
+                    Ok(_) => ok += 1,
+                    Err(e) if e.code() == tonic::Code::Unavailable => unavailable += 1,
+                    Err(e) => panic!("only UNAVAILABLE while Redis restarts: {e:?}"),
+                }
+                tokio::task::yield_now().await;
+            }
+            (ok, unavailable)
+        }));
+    }
+    let mut client = s.client().await;
+    let probe = one("abuse", &[("probe", "restart")]);
+    assert!(client.should_rate_limit(probe.clone()).await.is_ok());
+    let redis = tokio::task::spawn_blocking(move || {
+        redis.stop();
+        redis.restart();
+        redis
+    })
+    .await
+    .expect("restart");
+    // Without restarting sluice, decisions come back (bounded wait: a broken setup must not
+    // hang; how long recovery takes is not what is tested).
+    let mut resumed = false;
+    for _ in 0..400 {
+        if client.should_rate_limit(probe.clone()).await.is_ok() {
+            resumed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(resumed, "decisions resume after the restart");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut total_ok = 0;
+    for l in load {
+        total_ok += l.await.expect("load task").0;
+    }
+    assert!(total_ok > 0);
+    s.stop().await;
+    drop(redis);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redis_slower_than_the_callers_deadline_opens_the_breaker() {
+    let redis = start_redis(&[]).await;
+    let proxy = RedisProxy::start(
+        format!("127.0.0.1:{}", redis.port())
+            .parse()
+            .expect("address"),
+    )
+    .await;
+    // REDIS_TIMEOUT far above the caller's deadline: only the deadline cuts the calls.
+    let settings = sluice::store::redis::RedisSettings {
+        timeout: Duration::from_secs(30),
+        ..redis_settings(vec![proxy.url()], RedisKind::Single)
+    };
+    let clock = ManualClock::new(T0);
+    let redis_store: Arc<dyn CounterStore> = Arc::new(RedisStore::new(&settings).expect("store"));
+    let breaker: Arc<dyn CounterStore> = Arc::new(CircuitBreaker::new(
+        redis_store,
+        BreakerSettings::default(),
+        Arc::new(clock.clone()),
+    ));
+    let s = TestServer::start_on(ABUSE, ServiceOptions::default(), Some(breaker), clock).await;
+    let req = one("abuse", &[("probe", "slow")]);
+    assert_eq!(code(&s.call(req.clone()).await), Code::Ok);
+
+    proxy.hold(); // Redis answers nothing until released: slower than any deadline
+    let mut client = s.client().await;
+    for i in 0..sluice::store::breaker::DEFAULT_FAILURE_THRESHOLD {
+        let mut r = tonic::Request::new(req.clone());
+        r.set_timeout(Duration::from_millis(50));
+        let e = client
+            .should_rate_limit(r)
+            .await
+            .expect_err("cut by the deadline");
+        assert!(
+            matches!(
+                e.code(),
+                tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+            ),
+            "call {i}: {e:?}"
+        );
+    }
+    // The breaker is open: the next call (no deadline) is answered at once, without Redis.
+    let e = client
+        .should_rate_limit(req.clone())
+        .await
+        .expect_err("breaker open");
+    assert_eq!(e.code(), tonic::Code::Unavailable);
+    assert!(e.message().contains("circuit open"), "{e:?}");
+    proxy.release();
+    s.stop().await;
+}
