@@ -123,7 +123,7 @@ async fn two_instances_on_one_cluster_admit_exactly_the_limit() {
     exactness(cluster.seeds(), RedisKind::Cluster).await;
 }
 
-/// Value of a counter key as stored ("<window start>:<count>"), or None.
+/// The count a fixed-window counter holds (its window key's value), or None.
 fn count_in(
     keys: &[(String, i64)],
     redis_get: impl Fn(&str) -> String,
@@ -131,12 +131,7 @@ fn count_in(
 ) -> Option<u64> {
     keys.iter()
         .find(|(k, _)| k.contains(needle))
-        .and_then(|(k, _)| {
-            redis_get(k)
-                .trim()
-                .rsplit_once(':')
-                .and_then(|(_, c)| c.parse().ok())
-        })
+        .and_then(|(k, _)| redis_get(k).trim().parse().ok())
 }
 
 #[tokio::test]
@@ -316,6 +311,8 @@ const ACL: &[&str] = &[
     "+ping",
     "+get",
     "+set",
+    "+incrby",
+    "+decrby",
     "+time",
     "+exists",
     "+zrange",

@@ -240,9 +240,21 @@ async fn a_cluster_denial_leaves_every_counter_exactly_as_it_was() {
             {
                 b_value.push('b');
             }
+            // A fixed window keeps its count under `<key>:<window index>`.
+            let minute = (T0 + Duration::from_secs(7)).as_micros() / 60_000_000;
+            let window = |key: String, alg: Algorithm| {
+                if alg == Algorithm::FixedWindow {
+                    format!("{key}:{minute}")
+                } else {
+                    key
+                }
+            };
             let (a_key, b_key) = (
-                store.key_of(&ck(&a_value, roomy, 1).key),
-                store.key_of(&ck(&b_value, full, 1).key),
+                window(store.key_of(&ck(&a_value, roomy, 1).key), alg),
+                window(
+                    store.key_of(&ck(&b_value, full, 1).key),
+                    Algorithm::FixedWindow,
+                ),
             );
             // Earlier traffic: 3 hits on a, b full.
             for c in [ck(&a_value, roomy, 3), ck(&b_value, full, 1)] {
