@@ -82,15 +82,16 @@ def limitador_binary():
     return out
 
 
-def start_server(system, store, redis_port):
+def start_server(system, store, redis_port, variants):
     port, http = free_port(), free_port()
     env = dict(os.environ)
-    if system == "sluice":
+    if system == "sluice" or system in variants:
         env.update({"GRPC_HOST": "127.0.0.1", "GRPC_PORT": str(port), "HOST": "127.0.0.1",
                     "PORT": str(http), "LOG_LEVEL": "warn"})
         if store == "redis":
             env["REDIS_URL"] = f"127.0.0.1:{redis_port}"
-        cmd = [SLUICE, "serve", "--config", os.path.join(ROOT, "config", "bench", "sluice")]
+        binary = variants.get(system, SLUICE)
+        cmd = [binary, "serve", "--config", os.path.join(ROOT, "config", "bench", "sluice")]
     elif system == "limitador":
         cmd = [limitador_binary(), "-b", "127.0.0.1", "-p", str(port), "-B", "127.0.0.1",
                "-P", str(http), os.path.join(ROOT, "config", "bench", "limitador.yaml")]
@@ -119,7 +120,7 @@ def run_one(system, workload, args, tmp):
     redis_port = 0
     if args.store == "redis" and system != "floor":
         redis, redis_port = start_redis(tmp)
-    server, port = start_server(system, args.store, redis_port)
+    server, port = start_server(system, args.store, redis_port, args.variant_map)
     try:
         bench(port, workload, args, args.warmup)  # connections, scripts, allocator warm
         s0 = cpu_seconds(server.pid)
@@ -155,7 +156,10 @@ def main():
     p.add_argument("--connections", type=int, default=4)
     p.add_argument("--consumers", type=int, default=10000)
     p.add_argument("--json", help="also write every run to this file")
+    p.add_argument("--variant", action="append", default=[],
+                   help="NAME=PATH: another sluice binary to run as system NAME (list it in --systems)")
     args = p.parse_args()
+    args.variant_map = dict(v.split("=", 1) for v in args.variant)
     systems = args.systems.split(",")
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
