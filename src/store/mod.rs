@@ -88,7 +88,7 @@ pub struct CallShape {
 }
 
 /// Why a store could not decide.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// Worth retrying: the backend is down, slow or overloaded.
     #[error("counter store unavailable: {0}")]

@@ -276,30 +276,27 @@ async fn sigterm_during_a_burst_answers_every_in_flight_call_then_exits_zero() {
     const N: usize = 64;
     let redis = RedisServer::start();
     let proxy = RedisProxy::start(SocketAddr::from(([127, 0, 0, 1], redis.port()))).await;
-    // Each pooled connection carries one call at a time; N of them (plus spares for the health
-    // probe) let all N calls reach Redis, i.e. the proxy, at once.
+    // sluice keeps at most 2 x REDIS_POOL_SIZE script calls outstanding (concurrent requests
+    // go together in one); N + 4 connections let every call reach Redis, i.e. the proxy.
     let (mut sluice, channel) = Sluice::start(&proxy, N + 4, "30s").await;
     let watch = watch_health(sluice.grpc).await;
 
     proxy.hold();
     let calls = burst(&channel, N);
-    // All N calls are inside sluice, each waiting on its own EVALSHA that the proxy holds.
+    // All N calls are inside sluice, waiting on script calls the proxy holds.
     let held = proxy
         .wait_for("all burst calls reaching Redis", CAP, |s| {
-            s.scripts_held >= N
+            s.requests_held >= N
         })
         .await;
-    assert_eq!(
-        held.scripts_held, N,
-        "one script call per request: {held:?}"
-    );
-    assert_eq!(held.commands_held, N, "{held:?}");
+    assert_eq!(held.requests_held, N, "{held:?}");
+    assert_eq!(held.commands_held, held.scripts_held, "{held:?}");
     assert_eq!(held.unparsed_bytes, 0, "{held:?}");
 
     sluice.sigterm();
     shutdown_started(watch, &sluice).await;
     // Still nothing answered: the draining sluice is waiting on Redis for every call.
-    assert_eq!(proxy.stats().scripts_held, N);
+    assert_eq!(proxy.stats().requests_held, N);
     let finished: Vec<&str> = calls
         .iter()
         .filter(|(_, c)| c.is_finished())
@@ -357,17 +354,17 @@ async fn sigterm_with_calls_stuck_past_the_grace_period_still_exits_zero() {
     const N: usize = 8;
     let redis = RedisServer::start();
     let proxy = RedisProxy::start(SocketAddr::from(([127, 0, 0, 1], redis.port()))).await;
-    let (mut sluice, channel) = Sluice::start(&proxy, N + 4, "1s").await;
+    let (mut sluice, channel) = Sluice::start(&proxy, N, "1s").await;
     let watch = watch_health(sluice.grpc).await;
 
     proxy.hold();
     let calls = burst(&channel, N);
     let held = proxy
         .wait_for("all stuck calls reaching Redis", CAP, |s| {
-            s.scripts_held >= N
+            s.requests_held >= N
         })
         .await;
-    assert_eq!(held.scripts_held, N, "{held:?}");
+    assert_eq!(held.requests_held, N, "{held:?}");
 
     sluice.sigterm();
     shutdown_started(watch, &sluice).await;
@@ -383,7 +380,7 @@ async fn sigterm_with_calls_stuck_past_the_grace_period_still_exits_zero() {
         "the drain was cut short by the grace period:\n{log}"
     );
     assert!(!log.contains("shutdown complete"), "{log}");
-    assert_eq!(proxy.stats().scripts_held, N, "nothing reached Redis");
+    assert_eq!(proxy.stats().requests_held, N, "nothing reached Redis");
     // No call got an answer (none was possible); each ends with a transport error instead of
     // hanging.
     for (value, call) in calls {

@@ -28,6 +28,9 @@ pub struct ProxyStats {
     pub scripts_seen: usize,
     /// Script commands buffered right now (received, not forwarded to Redis).
     pub scripts_held: usize,
+    /// Requests those held script calls decide (sluice sends concurrent requests to a
+    /// standalone Redis together: ARGV[3] of `decide.lua` counts them).
+    pub requests_held: usize,
     /// Commands of any kind buffered right now.
     pub commands_held: usize,
     /// Bytes from sluice the proxy could not parse as RESP commands (forwarded as they are);
@@ -164,6 +167,7 @@ async fn forward_requests(
     let mut held: Vec<u8> = Vec::new();
     let mut held_commands = 0usize;
     let mut held_scripts = 0usize;
+    let mut held_requests = 0usize;
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         tokio::select! {
@@ -189,16 +193,19 @@ async fn forward_requests(
                             }
                             consumed = input.len();
                         }
-                        Parsed::Command { len, name } => {
+                        Parsed::Command { len, name, requests } => {
                             let frame = &input[consumed..consumed + len];
                             let script = is_script(&name);
+                            let requests = if script { requests } else { 0 };
                             let holding = stats.borrow().holding;
                             if held_commands > 0 || (holding && script) {
                                 held.extend_from_slice(frame);
                                 held_commands += 1;
                                 held_scripts += usize::from(script);
+                                held_requests += requests;
                                 stats.send_modify(|s| {
                                     s.commands_held += 1;
+                                    s.requests_held += requests;
                                     s.scripts_held += usize::from(script);
                                     s.scripts_seen += usize::from(script);
                                 });
@@ -231,9 +238,11 @@ async fn forward_requests(
                 stats.send_modify(|s| {
                     s.commands_held -= held_commands;
                     s.scripts_held -= held_scripts;
+                    s.requests_held -= held_requests;
                 });
                 held_commands = 0;
                 held_scripts = 0;
+                held_requests = 0;
             }
         }
     }
@@ -246,10 +255,12 @@ fn is_script(name: &[u8]) -> bool {
 }
 
 enum Parsed {
-    /// One whole command: its length in bytes and its first word (the command name).
+    /// One whole command: its length in bytes, its first word (the command name) and, for a
+    /// script call of `decide.lua`, the number of requests it decides (1 otherwise).
     Command {
         len: usize,
         name: Vec<u8>,
+        requests: usize,
     },
     Incomplete,
     Invalid,
@@ -262,6 +273,8 @@ fn parse_command(input: &[u8]) -> Parsed {
         return incomplete_or_invalid(input, b'*');
     };
     let mut name = Vec::new();
+    let mut numkeys = usize::MAX;
+    let mut requests = 1;
     for i in 0..count {
         let Some((len, start)) = parse_header(input, pos, b'$') else {
             return incomplete_or_invalid(&input[pos..], b'$');
@@ -273,12 +286,23 @@ fn parse_command(input: &[u8]) -> Parsed {
         if &input[end..end + 2] != b"\r\n" {
             return Parsed::Invalid;
         }
+        let word = &input[start..end];
+        let number = || std::str::from_utf8(word).ok()?.parse::<usize>().ok();
         if i == 0 {
-            name = input[start..end].to_vec();
+            name = word.to_vec();
+        } else if i == 2 {
+            numkeys = number().unwrap_or(usize::MAX);
+        } else if numkeys != usize::MAX && i == 3 + numkeys + 2 {
+            // EVALSHA sha numkeys KEYS... ARGV[1] ARGV[2] ARGV[3]
+            requests = number().unwrap_or(1);
         }
         pos = end + 2;
     }
-    Parsed::Command { len: pos, name }
+    Parsed::Command {
+        len: pos,
+        name,
+        requests,
+    }
 }
 
 /// `<marker><decimal>\r\n` at `pos`: the number and the position after the line.

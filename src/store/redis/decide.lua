@@ -1,12 +1,17 @@
--- sluice: one atomic rate-limit decision for every limit of one request (standalone Redis) or of
--- one slot (Redis Cluster).
+-- sluice: atomic rate-limit decisions for one or more requests (standalone Redis: concurrent
+-- requests are sent together, in one call), or for one request's keys of one slot (Redis
+-- Cluster). Each request is decided all or nothing, in order, seeing the writes of the ones
+-- before it; the whole call is atomic.
 --
--- KEYS[i]   counter key of limit i. On Cluster all keys of one call share a slot.
+-- KEYS      the counter keys of every request, request after request. On Cluster all keys of
+--           one call share a slot.
 -- ARGV[1]   time override in microseconds since the Unix epoch, or "" to use the Redis server
 --           clock (TIME). Only tests set it; production always decides on the server clock, so
 --           replicas with skewed clocks agree.
 -- ARGV[2]   "1" to return each charge's undo token (a Cluster request spanning slots), else "0"
--- ARGV[3 + K*(i-1) ..], for limit i (K = 4, or 5 in an undo call):
+-- ARGV[3]   the number of requests R; then, per request, its number of limits n followed by
+--           K arguments per limit (K = 4, or 5 in an undo call), or -n followed by 3 per limit
+--           (limit, period_us, hits) for a plain request (fixed windows only, no flags):
 --   limit      requests admitted per period (0 blocks everything)
 --   period_us  period in microseconds (> 0); windows are aligned to the Unix epoch
 --   hits       hits to charge (0 = check only: allowed while one more request would fit)
@@ -22,7 +27,8 @@
 -- (One number for algorithm, flags and burst: every argument is a Lua string to convert, and
 -- this script's cost is measured against a minimal one; see README "Performance".)
 --
--- Returns {admitted, state_1, reset_us_1, retry_us_1, [token_1,] state_2, ...}:
+-- Returns, request after request, {admitted, state_1, reset_us_1, retry_us_1, [token_1,]
+-- state_2, ...}:
 --   admitted    1 if every non-shadow limit allowed the request; only then is anything written
 --   state_i     allowed_i + 2 * remaining_i: allowed_i is 1 if limit i alone allows it;
 --               remaining_i the hits left after this request if admitted, else as stored
@@ -65,41 +71,79 @@ end
 
 local call, find, sub, floor, max, min, fmt =
   redis.call, string.find, string.sub, math.floor, math.max, math.min, string.format
-local n = #KEYS
 local tokens_wanted = ARGV[2] == '1'
--- Which algorithms this call needs: only their helpers are built (each `function` below is a
--- closure created on every call, which costs as much as a Redis command).
-local undo = n > 0 and math.floor(tonumber(ARGV[6]) / 16) % 2 == 1
+local R = tonumber(ARGV[3])
+-- An undo call is one request whose limits all carry the undo flag.
+local undo = #KEYS > 0 and tonumber(ARGV[4]) > 0 and math.floor(tonumber(ARGV[8]) / 16) % 2 == 1
 local K = 4
 if undo then K = 5 end
-local has = {}
-local plain = not undo
-for i = 1, n do
-  local meta = tonumber(ARGV[6 + K * (i - 1)])
-  has[meta % 4] = true
-  if meta % 32 ~= 0 then plain = false end
+local W = 3
+if tokens_wanted then W = 4 end
+-- Which algorithms this call needs: only their helpers are built (each `function` below is a
+-- closure created on every call, which costs as much as a Redis command). A plain request
+-- (only fixed windows, no shadow, no refund) comes with -n and 3 arguments per limit (limit,
+-- period_us, hits) and takes the fast path.
+local has, all_plain = {}, true
+do
+  local p = 4
+  for _ = 1, R do
+    local n = tonumber(ARGV[p])
+    if n < 0 then
+      p = p + 1 - 3 * n
+    else
+      all_plain = false
+      for i = 1, n do has[tonumber(ARGV[p + 4 + K * (i - 1)]) % 4] = true end
+      p = p + 1 + K * n
+    end
+  end
 end
 
--- The common case on its own path: only fixed windows, no shadow, no refund. The same math as
--- `fixed` below, inlined, with no helper closures built (see README "Performance": the cost of
--- this script is measured against a minimal check-and-charge script).
-if plain then
-  local W = 3
-  if tokens_wanted then W = 4 end
-  local out, count, stored, admitted = {1}, {}, {}, 1
+-- Window counts the fast path read or wrote in this call (-1: no key), what Redis holds for
+-- them, and the TTL a new one gets. Requests of one call run one after the other inside this
+-- atomic script, so a counter shared by many of them (a resource limit) is read once and
+-- written once per call, by `flush`.
+local cache, base, ttl_of = {}, {}, {}
+
+local function flush()
+  for wk, c in pairs(cache) do
+    local was = base[wk]
+    if c > was and c > 0 then
+      if was < 0 then
+        call('SET', wk, c, 'PX', ttl_of[wk])
+      else
+        call('INCRBY', wk, c - was)
+      end
+    end
+  end
+  cache, base, ttl_of = {}, {}, {}
+end
+
+-- The common case on its own path: the same math as `fixed` below, inlined, with no helper
+-- closures built (see README "Performance": this script's cost is measured against a minimal
+-- check-and-charge script). One request: its keys are KEYS[KB + 1 .. KB + n], its arguments
+-- follow ARGV[AB]; its answer is appended to `out` from index `o0`.
+local function fast(KB, AB, n, out, o0)
+  local count, stored, wkeys, admitted = {}, {}, {}, 1
   for i = 1, n do
-    local key, b = KEYS[i], 3 + 4 * (i - 1)
+    local key, b = KEYS[KB + i], AB + 1 + 3 * (i - 1)
     local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
     local start = now - now % period
     local c = count[key]
     if not c then
-      c = tonumber(call('GET', key .. fmt(':%d', start / period)) or -1)
+      local wk = key .. fmt(':%d', start / period)
+      wkeys[key] = wk
+      c = cache[wk]
+      if not c then
+        c = tonumber(call('GET', wk) or -1)
+        cache[wk], base[wk] = c, c
+        ttl_of[wk] = max(floor((start + period - now + 999) / 1000), 1) + slack
+      end
       stored[key] = c
       if c < 0 then c = 0 end
     end
     local ok
     if hits == 0 then ok = c < limit else ok = c + hits <= limit end
-    local o = 2 + W * (i - 1)
+    local o = o0 + 1 + W * (i - 1)
     local reset = start + period - now
     out[o + 1] = reset
     if ok then
@@ -117,38 +161,46 @@ if plain then
       if ok and hits > 0 then out[o + 3] = start else out[o + 3] = 0 end
     end
   end
-  out[1] = admitted
+  out[o0] = admitted
   if admitted == 1 then
-    for i = 1, n do
-      local key = KEYS[i]
-      local c = count[key]
-      if c then
-        count[key] = nil
-        local was = stored[key]
-        if c > was and c > 0 then
-          local period = tonumber(ARGV[4 + 4 * (i - 1)])
-          local start = now - now % period
-          local wk = key .. fmt(':%d', start / period)
-          if was < 0 then
-            -- A new window: its key lives until the window ends.
-            call('SET', wk, c, 'PX', max(floor((start + period - now + 999) / 1000), 1) + slack)
-          else
-            call('INCRBY', wk, c - was)
-          end
-        end
-      end
+    for key, c in pairs(count) do
+      if c > stored[key] and c > 0 then cache[wkeys[key]] = c end
     end
   else
     -- Nothing is charged: what each counter really has left.
     for i = 1, n do
-      local o = 2 + W * (i - 1)
-      local limit = tonumber(ARGV[3 + 4 * (i - 1)])
-      out[o] = out[o] % 2 + 2 * max(limit - max(stored[KEYS[i]], 0), 0)
+      local o = o0 + 1 + W * (i - 1)
+      local limit = tonumber(ARGV[AB + 1 + 3 * (i - 1)])
+      out[o] = out[o] % 2 + 2 * max(limit - max(stored[KEYS[KB + i]], 0), 0)
       if tokens_wanted then out[o + 3] = 0 end
     end
   end
-  return out
+  return o0 + 1 + W * n
 end
+
+-- Decides every request of the call in turn (each all or nothing, each seeing the writes of
+-- the ones before it) and returns their answers one after the other.
+local function run_all(general)
+  local result, p, kb, next = {}, 4, 0, 1
+  for _ = 1, R do
+    local n = tonumber(ARGV[p])
+    if n < 0 then
+      next = fast(kb, p, -n, result, next)
+      p, kb = p + 1 - 3 * n, kb - n
+    else
+      -- The general path reads and writes Redis directly: it must see the fast path's counts.
+      flush()
+      local o = general(kb, p, n)
+      for j = 1, #o do result[next + j - 1] = o[j] end
+      next = next + #o
+      p, kb = p + 1 + K * n, kb + n
+    end
+  end
+  flush()
+  return result
+end
+
+if all_plain then return run_all(nil) end
 
 local TRIM = 64
 local REFUND_ENTRIES = 64
@@ -580,11 +632,10 @@ end
 
 ------------------------------------------------------------------------------------- the call
 
-local out = {1}
-
 if undo then
+  local out, n = {1}, tonumber(ARGV[4])
   for i = 1, n do
-    local key, b = KEYS[i], 3 + K * (i - 1)
+    local key, b = KEYS[i], 5 + K * (i - 1)
     local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
     local meta, token = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
     local alg, burst = meta % 4, floor(meta / 32)
@@ -631,107 +682,110 @@ if undo then
   return out
 end
 
-local W = 3
-if tokens_wanted then W = 4 end
-local views = {}
-local admitted = 1
-local logslot = {} -- check index -> position of its entry among its key's adds
+local function general(KB, AB, n)
+  local out = {1}
+  local views = {}
+  local admitted = 1
+  local logslot = {} -- check index -> position of its entry among its key's adds
 
-for i = 1, n do
-  local key, b = KEYS[i], 3 + K * (i - 1)
-  local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
-  local meta = tonumber(ARGV[b + 3])
-  local alg, flags = meta % 4, floor(meta / 4) % 8
-  local refund = flags >= 2
-  local v = views[key]
-  if not v then
-    if alg == 2 then
-      v = load_log(key, period)
-    elseif alg == 3 then
-      v = load_bucket(key)
-    else
-      v = load_counter(key, alg, period)
-    end
-    views[key] = v
-  end
-  local allowed, remaining, reset, retry, token
-  if alg == 0 then
-    allowed, remaining, reset, retry, token = fixed(v, limit, period, hits, refund)
-  elseif alg == 1 then
-    allowed, remaining, reset, retry, token = sliding(v, limit, period, hits, refund)
-  elseif alg == 2 then
-    local before = #v.adds
-    allowed, remaining, reset, retry, token = sliding_log(key, v, limit, period, hits, refund)
-    if #v.adds > before then logslot[i] = #v.adds end
-  else
-    allowed, remaining, reset, retry, token =
-      token_bucket(v, limit, period, hits, refund, floor(meta / 32))
-  end
-  local o = 2 + W * (i - 1)
-  if allowed then
-    out[o] = 1 + 2 * remaining
-  else
-    out[o] = 2 * remaining
-    if flags % 2 == 0 then admitted = 0 end
-  end
-  out[o + 1] = reset
-  out[o + 2] = retry
-  if tokens_wanted then
-    -- Only a written charge has something to undo.
-    if allowed and hits > 0 and not refund then out[o + 3] = token else out[o + 3] = 0 end
-  end
-end
-
-out[1] = admitted
-if admitted == 1 then
-  local written = {}
   for i = 1, n do
-    local key = KEYS[i]
-    local v = views[key]
-    if v.dirty then
-      v.dirty = false
-      local b = 3 + K * (i - 1)
-      local period, alg = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 3]) % 4
-      if alg == 0 then
-        call('SET', window_key(key, v.ws, period), v.a, 'PX', ttl_ms(v.ws + period - now))
-      elseif alg == 1 then
-        call('SET', key, fmt('%d:%d:%d', v.ws, v.a, v.b), 'PX', ttl_ms(v.ws + 2 * period - now))
-      elseif alg == 2 then
-        written[key] = commit_log(key, v, period)
-      else
-        local ceil_tat = v.u
-        if v.f > 0 then ceil_tat = v.u + 1 end
-        call('SET', key, fmt('%d:%d', v.u, v.f), 'PX', ttl_ms(ceil_tat - now))
-      end
-    end
-  end
-  if tokens_wanted then
-    for i, pos in pairs(logslot) do
-      local t = written[KEYS[i]]
-      if t and t[pos] then out[5 + W * (i - 1)] = t[pos] end
-    end
-  end
-else
-  -- Nothing is charged: report what each counter really has left (read again: nothing was
-  -- written, and a denial is the path an attacker drives, so it stays O(log n) too).
-  for i = 1, n do
-    local key, b = KEYS[i], 3 + K * (i - 1)
-    local limit, period = tonumber(ARGV[b]), tonumber(ARGV[b + 1])
+    local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
+    local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
     local meta = tonumber(ARGV[b + 3])
-    local alg = meta % 4
-    local _, remaining
-    if alg == 2 then
-      _, remaining = sliding_log(key, load_log(key, period), limit, period, 0, false)
-    elseif alg == 3 then
-      _, remaining = token_bucket(load_bucket(key), limit, period, 0, false, floor(meta / 32))
-    elseif alg == 0 then
-      _, remaining = fixed(load_counter(key, 0, period), limit, period, 0, false)
+    local alg, flags = meta % 4, floor(meta / 4) % 8
+    local refund = flags >= 2
+    local v = views[key]
+    if not v then
+      if alg == 2 then
+        v = load_log(key, period)
+      elseif alg == 3 then
+        v = load_bucket(key)
+      else
+        v = load_counter(key, alg, period)
+      end
+      views[key] = v
+    end
+    local allowed, remaining, reset, retry, token
+    if alg == 0 then
+      allowed, remaining, reset, retry, token = fixed(v, limit, period, hits, refund)
+    elseif alg == 1 then
+      allowed, remaining, reset, retry, token = sliding(v, limit, period, hits, refund)
+    elseif alg == 2 then
+      local before = #v.adds
+      allowed, remaining, reset, retry, token = sliding_log(key, v, limit, period, hits, refund)
+      if #v.adds > before then logslot[i] = #v.adds end
     else
-      _, remaining = sliding(load_counter(key, 1, period), limit, period, 0, false)
+      allowed, remaining, reset, retry, token =
+        token_bucket(v, limit, period, hits, refund, floor(meta / 32))
     end
     local o = 2 + W * (i - 1)
-    out[o] = out[o] % 2 + 2 * remaining
-    if tokens_wanted then out[o + 3] = 0 end
+    if allowed then
+      out[o] = 1 + 2 * remaining
+    else
+      out[o] = 2 * remaining
+      if flags % 2 == 0 then admitted = 0 end
+    end
+    out[o + 1] = reset
+    out[o + 2] = retry
+    if tokens_wanted then
+      -- Only a written charge has something to undo.
+      if allowed and hits > 0 and not refund then out[o + 3] = token else out[o + 3] = 0 end
+    end
   end
+
+  out[1] = admitted
+  if admitted == 1 then
+    local written = {}
+    for i = 1, n do
+      local key = KEYS[KB + i]
+      local v = views[key]
+      if v.dirty then
+        v.dirty = false
+        local b = AB + 1 + K * (i - 1)
+        local period, alg = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 3]) % 4
+        if alg == 0 then
+          call('SET', window_key(key, v.ws, period), v.a, 'PX', ttl_ms(v.ws + period - now))
+        elseif alg == 1 then
+          call('SET', key, fmt('%d:%d:%d', v.ws, v.a, v.b), 'PX', ttl_ms(v.ws + 2 * period - now))
+        elseif alg == 2 then
+          written[key] = commit_log(key, v, period)
+        else
+          local ceil_tat = v.u
+          if v.f > 0 then ceil_tat = v.u + 1 end
+          call('SET', key, fmt('%d:%d', v.u, v.f), 'PX', ttl_ms(ceil_tat - now))
+        end
+      end
+    end
+    if tokens_wanted then
+      for i, pos in pairs(logslot) do
+        local t = written[KEYS[KB + i]]
+        if t and t[pos] then out[5 + W * (i - 1)] = t[pos] end
+      end
+    end
+  else
+    -- Nothing is charged: report what each counter really has left (read again: nothing was
+    -- written, and a denial is the path an attacker drives, so it stays O(log n) too).
+    for i = 1, n do
+      local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
+      local limit, period = tonumber(ARGV[b]), tonumber(ARGV[b + 1])
+      local meta = tonumber(ARGV[b + 3])
+      local alg = meta % 4
+      local _, remaining
+      if alg == 2 then
+        _, remaining = sliding_log(key, load_log(key, period), limit, period, 0, false)
+      elseif alg == 3 then
+        _, remaining = token_bucket(load_bucket(key), limit, period, 0, false, floor(meta / 32))
+      elseif alg == 0 then
+        _, remaining = fixed(load_counter(key, 0, period), limit, period, 0, false)
+      else
+        _, remaining = sliding(load_counter(key, 1, period), limit, period, 0, false)
+      end
+      local o = 2 + W * (i - 1)
+      out[o] = out[o] % 2 + 2 * remaining
+      if tokens_wanted then out[o + 3] = 0 end
+    end
+  end
+  return out
 end
-return out
+
+return run_all(general)

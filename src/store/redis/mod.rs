@@ -427,6 +427,10 @@ pub struct RedisStore {
     healthy: Mutex<bool>,
     /// Cluster undos that failed after retries (a metric).
     undo_failures: Arc<AtomicU64>,
+    /// Standalone: the queue of the batcher task (see [`batcher`]).
+    batcher: std::sync::OnceLock<tokio::sync::mpsc::Sender<Job>>,
+    /// Standalone: script calls the batcher keeps outstanding.
+    in_flight: usize,
 }
 
 impl fmt::Debug for RedisStore {
@@ -523,6 +527,8 @@ impl RedisStore {
             test_clock: None,
             healthy: Mutex::new(true),
             undo_failures: Arc::default(),
+            batcher: std::sync::OnceLock::new(),
+            in_flight: 2 * settings.pool_size.max(1) as usize,
         })
     }
 
@@ -563,10 +569,19 @@ impl RedisStore {
             let meta = u64::from(p.algorithm.code()) | flags << 2 | u64::from(p.burst) << 5;
             args.extend([u64::from(p.limit), p.period_us, c.hits, meta]);
         }
+        // Plain requests (fixed windows, no shadow, no refund: meta 0) skip the meta argument.
+        let plain = args.chunks(ARGS_PER_KEY).all(|a| a[3] == 0);
+        if plain {
+            args = args
+                .chunks(ARGS_PER_KEY)
+                .flat_map(|a| a[..3].iter().copied())
+                .collect();
+        }
         Call {
             keys,
             args,
             tokens: false,
+            plain,
         }
     }
 
@@ -601,8 +616,57 @@ impl RedisStore {
         groups.into_iter().map(|(_, g)| g).collect()
     }
 
+    /// Standalone: the request goes to the batcher (started on first use, inside the runtime).
+    async fn decide_batched(
+        &self,
+        pool: &bb8::Pool<Manager>,
+        checks: &[LimitCheck],
+        all: &[usize],
+    ) -> Result<Decision, StoreError> {
+        let tx = self.batcher.get_or_init(|| {
+            let (tx, rx) = tokio::sync::mpsc::channel(BATCH_QUEUE);
+            tokio::spawn(batcher(
+                rx,
+                pool.clone(),
+                self.script.clone(),
+                self.test_clock.clone(),
+                self.timeout,
+                self.in_flight,
+            ));
+            tx
+        });
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let call = self.call_for(checks, all);
+        let r = async {
+            tx.send(Job { call, reply })
+                .await
+                .map_err(|_| StoreError::Permanent("the Redis batcher stopped".into()))?;
+            answer
+                .await
+                .map_err(|_| StoreError::Permanent("the Redis batcher dropped a call".into()))?
+        };
+        let r = match tokio::time::timeout(self.timeout, r).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Transient(format!(
+                "Redis did not answer within {:?}",
+                self.timeout
+            ))),
+        };
+        self.record_health(&r);
+        let mut outcomes = vec![DENIED; checks.len()];
+        let admitted = parse(&r?, all, false, &mut outcomes)?;
+        Ok(Decision {
+            admitted,
+            outcomes,
+            local: false,
+        })
+    }
+
     async fn decide_all(&self, checks: &[LimitCheck]) -> Result<Decision, StoreError> {
         let groups = self.groups(checks);
+        if let (Backend::Single(pool), [all]) = (&self.backend, groups.as_slice()) {
+            return self.decide_batched(pool, checks, all).await;
+        }
         let conn = self.connection().await;
         self.record_health(&conn);
         let conn = conn?;
@@ -683,15 +747,7 @@ impl RedisStore {
     /// only for the clone), or the shared Cluster connection, connected on first use.
     async fn connection(&self) -> Result<Conn, StoreError> {
         match &self.backend {
-            Backend::Single(pool) => {
-                let pooled = pool.get().await.map_err(|e| match e {
-                    bb8::RunError::User(e) => classify(e),
-                    bb8::RunError::TimedOut => {
-                        StoreError::Transient("timed out connecting to Redis".into())
-                    }
-                })?;
-                Ok(Conn::Single(pooled.conn.clone(), pooled.broken.clone()))
-            }
+            Backend::Single(pool) => single_connection(pool).await,
             Backend::Cluster { client, conn } => {
                 if let Some(c) = conn.lock().ok().and_then(|g| g.clone()) {
                     return Ok(Conn::Cluster(c));
@@ -747,6 +803,8 @@ struct Call {
     args: Vec<u64>,
     /// Ask for undo tokens (ARGV[2]).
     tokens: bool,
+    /// Fixed windows only, no flags: 3 arguments per limit, the script's fast path.
+    plain: bool,
 }
 
 impl Call {
@@ -762,7 +820,9 @@ impl Call {
     }
 
     fn per_key(&self) -> usize {
-        if self.is_undo() {
+        if self.plain {
+            ARGS_PER_KEY - 1
+        } else if self.is_undo() {
             ARGS_PER_KEY + 1
         } else {
             ARGS_PER_KEY
@@ -770,24 +830,46 @@ impl Call {
     }
 
     fn is_undo(&self) -> bool {
-        self.args.get(3).is_some_and(|meta| meta & UNDO != 0)
+        !self.plain && self.args.get(3).is_some_and(|meta| meta & UNDO != 0)
     }
 }
 
 /// One EVALSHA (plus SCRIPT LOAD after NOSCRIPT), bounded by `timeout`.
 async fn run(
     script: &Script,
-    mut conn: Conn,
+    conn: Conn,
     now: &str,
     call: &Call,
     timeout: Duration,
 ) -> Result<Vec<i64>, StoreError> {
+    let mut replies = run_batch(script, conn, now, &[call], timeout).await?;
+    replies
+        .pop()
+        .ok_or_else(|| StoreError::Permanent("decide.lua returned no reply".into()))
+}
+
+/// ONE EVALSHA deciding every call of `calls` in turn (each all or nothing); the replies, split
+/// per call. All calls must agree on `tokens`.
+async fn run_batch(
+    script: &Script,
+    mut conn: Conn,
+    now: &str,
+    calls: &[&Call],
+    timeout: Duration,
+) -> Result<Vec<Vec<i64>>, StoreError> {
+    let tokens = calls.first().is_some_and(|c| c.tokens);
     let mut inv = script.prepare_invoke();
-    inv.arg(now).arg(if call.tokens { "1" } else { "0" });
-    for (key, args) in call.keys.iter().zip(call.args.chunks(call.per_key())) {
-        inv.key(key.as_str());
-        for a in args {
-            inv.arg(*a);
+    inv.arg(now)
+        .arg(if tokens { "1" } else { "0" })
+        .arg(calls.len());
+    for call in calls {
+        let n = i64::try_from(call.keys.len()).unwrap_or(i64::MAX);
+        inv.arg(if call.plain { -n } else { n });
+        for (key, args) in call.keys.iter().zip(call.args.chunks(call.per_key())) {
+            inv.key(key.as_str());
+            for a in args {
+                inv.arg(*a);
+            }
         }
     }
     let fut = conn.query(async |c| inv.invoke_async::<Vec<i64>>(c).await);
@@ -799,14 +881,114 @@ async fn run(
             )))
         }
     };
-    if values.len() != 1 + call.width() * call.keys.len() {
+    let expected: usize = calls.iter().map(|c| 1 + c.width() * c.keys.len()).sum();
+    if values.len() != expected {
         return Err(StoreError::Permanent(format!(
-            "decide.lua returned {} values for {} limits",
+            "decide.lua returned {} values for {} requests of {} limits",
             values.len(),
-            call.keys.len()
+            calls.len(),
+            calls.iter().map(|c| c.keys.len()).sum::<usize>()
         )));
     }
-    Ok(values)
+    let mut rest = values.as_slice();
+    Ok(calls
+        .iter()
+        .map(|c| {
+            let (one, tail) = rest.split_at(1 + c.width() * c.keys.len());
+            rest = tail;
+            one.to_vec()
+        })
+        .collect())
+}
+
+/// Decisions waiting for the batcher at most; a caller past it waits for room (bounded memory),
+/// within its `REDIS_TIMEOUT`.
+const BATCH_QUEUE: usize = 16_384;
+
+/// Most limits one batched call decides: a batch stays far below Redis's 1 ms budget even when
+/// every limit is a sliding_log (a request with more limits goes alone).
+const MAX_BATCH_KEYS: usize = 64;
+
+/// A decision waiting for the batcher.
+struct Job {
+    call: Call,
+    reply: tokio::sync::oneshot::Sender<Result<Vec<i64>, StoreError>>,
+}
+
+/// Standalone Redis: sends concurrent decisions together. It keeps at most `in_flight` script
+/// calls outstanding; while they run, new decisions queue and the next call takes all of them
+/// (up to [`MAX_BATCH_KEYS`] limits). One decision alone goes at once: batching adds no wait,
+/// it only forms under load, where it saves Redis the per-call cost of EVALSHA (argument
+/// tables, `TIME`, helper closures, the reply) and sluice the per-command encoding.
+async fn batcher(
+    mut rx: tokio::sync::mpsc::Receiver<Job>,
+    pool: bb8::Pool<Manager>,
+    script: Script,
+    test_clock: Option<Arc<dyn Clock>>,
+    timeout: Duration,
+    in_flight: usize,
+) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(in_flight.max(1)));
+    let mut carried: Option<Job> = None;
+    loop {
+        let first = match carried.take() {
+            Some(j) => j,
+            None => match rx.recv().await {
+                Some(j) => j,
+                None => return,
+            },
+        };
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let mut keys = first.call.keys.len();
+        let mut jobs = vec![first];
+        while keys < MAX_BATCH_KEYS {
+            match rx.try_recv() {
+                Ok(j) if keys + j.call.keys.len() <= MAX_BATCH_KEYS => {
+                    keys += j.call.keys.len();
+                    jobs.push(j);
+                }
+                Ok(j) => {
+                    carried = Some(j);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        let (pool, script, now) = (pool.clone(), script.clone(), now_arg(test_clock.as_ref()));
+        tokio::spawn(async move {
+            let result = match single_connection(&pool).await {
+                Ok(conn) => {
+                    let calls: Vec<&Call> = jobs.iter().map(|j| &j.call).collect();
+                    run_batch(&script, conn, &now, &calls, timeout).await
+                }
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(replies) => {
+                    for (job, reply) in jobs.into_iter().zip(replies) {
+                        let _ = job.reply.send(Ok(reply));
+                    }
+                }
+                Err(e) => {
+                    for job in jobs {
+                        let _ = job.reply.send(Err(e.clone()));
+                    }
+                }
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// A clone of a pooled multiplexed connection (checked out only for the clone).
+async fn single_connection(pool: &bb8::Pool<Manager>) -> Result<Conn, StoreError> {
+    let pooled = pool.get().await.map_err(|e| match e {
+        bb8::RunError::User(e) => classify(e),
+        bb8::RunError::TimedOut => StoreError::Transient("timed out connecting to Redis".into()),
+    })?;
+    Ok(Conn::Single(pooled.conn.clone(), pooled.broken.clone()))
 }
 
 /// Folds one call's reply into `outcomes` (at `idx`); returns whether the call admitted.
@@ -873,14 +1055,15 @@ async fn charge_or_undo(
             keys: Vec::new(),
             args: Vec::new(),
             tokens: false,
+            plain: false,
         };
         for ((key, args), v) in call
             .keys
             .iter()
-            .zip(call.args.chunks(ARGS_PER_KEY))
+            .zip(call.args.chunks(call.per_key()))
             .zip(values[1..].chunks(call.width()))
         {
-            let (hits, meta) = (args[2], args[3]);
+            let (hits, meta) = (args[2], args.get(3).copied().unwrap_or(0));
             // Written: allowed, hits to charge, not a refund. A shadow denial wrote nothing.
             if v[0] & 1 == 1 && hits > 0 && meta & (2 << 2) == 0 {
                 undo.keys.push(key.clone());
@@ -891,6 +1074,7 @@ async fn charge_or_undo(
                     meta | UNDO,
                     u64::try_from(v[3]).unwrap_or(0),
                 ]);
+                // (A plain call's limits are fixed windows with no flags: meta 0.)
             }
         }
         if undo.keys.is_empty() {
