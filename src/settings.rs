@@ -482,8 +482,9 @@ pub struct RedisArgs {
     )]
     pub redis_tls_skip_hostname_verification: bool,
 
-    /// Multiplexed connections to a standalone Redis, shared by every in-flight decision (not a
-    /// cap on concurrent calls): concurrent scripts are written to them in batches.
+    /// Multiplexed connections to a standalone Redis, and script calls kept outstanding on them.
+    /// Not a cap on concurrent decisions: decisions that arrive while calls run go together in
+    /// the next call.
     #[arg(long, env = "REDIS_POOL_SIZE", default_value_t = DEFAULT_POOL_SIZE,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub redis_pool_size: u32,

@@ -28,10 +28,11 @@ pub const DECIDE_LUA: &str = include_str!("decide.lua");
 /// Redis's latency (well under a millisecond) and short enough that a stuck Redis is noticed,
 /// and the breaker opened, within a few hundred milliseconds.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
-/// Multiplexed connections to a standalone Redis (`REDIS_POOL_SIZE`). Every in-flight call shares
-/// them, so this is not a cap on concurrency: two keep both of a small pod's cores busy writing
-/// batches (see README "Performance").
-pub const DEFAULT_POOL_SIZE: u32 = 2;
+/// Multiplexed connections to a standalone Redis (`REDIS_POOL_SIZE`), and script calls kept
+/// outstanding on them. Not a cap on concurrent decisions: while a call runs, the next ones
+/// queue and go together in the next call, so fewer outstanding calls mean bigger batches and
+/// less Redis CPU per decision. One measured best on a 2-core pod (README "Performance").
+pub const DEFAULT_POOL_SIZE: u32 = 1;
 
 /// Standalone or Cluster (`REDIS_TYPE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -429,7 +430,7 @@ pub struct RedisStore {
     undo_failures: Arc<AtomicU64>,
     /// Standalone: the queue of the batcher task (see [`batcher`]).
     batcher: std::sync::OnceLock<tokio::sync::mpsc::Sender<Job>>,
-    /// Standalone: script calls the batcher keeps outstanding.
+    /// Standalone: script calls the batcher keeps outstanding (`REDIS_POOL_SIZE`).
     in_flight: usize,
 }
 
@@ -528,7 +529,7 @@ impl RedisStore {
             healthy: Mutex::new(true),
             undo_failures: Arc::default(),
             batcher: std::sync::OnceLock::new(),
-            in_flight: 2 * settings.pool_size.max(1) as usize,
+            in_flight: settings.pool_size.max(1) as usize,
         })
     }
 
@@ -916,7 +917,7 @@ struct Job {
 }
 
 /// Standalone Redis: sends concurrent decisions together. It keeps at most `in_flight` script
-/// calls outstanding; while they run, new decisions queue and the next call takes all of them
+/// calls outstanding (`REDIS_POOL_SIZE`, one per connection); while they run, new decisions queue and the next call takes all of them
 /// (up to [`MAX_BATCH_KEYS`] limits). One decision alone goes at once: batching adds no wait,
 /// it only forms under load, where it saves Redis the per-call cost of EVALSHA (argument
 /// tables, `TIME`, helper closures, the reply) and sluice the per-command encoding.
