@@ -290,6 +290,9 @@ mod tests {
     struct Counting {
         inner: MemoryStore,
         calls: AtomicUsize,
+        /// What a Redis Cluster says for descriptor-scoped keys: a denial may be another
+        /// request's temporary charge (domain-scoped keys stay final).
+        cluster_like: bool,
     }
 
     impl CounterStore for Counting {
@@ -299,6 +302,10 @@ mod tests {
         ) -> BoxFuture<'a, Result<Decision, StoreError>> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             self.inner.decide(checks)
+        }
+
+        fn denial_is_final(&self, key: &CounterKey) -> bool {
+            !self.cluster_like || key.domain_tag
         }
     }
 
@@ -310,6 +317,7 @@ mod tests {
         let store = Arc::new(Counting {
             inner: MemoryStore::new(Arc::new(clock.clone())),
             calls: AtomicUsize::new(0),
+            cluster_like: false,
         });
         let cache = LocalDenyCache::new(store.clone(), max_bytes, Arc::new(clock.clone()));
         (store, cache, clock)
@@ -375,6 +383,34 @@ mod tests {
         assert_eq!(calls(&store), 4);
         assert_eq!(cache.local_denials(), 1);
         assert!(cache.is_empty(), "the expired entry was dropped on lookup");
+    }
+
+    #[tokio::test]
+    async fn a_denial_a_temporary_charge_could_cause_is_never_cached() {
+        let clock = ManualClock::new(T0);
+        let store = Arc::new(Counting {
+            inner: MemoryStore::new(Arc::new(clock.clone())),
+            calls: AtomicUsize::new(0),
+            cluster_like: true,
+        });
+        let cache = LocalDenyCache::new(store.clone(), 1 << 20, Arc::new(clock.clone()));
+        let c = [check("a", 1)];
+        assert!(cache.decide(&c).await.unwrap().admitted);
+        for n in 2..5 {
+            assert!(!cache.decide(&c).await.unwrap().admitted);
+            assert!(cache.is_empty(), "not final: not cached");
+            assert_eq!(calls(&store), n, "every denial asks the store");
+        }
+        // A domain in one slot has no request spanning slots: its denials are final.
+        let mut d = check("b", 1);
+        d.key.domain_tag = true;
+        let d = [d];
+        assert!(cache.decide(&d).await.unwrap().admitted);
+        assert!(!cache.decide(&d).await.unwrap().admitted);
+        assert_eq!(cache.len(), 1);
+        let before = calls(&store);
+        assert!(!cache.decide(&d).await.unwrap().admitted);
+        assert_eq!(calls(&store), before, "answered locally");
     }
 
     #[tokio::test]

@@ -541,3 +541,33 @@ async fn a_redis_slower_than_the_callers_deadline_opens_the_breaker() {
     proxy.release();
     s.stop().await;
 }
+
+#[tokio::test]
+async fn the_deny_cache_keeps_only_final_denials_on_cluster() {
+    let cluster = start_cluster().await;
+    let redis = start_redis(&[]).await;
+    let clock = ManualClock::new(T0);
+    let one_per_hour = limit(1, "1h", Algorithm::FixedWindow);
+    for (urls, kind, domain_tag, cached) in [
+        (cluster.seeds(), RedisKind::Cluster, false, false),
+        (cluster.seeds(), RedisKind::Cluster, true, true),
+        (vec![redis.url()], RedisKind::Single, false, true),
+    ] {
+        let cache = sluice::store::local_cache::LocalDenyCache::new(
+            redis_store(urls, kind, &clock),
+            1 << 20,
+            Arc::new(clock.clone()),
+        );
+        let mut c = ck(&format!("deny-{kind:?}-{domain_tag}"), one_per_hour, 1);
+        c.key.domain_tag = domain_tag;
+        let c = [c];
+        assert!(cache.decide(&c).await.expect("decides").admitted);
+        assert!(!cache.decide(&c).await.expect("decides").admitted);
+        assert_eq!(
+            cache.len(),
+            usize::from(cached),
+            "{kind:?} domain_tag={domain_tag}: a counter a request spanning slots may hold a \
+             temporary charge on is not cached"
+        );
+    }
+}
