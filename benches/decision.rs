@@ -49,7 +49,10 @@ fn request(consumer: u64) -> RateLimitRequest {
     RateLimitRequest {
         domain: "bench".into(),
         descriptors: vec![RateLimitDescriptor {
-            entries: vec![entry("resource", "api".into()), entry("consumer", consumer.to_string())],
+            entries: vec![
+                entry("resource", "api".into()),
+                entry("consumer", consumer.to_string()),
+            ],
             ..Default::default()
         }],
         hits_addend: 0,
@@ -100,12 +103,15 @@ fn benches(c: &mut Criterion) {
         Telemetry::new(clock).expect("telemetry"),
     );
     let mut m = 0u64;
-    c.bench_function("ShouldRateLimit on memory (validate, plan, decide, respond)", |b| {
-        b.iter(|| {
-            m = (m + 7919) % 10_000;
-            rt.block_on(limiter.should_rate_limit(black_box(request(m))))
-        })
-    });
+    c.bench_function(
+        "ShouldRateLimit on memory (validate, plan, decide, respond)",
+        |b| {
+            b.iter(|| {
+                m = (m + 7919) % 10_000;
+                rt.block_on(limiter.should_rate_limit(black_box(request(m))))
+            })
+        },
+    );
 }
 
 criterion_group!(decision, benches);

@@ -379,7 +379,7 @@ if has[2] then
     return stored + v.addsum
   end
 
-  sliding_log = function(key, v, limit, period, hits, refund)
+  sliding_log = function(key, v, limit, period, hits, refund, no_retry)
     local count = log_count(v)
     local allowed = true
     local token = 0
@@ -433,7 +433,7 @@ if has[2] then
     end
     local after = log_count(v)
     local retry = 0
-    if not allowed then
+    if not allowed and not no_retry then
       local h = max(hits, 1)
       if h > limit then
         retry = -1
@@ -445,10 +445,21 @@ if has[2] then
         if hi then stored = v.top - v.base - v.spsum - v.sr end
         local t = nil
         if hi and stored >= need then
-          local lo = v.e
+          -- The first rank whose running total (above base) reaches need. Interpolation
+          -- first (with one hit per entry the totals are linear in the rank: two or three
+          -- probes), then bisection, so it is O(log n) ZRANGE probes at worst.
+          local lo, vlo, vhi, steps = v.e, 0, v.top - v.spsum - v.base, 0
           while lo < hi do
-            local mid = floor((lo + hi) / 2)
-            if cached(key, v, mid).c - v.base >= need then hi = mid else lo = mid + 1 end
+            local mid
+            if steps < 3 and vhi > vlo then
+              mid = lo + floor((need - vlo - 1) * (hi - lo) / (vhi - vlo))
+              if mid < lo then mid = lo elseif mid >= hi then mid = hi - 1 end
+            else
+              mid = floor((lo + hi) / 2)
+            end
+            steps = steps + 1
+            local cm = cached(key, v, mid).c - v.base
+            if cm >= need then hi, vhi = mid, cm else lo, vlo = mid + 1, cm end
           end
           t = cached(key, v, lo).t
         else
@@ -763,22 +774,25 @@ local function general(KB, AB, n)
       end
     end
   else
-    -- Nothing is charged: report what each counter really has left (read again: nothing was
-    -- written, and a denial is the path an attacker drives, so it stays O(log n) too).
+    -- Nothing is charged: report what each counter really has left. A view no check of this
+    -- request changed is what Redis holds; one that was (tentatively) charged is read again.
+    -- A denial is the path an attacker drives, so it stays O(log n) too.
     for i = 1, n do
       local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
       local limit, period = tonumber(ARGV[b]), tonumber(ARGV[b + 1])
       local meta = tonumber(ARGV[b + 3])
       local alg = meta % 4
+      local v = views[key]
+      if v.dirty then v = nil end
       local _, remaining
       if alg == 2 then
-        _, remaining = sliding_log(key, load_log(key, period), limit, period, 0, false)
+        _, remaining = sliding_log(key, v or load_log(key, period), limit, period, 0, false, true)
       elseif alg == 3 then
-        _, remaining = token_bucket(load_bucket(key), limit, period, 0, false, floor(meta / 32))
+        _, remaining = token_bucket(v or load_bucket(key), limit, period, 0, false, floor(meta / 32))
       elseif alg == 0 then
-        _, remaining = fixed(load_counter(key, 0, period), limit, period, 0, false)
+        _, remaining = fixed(v or load_counter(key, 0, period), limit, period, 0, false)
       else
-        _, remaining = sliding(load_counter(key, 1, period), limit, period, 0, false)
+        _, remaining = sliding(v or load_counter(key, 1, period), limit, period, 0, false)
       end
       local o = 2 + W * (i - 1)
       out[o] = out[o] % 2 + 2 * remaining
