@@ -1,3 +1,4 @@
+mod bench;
 mod extensions;
 mod grpcurl;
 mod http;
