@@ -243,7 +243,12 @@ impl CounterStore for CircuitBreaker {
             let ok = self.inner.probe().await;
             if ok {
                 let mut s = self.lock();
-                self.close(&mut s, "Redis answered the health probe");
+                // An answered PING closes an open breaker, but does not clear the failures
+                // counted while closed: a Redis that answers PING yet runs scripts slower than
+                // every caller's deadline must still open it.
+                if s.state != BreakerState::Closed {
+                    self.close(&mut s, "Redis answered the health probe");
+                }
             }
             ok
         })
@@ -539,6 +544,25 @@ mod tests {
         store.set(Mode::Ok);
         store.gate.as_ref().unwrap().add_permits(1);
         assert!(breaker.decide(&checks()).await.is_ok());
+        assert_eq!(breaker.state(), BreakerState::Closed);
+    }
+
+    #[tokio::test]
+    async fn an_answered_probe_does_not_clear_failures_counted_while_closed() {
+        // Redis answers PING but the scripts fail: the failures still add up to open it.
+        let (store, breaker, _clock) = setup(Scripted::default());
+        store.probes_ok.store(true, Ordering::SeqCst);
+        store.set(Mode::Transient);
+        for i in 0..DEFAULT_FAILURE_THRESHOLD {
+            if i > 0 {
+                assert!(breaker.probe().await);
+                assert_eq!(breaker.state(), BreakerState::Closed);
+            }
+            assert!(breaker.decide(&checks()).await.is_err());
+        }
+        assert_eq!(breaker.state(), BreakerState::Open);
+        // ...and an answered probe closes the open breaker.
+        assert!(breaker.probe().await);
         assert_eq!(breaker.state(), BreakerState::Closed);
     }
 

@@ -71,7 +71,7 @@ async fn two_instances(urls: Vec<String>, kind: RedisKind) -> (TestServer, TestS
 }
 
 /// Fires `n` concurrent calls alternating between the two servers; returns (ok, over).
-async fn concurrent(
+pub(super) async fn concurrent(
     a: &TestServer,
     b: &TestServer,
     req: &sluice::proto::RateLimitRequest,

@@ -118,26 +118,7 @@ async fn exact_across_tags(urls: Vec<String>, kind: RedisKind) {
     .await;
     for alg in ALGORITHMS {
         let req = request("ex", vec![desc(&[("r", alg)]), desc(&[("s", alg)])]);
-        let mut tasks = Vec::new();
-        for i in 0..200 {
-            let mut client = if i % 2 == 0 {
-                a.client().await
-            } else {
-                b.client().await
-            };
-            let req = req.clone();
-            tasks.push(tokio::spawn(async move {
-                client.should_rate_limit(req).await.map(|r| r.into_inner())
-            }));
-        }
-        let (mut ok, mut over) = (0, 0);
-        for t in tasks {
-            match code(&t.await.expect("task").expect("call succeeds")) {
-                Code::Ok => ok += 1,
-                Code::OverLimit => over += 1,
-                other => panic!("{alg}: unexpected {other:?}"),
-            }
-        }
+        let (ok, over) = super::redis::concurrent(&a, &b, &req, 200).await;
         assert_eq!((ok, over), (50, 150), "{alg}");
         // A check (hits_addend 0) of the other tag: exactly the 50 admitted hits are counted.
         let mut check = desc(&[("s", alg)]);

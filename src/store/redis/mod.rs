@@ -957,6 +957,12 @@ async fn batcher(
                 Err(_) => break,
             }
         }
+        // A caller that gave up while queued (Envoy's deadline) is not decided: its request
+        // would be charged with nobody told.
+        jobs.retain(|j| !j.reply.is_closed());
+        if jobs.is_empty() {
+            continue;
+        }
         let (pool, script, now) = (pool.clone(), script.clone(), now_arg(test_clock.as_ref()));
         tokio::spawn(async move {
             let result = match single_connection(&pool).await {
