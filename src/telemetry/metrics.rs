@@ -11,7 +11,7 @@ use prometheus::{
 use std::time::Duration;
 
 /// Decision latency buckets (seconds): a memory decision is microseconds, a Redis one a
-/// fraction of a millisecond to a few, and `REDIS_TIMEOUT` (500 ms default) caps the tail.
+/// fraction of a millisecond to a few, and `REDIS_TIMEOUT` (100 ms default) caps the tail.
 const LATENCY_BUCKETS: [f64; 14] = [
     0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
     0.25, 1.0,
