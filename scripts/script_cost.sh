@@ -71,7 +71,7 @@ done
 run "decide.lua, 16 requests per call (as sluice batches)" 16 1 evalsha "$decide_sha" 32 "${keys[@]}" "${args[@]}"
 
 echo "== sliding_log holding 100 000 entries (one hour) against a fixed window, one key"
-log='{bench|log=full}:sl:1000000:hour'
+log='{bench|log=full}:slw:1000000:hour'
 fill=$(cat <<'LUA'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])

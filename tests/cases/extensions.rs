@@ -370,7 +370,7 @@ fn short(alg: Algorithm) -> &'static str {
     match alg {
         Algorithm::FixedWindow => "fw",
         Algorithm::SlidingWindow => "sw",
-        Algorithm::SlidingLog => "sl",
+        Algorithm::SlidingLog => "slw",
         Algorithm::TokenBucket => "tb",
     }
 }

@@ -335,7 +335,7 @@ async fn abusive_requests_get_clear_answers_and_never_stall_redis() {
 
     // A sliding_log holding 100 000 entries (written directly, as 100 000 single hits over the
     // last half hour would have left it).
-    let key = "sluice_test:{abuse|log=full}:sl:100000:hour".to_string();
+    let key = "sluice_test:{abuse|log=full}:slw:100000:hour".to_string();
     let t0 = T0.as_micros() as u64;
     let fill = r#"
 local t0, n = tonumber(ARGV[1]), tonumber(ARGV[2])

@@ -65,7 +65,9 @@ pub fn counter_key(prefix: &str, key: &CounterKey) -> String {
     let alg = match l.algorithm {
         Algorithm::FixedWindow => "fw",
         Algorithm::SlidingWindow => "sw",
-        Algorithm::SlidingLog => "sl",
+        // `slw`: one entry per charge (running total, hits, id); the per-hit sets of earlier
+        // versions were `sl`, so they are never read with the new layout and expire on their own.
+        Algorithm::SlidingLog => "slw",
         Algorithm::TokenBucket => "tb",
     };
     let _ = write!(
