@@ -368,7 +368,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     tracing::info!(
         grpc = %grpc_addr,
         http = %http_addr,
-        "sluice listening (gRPC: RLS, health, reflection; HTTP: /healthcheck /rlconfig /json /metrics /debug/offenders)"
+        "sluice listening (gRPC: RLS, health, reflection; HTTP: /healthcheck /livez /rlconfig /json /metrics /debug/offenders)"
     );
 
     let supervisor = tokio::spawn(async move {
