@@ -32,7 +32,7 @@ async fn start_redis() -> RedisServer {
         .expect("start redis")
 }
 
-async fn start_cluster() -> RedisCluster {
+pub(super) async fn start_cluster() -> RedisCluster {
     tokio::task::spawn_blocking(RedisCluster::start)
         .await
         .expect("start cluster")

@@ -3,6 +3,7 @@
 //! hash tags and replicas, exact Cluster undo (also across a window roll), bounded abuse with an
 //! empty SLOWLOG, recovery from a restart under load, and a slow Redis opening the breaker.
 
+use super::redis::start_cluster;
 use super::store::{redis_settings, redis_store};
 use crate::support::proxy::RedisProxy;
 use crate::support::redis::{RedisCluster, RedisServer};
@@ -21,12 +22,6 @@ async fn start_redis(args: &'static [&'static str]) -> RedisServer {
     tokio::task::spawn_blocking(move || RedisServer::start_with_args(args))
         .await
         .expect("start redis")
-}
-
-async fn start_cluster() -> RedisCluster {
-    tokio::task::spawn_blocking(RedisCluster::start)
-        .await
-        .expect("start cluster")
 }
 
 const ALGORITHMS: [&str; 4] = [

@@ -560,23 +560,27 @@ impl RedisStore {
 
     /// The script call deciding `idx` of `checks`, owned so it can run on a spawned task.
     fn call_for(&self, checks: &[LimitCheck], idx: &[usize]) -> Call {
+        let meta = |c: &LimitCheck| {
+            let flags = u64::from(c.shadow) | (u64::from(c.refund) << 1);
+            u64::from(c.key.limit.algorithm.code()) | flags << 2 | u64::from(c.key.limit.burst) << 5
+        };
+        // Plain requests (fixed windows, no shadow, no refund: meta 0) skip the meta argument.
+        let plain = idx.iter().all(|&i| meta(&checks[i]) == 0);
+        let per_key = if plain {
+            ARGS_PER_KEY - 1
+        } else {
+            ARGS_PER_KEY
+        };
         let mut keys = Vec::with_capacity(idx.len());
-        let mut args = Vec::with_capacity(idx.len() * ARGS_PER_KEY);
+        let mut args = Vec::with_capacity(idx.len() * per_key);
         for &i in idx {
             let c = &checks[i];
             let p = c.params();
             keys.push(self.key_of(&c.key));
-            let flags = u64::from(c.shadow) | (u64::from(c.refund) << 1);
-            let meta = u64::from(p.algorithm.code()) | flags << 2 | u64::from(p.burst) << 5;
-            args.extend([u64::from(p.limit), p.period_us, c.hits, meta]);
-        }
-        // Plain requests (fixed windows, no shadow, no refund: meta 0) skip the meta argument.
-        let plain = args.chunks(ARGS_PER_KEY).all(|a| a[3] == 0);
-        if plain {
-            args = args
-                .chunks(ARGS_PER_KEY)
-                .flat_map(|a| a[..3].iter().copied())
-                .collect();
+            args.extend([u64::from(p.limit), p.period_us, c.hits]);
+            if !plain {
+                args.push(meta(c));
+            }
         }
         Call {
             keys,
