@@ -59,16 +59,26 @@ m2='{min|resource=api}|consumer=__rand_int__:fw:1000000000:minute'
 echo "== [resource=api, consumer=<id>], 2 fixed-window limits, 10 000 consumers"
 for pipe in 1 16; do
   run "minimal check-and-charge script" 1 "$pipe" evalsha "$minimal_sha" 2 "$m1" "$m2" 1000000000 1000000000
-  run "decide.lua, one request per call" 1 "$pipe" evalsha "$decide_sha" 2 "$k1" "$k2" \
-    "" 0 1 -2 1000000000 60000000 1 1000000000 60000000 1
+  run "decide.lua, one request per call (packed)" 1 "$pipe" evalsha "$decide_sha" 2 "$k1" "$k2" \
+    "" p 2 1000000000 60000000 1000000000 60000000 1 2 64 65
 done
-# sluice batches concurrent requests on standalone Redis: 16 requests in one call.
+# sluice batches concurrent requests on standalone Redis: 16 requests in one call, packed (every
+# distinct counter once; a code per limit is hits * 64 + its counter's index), as sluice sends
+# them; and, for comparison, the same call in the per-request layout of the fast path.
+keys=("$k1"); args=("" p 17 1000000000 60000000)
+for r in $(seq 16); do
+  keys+=("{bench|resource=api}|consumer=__rand_int__$r:fw:1000000000:minute")
+  args+=(1000000000 60000000)
+done
+args+=(16)
+for r in $(seq 16); do args+=(2 64 $((64 + r))); done
+run "decide.lua, 16 requests per call, packed (as sluice batches)" 16 1 evalsha "$decide_sha" 17 "${keys[@]}" "${args[@]}"
 keys=(); args=("" 0 16)
 for r in $(seq 16); do
   keys+=("$k1" "{bench|resource=api}|consumer=__rand_int__$r:fw:1000000000:minute")
   args+=(-2 1000000000 60000000 1 1000000000 60000000 1)
 done
-run "decide.lua, 16 requests per call (as sluice batches)" 16 1 evalsha "$decide_sha" 32 "${keys[@]}" "${args[@]}"
+run "decide.lua, 16 requests per call, one by one (fast path)" 16 1 evalsha "$decide_sha" 32 "${keys[@]}" "${args[@]}"
 
 echo "== sliding_log holding 100 000 entries (one hour) against a fixed window, one key"
 log='{bench|log=full}:slw:1000000:hour'
@@ -90,8 +100,8 @@ LUA
 echo "entries: $(redis-cli -p "$port" EVAL "$fill" 1 "$log")"
 redis-cli -p "$port" CONFIG SET slowlog-log-slower-than 1000 >/dev/null
 redis-cli -p "$port" SLOWLOG RESET >/dev/null
-run "fixed_window, admitted (fast path)" 1 1 evalsha "$decide_sha" 1 '{bench|one=x}:fw:1000000000:hour' \
-  "" 0 1 -1 1000000000 3600000000 1
+run "fixed_window, admitted (packed)" 1 1 evalsha "$decide_sha" 1 '{bench|one=x}:fw:1000000000:hour' \
+  "" p 1 1000000000 3600000000 1 1 64
 run "fixed_window, admitted (general path)" 1 1 evalsha "$decide_sha" 1 '{bench|one=y}:fw:1000000000:hour' \
   "" 0 1 1 1000000000 3600000000 1 0
 n=$((n / 3))

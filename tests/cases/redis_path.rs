@@ -547,3 +547,84 @@ async fn the_deny_cache_keeps_only_final_denials_on_cluster() {
         );
     }
 }
+
+/// Concurrent requests on standalone Redis go to the script together (the packed layout: every
+/// distinct counter once, answers replayed by sluice); each request still gets the answer it
+/// would get alone, in some order: the admitted ones see the shared counter's remaining count
+/// down exactly once per value, each consumer's likewise, the denied ones see their full limit
+/// with the window's reset as retry, and Redis holds exactly the admitted hits.
+#[tokio::test]
+async fn batched_requests_answer_as_if_decided_one_by_one() {
+    let redis = start_redis(&[]).await;
+    let clock = ManualClock::new(T0);
+    let settings = sluice::store::redis::RedisSettings {
+        pool_size: 1, // one outstanding call: the rest queue and go together
+        ..redis_settings(vec![redis.url()], RedisKind::Single)
+    };
+    let store = RedisStore::new(&settings)
+        .expect("store")
+        .with_test_clock(Arc::new(clock.clone()));
+    let shared = limit(50, "1h", Algorithm::FixedWindow);
+    let per_consumer = limit(8, "1h", Algorithm::FixedWindow);
+    let checks = |i: usize| {
+        let mut consumer = ck("shared", per_consumer, 1);
+        consumer
+            .key
+            .entries
+            .push(("c".into(), format!("{}", i % 10)));
+        vec![ck("shared", shared, 1), consumer]
+    };
+    // Loads the script, on a counter of its own.
+    let warm = store.decide(&[ck("warm", shared, 1)]).await.expect("warm");
+    assert!(warm.admitted);
+    assert_eq!(redis.cli(&["CONFIG", "RESETSTAT"]).trim(), "OK");
+
+    // One task polls all 100 decisions: each is queued before the batcher runs.
+    let all: Vec<Vec<LimitCheck>> = (0..100).map(checks).collect();
+    let decisions = futures_util::future::join_all(all.iter().map(|c| store.decide(c))).await;
+    let calls = redis.evalsha_calls();
+    assert!(calls < 10, "100 requests in {calls} script calls: batched");
+
+    let hour = 3_600_000_000u128;
+    let reset = Duration::from_micros((hour - T0.as_micros() % hour) as u64);
+    let mut shared_left = Vec::new();
+    let mut consumer_left = vec![Vec::new(); 10];
+    for (i, d) in decisions.into_iter().enumerate() {
+        let d = d.expect("decided");
+        assert_eq!(
+            d.admitted,
+            d.outcomes.iter().all(|o| o.allowed),
+            "{i}: {d:?}"
+        );
+        for o in &d.outcomes {
+            assert_eq!(o.reset, reset, "{i}: {d:?}");
+            if !o.allowed {
+                assert_eq!((o.remaining, o.retry_after), (0, reset), "{i}: {d:?}");
+            }
+        }
+        if d.admitted {
+            shared_left.push(d.outcomes[0].remaining);
+            consumer_left[i % 10].push(d.outcomes[1].remaining);
+        }
+    }
+    shared_left.sort_unstable();
+    assert_eq!(
+        shared_left,
+        (0..50).collect::<Vec<u32>>(),
+        "50 admitted, each saw its own count"
+    );
+    for (c, left) in consumer_left.iter_mut().enumerate() {
+        left.sort_unstable();
+        let expected: Vec<u32> = (8 - left.len() as u32..8).collect();
+        assert_eq!(*left, expected, "consumer {c}");
+    }
+    // What Redis holds: exactly the admitted hits, in the current window's key.
+    let window = T0.as_micros() / hour;
+    let key = store.key_of(&ck("shared", shared, 1).key);
+    assert_eq!(redis.cli(&["GET", &format!("{key}:{window}")]).trim(), "50");
+    for (c, left) in consumer_left.iter().enumerate() {
+        let check = &checks(c)[1];
+        let stored = redis.cli(&["GET", &format!("{}:{window}", store.key_of(&check.key))]);
+        assert_eq!(stored.trim(), left.len().to_string(), "consumer {c}");
+    }
+}

@@ -275,6 +275,7 @@ fn parse_command(input: &[u8]) -> Parsed {
     let mut name = Vec::new();
     let mut numkeys = usize::MAX;
     let mut requests = 1;
+    let (mut packed, mut counters) = (false, 0);
     for i in 0..count {
         let Some((len, start)) = parse_header(input, pos, b'$') else {
             return incomplete_or_invalid(&input[pos..], b'$');
@@ -292,8 +293,17 @@ fn parse_command(input: &[u8]) -> Parsed {
             name = word.to_vec();
         } else if i == 2 {
             numkeys = number().unwrap_or(usize::MAX);
+        } else if numkeys != usize::MAX && i == 3 + numkeys + 1 {
+            // EVALSHA sha numkeys KEYS... ARGV[1] ARGV[2] ARGV[3]: ARGV[2] "p" is the packed
+            // layout, whose request count follows the counters' limits and periods.
+            packed = word == b"p";
         } else if numkeys != usize::MAX && i == 3 + numkeys + 2 {
-            // EVALSHA sha numkeys KEYS... ARGV[1] ARGV[2] ARGV[3]
+            requests = number().unwrap_or(1);
+            if packed {
+                counters = requests;
+                requests = 1;
+            }
+        } else if packed && numkeys != usize::MAX && i == 3 + numkeys + 3 + 2 * counters {
             requests = number().unwrap_or(1);
         }
         pos = end + 2;

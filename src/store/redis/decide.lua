@@ -8,7 +8,8 @@
 -- ARGV[1]   time override in microseconds since the Unix epoch, or "" to use the Redis server
 --           clock (TIME). Only tests set it; production always decides on the server clock, so
 --           replicas with skewed clocks agree.
--- ARGV[2]   "1" to return each charge's undo token (a Cluster request spanning slots), else "0"
+-- ARGV[2]   "1" to return each charge's undo token (a Cluster request spanning slots), "p" for
+--           the packed layout of plain requests (below, before the general path), else "0"
 -- ARGV[3]   the number of requests R; then, per request, its number of limits n followed by
 --           K arguments per limit (K = 4, or 5 in an undo call), or -n followed by 3 per limit
 --           (limit, period_us, hits) for a plain request (fixed windows only, no flags):
@@ -71,6 +72,75 @@ end
 
 local call, find, sub, floor, max, min, fmt =
   redis.call, string.find, string.sub, math.floor, math.max, math.min, string.format
+
+-- The packed layout (ARGV[2] = "p"): plain requests only, every distinct counter once.
+--   KEYS      the U distinct counter keys of the call
+--   ARGV[3]   U; then per key: limit, period_us
+--   then R, the number of requests; then per request n followed by n codes, one per limit:
+--             hits * 64 + (index of its key in KEYS, from 0); U <= 64, and no request names a
+--             key twice
+-- Returns {now, stored_1 .. stored_U, after_1 .. after_U}: each counter as stored before the
+-- call (-1: no key) and after it. The requests are decided in order, each all or nothing; the
+-- caller replays the same arithmetic to give each request its answer (and checks that it ends
+-- on `after`). Per request the script only adds and compares: a counter shared by every
+-- request (a resource limit) is read, keyed and written once per call.
+if ARGV[2] == 'p' then
+  local fmt, floor, max = string.format, math.floor, math.max
+  local U = tonumber(ARGV[3])
+  local limit, count, wk = {}, {}, {}
+  local ttl = {}
+  for u = 1, U do
+    local period = tonumber(ARGV[3 + 2 * u])
+    limit[u] = tonumber(ARGV[2 + 2 * u])
+    local start = now - now % period
+    wk[u] = KEYS[u] .. fmt(':%d', start / period)
+    ttl[u] = max(floor((start + period - now + 999) / 1000), 1) + slack
+  end
+  local stored = redis.call('MGET', unpack(wk))
+  local out = {now}
+  for u = 1, U do
+    local c = tonumber(stored[u] or -1)
+    out[1 + u] = c
+    if c < 0 then c = 0 end
+    count[u] = c
+  end
+  local p = 4 + 2 * U
+  for _ = 1, tonumber(ARGV[p]) do
+    local n = tonumber(ARGV[p + 1])
+    local ok = true
+    for i = p + 2, p + 1 + n do
+      local code = tonumber(ARGV[i])
+      local u = code % 64 + 1
+      local hits = (code - u + 1) / 64
+      if hits == 0 then
+        if count[u] >= limit[u] then ok = false end
+      elseif count[u] + hits > limit[u] then
+        ok = false
+      end
+    end
+    if ok then
+      for i = p + 2, p + 1 + n do
+        local code = tonumber(ARGV[i])
+        local u = code % 64 + 1
+        count[u] = count[u] + (code - u + 1) / 64
+      end
+    end
+    p = p + 1 + n
+  end
+  for u = 1, U do
+    local c, was = count[u], out[1 + u]
+    out[1 + U + u] = c
+    if c > was and c > 0 then
+      if was < 0 then
+        redis.call('SET', wk[u], c, 'PX', ttl[u])
+      else
+        redis.call('INCRBY', wk[u], c - was)
+      end
+    end
+  end
+  return out
+end
+
 local tokens_wanted = ARGV[2] == '1'
 local R = tonumber(ARGV[3])
 -- An undo call is one request whose limits all carry the undo flag.

@@ -4,6 +4,7 @@
 //! burns quota. Errors are classified transient/permanent here, where they are converted.
 
 pub mod keys;
+mod packed;
 
 use super::{
     BoxFuture, CallShape, CounterKey, CounterStore, Decision, LimitCheck, Outcome, StoreError,
@@ -862,6 +863,18 @@ async fn run_batch(
     calls: &[&Call],
     timeout: Duration,
 ) -> Result<Vec<Vec<i64>>, StoreError> {
+    if let Some(packed) = packed::Packed::new(calls) {
+        let mut inv = script.prepare_invoke();
+        inv.arg(now).arg("p");
+        for &(key, _, _) in &packed.counters {
+            inv.key(key);
+        }
+        for a in packed.args() {
+            inv.arg(a);
+        }
+        let reply = invoke(&mut conn, &inv, timeout).await?;
+        return packed.answers(&reply);
+    }
     let tokens = calls.first().is_some_and(|c| c.tokens);
     let mut inv = script.prepare_invoke();
     inv.arg(now)
@@ -877,15 +890,7 @@ async fn run_batch(
             }
         }
     }
-    let fut = conn.query(async |c| inv.invoke_async::<Vec<i64>>(c).await);
-    let values = match tokio::time::timeout(timeout, fut).await {
-        Ok(r) => r?,
-        Err(_) => {
-            return Err(StoreError::Transient(format!(
-                "Redis did not answer within {timeout:?}"
-            )))
-        }
-    };
+    let values = invoke(&mut conn, &inv, timeout).await?;
     let expected: usize = calls.iter().map(|c| 1 + c.width() * c.keys.len()).sum();
     if values.len() != expected {
         return Err(StoreError::Permanent(format!(
@@ -904,6 +909,21 @@ async fn run_batch(
             one.to_vec()
         })
         .collect())
+}
+
+/// One EVALSHA (plus SCRIPT LOAD after NOSCRIPT), bounded by `timeout`.
+async fn invoke(
+    conn: &mut Conn,
+    inv: &redis::ScriptInvocation<'_>,
+    timeout: Duration,
+) -> Result<Vec<i64>, StoreError> {
+    let fut = conn.query(async |c| inv.invoke_async::<Vec<i64>>(c).await);
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(StoreError::Transient(format!(
+            "Redis did not answer within {timeout:?}"
+        ))),
+    }
 }
 
 /// Decisions waiting for the batcher at most; a caller past it waits for room (bounded memory),
