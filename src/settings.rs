@@ -208,6 +208,12 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub redis: RedisArgs,
 
+    /// Counters the in-memory store holds at most (used when no `REDIS_URL` is set): about 100
+    /// bytes each when full. Past it, the counter closest to expiry is evicted (it starts
+    /// afresh, which can only ever admit more) and `sluice_memory_evictions_total` counts it.
+    #[arg(long, env = "MEMORY_MAX_COUNTERS", default_value_t = crate::store::memory::DEFAULT_MAX_COUNTERS)]
+    pub memory_max_counters: usize,
+
     /// Bytes of the local deny cache (0 = off): a counter known to be over its limit is denied
     /// locally until its window resets, without a Redis call.
     #[arg(long, env = "LOCAL_CACHE_SIZE_IN_BYTES", default_value_t = 0)]
@@ -862,8 +868,16 @@ impl ServeArgs {
                 Some(chain.build(Arc::clone(&clock))?)
             }
             None => {
-                tracing::info!("using the in-memory store (counters are per process)");
-                None
+                tracing::info!(
+                    max_counters = self.memory_max_counters,
+                    "using the in-memory store (counters are per process)"
+                );
+                Some(
+                    Arc::new(crate::store::memory::MemoryStore::with_max_counters(
+                        Arc::clone(&clock),
+                        self.memory_max_counters,
+                    )) as Arc<dyn crate::store::CounterStore>,
+                )
             }
         };
         let mut config = ServerConfig::new(rules).with_clock(clock);
@@ -1059,6 +1073,7 @@ mod tests {
                 ("redis-breaker-threshold", "REDIS_BREAKER_THRESHOLD"),
                 ("redis-breaker-open", "REDIS_BREAKER_OPEN"),
                 ("local-cache-size-in-bytes", "LOCAL_CACHE_SIZE_IN_BYTES"),
+                ("memory-max-counters", "MEMORY_MAX_COUNTERS"),
                 ("failure-mode", "FAILURE_MODE"),
                 ("near-limit-ratio", "NEAR_LIMIT_RATIO"),
                 (

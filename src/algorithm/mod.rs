@@ -32,12 +32,53 @@ pub enum State {
         previous: u64,
         current: u64,
     },
-    /// sliding_log: the admitted charges, oldest first, as (time, hits). One entry per charge,
-    /// not per hit, so a `hits_addend` of 60 000 is one entry.
-    Log(VecDeque<(u64, u64)>),
+    /// sliding_log: the admitted charges (boxed: the other states stay small, and so does
+    /// every counter of the memory store).
+    Log(Box<Log>),
     /// token_bucket: the theoretical arrival time (GCRA's TAT), `tat + frac / limit`
     /// microseconds, so `period / limit` is added exactly whatever the rate.
     Bucket { tat: u64, frac: u64 },
+}
+
+/// sliding_log's admitted charges, oldest first, as (time, hits), and their running total. One
+/// entry per charge, not per hit, so a `hits_addend` of 60 000 is one entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Log {
+    entries: VecDeque<(u64, u64)>,
+    total: u64,
+}
+
+impl Log {
+    pub fn from_entries(entries: impl IntoIterator<Item = (u64, u64)>) -> Self {
+        let entries: VecDeque<(u64, u64)> = entries.into_iter().collect();
+        let total = entries.iter().map(|&(_, h)| h).sum();
+        Log { entries, total }
+    }
+
+    /// Drops the charges at or before `horizon`: they no longer count.
+    fn trim(&mut self, horizon: u64) {
+        while let Some(&(t, h)) = self.entries.front() {
+            if t > horizon {
+                break;
+            }
+            self.total -= h;
+            self.entries.pop_front();
+        }
+    }
+
+    fn push(&mut self, t: u64, hits: u64) {
+        self.entries.push_back((t, hits));
+        self.total += hits;
+    }
+
+    /// Entries held (each a heap-allocated 16 bytes in the memory store).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
 }
 
 /// What one limit says about one request.
@@ -112,12 +153,17 @@ pub fn fixed_window(
     hits: u64,
     mode: Mode,
 ) -> (Outcome, State) {
-    let start = now - now % p.period_us;
+    let mut start = now - now % p.period_us;
     let current = match state {
         Some(State::Fixed {
             window_start,
             count,
-        }) if *window_start == start => *count,
+        }) if *window_start >= start => {
+            // A stored window newer than `now` (a request delayed across a window edge, a clock
+            // stepped back) is the current one: an older window never overwrites it.
+            start = *window_start;
+            *count
+        }
         _ => 0,
     };
     let limit = u64::from(p.limit);
@@ -166,14 +212,17 @@ pub fn sliding_window(
     mode: Mode,
 ) -> (Outcome, State) {
     let period = p.period_us;
-    let start = now - now % period;
-    let elapsed = now - start;
+    let mut start = now - now % period;
     let (previous, current) = match state {
+        // A stored window newer than `now` is the current one (see `fixed_window`).
         Some(State::Sliding {
             window_start,
             previous,
             current,
-        }) if *window_start == start => (*previous, *current),
+        }) if *window_start >= start => {
+            start = *window_start;
+            (*previous, *current)
+        }
         Some(State::Sliding {
             window_start,
             current,
@@ -181,6 +230,7 @@ pub fn sliding_window(
         }) if window_start.checked_add(period) == Some(start) => (*current, 0),
         _ => (0, 0),
     };
+    let elapsed = now.saturating_sub(start);
     let limit = p.limit as f64;
     let estimate = sliding_estimate(previous, current, elapsed, period);
     let (allowed, after) = match mode {
@@ -248,40 +298,66 @@ pub fn sliding_log(
 ) -> (Outcome, State) {
     let mut log = match state {
         Some(State::Log(l)) => l.clone(),
-        _ => VecDeque::new(),
+        _ => Box::default(),
     };
-    // A charge at `t` counts while `t > now - period`.
-    let horizon = now.saturating_sub(p.period_us);
-    while log.front().is_some_and(|&(t, _)| t <= horizon) {
-        log.pop_front();
+    let outcome = sliding_log_in(&mut log, now, p, hits, mode, true);
+    (outcome, State::Log(log))
+}
+
+/// [`sliding_log`] on a log in place, without copying it. With `commit` the charge (or refund)
+/// is written; without, the outcome is the same but the log only loses expired charges (which
+/// count for nothing), so a store can decide every limit of a request first and write only if
+/// all admit it. O(expired + refunded) work, plus, for a denial, the walk to the retry time.
+pub fn sliding_log_in(
+    log: &mut Log,
+    now: u64,
+    p: LimitParams,
+    hits: u64,
+    mode: Mode,
+    commit: bool,
+) -> Outcome {
+    if mode == Mode::Refund && !commit {
+        // Rare (Envoy's is_negative_hits): decided on a copy.
+        return sliding_log_in(&mut log.clone(), now, p, hits, mode, true);
     }
+    // A charge at `t` counts while `t > now - period`.
+    log.trim(now.saturating_sub(p.period_us));
     let limit = u64::from(p.limit);
-    let count: u64 = log.iter().map(|&(_, h)| h).sum();
-    let allowed = match mode {
+    let count = log.total;
+    let newest = log.entries.back().map(|&(t, _)| t);
+    let (allowed, total, last) = match mode {
         Mode::Refund => {
             let mut left = hits;
             let mut touched = 0;
             while left > 0 && touched < LOG_REFUND_ENTRIES {
-                let Some(last) = log.back_mut() else { break };
+                let Some(last) = log.entries.back_mut() else {
+                    break;
+                };
                 if last.1 <= left {
                     left -= last.1;
-                    log.pop_back();
+                    log.total -= last.1;
+                    log.entries.pop_back();
                 } else {
                     last.1 -= left;
+                    log.total -= left;
                     left = 0;
                 }
                 touched += 1;
             }
-            true
+            (true, log.total, log.entries.back().map(|&(t, _)| t))
         }
         Mode::Charge if fits(count, hits, limit) => {
-            if hits > 0 {
-                let t = log.back().map_or(now, |&(t, _)| t.max(now));
-                log.push_back((t, hits));
+            if hits == 0 {
+                (true, count, newest)
+            } else {
+                let t = newest.map_or(now, |t| t.max(now));
+                if commit {
+                    log.push(t, hits);
+                }
+                (true, count + hits, Some(t))
             }
-            true
         }
-        Mode::Charge => false,
+        Mode::Charge => (false, count, newest),
     };
     let retry_after = if allowed {
         0
@@ -292,26 +368,21 @@ pub fn sliding_log(
         // that left to `count + hits - limit`.
         let need = count + hits.max(1) - limit;
         let mut left = 0;
-        log.iter()
+        log.entries
+            .iter()
             .find(|&&(_, h)| {
                 left += h;
                 left >= need
             })
             .map_or(0, |&(t, _)| (t + p.period_us).saturating_sub(now))
     };
-    let total: u64 = log.iter().map(|&(_, h)| h).sum();
-    let reset = log
-        .back()
-        .map_or(0, |&(t, _)| (t + p.period_us).saturating_sub(now));
-    (
-        Outcome {
-            allowed,
-            remaining: clamp_u32(limit.saturating_sub(total)),
-            reset: us(reset),
-            retry_after: us(retry_after),
-        },
-        State::Log(log),
-    )
+    let reset = last.map_or(0, |t| (t + p.period_us).saturating_sub(now));
+    Outcome {
+        allowed,
+        remaining: clamp_u32(limit.saturating_sub(total)),
+        reset: us(reset),
+        retry_after: us(retry_after),
+    }
 }
 
 /// A time `us + frac / limit` microseconds (`frac < limit`): token_bucket's clock, on which
@@ -451,9 +522,14 @@ pub fn expires_at(state: &State, p: LimitParams) -> u64 {
     match state {
         State::Fixed { window_start, .. } => window_start + p.period_us,
         State::Sliding { window_start, .. } => window_start + 2 * p.period_us,
-        State::Log(l) => l.back().map_or(0, |(t, _)| t + p.period_us),
+        State::Log(l) => log_expires_at(l, p),
         State::Bucket { tat, frac } => tat + u64::from(*frac > 0),
     }
+}
+
+/// When a sliding_log's newest charge leaves the period.
+pub fn log_expires_at(log: &Log, p: LimitParams) -> u64 {
+    log.entries.back().map_or(0, |(t, _)| t + p.period_us)
 }
 
 #[cfg(test)]

@@ -179,7 +179,7 @@ fn sliding_log_multiple_hits_add_entries_and_refunds_remove_the_newest() {
     let (o, next) = decide(st.as_ref(), T0 + S, lp, 2, Mode::Refund);
     assert!(o.allowed);
     assert_eq!(o.remaining, 4);
-    assert_eq!(next, State::Log(VecDeque::from([(T0, 1)])));
+    assert_eq!(next, State::Log(Box::new(Log::from_entries([(T0, 1)]))));
 }
 
 // ---- token_bucket (GCRA, redis-cell math) ---------------------------------------------------

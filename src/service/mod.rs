@@ -287,7 +287,7 @@ impl RateLimiter {
             self.store.breaker_state(),
             self.store.healthy(),
             self.telemetry.offenders.dropped(),
-            self.store.undo_failures(),
+            self.store.stats(),
         )
     }
 

@@ -262,8 +262,8 @@ impl CounterStore for CircuitBreaker {
         self.inner.denial_is_final(key)
     }
 
-    fn undo_failures(&self) -> u64 {
-        self.inner.undo_failures()
+    fn stats(&self) -> super::StoreStats {
+        self.inner.stats()
     }
 
     fn breaker_state(&self) -> Option<BreakerState> {

@@ -1,20 +1,46 @@
-//! The embedded store: a sharded map of fixed-window counters behind short mutex sections. A
-//! decision locks the shards it touches in index order (so two requests never deadlock), decides
-//! on tentative states and commits only if the request is admitted. Expired counters are swept
-//! from a shard when it is touched after its sweep deadline, so memory follows live traffic.
+//! The embedded store: counters of every algorithm in sharded, fixed-capacity tables behind
+//! short mutex sections. A decision locks the shards it touches in index order (so two requests
+//! never deadlock), reads the clock only then (so a request that waited for a lock never decides
+//! on an older time than the one before it), decides every limit without writing, and writes
+//! only if the request is admitted.
+//!
+//! Memory is bounded: at most `max_counters` counters (`MEMORY_MAX_COUNTERS`), each a 16-byte
+//! fingerprint of its key (no key is stored) and its state in one 56-byte slot, in tables that
+//! grow up to a fixed size and never grow beyond it (at most [`BYTES_PER_COUNTER`] bytes each). When a shard is full, a new counter first
+//! takes the place of an expired one, else of the one closest to expiry (evicted: it starts
+//! afresh, which can only ever admit more, and only for the oldest counters; counted in
+//! `sluice_memory_evictions_total`). Expired counters are also dropped a few per decision, so
+//! no call walks a whole shard.
 
-use super::{BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, StoreError};
-use crate::algorithm::{self, State};
+mod table;
+
+use super::{BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, StoreError, StoreStats};
+use crate::algorithm::{self, LimitParams, Log, Mode, Outcome, State};
 use crate::clock::Clock;
-use std::collections::hash_map::{DefaultHasher, Entry};
-use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use crate::config::Algorithm;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use table::{Fingerprint, Table};
 
-const DEFAULT_SHARDS: usize = 64;
-/// How often a shard is swept of expired counters; bounded work per sweep, amortised over traffic.
-const SWEEP_EVERY: Duration = Duration::from_secs(10);
+/// Counters the memory store holds at most by default (`MEMORY_MAX_COUNTERS`): at most 64 MB
+/// ([`BYTES_PER_COUNTER`] each), sized for a small pod.
+pub const DEFAULT_MAX_COUNTERS: usize = 500_000;
+/// Most heap bytes one counter costs, key included, even while a table grows: a 56-byte table
+/// slot at a load of at most 3/4 (75 bytes), a 24-byte expiry-index entry, and the quarter-size
+/// table a growth frees just after (19 bytes); a full store holds about 100 bytes per counter.
+/// sliding_log's charges come on top, 16 bytes each, bounded by the limit.
+/// `tests/memory_bound.rs` measures it.
+pub const BYTES_PER_COUNTER: usize = 128;
+/// Expired counters a touched shard drops per decision at most: bounded work on the request path.
+const SWEEP_PER_CALL: usize = 4;
+/// Index entries a full shard examines to find the counter closest to expiry.
+const EVICT_SEARCH: usize = 16;
+/// Counters per shard when the store is large: shards of this size keep lock sections short.
+const SHARD_TARGET: usize = 8_192;
+const MAX_SHARDS: usize = 64;
 
 #[derive(Debug)]
 struct Counter {
@@ -23,19 +49,121 @@ struct Counter {
     expires_at: u64,
 }
 
-#[derive(Debug, Default)]
+/// An expiry-index entry: (expiry, the fingerprint's halves swapped). Ties go by `fp[1]`, which
+/// says nothing about a counter's place in its table (`fp[0]` does): evicting among equal
+/// expiries in `fp[0]` order would empty one end of the table and crowd the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Indexed(u64, u64, u64);
+
+impl Indexed {
+    fn new(at: u64, fp: Fingerprint) -> Self {
+        Indexed(at, fp[1], fp[0])
+    }
+
+    fn fp(self) -> Fingerprint {
+        [self.2, self.1]
+    }
+}
+
+#[derive(Debug)]
 struct Shard {
-    counters: HashMap<CounterKey, Counter>,
-    next_sweep: u64,
+    counters: Table<Counter>,
+    /// Every counter exactly once, by the expiry it had when indexed. Expiries only move later
+    /// (a refund aside), so the smallest entry whose counter still has that expiry is the
+    /// counter closest to expiry; an entry whose counter moved on is re-indexed when it
+    /// surfaces.
+    expiry: BinaryHeap<Reverse<Indexed>>,
+    cap: usize,
 }
 
 impl Shard {
-    fn sweep(&mut self, now: u64) {
-        if now < self.next_sweep {
-            return;
+    fn new(cap: usize) -> Self {
+        Self {
+            counters: Table::new(cap),
+            expiry: BinaryHeap::new(),
+            cap,
         }
-        self.counters.retain(|_, c| c.expires_at > now);
-        self.next_sweep = now.saturating_add(SWEEP_EVERY.as_micros() as u64);
+    }
+
+    /// Drops up to `budget` index entries' worth of expired counters, soonest first.
+    fn sweep(&mut self, now: u64, budget: usize) {
+        for _ in 0..budget {
+            let Some(&Reverse(e)) = self.expiry.peek() else {
+                return;
+            };
+            let (at, fp) = (e.0, e.fp());
+            if at > now {
+                return;
+            }
+            self.expiry.pop();
+            match self.counters.get(fp) {
+                Some(c) if c.expires_at > now => {
+                    self.expiry.push(Reverse(Indexed::new(c.expires_at, fp)))
+                }
+                Some(_) => {
+                    self.counters.remove(fp);
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// Makes room for one more counter; returns whether a live counter was evicted.
+    fn make_room(&mut self, now: u64) -> bool {
+        if self.counters.len() < self.cap {
+            return false;
+        }
+        self.sweep(now, EVICT_SEARCH);
+        if self.counters.len() < self.cap {
+            return false;
+        }
+        for _ in 0..EVICT_SEARCH {
+            let Some(Reverse(e)) = self.expiry.pop() else {
+                return false;
+            };
+            let (at, fp) = (e.0, e.fp());
+            match self.counters.get(fp) {
+                Some(c) if c.expires_at > at => {
+                    self.expiry.push(Reverse(Indexed::new(c.expires_at, fp)))
+                }
+                Some(_) => {
+                    self.counters.remove(fp);
+                    return true;
+                }
+                None => {}
+            }
+        }
+        // Every entry looked at had moved on: evict the soonest indexed one anyway.
+        match self.expiry.pop() {
+            Some(Reverse(e)) => self.counters.remove(e.fp()).is_some(),
+            None => false,
+        }
+    }
+
+    /// Stores `state` for `fp`; returns whether a live counter was evicted to make room.
+    fn write(&mut self, fp: Fingerprint, state: State, p: LimitParams, now: u64) -> bool {
+        let expires_at = algorithm::expires_at(&state, p);
+        if let Some(c) = self.counters.get_mut(fp) {
+            c.state = state;
+            c.expires_at = expires_at;
+            return false;
+        }
+        let evicted = self.make_room(now);
+        if self.counters.len() >= self.cap {
+            return evicted; // cap 0: nothing is kept
+        }
+        self.counters.insert(fp, Counter { state, expires_at });
+        if self.expiry.len() == self.expiry.capacity() {
+            // Grow exactly, never past the cap: one entry per counter.
+            let more = self
+                .expiry
+                .capacity()
+                .max(16)
+                .min(self.cap - self.expiry.len());
+            self.expiry.reserve_exact(more);
+        }
+        self.expiry.push(Reverse(Indexed::new(expires_at, fp)));
+        evicted
     }
 }
 
@@ -44,21 +172,36 @@ impl Shard {
 pub struct MemoryStore {
     shards: Vec<Mutex<Shard>>,
     clock: Arc<dyn Clock>,
+    /// Two independent keyed hashes make a counter's 128-bit fingerprint.
+    hashers: (std::hash::RandomState, std::hash::RandomState),
+    evictions: AtomicU64,
 }
 
 impl MemoryStore {
     pub fn new(clock: Arc<dyn Clock>) -> Self {
-        Self::with_shards(clock, DEFAULT_SHARDS)
+        Self::with_max_counters(clock, DEFAULT_MAX_COUNTERS)
     }
 
-    pub fn with_shards(clock: Arc<dyn Clock>, shards: usize) -> Self {
+    /// A store holding at most `max` counters (0 keeps none: every decision starts afresh).
+    pub fn with_max_counters(clock: Arc<dyn Clock>, max: usize) -> Self {
+        let shards = max.div_ceil(SHARD_TARGET).clamp(1, MAX_SHARDS);
+        Self::with_shards(clock, shards, max)
+    }
+
+    /// `shards` shards sharing `max` counters (each holds its share, the first ones one more).
+    pub fn with_shards(clock: Arc<dyn Clock>, shards: usize, max: usize) -> Self {
+        let shards = shards.max(1);
         Self {
-            shards: (0..shards.max(1)).map(|_| Mutex::default()).collect(),
+            shards: (0..shards)
+                .map(|i| Mutex::new(Shard::new(max / shards + usize::from(i < max % shards))))
+                .collect(),
             clock,
+            hashers: Default::default(),
+            evictions: AtomicU64::new(0),
         }
     }
 
-    /// Number of live counters (expired ones not yet swept included).
+    /// Counters held (expired ones not yet dropped included).
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| lock(s).counters.len()).sum()
     }
@@ -67,90 +210,236 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn shard_of(&self, key: &CounterKey) -> usize {
-        let mut h = DefaultHasher::new();
-        key.hash(&mut h);
-        (h.finish() % self.shards.len() as u64) as usize
+    /// Live counters evicted to make room (`sluice_memory_evictions_total`).
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// A 128-bit keyed fingerprint of the counter's identity: two different keys share one with
+    /// probability 2^-128 per pair, and a client cannot aim for a collision without the
+    /// process's random keys.
+    fn fingerprint(&self, key: &CounterKey) -> Fingerprint {
+        [self.hashers.0.hash_one(key), self.hashers.1.hash_one(key)]
+    }
+
+    fn shard_of(&self, fp: Fingerprint) -> usize {
+        ((u128::from(fp[1]) * self.shards.len() as u128) >> 64) as usize
     }
 
     fn decide_now(&self, checks: &[LimitCheck]) -> Decision {
-        // Microseconds, as the algorithms and the Redis script count time.
-        let now = u64::try_from(self.clock.now().as_micros()).unwrap_or(u64::MAX);
-        let shard_ids: Vec<usize> = checks.iter().map(|c| self.shard_of(&c.key)).collect();
+        let fps: Vec<Fingerprint> = checks.iter().map(|c| self.fingerprint(&c.key)).collect();
+        let shard_ids: Vec<usize> = fps.iter().map(|&fp| self.shard_of(fp)).collect();
         let mut order = shard_ids.clone();
         order.sort_unstable();
         order.dedup();
         // Lock in ascending index order: concurrent multi-shard decisions cannot deadlock.
-        let mut guards: HashMap<usize, MutexGuard<'_, Shard>> =
-            order.iter().map(|&i| (i, lock(&self.shards[i]))).collect();
+        let mut guards: Vec<MutexGuard<'_, Shard>> =
+            order.iter().map(|&i| lock(&self.shards[i])).collect();
+        let slot: Vec<usize> = shard_ids
+            .iter()
+            .map(|s| order.binary_search(s).unwrap_or(0))
+            .collect();
+        // Microseconds, as the algorithms and the Redis script count time; read under the locks.
+        let now = u64::try_from(self.clock.now().as_micros()).unwrap_or(u64::MAX);
 
-        // Tentative states: checks on the same counter see each other's hits.
-        let mut pending: HashMap<&CounterKey, State> = HashMap::new();
-        let mut outcomes = Vec::with_capacity(checks.len());
-        let mut admitted = true;
-        for (check, shard) in checks.iter().zip(&shard_ids) {
-            let stored = guards
-                .get(shard)
-                .and_then(|g| g.counters.get(&check.key))
-                .map(|c| &c.state);
-            let current = pending.get(&check.key).or(stored);
-            let (outcome, next) =
-                algorithm::decide(current, now, check.params(), check.hits, check.mode());
-            if !outcome.allowed && !check.shadow {
-                admitted = false;
-            }
-            // A shadow limit that would deny lets the request through but, like an enforced
-            // denial, charges nothing (`next` is then the unchanged state): its would-be
-            // denials are exactly those enforcing it would produce.
-            pending.insert(&check.key, next);
-            outcomes.push(outcome);
-        }
-
-        if !admitted {
-            // Nothing is charged, so report what each counter really has left, not what it
-            // would have had after this request.
-            for ((check, shard), outcome) in checks.iter().zip(&shard_ids).zip(&mut outcomes) {
-                let stored = guards
-                    .get(shard)
-                    .and_then(|g| g.counters.get(&check.key))
-                    .map(|c| &c.state);
-                outcome.remaining =
-                    algorithm::decide(stored, now, check.params(), 0, algorithm::Mode::Charge)
-                        .0
-                        .remaining;
-            }
+        let (decision, evicted) = if has_duplicates(&fps) {
+            decide_on_copies(checks, &fps, &slot, &mut guards, now)
         } else {
-            for (check, shard) in checks.iter().zip(&shard_ids) {
-                if check.hits == 0 {
-                    continue;
-                }
-                if let (Some(state), Some(g)) = (pending.get(&check.key), guards.get_mut(shard)) {
-                    let counter = Counter {
-                        state: state.clone(),
-                        expires_at: algorithm::expires_at(state, check.params()),
-                    };
-                    match g.counters.entry(check.key.clone()) {
-                        Entry::Occupied(mut e) => *e.get_mut() = counter,
-                        Entry::Vacant(e) => {
-                            e.insert(counter);
-                        }
-                    }
-                }
-            }
+            decide_in_place(checks, &fps, &slot, &mut guards, now)
+        };
+        if evicted > 0 {
+            self.evictions.fetch_add(evicted, Ordering::Relaxed);
         }
-        for g in guards.values_mut() {
-            g.sweep(now);
+        for g in &mut guards {
+            g.sweep(now, SWEEP_PER_CALL);
         }
-        Decision {
-            admitted,
-            outcomes,
-            local: false,
+        decision
+    }
+}
+
+/// Whether one request names a counter twice (two descriptors selecting the same counter).
+fn has_duplicates(fps: &[Fingerprint]) -> bool {
+    match fps {
+        [] | [_] => false,
+        [a, b] => a == b,
+        _ => {
+            let mut sorted = fps.to_vec();
+            sorted.sort_unstable();
+            sorted.windows(2).any(|w| w[0] == w[1])
         }
     }
 }
 
+/// The common case: every limit is decided against its stored state without writing (a
+/// sliding_log in place, no copy of it), then, if the request is admitted, each is written.
+/// Returns the decision and the evictions it caused.
+fn decide_in_place(
+    checks: &[LimitCheck],
+    fps: &[Fingerprint],
+    slot: &[usize],
+    guards: &mut [MutexGuard<'_, Shard>],
+    now: u64,
+) -> (Decision, u64) {
+    let mut outcomes = Vec::with_capacity(checks.len());
+    let mut next: Vec<Option<State>> = Vec::with_capacity(checks.len());
+    let mut admitted = true;
+    for (i, check) in checks.iter().enumerate() {
+        let p = check.params();
+        let counter = guards[slot[i]].counters.get_mut(fps[i]);
+        let (outcome, state) = if p.algorithm == Algorithm::SlidingLog {
+            let outcome = match counter {
+                Some(Counter {
+                    state: State::Log(log),
+                    ..
+                }) => algorithm::sliding_log_in(log, now, p, check.hits, check.mode(), false),
+                _ => algorithm::sliding_log_in(
+                    &mut Log::default(),
+                    now,
+                    p,
+                    check.hits,
+                    check.mode(),
+                    false,
+                ),
+            };
+            (outcome, None)
+        } else {
+            let stored = counter.map(|c| &c.state);
+            let (o, s) = algorithm::decide(stored, now, p, check.hits, check.mode());
+            (o, Some(s))
+        };
+        if !outcome.allowed && !check.shadow {
+            admitted = false;
+        }
+        outcomes.push(outcome);
+        next.push(state);
+    }
+    if !admitted {
+        // Nothing is charged, so report what each counter really has left, not what it would
+        // have had after this request.
+        for (i, check) in checks.iter().enumerate() {
+            outcomes[i].remaining =
+                remaining_now(guards[slot[i]].counters.get_mut(fps[i]), check, now);
+        }
+        let decision = Decision {
+            admitted,
+            outcomes,
+            local: false,
+        };
+        return (decision, 0);
+    }
+    let mut evicted = 0;
+    for (i, (check, state)) in checks.iter().zip(next).enumerate() {
+        // A check charges nothing; neither does a shadow limit that would deny.
+        if check.hits == 0 || !outcomes[i].allowed {
+            continue;
+        }
+        let p = check.params();
+        let shard = &mut guards[slot[i]];
+        let state = match state {
+            Some(s) => s,
+            None => {
+                if let Some(Counter {
+                    state: State::Log(log),
+                    expires_at,
+                }) = shard.counters.get_mut(fps[i])
+                {
+                    algorithm::sliding_log_in(log, now, p, check.hits, check.mode(), true);
+                    *expires_at = algorithm::log_expires_at(log, p);
+                    continue;
+                }
+                let mut log = Box::<Log>::default();
+                algorithm::sliding_log_in(&mut log, now, p, check.hits, check.mode(), true);
+                State::Log(log)
+            }
+        };
+        evicted += u64::from(shard.write(fps[i], state, p, now));
+    }
+    let decision = Decision {
+        admitted,
+        outcomes,
+        local: false,
+    };
+    (decision, evicted)
+}
+
+/// What a counter has left as it stands (a denied request reports this).
+fn remaining_now(counter: Option<&mut Counter>, check: &LimitCheck, now: u64) -> u32 {
+    let p = check.params();
+    match counter {
+        Some(Counter {
+            state: State::Log(log),
+            ..
+        }) => algorithm::sliding_log_in(log, now, p, 0, Mode::Charge, false).remaining,
+        Some(c) => {
+            algorithm::decide(Some(&c.state), now, p, 0, Mode::Charge)
+                .0
+                .remaining
+        }
+        None => algorithm::decide(None, now, p, 0, Mode::Charge).0.remaining,
+    }
+}
+
+/// A request naming one counter twice: its checks see each other's hits, so each decides on a
+/// tentative copy of the state (rare; the copies are dropped on a denial).
+fn decide_on_copies(
+    checks: &[LimitCheck],
+    fps: &[Fingerprint],
+    slot: &[usize],
+    guards: &mut [MutexGuard<'_, Shard>],
+    now: u64,
+) -> (Decision, u64) {
+    let mut pending: Vec<(Fingerprint, State)> = Vec::with_capacity(checks.len());
+    let mut outcomes: Vec<Outcome> = Vec::with_capacity(checks.len());
+    let mut admitted = true;
+    for (i, check) in checks.iter().enumerate() {
+        let stored = guards[slot[i]].counters.get(fps[i]).map(|c| &c.state);
+        let current = pending
+            .iter()
+            .rev()
+            .find(|(fp, _)| *fp == fps[i])
+            .map(|(_, s)| s)
+            .or(stored);
+        let (outcome, next) =
+            algorithm::decide(current, now, check.params(), check.hits, check.mode());
+        if !outcome.allowed && !check.shadow {
+            admitted = false;
+        }
+        pending.push((fps[i], next));
+        outcomes.push(outcome);
+    }
+    let mut evicted = 0;
+    if !admitted {
+        for (i, check) in checks.iter().enumerate() {
+            let stored = guards[slot[i]].counters.get(fps[i]).map(|c| &c.state);
+            outcomes[i].remaining = algorithm::decide(stored, now, check.params(), 0, Mode::Charge)
+                .0
+                .remaining;
+        }
+    } else {
+        // Each counter ends in the state its last check left.
+        for (i, check) in checks.iter().enumerate() {
+            let last = pending.iter().rposition(|(fp, _)| *fp == fps[i]);
+            let charged = checks
+                .iter()
+                .zip(fps)
+                .any(|(c, fp)| *fp == fps[i] && c.hits > 0);
+            if !charged || last != Some(i) {
+                continue;
+            }
+            let state = pending[i].1.clone();
+            evicted += u64::from(guards[slot[i]].write(fps[i], state, check.params(), now));
+        }
+    }
+    let decision = Decision {
+        admitted,
+        outcomes,
+        local: false,
+    };
+    (decision, evicted)
+}
+
 /// A poisoned shard only means another request panicked mid-decision; its counters are still
-/// plain integers, so keep serving rather than fail every later request.
+/// plain numbers, so keep serving rather than fail every later request.
 fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -162,6 +451,13 @@ impl CounterStore for MemoryStore {
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(async move { Ok(self.decide_now(checks)) })
     }
+
+    fn stats(&self) -> StoreStats {
+        StoreStats {
+            evictions: self.evictions(),
+            ..StoreStats::default()
+        }
+    }
 }
 
 #[cfg(test)]
@@ -169,6 +465,7 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::config::Unit;
+    use std::time::Duration;
 
     fn check(value: &str, limit: u32, unit: Unit) -> LimitCheck {
         LimitCheck {
@@ -188,7 +485,7 @@ mod tests {
     #[test]
     fn expired_counters_are_reclaimed() {
         let clock = ManualClock::new(Duration::from_secs(1_000_000));
-        let store = MemoryStore::with_shards(Arc::new(clock.clone()), 4);
+        let store = MemoryStore::with_shards(Arc::new(clock.clone()), 4, 1000);
         for i in 0..100 {
             assert!(
                 store
@@ -199,8 +496,8 @@ mod tests {
         let hour = check("long-lived", 5, Unit::Hour);
         assert!(store.decide_now(std::slice::from_ref(&hour)).admitted);
         assert_eq!(store.len(), 101);
-        // Past every second-window and the sweep interval: touching each shard sweeps it.
-        clock.advance(SWEEP_EVERY + Duration::from_secs(1));
+        // Past every second-window: each decision drops a few expired counters of its shard.
+        clock.advance(Duration::from_secs(2));
         for i in 0..4 * 50 {
             store.decide_now(&[LimitCheck {
                 hits: 0,
@@ -216,7 +513,7 @@ mod tests {
     #[test]
     fn checks_spanning_shards_are_all_or_nothing() {
         let clock = ManualClock::new(Duration::from_secs(1_000_000));
-        let store = MemoryStore::with_shards(Arc::new(clock), 8);
+        let store = MemoryStore::with_shards(Arc::new(clock), 8, 1000);
         let checks: Vec<_> = (0..16)
             .map(|i| check(&i.to_string(), 2, Unit::Minute))
             .collect();
@@ -233,7 +530,7 @@ mod tests {
     #[test]
     fn concurrent_decisions_admit_exactly_the_limit() {
         let clock = ManualClock::new(Duration::from_secs(1_000_000));
-        let store = Arc::new(MemoryStore::with_shards(Arc::new(clock), 4));
+        let store = Arc::new(MemoryStore::with_shards(Arc::new(clock), 4, 1000));
         let admitted = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|s| {
             for t in 0..8 {
@@ -254,5 +551,83 @@ mod tests {
             }
         });
         assert_eq!(admitted.load(std::sync::atomic::Ordering::SeqCst), 50);
+    }
+
+    #[test]
+    fn a_full_store_evicts_the_counter_closest_to_expiry_and_counts_it() {
+        let clock = ManualClock::new(Duration::from_secs(1_000_000));
+        let store = MemoryStore::with_shards(Arc::new(clock.clone()), 1, 3);
+        let day = check("day", 5, Unit::Day);
+        let hour = check("hour", 5, Unit::Hour);
+        let minute = check("minute", 5, Unit::Minute);
+        for c in [&day, &hour, &minute] {
+            assert!(store.decide_now(std::slice::from_ref(c)).admitted);
+        }
+        assert_eq!((store.len(), store.evictions()), (3, 0));
+        // A fourth counter: the minute one, closest to expiry, gives way.
+        assert!(store.decide_now(&[check("new", 5, Unit::Day)]).admitted);
+        assert_eq!((store.len(), store.evictions()), (3, 1));
+        // The minute counter starts afresh; coming back, it evicts the hour one in turn.
+        let d = store.decide_now(std::slice::from_ref(&minute));
+        assert_eq!(d.outcomes[0].remaining, 4, "starts afresh");
+        assert_eq!((store.len(), store.evictions()), (3, 2));
+        assert_eq!(store.decide_now(&[hour]).outcomes[0].remaining, 4);
+        assert_eq!(store.evictions(), 3, "the minute counter gave way again");
+        assert_eq!(store.decide_now(&[day]).outcomes[0].remaining, 3, "kept");
+        // Expired counters make room first, without an eviction.
+        clock.advance(Duration::from_secs(2 * 3600));
+        assert!(store.decide_now(&[check("later", 5, Unit::Day)]).admitted);
+        assert_eq!((store.len(), store.evictions()), (3, 3));
+    }
+
+    #[test]
+    fn a_decision_older_than_the_stored_window_keeps_the_newer_count() {
+        // Fixed and sliding windows: a request whose `now` is before the stored window (it
+        // waited across a window edge) decides on the newer window and never overwrites it.
+        for unit in [Unit::Minute] {
+            for alg in [
+                crate::config::Algorithm::FixedWindow,
+                crate::config::Algorithm::SlidingWindow,
+            ] {
+                let t1 = Duration::from_secs(1_000_020); // 20 s into a minute window
+                let clock = ManualClock::new(t1);
+                let store = MemoryStore::with_shards(Arc::new(clock.clone()), 2, 100);
+                let mut c = check("edge", 5, unit);
+                c.key.limit.algorithm = alg;
+                for _ in 0..3 {
+                    assert!(store.decide_now(std::slice::from_ref(&c)).admitted);
+                }
+                clock.set(t1 - Duration::from_secs(30)); // the previous window
+                let d = store.decide_now(std::slice::from_ref(&c));
+                assert!(d.admitted, "{alg:?}");
+                assert_eq!(
+                    d.outcomes[0].remaining, 1,
+                    "{alg:?}: counted on the newer window"
+                );
+                clock.set(t1);
+                let d = store.decide_now(std::slice::from_ref(&c));
+                assert_eq!(
+                    d.outcomes[0].remaining, 0,
+                    "{alg:?}: the newer window holds 5"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_denied_sliding_log_request_writes_nothing() {
+        let clock = ManualClock::new(Duration::from_secs(1_000_000));
+        let store = MemoryStore::with_shards(Arc::new(clock.clone()), 1, 10);
+        let mut log = check("log", 2, Unit::Minute);
+        log.key.limit.algorithm = crate::config::Algorithm::SlidingLog;
+        let other = check("other", 1, Unit::Minute);
+        assert!(store.decide_now(std::slice::from_ref(&other)).admitted);
+        clock.advance(Duration::from_secs(1));
+        // Denied by `other`: the log's charge is not written.
+        let d = store.decide_now(&[log.clone(), other]);
+        assert!(!d.admitted);
+        assert_eq!(d.outcomes[0].remaining, 2);
+        let d = store.decide_now(std::slice::from_ref(&log));
+        assert_eq!(d.outcomes[0].remaining, 1, "only this charge is in the log");
     }
 }

@@ -1,6 +1,7 @@
 //! Counter stores. One async [`CounterStore`] trait decides a whole request at once (every limit
 //! that applies to it), all or nothing: a request one limit denies charges no counter. The memory
-//! store lives here; the Redis stores implement the same trait with the same algorithm math.
+//! store (`memory`) and the Redis store (`redis`) implement it with the same algorithm math; the
+//! circuit breaker (`breaker`) and the deny cache (`local_cache`) wrap a store as layers.
 
 pub mod breaker;
 pub mod local_cache;
@@ -87,6 +88,15 @@ pub struct CallShape {
     pub keys: usize,
 }
 
+/// Running totals a store keeps for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Cluster charges that could not be undone (`sluice_refund_failures_total`).
+    pub undo_failures: u64,
+    /// Live memory-store counters evicted to make room (`sluice_memory_evictions_total`).
+    pub evictions: u64,
+}
+
 /// Why a store could not decide.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
@@ -135,9 +145,9 @@ pub trait CounterStore: Send + Sync + std::fmt::Debug {
         true
     }
 
-    /// Cluster charges that could not be undone (`sluice_refund_failures_total`).
-    fn undo_failures(&self) -> u64 {
-        0
+    /// Running totals for metrics (layers pass their inner store's through).
+    fn stats(&self) -> StoreStats {
+        StoreStats::default()
     }
 
     /// The circuit breaker's state, if the chain has one (for metrics).

@@ -4,6 +4,7 @@
 //! `value_to_metric`), so the number of series is bounded by the config, never by traffic.
 
 use crate::store::breaker::BreakerState;
+use crate::store::StoreStats;
 use prometheus::{
     Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry, TextEncoder,
@@ -74,6 +75,7 @@ pub struct Metrics {
     config_rules: IntGaugeVec,
     offenders_dropped: IntCounter,
     undo_failures: IntCounter,
+    evictions: IntCounter,
 }
 
 /// Why the metric set could not be built (a programming error: a duplicate or invalid name).
@@ -181,6 +183,12 @@ impl Metrics {
              another slot (retried first): each leaves a counter charged for a denied request.",
         )?;
         registry.register(Box::new(undo_failures.clone()))?;
+        let evictions = IntCounter::new(
+            "sluice_memory_evictions_total",
+            "Live memory-store counters evicted to make room under MEMORY_MAX_COUNTERS (the \
+             closest to expiry first): each starts afresh, which can only admit more.",
+        )?;
+        registry.register(Box::new(evictions.clone()))?;
         let build_info = IntGaugeVec::new(
             Opts::new(
                 "sluice_build_info",
@@ -217,6 +225,7 @@ impl Metrics {
             config_rules,
             offenders_dropped,
             undo_failures,
+            evictions,
         })
     }
 
@@ -293,11 +302,15 @@ impl Metrics {
         breaker: Option<BreakerState>,
         store_up: bool,
         offenders_dropped: u64,
-        undo_failures: u64,
+        store: StoreStats,
     ) -> String {
         let seen = self.undo_failures.get();
-        if undo_failures > seen {
-            self.undo_failures.inc_by(undo_failures - seen);
+        if store.undo_failures > seen {
+            self.undo_failures.inc_by(store.undo_failures - seen);
+        }
+        let seen = self.evictions.get();
+        if store.evictions > seen {
+            self.evictions.inc_by(store.evictions - seen);
         }
         let seen = self.offenders_dropped.get();
         if offenders_dropped > seen {

@@ -255,7 +255,7 @@ async fn a_cluster_denial_leaves_every_counter_exactly_as_it_was() {
                 "{alg:?} roll={roll}: a exactly as before"
             );
             assert_eq!(raw(&cluster, &b_key), b_before, "{alg:?} roll={roll}");
-            assert_eq!(store.undo_failures(), 0);
+            assert_eq!(store.stats().undo_failures, 0);
         }
     }
 }

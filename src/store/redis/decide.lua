@@ -44,7 +44,9 @@
 -- Stored state (each write sets a TTL until the state stops mattering, so no key outlives it):
 --   fixed_window    one key per window, "<KEYS[i]>:<window start / period>", holding the count
 --                   (a plain integer, so a charge is one INCRBY). It shares KEYS[i]'s hash tag,
---                   hence its slot; it is the only key a call builds itself.
+--                   hence its slot; it is the only key a call builds itself. A call whose clock
+--                   is behind a newer window (a failover to a node with a slower clock) counts
+--                   in its own, older window's key: the newer window's count is never touched.
 --   sliding_window  string "<window start us>:<previous count>:<current count>"
 --   sliding_log     sorted set, one entry per admitted charge: score = its time (us), member
 --                   "<C>:<hits>:<id>" with C the running total of hits up to and including it
@@ -347,13 +349,16 @@ if has[0] or has[1] then
   -- sliding_window; s = {ws, a = previous, b = current}
   sliding = function(s, limit, period, hits, refund)
     local start = now - (now % period)
-    local elapsed = now - start
     local prev, cur = 0, 0
-    if s.ws == start then
+    if s.ws >= start then
+      -- A stored window newer than `now` (a clock stepped back on a failover) is the current
+      -- one: an older window never overwrites it.
+      start = s.ws
       prev, cur = s.a, s.b
     elseif s.ws + period == start then
       prev = s.b
     end
+    local elapsed = max(now - start, 0)
     local est = estimate(prev, cur, elapsed, period)
     local allowed, after
     if refund then

@@ -1161,8 +1161,11 @@ impl CounterStore for RedisStore {
         self.kind == RedisKind::Single || key.domain_tag
     }
 
-    fn undo_failures(&self) -> u64 {
-        self.undo_failures.load(Ordering::Relaxed)
+    fn stats(&self) -> super::StoreStats {
+        super::StoreStats {
+            undo_failures: self.undo_failures.load(Ordering::Relaxed),
+            ..Default::default()
+        }
     }
 
     fn call_shape(&self, checks: &[LimitCheck]) -> CallShape {
