@@ -270,3 +270,123 @@ test_with_all_stores!(
         }
     }
 );
+
+test_with_all_stores!(
+    a_decision_older_than_the_stored_window_keeps_the_newer_count,
+    |store: Arc<dyn CounterStore>, clock: ManualClock| async move {
+        // A request decided with a `now` before the stored window (it waited across a window
+        // edge; a Redis failover onto a slower clock): the newer window's count is never
+        // overwritten by the older window's.
+        let t1 = crate::support::T0 + Duration::from_secs(20); // 20 s into a minute window
+        for alg in [
+            sluice::config::Algorithm::FixedWindow,
+            sluice::config::Algorithm::SlidingWindow,
+        ] {
+            let mut c = check(&format!("edge-{alg:?}"), 5, Unit::Minute, 1);
+            c.key.limit.algorithm = alg;
+            clock.set(t1);
+            for _ in 0..3 {
+                let d = store
+                    .decide(std::slice::from_ref(&c))
+                    .await
+                    .expect("decide");
+                assert!(d.admitted, "{alg:?}");
+            }
+            clock.set(t1 - Duration::from_secs(30)); // the previous window
+            let d = store
+                .decide(std::slice::from_ref(&c))
+                .await
+                .expect("decide");
+            assert!(d.admitted, "{alg:?}");
+            clock.set(t1);
+            let probe = LimitCheck {
+                hits: 0,
+                ..c.clone()
+            };
+            let left = store.decide(&[probe]).await.expect("decide").outcomes[0].remaining;
+            if alg == sluice::config::Algorithm::SlidingWindow {
+                // Both stores take the newer window as the current one.
+                assert_eq!(left, 1, "{alg:?}: 3 + the late request in the newer window");
+            } else {
+                // Memory counts the late request in the newer window (1 left); Redis keeps one
+                // key per window and counts it in the older one's (2 left). Overwritten, 4.
+                assert!(
+                    left <= 2,
+                    "{alg:?}: the newer window's 3 hits were kept ({left} left)"
+                );
+            }
+        }
+    }
+);
+
+/// A memory store that counts the decisions it is asked for.
+#[derive(Debug)]
+struct Counted {
+    inner: MemoryStore,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl CounterStore for Counted {
+    fn decide<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+    ) -> sluice::store::BoxFuture<'a, Result<sluice::store::Decision, sluice::store::StoreError>>
+    {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.decide(checks)
+    }
+}
+
+/// A request over a request cap gets INVALID_ARGUMENT naming the cap and never reaches the
+/// store, so it takes no shard lock (the memory store's locks are taken inside `decide`).
+#[tokio::test]
+async fn a_request_over_the_caps_never_reaches_the_store() {
+    use crate::support::*;
+    let clock = ManualClock::new(crate::support::T0);
+    let store = Arc::new(Counted {
+        inner: MemoryStore::new(Arc::new(clock.clone())),
+        calls: Default::default(),
+    });
+    let yaml = "domain: caps\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10}\n";
+    let s = TestServer::start_on(
+        yaml,
+        sluice::service::ServiceOptions::default(),
+        Some(store.clone()),
+        clock,
+    )
+    .await;
+    let long_key = "k".repeat(257);
+    let cases = [
+        (
+            "MAX_DESCRIPTORS_PER_REQUEST",
+            request(
+                "caps",
+                (0..65).map(|i| desc(&[("k", &i.to_string())])).collect(),
+            ),
+        ),
+        (
+            "MAX_ENTRIES_PER_DESCRIPTOR",
+            request(
+                "caps",
+                vec![desc(&(0..17).map(|_| ("k", "v")).collect::<Vec<_>>())],
+            ),
+        ),
+        ("MAX_DESCRIPTOR_KEY_BYTES", one("caps", &[(&long_key, "v")])),
+        (
+            "MAX_DESCRIPTOR_VALUE_BYTES",
+            one("caps", &[("k", &"v".repeat(4097))]),
+        ),
+    ];
+    let mut client = s.client().await;
+    for (cap, req) in cases {
+        let e = client.should_rate_limit(req).await.expect_err(cap);
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{cap}: {e:?}");
+        assert!(e.message().contains(cap), "{cap}: {e:?}");
+    }
+    assert_eq!(store.calls.load(std::sync::atomic::Ordering::SeqCst), 0);
+    // A request within the caps does reach it.
+    let r = s.call(one("caps", &[("k", "v")])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 9);
+    assert_eq!(store.calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    s.stop().await;
+}
