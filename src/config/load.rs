@@ -661,6 +661,7 @@ impl Ctx {
         domain.map(|(domain, line)| {
             (
                 DomainRules {
+                    name: Arc::from(domain.as_str()),
                     domain,
                     file: self.file.clone(),
                     root: level,

@@ -323,6 +323,8 @@ impl Level {
 #[derive(Debug, Clone)]
 pub struct DomainRules {
     pub domain: String,
+    /// The domain as counter keys hold it, built once at load (no allocation per request).
+    pub name: Arc<str>,
     pub file: Arc<str>,
     pub root: Level,
     /// `hash_tag: domain` (sluice extension): every counter of the domain in one Cluster slot.

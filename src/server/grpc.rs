@@ -32,7 +32,12 @@ impl RateLimitService for RlsService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let parent = crate::telemetry::trace::parent_from_metadata(request.metadata());
+        // The caller's trace context is read only when spans are exported.
+        let parent = if self.limiter.telemetry().tracer.is_some() {
+            crate::telemetry::trace::parent_from_metadata(request.metadata())
+        } else {
+            opentelemetry::Context::new()
+        };
         // `From<RequestError> for Status` is the single place that maps errors to gRPC codes.
         self.limiter
             .should_rate_limit_in(request.into_inner(), &parent)

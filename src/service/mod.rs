@@ -707,7 +707,6 @@ fn plan(
             .extend(request.descriptors.iter().map(|_| Resolution::NoLimit));
         return Ok(plan);
     };
-    let domain_name: Arc<str> = Arc::from(request.domain.as_str());
     // The request's hits_addend: 0 (unset) means 1.
     let request_hits = u64::from(request.hits_addend.max(1));
 
@@ -715,12 +714,12 @@ fn plan(
     let mut per_descriptor: Vec<(CounterEntries, Vec<Candidate<'_>>, String)> =
         Vec::with_capacity(request.descriptors.len());
     for (i, d) in request.descriptors.iter().enumerate() {
-        let entries: Vec<(String, String)> = d
-            .entries
-            .iter()
-            .map(|e| (e.key.clone(), e.value.clone()))
-            .collect();
         if let Some(o) = &d.limit {
+            let entries: Vec<(String, String)> = d
+                .entries
+                .iter()
+                .map(|e| (e.key.clone(), e.value.clone()))
+                .collect();
             // Envoy's per-descriptor override replaces the configured limit (and is never shadow).
             let unit = override_unit(o.unit).ok_or_else(|| {
                 RequestError::Invalid(format!(
@@ -762,7 +761,7 @@ fn plan(
             domain,
             d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
         ) else {
-            per_descriptor.push((entries, Vec::new(), String::new()));
+            per_descriptor.push((Vec::new(), Vec::new(), String::new()));
             continue;
         };
         let depth = m.counter_entries.len();
@@ -791,7 +790,8 @@ fn plan(
         .collect();
 
     let mut resource_checks: HashMap<CounterKey, usize> = HashMap::new();
-    for ((entries, candidates, stat_key), d) in per_descriptor.into_iter().zip(&request.descriptors)
+    for ((mut entries, candidates, stat_key), d) in
+        per_descriptor.into_iter().zip(&request.descriptors)
     {
         let hits = d.hits_addend.unwrap_or(request_hits);
         plan.descriptors.push(DescriptorInfo {
@@ -808,13 +808,23 @@ fn plan(
             continue;
         }
         let mut indexes = Vec::new();
-        for c in &live {
+        // The last limited candidate takes the entries instead of a copy.
+        let last = live
+            .iter()
+            .rposition(|c| matches!(c.quota, Quota::Limited(_)));
+        for (n, c) in live.iter().enumerate() {
             let Quota::Limited(limit) = c.quota else {
                 continue;
             };
+            let depth = c.depth.min(entries.len());
+            let key_entries = if Some(n) == last && depth == entries.len() {
+                std::mem::take(&mut entries)
+            } else {
+                entries[..depth].to_vec()
+            };
             let key = CounterKey {
-                domain: Arc::clone(&domain_name),
-                entries: entries[..c.depth.min(entries.len())].to_vec(),
+                domain: Arc::clone(&domain.name),
+                entries: key_entries,
                 limit,
                 overridden: c.overridden,
                 domain_tag: domain.domain_tag,
