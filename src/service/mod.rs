@@ -15,7 +15,7 @@ use crate::telemetry::metrics::{DescriptorHits, RequestOutcome};
 use crate::telemetry::Telemetry;
 use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
-use std::collections::{HashMap, HashSet};
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -783,13 +783,15 @@ fn plan(
     }
 
     // `replaces`: a matched limit named in another matched limit's `replaces` is dropped.
-    let replaced: HashSet<&str> = per_descriptor
+    let replaced: Vec<&str> = per_descriptor
         .iter()
         .flat_map(|(_, cs, _)| cs.iter())
         .flat_map(|c| c.replaces.iter().map(String::as_str))
         .collect();
 
-    let mut resource_checks: HashMap<CounterKey, usize> = HashMap::new();
+    // Resource limits already planned (a resource shared by several descriptors of one request
+    // is checked once): a short list searched in place, no per-request map.
+    let mut resource_checks: Vec<usize> = Vec::new();
     for ((mut entries, candidates, stat_key), d) in
         per_descriptor.into_iter().zip(&request.descriptors)
     {
@@ -801,7 +803,7 @@ fn plan(
         });
         let live: Vec<&Candidate<'_>> = candidates
             .iter()
-            .filter(|c| !c.name.is_some_and(|n| replaced.contains(n)))
+            .filter(|c| !c.name.is_some_and(|n| replaced.contains(&n)))
             .collect();
         if live.is_empty() {
             plan.resolutions.push(Resolution::NoLimit);
@@ -830,11 +832,13 @@ fn plan(
                 domain_tag: domain.domain_tag,
             };
             if c.resource {
-                if let Some(&existing) = resource_checks.get(&key) {
+                if let Some(&existing) =
+                    resource_checks.iter().find(|&&i| plan.checks[i].key == key)
+                {
                     indexes.push(existing);
                     continue;
                 }
-                resource_checks.insert(key.clone(), plan.checks.len());
+                resource_checks.push(plan.checks.len());
             }
             indexes.push(plan.checks.len());
             plan.limits.push(Reported {
