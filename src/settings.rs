@@ -211,7 +211,8 @@ pub struct ServeArgs {
     /// Counters the in-memory store holds at most (used when no `REDIS_URL` is set): about 100
     /// bytes each when full. Past it, the counter closest to expiry is evicted (it starts
     /// afresh, which can only ever admit more) and `sluice_memory_evictions_total` counts it.
-    #[arg(long, env = "MEMORY_MAX_COUNTERS", default_value_t = crate::store::memory::DEFAULT_MAX_COUNTERS)]
+    #[arg(long, env = "MEMORY_MAX_COUNTERS", default_value_t = crate::store::memory::DEFAULT_MAX_COUNTERS,
+        value_parser = parse_max_counters)]
     pub memory_max_counters: usize,
 
     /// Bytes of the local deny cache (0 = off): a counter known to be over its limit is denied
@@ -911,6 +912,15 @@ impl ServeArgs {
     }
 }
 
+/// `MEMORY_MAX_COUNTERS`: at least 1 (a store that keeps no counter would enforce no limit).
+fn parse_max_counters(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1: a store holding no counter enforces no limit".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("not a number of counters: {e}")),
+    }
+}
+
 fn load_rules(path: &Path, opts: &LoadOptions) -> Result<RuleSet, SettingsError> {
     load_path(path, opts).map_err(|errors| SettingsError::Config {
         path: path.to_path_buf(),
@@ -996,6 +1006,17 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_max_counters_must_keep_at_least_one() {
+        assert_eq!(parse_max_counters("10000"), Ok(10_000));
+        let e = parse_max_counters("0").expect_err("0 keeps nothing");
+        assert!(e.contains("at least 1"), "{e}");
+        assert!(parse_max_counters("-1").is_err());
+        let e = parse(&["--memory-max-counters", "0"]).expect_err("refused at start");
+        assert!(e.to_string().contains("at least 1"), "{e}");
+        assert!(parse(&["--memory-max-counters", "5"]).is_ok());
+    }
 
     /// Parses `args` as if no environment variable were set: the env fallbacks are stripped from
     /// the command, so the tests neither depend on nor mutate the process environment (which
