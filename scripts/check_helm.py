@@ -383,6 +383,7 @@ SEEDS = ["rc-0.rc.infra:6379", "rc-1.rc.infra:6379", "rc-2.rc.infra:6379"]
 def facts_default(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
     no_redis_env(env)
     C.equal(env_value(env, "SHUTDOWN_GRACE_PERIOD"), "15s", "default SHUTDOWN_GRACE_PERIOD")
+    C.equal(env_value(env, "MEMORY_MAX_COUNTERS"), "500000", "memory store: MEMORY_MAX_COUNTERS default")
 
 
 def facts_headless(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
@@ -418,6 +419,7 @@ def facts_redis(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
     for name, want in {"REDIS_TLS": "true", "REDIS_POOL_SIZE": "16", "REDIS_TIMEOUT": "250ms",
                        "CACHE_KEY_PREFIX": "edge_", "FAILURE_MODE": "allow", "LOCAL_CACHE_SIZE_IN_BYTES": "16777216"}.items():
         C.equal(env_value(env, name), want, f"env {name}")
+    C.expect("MEMORY_MAX_COUNTERS" not in env, "Redis store: no MEMORY_MAX_COUNTERS")
 
 
 def facts_cluster(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
