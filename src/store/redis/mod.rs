@@ -1,7 +1,9 @@
-//! The Redis store, standalone or Cluster. A decision groups the request's limits by hash tag and
-//! evaluates each group with ONE `EVALSHA` of `decide.lua`, atomically and on the Redis server
-//! clock; if one group denies, the groups that charged are refunded, so a rejected request never
-//! burns quota. Errors are classified transient/permanent here, where they are converted.
+//! The Redis store, standalone or Cluster, deciding with `decide.lua` atomically on the Redis
+//! server clock. Standalone: every limit of a request in ONE `EVALSHA`, concurrent requests
+//! batched into one call (plain ones in the packed layout, `packed.rs`). Cluster: one call per
+//! slot, concurrent; if one slot denies, what the others charged is undone exactly, so a rejected
+//! request never burns quota. Errors are classified transient/permanent here, where they are
+//! converted.
 
 pub mod keys;
 mod packed;
