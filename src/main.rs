@@ -13,14 +13,31 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let (command, log) = Cli::parse_args().into_command();
     init_logging(&log);
     match command {
-        Command::Serve(args) => serve(args).await,
         Command::Check(args) => check(&args),
-        Command::Bench(args) => bench(args).await,
+        // `serve` starts on a single-threaded runtime that is also its first gRPC serving
+        // thread; the server adds the others, one runtime each (`server/workers.rs` says why).
+        Command::Serve(args) => {
+            block_on(tokio::runtime::Builder::new_current_thread(), serve(args))
+        }
+        // The load generator wants Tokio's work-stealing pool for its many clients.
+        Command::Bench(args) => block_on(tokio::runtime::Builder::new_multi_thread(), bench(args)),
+    }
+}
+
+fn block_on(
+    mut builder: tokio::runtime::Builder,
+    main: impl std::future::Future<Output = ExitCode>,
+) -> ExitCode {
+    match builder.enable_all().build() {
+        Ok(runtime) => runtime.block_on(main),
+        Err(e) => {
+            eprintln!("cannot start the Tokio runtime: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

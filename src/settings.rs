@@ -205,6 +205,12 @@ pub struct ServeArgs {
     )]
     pub shutdown_grace: Duration,
 
+    /// Threads serving gRPC, each accepting connections on its own single-threaded runtime
+    /// (default: the CPUs this process may use, cgroup quota included). A connection's requests
+    /// are served by the thread that accepted it.
+    #[arg(long, env = "WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub worker_threads: Option<u16>,
+
     #[command(flatten)]
     pub redis: RedisArgs,
 
@@ -907,6 +913,9 @@ impl ServeArgs {
         });
         config.store = store;
         config.shutdown_grace = self.shutdown_grace;
+        if let Some(n) = self.worker_threads {
+            config.grpc_threads = usize::from(n);
+        }
         config.config_path = Some(path);
         Ok(config)
     }
@@ -1018,6 +1027,16 @@ mod tests {
         assert!(parse(&["--memory-max-counters", "5"]).is_ok());
     }
 
+    #[test]
+    fn worker_threads_default_to_the_cpus_and_refuse_zero() {
+        let s = serve_args(parse(&[]).unwrap());
+        assert_eq!(s.worker_threads, None, "unset: one serving thread per CPU");
+        let s = serve_args(parse(&["--worker-threads", "3"]).unwrap());
+        assert_eq!(s.worker_threads, Some(3));
+        let e = parse(&["--worker-threads", "0"]).expect_err("no thread serves nothing");
+        assert!(e.to_string().contains("worker-threads"), "{e}");
+    }
+
     /// Parses `args` as if no environment variable were set: the env fallbacks are stripped from
     /// the command, so the tests neither depend on nor mutate the process environment (which
     /// other test threads read concurrently). The env names themselves are checked separately.
@@ -1095,6 +1114,7 @@ mod tests {
                 ("redis-breaker-open", "REDIS_BREAKER_OPEN"),
                 ("local-cache-size-in-bytes", "LOCAL_CACHE_SIZE_IN_BYTES"),
                 ("memory-max-counters", "MEMORY_MAX_COUNTERS"),
+                ("worker-threads", "WORKER_THREADS"),
                 ("failure-mode", "FAILURE_MODE"),
                 ("near-limit-ratio", "NEAR_LIMIT_RATIO"),
                 (

@@ -9,6 +9,7 @@ mod incoming;
 pub mod reload;
 pub mod signal;
 pub mod tls;
+mod workers;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::RuleSet;
@@ -106,6 +107,9 @@ pub struct ServerConfig {
     /// TLS (and mTLS) on the gRPC port; `None` serves plaintext. The HTTP admin port is always
     /// plaintext.
     pub grpc_tls: Option<tls::TlsSettings>,
+    /// Threads serving gRPC, each on its own single-threaded runtime (see `workers.rs`); the
+    /// calling runtime is one of them. 0 counts as 1.
+    pub grpc_threads: usize,
 }
 
 impl ServerConfig {
@@ -127,6 +131,7 @@ impl ServerConfig {
             reload: None,
             loaded_fingerprint: 0,
             grpc_tls: None,
+            grpc_threads: workers::default_threads(),
         }
     }
 
@@ -168,6 +173,11 @@ pub enum ServerError {
     Tls(#[from] tls::TlsError),
     #[error("cannot start OTLP trace export: {0}")]
     Tracing(#[from] crate::telemetry::trace::TraceError),
+    #[error("cannot start {threads} gRPC serving threads: {source}")]
+    Threads {
+        threads: usize,
+        source: std::io::Error,
+    },
     #[error("gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
     #[error("HTTP admin server failed: {0}")]
@@ -267,6 +277,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         reload,
         loaded_fingerprint,
         grpc_tls,
+        grpc_threads,
     } = config;
 
     // Bind first: a port conflict is reported before any task starts, and port 0 resolves to
@@ -280,6 +291,29 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     let (reflection_v1, reflection_v1alpha) = grpc::reflection_services()?;
     let transcoder = http::Transcoder::new()?;
     let grpc_tls = grpc_tls.as_ref().map(tls::GrpcTls::load).transpose()?;
+    let workers = workers::Workers::start(grpc_threads.saturating_sub(1)).map_err(|source| {
+        ServerError::Threads {
+            threads: grpc_threads,
+            source,
+        }
+    })?;
+    // Each serving thread accepts from its own handle on the one listening socket.
+    let worker_listeners = workers
+        .handles()
+        .iter()
+        .map(|_| {
+            use std::os::fd::AsFd;
+            grpc_listener
+                .as_fd()
+                .try_clone_to_owned()
+                .map(std::net::TcpListener::from)
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|source| ServerError::Bind {
+            what: "gRPC",
+            addr: grpc_addr,
+            source,
+        })?;
 
     let mut telemetry = Telemetry::new(Arc::clone(&clock))?;
     let tracing = match tracing {
@@ -343,23 +377,41 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
 
     // The accept stream itself ends on drain (after sweeping the backlog), so tonic's own
     // shutdown signal never fires first; passing one still makes tonic drain its connections
-    // gracefully once the stream ends.
-    let incoming = incoming::DrainingIncoming::new(grpc_listener, draining.clone());
+    // gracefully once the stream ends. One server per serving thread, all on the same socket.
     let grpc_router = tonic::transport::Server::builder()
         .add_service(grpc::RlsService::new(Arc::clone(&limiter)).into_server())
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha);
-    // With TLS the same draining accept stream feeds per-connection handshakes.
-    let grpc_task = match grpc_tls {
-        None => tokio::spawn(
-            grpc_router.serve_with_incoming_shutdown(incoming, std::future::pending::<()>()),
-        ),
-        Some(tls) => tokio::spawn(
-            grpc_router
-                .serve_with_incoming_shutdown(tls.incoming(incoming), std::future::pending::<()>()),
-        ),
-    };
+    let grpc_tls = grpc_tls.map(tls::GrpcTls::start);
+    let mut grpc_servers = tokio::task::JoinSet::new();
+    grpc_servers.spawn(serve_grpc(
+        grpc_router.clone(),
+        grpc_listener,
+        draining.clone(),
+        grpc_tls.clone(),
+    ));
+    for (handle, listener) in workers.handles().iter().zip(worker_listeners) {
+        let (router, drain, tls) = (grpc_router.clone(), draining.clone(), grpc_tls.clone());
+        // The listener joins the worker's own I/O driver, so it is registered there.
+        grpc_servers.spawn_on(
+            async move {
+                let listener = listener
+                    .set_nonblocking(true)
+                    .and_then(|()| TcpListener::from_std(listener));
+                match listener {
+                    Ok(l) => serve_grpc(router, l, drain, tls).await,
+                    Err(source) => Err(ServerError::Bind {
+                        what: "gRPC",
+                        addr: grpc_addr,
+                        source,
+                    }),
+                }
+            },
+            handle,
+        );
+    }
+    let grpc_task = tokio::spawn(join_grpc_servers(grpc_servers));
 
     let app = http::router(Arc::clone(&limiter), transcoder, draining.clone());
     let http_server = axum::serve(http_listener, app).with_graceful_shutdown(draining.triggered());
@@ -368,6 +420,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     tracing::info!(
         grpc = %grpc_addr,
         http = %http_addr,
+        grpc_threads = grpc_threads.max(1),
         "sluice listening (gRPC: RLS, health, reflection; HTTP: /healthcheck /livez /rlconfig /json /metrics /debug/offenders)"
     );
 
@@ -382,6 +435,8 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
             shutdown_grace,
         )
         .await;
+        // The serving threads stop once their servers have drained (or the grace ran out).
+        drop(workers);
         // Spans of the last requests are flushed after those requests finished.
         if let Some(t) = tracing {
             t.shutdown().await;
@@ -505,7 +560,7 @@ async fn supervise(
     drain: ShutdownHandle,
     health: tonic_health::server::HealthReporter,
     background: Vec<JoinHandle<()>>,
-    mut grpc_task: JoinHandle<Result<(), tonic::transport::Error>>,
+    mut grpc_task: JoinHandle<Result<(), ServerError>>,
     mut http_task: JoinHandle<std::io::Result<()>>,
     grace: Duration,
 ) -> Result<(), ServerError> {
@@ -563,14 +618,59 @@ async fn supervise(
     }
 }
 
+/// One serving thread's gRPC server on its own accept stream, until drained.
+async fn serve_grpc(
+    router: tonic::transport::server::Router,
+    listener: TcpListener,
+    drain: ShutdownWatch,
+    tls: Option<tls::TlsAcceptors>,
+) -> Result<(), ServerError> {
+    let incoming = incoming::DrainingIncoming::new(listener, drain);
+    let pending = std::future::pending::<()>;
+    let served = match tls {
+        None => {
+            router
+                .serve_with_incoming_shutdown(incoming, pending())
+                .await
+        }
+        // With TLS the same draining accept stream feeds per-connection handshakes.
+        Some(tls) => {
+            router
+                .serve_with_incoming_shutdown(tls.incoming(incoming), pending())
+                .await
+        }
+    };
+    served.map_err(ServerError::Grpc)
+}
+
+/// Waits for every serving thread's server. The first failure ends the wait; the set is then
+/// dropped, which aborts the other servers (so does aborting the task that runs this).
+async fn join_grpc_servers(
+    mut servers: tokio::task::JoinSet<Result<(), ServerError>>,
+) -> Result<(), ServerError> {
+    while let Some(r) = servers.join_next().await {
+        match r {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(source) => {
+                return Err(ServerError::Task {
+                    what: "gRPC",
+                    source,
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
 fn grpc_result(
-    r: Result<Result<(), tonic::transport::Error>, tokio::task::JoinError>,
+    r: Result<Result<(), ServerError>, tokio::task::JoinError>,
     early: bool,
 ) -> Result<(), ServerError> {
     match r {
         Ok(Ok(())) if early => Err(ServerError::StoppedEarly("gRPC")),
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(ServerError::Grpc(e)),
+        Ok(Err(e)) => Err(e),
         Err(source) => Err(ServerError::Task {
             what: "gRPC",
             source,

@@ -164,9 +164,9 @@ impl GrpcTls {
         })
     }
 
-    /// Wraps a stream of accepted TCP connections into a stream of TLS connections and starts
-    /// watching the files. The watcher lives as long as the returned stream.
-    pub(crate) fn incoming<S>(self, tcp: S) -> TlsIncoming<S> {
+    /// Starts watching the files and returns what wraps each serving thread's accept stream.
+    /// The watcher lives as long as any clone of the returned value.
+    pub(crate) fn start(self) -> TlsAcceptors {
         tracing::info!(
             cert = %self.settings.cert.display(),
             key = %self.settings.key.display(),
@@ -177,12 +177,9 @@ impl GrpcTls {
         );
         let config = Arc::clone(&self.config);
         let watcher = tokio::spawn(self.watch()).abort_handle();
-        TlsIncoming {
-            tcp,
-            tcp_done: false,
+        TlsAcceptors {
             config,
-            handshakes: JoinSet::new(),
-            _watcher: AbortOnDrop(watcher),
+            _watcher: Arc::new(AbortOnDrop(watcher)),
         }
     }
 
@@ -423,6 +420,26 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// The live TLS configuration (reloaded by one file watcher) shared by every serving thread.
+#[derive(Clone)]
+pub(crate) struct TlsAcceptors {
+    config: SharedConfig,
+    _watcher: Arc<AbortOnDrop>,
+}
+
+impl TlsAcceptors {
+    /// Wraps a stream of accepted TCP connections into a stream of TLS connections.
+    pub(crate) fn incoming<S>(&self, tcp: S) -> TlsIncoming<S> {
+        TlsIncoming {
+            tcp,
+            tcp_done: false,
+            config: Arc::clone(&self.config),
+            handshakes: JoinSet::new(),
+            _watcher: Arc::clone(&self._watcher),
+        }
+    }
+}
+
 /// TLS connections from a stream of TCP connections. Ends once the TCP stream has ended and
 /// every handshake already started has finished, so a client accepted before a drain still
 /// gets served (and a graceful GOAWAY) as it would without TLS.
@@ -432,7 +449,7 @@ pub(crate) struct TlsIncoming<S> {
     config: SharedConfig,
     /// Each yields the connection, or `None` when its handshake failed (already logged).
     handshakes: JoinSet<Option<TlsStream<TcpStream>>>,
-    _watcher: AbortOnDrop,
+    _watcher: Arc<AbortOnDrop>,
 }
 
 impl<S> TlsIncoming<S> {

@@ -72,6 +72,7 @@ async fn sigterm_finishes_in_flight_calls_and_exits_zero() {
         .env("GRPC_PORT", grpc.to_string())
         .env("HOST", "127.0.0.1")
         .env("PORT", http_port.to_string())
+        .env("WORKER_THREADS", "3")
         .env_remove("REDIS_URL")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -95,10 +96,35 @@ async fn sigterm_finishes_in_flight_calls_and_exits_zero() {
     let client = client.expect("sluice came up");
     let req = one("example", &[("remote_address", "10.9.9.9")]);
 
-    // Keep a burst of calls in flight, then SIGTERM.
+    // WORKER_THREADS=3: the process serves on two threads besides its main one. (A TCP connect
+    // succeeds as soon as the socket listens; one answered call means the servers run.)
+    client
+        .clone()
+        .should_rate_limit(req.clone())
+        .await
+        .expect("first call answered");
+    let pid = child.id().expect("pid");
+    let names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("thread list")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .collect();
+    for name in ["sluice-grpc-1", "sluice-grpc-2"] {
+        assert!(names.iter().any(|n| n == name), "{name} in {names:?}");
+    }
+    assert!(!names.iter().any(|n| n == "sluice-grpc-3"), "{names:?}");
+
+    // Keep a burst of calls in flight, half on connections of their own (so the drain covers
+    // several serving threads), then SIGTERM.
     let mut tasks = Vec::new();
-    for _ in 0..16 {
-        let mut c = client.clone();
+    for i in 0..16 {
+        let mut c = if i % 2 == 0 {
+            client.clone()
+        } else {
+            sluice::proto::rate_limit_service_client::RateLimitServiceClient::connect(url.clone())
+                .await
+                .expect("connect")
+        };
         let req = req.clone();
         tasks.push(tokio::spawn(async move {
             let mut answers = Vec::new();

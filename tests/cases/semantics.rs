@@ -501,38 +501,43 @@ async fn invalid_requests_get_invalid_argument() {
     s.stop().await;
 }
 
+/// Each caller has its own connection, so with several serving threads the callers are spread
+/// over them: the count stays exact because every thread decides on the one shared store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_concurrent_callers_against_a_limit_of_ten_get_exactly_ten() {
-    let s = TestServer::start(
-        r#"
+    for threads in [1, 4] {
+        let s = TestServer::start_threads(
+            r#"
 domain: conc
 descriptors:
   - key: k
     rate_limit: {unit: hour, requests_per_unit: 10}
 "#,
-    )
-    .await;
-    let req = one("conc", &[("k", "v")]);
-    let mut tasks = Vec::new();
-    for _ in 0..100 {
-        let mut client = s.client().await;
-        let req = req.clone();
-        tasks.push(tokio::spawn(async move {
-            client.should_rate_limit(req).await.map(|r| r.into_inner())
-        }));
-    }
-    let mut ok = 0;
-    let mut over = 0;
-    for t in tasks {
-        let r = t.await.expect("task").expect("call");
-        match code(&r) {
-            Code::Ok => ok += 1,
-            Code::OverLimit => over += 1,
-            other => panic!("unexpected {other:?}"),
+            threads,
+        )
+        .await;
+        let req = one("conc", &[("k", "v")]);
+        let mut tasks = Vec::new();
+        for _ in 0..100 {
+            let mut client = s.client().await;
+            let req = req.clone();
+            tasks.push(tokio::spawn(async move {
+                client.should_rate_limit(req).await.map(|r| r.into_inner())
+            }));
         }
+        let mut ok = 0;
+        let mut over = 0;
+        for t in tasks {
+            let r = t.await.expect("task").expect("call");
+            match code(&r) {
+                Code::Ok => ok += 1,
+                Code::OverLimit => over += 1,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!((ok, over), (10, 90), "{threads} serving thread(s)");
+        s.stop().await;
     }
-    assert_eq!((ok, over), (10, 90));
-    s.stop().await;
 }
 
 #[tokio::test]

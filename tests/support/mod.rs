@@ -60,6 +60,20 @@ impl TestServer {
             store,
             ..ServerConfig::for_tests(rules(yaml), Arc::new(clock.clone()))
         };
+        Self::start_config(config, clock).await
+    }
+
+    /// A server on `threads` gRPC serving threads (the default is one per CPU).
+    pub async fn start_threads(yaml: &str, threads: usize) -> Self {
+        let clock = ManualClock::new(T0);
+        let config = ServerConfig {
+            grpc_threads: threads,
+            ..ServerConfig::for_tests(rules(yaml), Arc::new(clock.clone()))
+        };
+        Self::start_config(config, clock).await
+    }
+
+    async fn start_config(config: ServerConfig, clock: ManualClock) -> Self {
         let running = server::start(config).await.expect("server starts");
         Self {
             grpc_addr: running.grpc_addr(),

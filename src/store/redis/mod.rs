@@ -435,6 +435,10 @@ pub struct RedisStore {
     batcher: std::sync::OnceLock<tokio::sync::mpsc::Sender<Job>>,
     /// Standalone: script calls the batcher keeps outstanding (`REDIS_POOL_SIZE`).
     in_flight: usize,
+    /// The runtime the store was built on. The batcher and Cluster's charge-or-undo tasks run
+    /// there rather than on the caller's serving thread: that runtime outlives every serving
+    /// thread, so a drain never cancels an undo, and the one batcher serves all threads.
+    runtime: tokio::runtime::Handle,
 }
 
 impl fmt::Debug for RedisStore {
@@ -453,6 +457,9 @@ impl RedisStore {
     /// settings that can never work (bad URL, bad prefix).
     pub fn new(settings: &RedisSettings) -> Result<Self, StoreError> {
         keys::validate_prefix(&settings.key_prefix).map_err(StoreError::Permanent)?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
+            StoreError::Permanent(format!("the Redis store needs a Tokio runtime: {e}"))
+        })?;
         let infos = settings.connection_infos()?;
         let tls = infos.iter().any(is_tls);
         let certs = if tls {
@@ -533,6 +540,7 @@ impl RedisStore {
             undo_failures: Arc::default(),
             batcher: std::sync::OnceLock::new(),
             in_flight: settings.pool_size.max(1) as usize,
+            runtime,
         })
     }
 
@@ -633,7 +641,7 @@ impl RedisStore {
     ) -> Result<Decision, StoreError> {
         let tx = self.batcher.get_or_init(|| {
             let (tx, rx) = tokio::sync::mpsc::channel(BATCH_QUEUE);
-            tokio::spawn(batcher(
+            self.runtime.spawn(batcher(
                 rx,
                 pool.clone(),
                 self.script.clone(),
@@ -701,7 +709,7 @@ impl RedisStore {
                 ..self.call_for(checks, g)
             })
             .collect();
-        let task = tokio::spawn(charge_or_undo(
+        let task = self.runtime.spawn(charge_or_undo(
             self.script.clone(),
             conn,
             self.test_clock.clone(),
