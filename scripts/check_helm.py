@@ -384,6 +384,7 @@ def facts_default(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> Non
     no_redis_env(env)
     C.equal(env_value(env, "SHUTDOWN_GRACE_PERIOD"), "15s", "default SHUTDOWN_GRACE_PERIOD")
     C.equal(env_value(env, "MEMORY_MAX_COUNTERS"), "500000", "memory store: MEMORY_MAX_COUNTERS default")
+    C.expect("WORKER_THREADS" not in env, "default: no WORKER_THREADS (one serving thread per CPU)")
 
 
 def facts_headless(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
@@ -402,7 +403,7 @@ def facts_memory(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None
                        "OTEL_SERVICE_NAME": "sluice-edge", "TRACING_SAMPLING_RATE": "0.1", "LOG_LEVEL": "debug",
                        "LOG_FORMAT": "text", "SHADOW_MODE": "true", "NEAR_LIMIT_RATIO": "0.9",
                        "LIMIT_RESPONSE_HEADERS_ENABLED": "true", "RATELIMIT_HEADERS_DRAFT": "ietf",
-                       "CONFIG_RELOAD_INTERVAL": "2s"}.items():
+                       "CONFIG_RELOAD_INTERVAL": "2s", "WORKER_THREADS": "4"}.items():
         C.equal(env_value(env, name), want, f"env {name}")
     pod = one(docs, "Deployment", FULLNAME)["spec"]["template"]["spec"]
     C.equal([v["name"] for v in pod["volumes"]], ["config", "tls"], "extraVolumes appended")
@@ -469,7 +470,7 @@ VALUE_SETS: list[tuple[str, dict[str, Any], Callable[..., None]]] = [
         "store": {"type": "memory"},
         "probes": {"type": "http", "startup": {"enabled": True}},
         "settings": {"logLevel": "debug", "logFormat": "text", "shadowMode": True, "nearLimitRatio": 0.9,
-                     "limitResponseHeadersEnabled": True},
+                     "limitResponseHeadersEnabled": True, "workerThreads": 4},
         "tracing": {"enabled": True, "endpoint": "http://otel-collector.observability:4317",
                     "serviceName": "sluice-edge", "samplingRate": 0.1},
         "extraEnv": [{"name": "RATELIMIT_HEADERS_DRAFT", "value": "ietf"},
@@ -524,6 +525,7 @@ if ISTIO_VALUES.is_file():
 # Values the schema must reject: (name, values, fragments the error must contain).
 BAD_VALUES: list[tuple[str, dict[str, Any], list[str]]] = [
     ("wrong type", {"replicaCount": "two"}, ["/replicaCount", "want integer"]),
+    ("negative worker threads", {"settings": {"workerThreads": -1}}, ["/settings/workerThreads", "minimum"]),
     ("unknown top-level key", {"replicaCont": 2}, ["additional properties 'replicaCont' not allowed"]),
     ("unknown nested key", {"store": {"redis": {"passwrd": "x"}}}, ["/store/redis", "'passwrd' not allowed"]),
     ("invalid enum", {"store": {"type": "mongo"}}, ["/store/type", "memory", "redis", "cluster"]),
