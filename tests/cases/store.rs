@@ -52,6 +52,7 @@ pub fn redis_settings(urls: Vec<String>, kind: RedisKind) -> RedisSettings {
     RedisSettings {
         urls,
         kind,
+        sentinel: None,
         auth: None,
         pool_size: 4,
         // Generous: a loaded CI machine must not turn slowness into failures.

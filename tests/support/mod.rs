@@ -6,6 +6,7 @@ pub mod certs;
 pub mod otlp;
 pub mod proxy;
 pub mod redis;
+pub mod sentinel;
 
 use sluice::clock::ManualClock;
 use sluice::config::{load_sources, RuleSet};

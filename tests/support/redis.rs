@@ -48,7 +48,7 @@ const CLUSTER_NODE_ARGS: [&str; 6] = [
 /// Runs redis-server as a background job of `sh` and exits with its status. A watcher holds the
 /// read end of our stdin pipe: when the write end closes (on `stop`, or because the test process
 /// died, even by SIGKILL) it kills redis-server, so no server outlives its test.
-const WATCHDOG: &str = r#"exec 3<&0 0</dev/null
+pub(super) const WATCHDOG: &str = r#"exec 3<&0 0</dev/null
 redis-server "$@" 3<&- &
 pid=$!
 (read -r line <&3; kill -9 "$pid" 2>/dev/null) &
@@ -609,7 +609,7 @@ fn bindable(port: u16) -> bool {
 }
 
 /// A port that is bindable now (and so is `port + 10000` if `bus`), reserved in this process.
-fn reserve_port(bus: bool) -> u16 {
+pub(super) fn reserve_port(bus: bool) -> u16 {
     let (low, high) = port_range();
     let span = u64::from(high - low) + 1;
     let mut reserved = RESERVED.lock().unwrap_or_else(|e| e.into_inner());
@@ -631,7 +631,7 @@ fn reserve_port(bus: bool) -> u16 {
     panic!("no free port found in {low}..={high}");
 }
 
-fn release_port(port: u16, bus: bool) {
+pub(super) fn release_port(port: u16, bus: bool) {
     let mut reserved = RESERVED.lock().unwrap_or_else(|e| e.into_inner());
     reserved.remove(&port);
     if bus {
@@ -870,7 +870,7 @@ fn spawn_ready(
 }
 
 /// Closes the watchdog's stdin (it SIGKILLs redis-server and exits with it) and reaps it.
-fn stop_child(child: &mut Child) {
+pub(super) fn stop_child(child: &mut Child) {
     drop(child.stdin.take());
     let deadline = Instant::now() + STOP_DEADLINE;
     loop {
@@ -929,7 +929,7 @@ fn run(cmd: &mut Command, deadline: Instant) -> io::Result<Output> {
     })
 }
 
-fn redis_cli(connection: &[&str], args: &[&str]) -> Result<String, String> {
+pub(super) fn redis_cli(connection: &[&str], args: &[&str]) -> Result<String, String> {
     let out = run(
         Command::new("redis-cli").args(connection).args(args),
         Instant::now() + CLI_DEADLINE,
@@ -1032,7 +1032,7 @@ fn resp_call(port: u16, args: &[&[u8]]) -> io::Result<Resp> {
     Conn::open(port)?.call(args)
 }
 
-fn ping(port: u16) -> bool {
+pub(super) fn ping(port: u16) -> bool {
     matches!(resp_call(port, &[b"PING"]), Ok(Resp::Simple(s)) if s == "PONG")
 }
 

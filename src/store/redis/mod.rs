@@ -7,6 +7,7 @@
 
 pub mod keys;
 mod packed;
+mod sentinel;
 
 use super::{
     BoxFuture, CallShape, CounterKey, CounterStore, Decision, LimitCheck, Outcome, StoreError,
@@ -42,14 +43,37 @@ pub const DEFAULT_POOL_SIZE: u32 = 1;
 pub enum RedisKind {
     Single,
     Cluster,
+    /// A master found through Redis Sentinel; otherwise decided as on standalone Redis.
+    Sentinel,
+}
+
+/// `REDIS_TYPE=sentinel`: the monitored master's name (the first item of envoyproxy's
+/// `REDIS_URL`) and `REDIS_SENTINEL_AUTH`, the sentinels' own password (`REDIS_AUTH` stays the
+/// master's). `Debug` never prints the password.
+#[derive(Clone)]
+pub struct SentinelSettings {
+    pub master_name: String,
+    pub auth: Option<String>,
+}
+
+impl fmt::Debug for SentinelSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SentinelSettings")
+            .field("master_name", &self.master_name)
+            .field("auth", &self.auth.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 /// Everything needed to reach Redis. `Debug` never prints credentials.
 #[derive(Clone)]
 pub struct RedisSettings {
-    /// Node URLs (`redis://` or `rediss://`); one for standalone, the seeds for Cluster.
+    /// Node URLs (`redis://` or `rediss://`); one for standalone, the seeds for Cluster, the
+    /// sentinels for Sentinel.
     pub urls: Vec<String>,
     pub kind: RedisKind,
+    /// Required with [`RedisKind::Sentinel`], ignored otherwise.
+    pub sentinel: Option<SentinelSettings>,
     /// `REDIS_AUTH`: `pass` or `user:pass`; overrides credentials in the URLs.
     pub auth: Option<String>,
     /// Connections in the standalone pool (each is multiplexed, so requests are pipelined).
@@ -164,6 +188,7 @@ impl fmt::Debug for RedisSettings {
                 &self.urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>(),
             )
             .field("kind", &self.kind)
+            .field("sentinel", &self.sentinel)
             .field("auth", &self.auth.as_ref().map(|_| "<redacted>"))
             .field("pool_size", &self.pool_size)
             .field("timeout", &self.timeout)
@@ -186,7 +211,11 @@ pub fn redact_url(url: &str) -> String {
 }
 
 impl RedisSettings {
-    fn connection_infos(&self) -> Result<Vec<redis::ConnectionInfo>, StoreError> {
+    /// The URLs' connection details, `auth` (`pass` or `user:pass`) replacing their credentials.
+    fn connection_infos(
+        &self,
+        auth: Option<&str>,
+    ) -> Result<Vec<redis::ConnectionInfo>, StoreError> {
         use redis::IntoConnectionInfo;
         self.urls
             .iter()
@@ -194,21 +223,21 @@ impl RedisSettings {
                 let mut info = u.as_str().into_connection_info().map_err(|e| {
                     StoreError::Permanent(format!("invalid Redis URL {}: {e}", redact_url(u)))
                 })?;
-                if let Some(auth) = &self.auth {
-                    let (user, pass) = match auth.split_once(':') {
-                        Some((u, p)) => (Some(u.to_string()), p.to_string()),
-                        None => (None, auth.clone()),
-                    };
-                    let mut redis = info.redis_settings().clone();
-                    redis = redis.set_password(pass);
-                    if let Some(user) = user {
-                        redis = redis.set_username(user);
-                    }
-                    info = info.set_redis_settings(redis);
+                if let Some(auth) = auth {
+                    let settings = with_auth(info.redis_settings().clone(), auth);
+                    info = info.set_redis_settings(settings);
                 }
                 Ok(info)
             })
             .collect()
+    }
+}
+
+/// `auth` is `pass` or `user:pass`.
+fn with_auth(settings: redis::RedisConnectionInfo, auth: &str) -> redis::RedisConnectionInfo {
+    match auth.split_once(':') {
+        Some((user, pass)) => settings.set_password(pass).set_username(user),
+        None => settings.set_password(auth),
     }
 }
 
@@ -273,10 +302,46 @@ impl Broken {
 /// flag a failed call set, without I/O.
 #[derive(Debug)]
 pub struct Manager {
-    client: redis::Client,
+    target: Target,
     epoch: Arc<AtomicU64>,
     config: redis::AsyncConnectionConfig,
     errors: ConnectErrors,
+}
+
+/// Where the pool's connections go.
+#[derive(Debug)]
+enum Target {
+    Direct(redis::Client),
+    /// Wherever the sentinels say the master is, asked anew for each connection.
+    Sentinel(sentinel::Sentinels),
+}
+
+/// The sentinels of `settings` (their URLs as `infos`, with `REDIS_SENTINEL_AUTH`) and how to
+/// reach the master they name (`REDIS_AUTH`, the same TLS).
+fn sentinels(
+    settings: &RedisSettings,
+    infos: Vec<redis::ConnectionInfo>,
+    certs: Option<redis::TlsCertificates>,
+) -> Result<sentinel::Sentinels, StoreError> {
+    let Some(s) = &settings.sentinel else {
+        return Err(StoreError::Permanent(
+            "REDIS_TYPE=sentinel needs the master's name (REDIS_URL=master_name,host:port,...)"
+                .into(),
+        ));
+    };
+    if infos.is_empty() {
+        return Err(StoreError::Permanent(
+            "REDIS_TYPE=sentinel needs at least one sentinel address after the master's name"
+                .into(),
+        ));
+    }
+    let mut master = redis::RedisConnectionInfo::default();
+    if let Some(auth) = &settings.auth {
+        master = with_auth(master, auth);
+    }
+    let tls = certs.map(|c| (c, settings.tls.skip_hostname_verification));
+    sentinel::Sentinels::new(infos, s.master_name.clone(), master, tls)
+        .map_err(|e| StoreError::Permanent(format!("Redis Sentinel client: {e}")))
 }
 
 /// Logs why the pool could not connect. bb8 hands connection errors to its error sink only (a
@@ -317,10 +382,14 @@ impl bb8::ManageConnection for Manager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<PooledConn, RedisError> {
-        let conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await?;
+        let conn = match &self.target {
+            Target::Direct(client) => {
+                client
+                    .get_multiplexed_async_connection_with_config(&self.config)
+                    .await?
+            }
+            Target::Sentinel(sentinels) => sentinels.connect_master(&self.config).await?,
+        };
         self.errors.connected();
         Ok(PooledConn {
             conn,
@@ -380,7 +449,10 @@ impl Conn {
         };
         let r = run(self).await;
         if let (Err(e), Some(broken)) = (&r, broken) {
-            if is_transport(e) {
+            // READONLY: this server was demoted to a replica. Sentinel also closes the clients of
+            // a server it reconfigures, so this is the fallback if that close is missed: the
+            // next connection goes to the master the sentinels name.
+            if is_transport(e) || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) {
                 broken.set();
             }
         }
@@ -460,7 +532,12 @@ impl RedisStore {
         let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
             StoreError::Permanent(format!("the Redis store needs a Tokio runtime: {e}"))
         })?;
-        let infos = settings.connection_infos()?;
+        // The sentinels take their own password; REDIS_AUTH is the master's.
+        let auth = match (settings.kind, &settings.sentinel) {
+            (RedisKind::Sentinel, Some(s)) => s.auth.as_deref(),
+            _ => settings.auth.as_deref(),
+        };
+        let infos = settings.connection_infos(auth)?;
         let tls = infos.iter().any(is_tls);
         let certs = if tls {
             // redis asks rustls for the process-wide provider; make sure it is ring (the only
@@ -471,20 +548,25 @@ impl RedisStore {
             None
         };
         let backend = match settings.kind {
-            RedisKind::Single => {
-                let [info] = <[_; 1]>::try_from(infos).map_err(|v: Vec<_>| {
-                    StoreError::Permanent(format!(
-                        "REDIS_TYPE=single takes one Redis URL, got {}; set REDIS_TYPE=cluster for a seed list",
-                        v.len()
-                    ))
-                })?;
-                let client = match &certs {
-                    Some(certs) if is_tls(&info) => {
-                        tls_client(info, certs, settings.tls.skip_hostname_verification)
+            RedisKind::Single | RedisKind::Sentinel => {
+                let target = if settings.kind == RedisKind::Sentinel {
+                    Target::Sentinel(sentinels(settings, infos, certs)?)
+                } else {
+                    let [info] = <[_; 1]>::try_from(infos).map_err(|v: Vec<_>| {
+                        StoreError::Permanent(format!(
+                            "REDIS_TYPE=single takes one Redis URL, got {}; set REDIS_TYPE=cluster for a seed list",
+                            v.len()
+                        ))
+                    })?;
+                    let client = match &certs {
+                        Some(certs) if is_tls(&info) => {
+                            tls_client(info, certs, settings.tls.skip_hostname_verification)
+                        }
+                        _ => redis::Client::open(info),
                     }
-                    _ => redis::Client::open(info),
-                }
-                .map_err(|e| StoreError::Permanent(format!("Redis client: {e}")))?;
+                    .map_err(|e| StoreError::Permanent(format!("Redis client: {e}")))?;
+                    Target::Direct(client)
+                };
                 let config = redis::AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(settings.timeout))
                     .set_response_timeout(Some(settings.timeout));
@@ -500,7 +582,7 @@ impl RedisStore {
                     .retry_connection(false)
                     .error_sink(Box::new(errors.clone()))
                     .build_unchecked(Manager {
-                        client,
+                        target,
                         epoch: Arc::default(),
                         config,
                         errors,
@@ -618,7 +700,7 @@ impl RedisStore {
     /// call per slot (a script may only touch keys of one slot); keys of different tags that
     /// happen to share a slot still go together.
     fn groups(&self, checks: &[LimitCheck]) -> Vec<Vec<usize>> {
-        if self.kind == RedisKind::Single || checks.len() <= 1 {
+        if self.kind != RedisKind::Cluster || checks.len() <= 1 {
             return vec![(0..checks.len()).collect()];
         }
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
@@ -1168,7 +1250,7 @@ impl CounterStore for RedisStore {
     fn denial_is_final(&self, key: &CounterKey) -> bool {
         // Standalone decides every request in one call: no charge is ever temporary. On
         // Cluster, only a domain in one slot has no request that spans slots.
-        self.kind == RedisKind::Single || key.domain_tag
+        self.kind != RedisKind::Cluster || key.domain_tag
     }
 
     fn stats(&self) -> super::StoreStats {

@@ -1,0 +1,135 @@
+//! `REDIS_TYPE=sentinel` against a real master, replica and three sentinels: decisions exact
+//! under concurrency, then the master killed, the replica promoted, and decisions resuming on the
+//! same sluice, with the counts carried over.
+
+use super::store::redis_settings;
+use crate::support::sentinel::{SentinelSetup, MASTER_NAME};
+use crate::support::*;
+use sluice::clock::ManualClock;
+use sluice::proto::rate_limit_response::Code;
+use sluice::service::ServiceOptions;
+use sluice::store::redis::{RedisKind, RedisSettings, RedisStore, SentinelSettings};
+use sluice::store::CounterStore;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const RULES: &str = r#"
+domain: s
+descriptors:
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 10}
+"#;
+
+async fn codes(s: &TestServer, value: &str, n: usize) -> (usize, usize) {
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let mut client = s.client().await;
+        let req = one("s", &[("k", value)]);
+        tasks.push(tokio::spawn(async move {
+            client.should_rate_limit(req).await.map(|r| r.into_inner())
+        }));
+    }
+    let (mut ok, mut over) = (0, 0);
+    for t in tasks {
+        match code(&t.await.expect("task").expect("call")) {
+            Code::Ok => ok += 1,
+            Code::OverLimit => over += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    (ok, over)
+}
+
+fn sentinel_store(setup: &SentinelSetup, clock: &ManualClock) -> Arc<dyn CounterStore> {
+    let settings = RedisSettings {
+        sentinel: Some(SentinelSettings {
+            master_name: MASTER_NAME.into(),
+            auth: None,
+        }),
+        // Short, so calls against the dead master fail fast and the pool reconnects.
+        timeout: Duration::from_millis(500),
+        ..redis_settings(setup.urls(), RedisKind::Sentinel)
+    };
+    Arc::new(
+        RedisStore::new(&settings)
+            .expect("sentinel store")
+            .with_test_clock(Arc::new(clock.clone())),
+    )
+}
+
+/// The first decision on "k=`value`" that is not UNAVAILABLE (calls fail until the pool has a
+/// connection to the new master; the loop only bounds a hang).
+async fn first_decision(s: &TestServer, value: &str) -> sluice::proto::RateLimitResponse {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut client = s.client().await;
+        match client.should_rate_limit(one("s", &[("k", value)])).await {
+            Ok(r) => return r.into_inner(),
+            Err(e) => {
+                assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+                assert!(
+                    Instant::now() < deadline,
+                    "no decision after the failover: {e:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_follow_a_failover_without_a_restart() {
+    let mut setup = SentinelSetup::start();
+    let clock = ManualClock::new(T0);
+    let store = sentinel_store(&setup, &clock);
+    let s = TestServer::start_on(RULES, ServiceOptions::default(), Some(store), clock).await;
+
+    // Exact under concurrency, as on standalone: 30 callers, a limit of 10.
+    assert_eq!(codes(&s, "a", 30).await, (10, 20));
+    // Another counter, partly used before the failover.
+    assert_eq!(codes(&s, "b", 4).await, (4, 0));
+    assert!(
+        setup.master.cli(&["KEYS", "*"]).contains("k=b"),
+        "the counters live on the master the sentinels named"
+    );
+    setup.wait_replicated();
+
+    setup.kill_master_and_fail_over();
+
+    let first = first_decision(&s, "b").await;
+    // The 5th hit of "b": its four earlier hits survived on the promoted replica.
+    assert_eq!(code(&first), Code::Ok);
+    assert_eq!(first.statuses[0].limit_remaining, 5);
+    assert_eq!(
+        codes(&s, "b", 8).await,
+        (5, 3),
+        "exact after the failover too"
+    );
+    assert_eq!(codes(&s, "a", 3).await, (0, 3), "\"a\" stays used up");
+    assert!(
+        setup.replica.cli(&["KEYS", "*"]).contains("k=b"),
+        "decided on the promoted replica"
+    );
+    s.stop().await;
+}
+
+/// A master demoted to a replica keeps running (the sentinels close its clients as they
+/// reconfigure it): sluice must reconnect to the master the sentinels name, not to the address
+/// it used before, and carry on without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_master_is_left_for_the_promoted_one() {
+    let setup = SentinelSetup::start();
+    let clock = ManualClock::new(T0);
+    let store = sentinel_store(&setup, &clock);
+    let s = TestServer::start_on(RULES, ServiceOptions::default(), Some(store), clock).await;
+    assert_eq!(codes(&s, "c", 3).await, (3, 0));
+    setup.wait_replicated();
+
+    setup.force_failover();
+
+    let first = first_decision(&s, "c").await;
+    assert_eq!(code(&first), Code::Ok);
+    assert_eq!(first.statuses[0].limit_remaining, 6, "the 4th hit of \"c\"");
+    assert_eq!(codes(&s, "c", 8).await, (6, 2));
+    s.stop().await;
+}
