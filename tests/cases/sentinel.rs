@@ -40,11 +40,15 @@ async fn codes(s: &TestServer, value: &str, n: usize) -> (usize, usize) {
     (ok, over)
 }
 
-fn sentinel_store(setup: &SentinelSetup, clock: &ManualClock) -> Arc<dyn CounterStore> {
+fn sentinel_store(
+    setup: &SentinelSetup,
+    clock: &ManualClock,
+    sentinel_auth: Option<&str>,
+) -> Arc<dyn CounterStore> {
     let settings = RedisSettings {
         sentinel: Some(SentinelSettings {
             master_name: MASTER_NAME.into(),
-            auth: None,
+            auth: sentinel_auth.map(str::to_string),
         }),
         // Short, so calls against the dead master fail fast and the pool reconnects.
         timeout: Duration::from_millis(500),
@@ -79,9 +83,10 @@ async fn first_decision(s: &TestServer, value: &str) -> sluice::proto::RateLimit
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decisions_follow_a_failover_without_a_restart() {
-    let mut setup = SentinelSetup::start();
+    // The sentinels require a password (REDIS_SENTINEL_AUTH); the master does not.
+    let mut setup = SentinelSetup::start_with_password(Some("sentinel-secret"));
     let clock = ManualClock::new(T0);
-    let store = sentinel_store(&setup, &clock);
+    let store = sentinel_store(&setup, &clock, Some("sentinel-secret"));
     let s = TestServer::start_on(RULES, ServiceOptions::default(), Some(store), clock).await;
 
     // Exact under concurrency, as on standalone: 30 callers, a limit of 10.
@@ -120,7 +125,7 @@ async fn decisions_follow_a_failover_without_a_restart() {
 async fn a_demoted_master_is_left_for_the_promoted_one() {
     let setup = SentinelSetup::start();
     let clock = ManualClock::new(T0);
-    let store = sentinel_store(&setup, &clock);
+    let store = sentinel_store(&setup, &clock, None);
     let s = TestServer::start_on(RULES, ServiceOptions::default(), Some(store), clock).await;
     assert_eq!(codes(&s, "c", 3).await, (3, 0));
     setup.wait_replicated();

@@ -22,6 +22,8 @@ pub struct SentinelSetup {
     pub master: RedisServer,
     pub replica: RedisServer,
     sentinels: Vec<Sentinel>,
+    /// The sentinels' `requirepass` (and the password they use with each other).
+    password: Option<String>,
 }
 
 struct Sentinel {
@@ -41,14 +43,22 @@ impl SentinelSetup {
     /// Starts everything and waits until every sentinel knows the replica and the two other
     /// sentinels (what a failover needs). A master declared down after 1 s of silence.
     pub fn start() -> Self {
+        Self::start_with_password(None)
+    }
+
+    /// Like [`SentinelSetup::start`], the sentinels requiring `password` (`requirepass`).
+    pub fn start_with_password(password: Option<&str>) -> Self {
         let master = RedisServer::start();
         let replica =
             RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
-        let sentinels = (0..3).map(|_| Sentinel::start(master.port())).collect();
+        let sentinels = (0..3)
+            .map(|_| Sentinel::start(master.port(), password))
+            .collect();
         let setup = Self {
             master,
             replica,
             sentinels,
+            password: password.map(str::to_string),
         };
         setup.wait_until("every sentinel sees the replica and its peers", |s| {
             s.sentinels.iter().all(|x| {
@@ -134,7 +144,12 @@ impl SentinelSetup {
     }
 
     fn sentinel_cli(&self, port: u16, args: &[&str]) -> Result<String, String> {
-        redis_cli(&["-h", "127.0.0.1", "-p", &port.to_string()], args)
+        let port = port.to_string();
+        let mut connection = vec!["-h", "127.0.0.1", "-p", &port];
+        if let Some(p) = &self.password {
+            connection.extend(["--no-auth-warning", "-a", p]);
+        }
+        redis_cli(&connection, args)
     }
 
     fn wait_until(&self, what: &str, done: impl Fn(&Self) -> bool) {
@@ -147,7 +162,7 @@ impl SentinelSetup {
 }
 
 impl Sentinel {
-    fn start(master_port: u16) -> Self {
+    fn start(master_port: u16, password: Option<&str>) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("sluice-sentinel-")
             .tempdir()
@@ -163,7 +178,9 @@ impl Sentinel {
                  sentinel failover-timeout {MASTER_NAME} 10000\n\
                  sentinel parallel-syncs {MASTER_NAME} 1\n",
                 dir = dir.path().display()
-            ),
+            ) + &password
+                .map(|p| format!("requirepass {p}\nsentinel sentinel-pass {p}\n"))
+                .unwrap_or_default(),
         )
         .expect("write sentinel.conf");
         let out = File::create(dir.path().join("stdout.log")).expect("sentinel stdout");
@@ -183,7 +200,8 @@ impl Sentinel {
             .expect("spawn redis-sentinel");
         let mut sentinel = Self { port, child, dir };
         let deadline = Instant::now() + DEADLINE;
-        while !ping(port) {
+        // Up once it listens: a PING is answered (or refused for want of the password).
+        while !ping(port) && std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             if let Ok(Some(status)) = sentinel.child.try_wait() {
                 panic!(
                     "redis-sentinel exited with {status} (is it installed? apt-get install -y \
