@@ -20,10 +20,11 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 10}
 "#;
 
-async fn codes(s: &TestServer, value: &str, n: usize) -> (usize, usize) {
+/// `n` concurrent calls on "k=`value`", spread over `servers` (each its own connection).
+async fn codes_on(servers: &[&TestServer], value: &str, n: usize) -> (usize, usize) {
     let mut tasks = Vec::new();
-    for _ in 0..n {
-        let mut client = s.client().await;
+    for i in 0..n {
+        let mut client = servers[i % servers.len()].client().await;
         let req = one("s", &[("k", value)]);
         tasks.push(tokio::spawn(async move {
             client.should_rate_limit(req).await.map(|r| r.into_inner())
@@ -38,6 +39,10 @@ async fn codes(s: &TestServer, value: &str, n: usize) -> (usize, usize) {
         }
     }
     (ok, over)
+}
+
+async fn codes(s: &TestServer, value: &str, n: usize) -> (usize, usize) {
+    codes_on(&[s], value, n).await
 }
 
 fn sentinel_store(
@@ -87,10 +92,15 @@ async fn decisions_follow_a_failover_without_a_restart() {
     let mut setup = SentinelSetup::start_with_password(Some("sentinel-secret"));
     let clock = ManualClock::new(T0);
     let store = sentinel_store(&setup, &clock, Some("sentinel-secret"));
-    let s = TestServer::start_on(RULES, ServiceOptions::default(), Some(store), clock).await;
+    let other = sentinel_store(&setup, &clock, Some("sentinel-secret"));
+    let s =
+        TestServer::start_on(RULES, ServiceOptions::default(), Some(store), clock.clone()).await;
+    let s2 = TestServer::start_on(RULES, ServiceOptions::default(), Some(other), clock).await;
 
-    // Exact under concurrency, as on standalone: 30 callers, a limit of 10.
-    assert_eq!(codes(&s, "a", 30).await, (10, 20));
+    // Exact under concurrency, as on standalone: 60 callers through two sluice instances, a
+    // limit of 10.
+    assert_eq!(codes_on(&[&s, &s2], "a", 60).await, (10, 50));
+    s2.stop().await;
     // Another counter, partly used before the failover.
     assert_eq!(codes(&s, "b", 4).await, (4, 0));
     assert!(
