@@ -1,5 +1,5 @@
-//! Compiles the vendored Envoy protos in `proto/` with `protox` (pure Rust, so no system `protoc`
-//! is needed) and generates the tonic/prost code plus the encoded descriptor set that gRPC
+//! Compiles the vendored protos in `proto/` with `protox` (pure Rust, so no system `protoc` is
+//! needed) and generates the tonic/prost code plus the encoded descriptor set that gRPC
 //! reflection and the `/json` protojson endpoint use at run time.
 
 use prost::Message;
@@ -7,12 +7,23 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
-    let fds = protox::compile(["envoy/service/ratelimit/v3/rls.proto"], ["proto"])?;
+    let rls = protox::compile(["envoy/service/ratelimit/v3/rls.proto"], ["proto"])?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
-    std::fs::write(out.join("rls_descriptor.bin"), fds.encode_to_vec())?;
+    // Reflection and `/json` describe only the service sluice serves.
+    std::fs::write(out.join("rls_descriptor.bin"), rls.encode_to_vec())?;
+    // The code: the rate-limit service, plus the ADS stream and envoyproxy/ratelimit's
+    // `RateLimitConfig` that config over xDS (`CONFIG_TYPE=GRPC_XDS_SOTW`) speaks.
+    let all = protox::compile(
+        [
+            "envoy/service/ratelimit/v3/rls.proto",
+            "envoy/service/discovery/v3/ads.proto",
+            "ratelimit/config/ratelimit/v3/rls_conf.proto",
+        ],
+        ["proto"],
+    )?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
-        .compile_fds(fds)?;
+        .compile_fds(all)?;
     Ok(())
 }

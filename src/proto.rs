@@ -1,4 +1,4 @@
-//! Generated Envoy types and services, compiled by `build.rs` from the vendored protos in
+//! Generated Envoy (and envoyproxy/ratelimit config) types and services, compiled by `build.rs` from the vendored protos in
 //! `proto/`. The module tree mirrors the protobuf packages so the generated cross-references
 //! (`super::super::...`) resolve.
 #![allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
@@ -34,9 +34,32 @@ pub mod envoy {
         }
     }
     pub mod service {
+        pub mod discovery {
+            pub mod v3 {
+                include!(concat!(env!("OUT_DIR"), "/envoy.service.discovery.v3.rs"));
+            }
+        }
         pub mod ratelimit {
             pub mod v3 {
                 include!(concat!(env!("OUT_DIR"), "/envoy.service.ratelimit.v3.rs"));
+            }
+        }
+    }
+}
+pub mod google {
+    pub mod rpc {
+        include!(concat!(env!("OUT_DIR"), "/google.rpc.rs"));
+    }
+}
+/// envoyproxy/ratelimit's own API: the `RateLimitConfig` resource pushed over xDS.
+pub mod ratelimit {
+    pub mod config {
+        pub mod ratelimit {
+            pub mod v3 {
+                include!(concat!(
+                    env!("OUT_DIR"),
+                    "/ratelimit.config.ratelimit.v3.rs"
+                ));
             }
         }
     }

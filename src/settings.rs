@@ -24,6 +24,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod xds;
+
 /// `sluice`: with no subcommand it serves, reading the same environment as envoyproxy/ratelimit.
 #[derive(Debug, Parser)]
 #[command(
@@ -161,6 +163,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub runtime: RuntimeArgs,
+
+    #[command(flatten)]
+    pub source: xds::ConfigSourceArgs,
 
     /// Decide and count as usual but always answer OK.
     #[arg(
@@ -862,6 +867,8 @@ pub enum SettingsError {
     },
     #[error("invalid config in {path}:\n{errors}")]
     Config { path: PathBuf, errors: ConfigErrors },
+    #[error("{0}")]
+    Xds(String),
 }
 
 impl ServeArgs {
@@ -897,10 +904,18 @@ impl ServeArgs {
         let grpc_tls = self.tls.grpc_tls()?;
         let grpc_addr = resolve("gRPC", &self.grpc_host, self.grpc_port)?;
         let http_addr = resolve("HTTP", &self.host, self.port)?;
+        let xds = self.source.xds()?;
         let path = self.config_path();
         // Taken before the read: a change made after it is seen by the first reload check.
-        let loaded_fingerprint = crate::config::fingerprint(&path, &self.load_options());
-        let rules = load_rules(&path, &self.load_options())?;
+        let loaded_fingerprint = match xds {
+            None => crate::config::fingerprint(&path, &self.load_options()),
+            Some(_) => 0,
+        };
+        let rules = match xds {
+            None => load_rules(&path, &self.load_options())?,
+            // The management server brings the rules.
+            Some(_) => RuleSet::empty(),
+        };
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let store = match &chain {
             Some(chain) => {
@@ -941,12 +956,13 @@ impl ServeArgs {
                 key_bytes: self.max_descriptor_key_bytes,
                 value_bytes: self.max_descriptor_value_bytes,
             },
+            ready_needs_config: self.source.ready_needs_config(),
         };
         config.tracing = self.observe.tracing();
         config.grpc_tls = grpc_tls;
         config.loaded_fingerprint = loaded_fingerprint;
         let interval = self.runtime.config_reload_interval;
-        config.reload = (!interval.is_zero()).then(|| ReloadSettings {
+        config.reload = (xds.is_none() && !interval.is_zero()).then(|| ReloadSettings {
             path: path.clone(),
             options: self.load_options(),
             interval,
@@ -956,7 +972,8 @@ impl ServeArgs {
         if let Some(n) = self.worker_threads {
             config.grpc_threads = usize::from(n);
         }
-        config.config_path = Some(path);
+        config.config_path = xds.is_none().then_some(path);
+        config.xds = xds;
         Ok(config)
     }
 }

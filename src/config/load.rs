@@ -100,7 +100,7 @@ pub fn load_path(path: &Path, opts: &LoadOptions) -> Result<RuleSet, ConfigError
                 Ok(text) => sources.push(Source {
                     name,
                     path: file,
-                    text,
+                    body: Body::Text(text),
                     dotted,
                 }),
                 Err(_) => errors.push(file_error(&name, "config file is not valid UTF-8")),
@@ -142,8 +142,23 @@ pub fn load_sources(sources: &[(String, String)]) -> Result<RuleSet, ConfigError
         .map(|(name, text)| Source {
             name: name.clone(),
             path: PathBuf::from(name),
-            text: text.clone(),
+            body: Body::Text(text.clone()),
             dotted: has_dot_component(Path::new(name)),
+        })
+        .collect();
+    build(sources, Vec::new())
+}
+
+/// Loads configs that come as trees rather than text, `(name, root)`: the same rules and the
+/// same errors as a file, named after the source and without lines.
+pub(crate) fn load_trees(trees: Vec<(String, Node)>) -> Result<RuleSet, ConfigErrors> {
+    let sources = trees
+        .into_iter()
+        .map(|(name, root)| Source {
+            path: PathBuf::from(&name),
+            name,
+            body: Body::Tree(root),
+            dotted: false,
         })
         .collect();
     build(sources, Vec::new())
@@ -152,9 +167,15 @@ pub fn load_sources(sources: &[(String, String)]) -> Result<RuleSet, ConfigError
 struct Source {
     name: String,
     path: PathBuf,
-    text: String,
+    body: Body,
     /// Found under a directory (or named) starting with `.`: used for the duplicate-domain hint.
     dotted: bool,
+}
+
+/// What a source holds: YAML text (a file), or a tree built from another format (xDS).
+enum Body {
+    Text(String),
+    Tree(Node),
 }
 
 fn file_error(file: &str, message: impl Into<String>) -> ConfigError {
@@ -277,7 +298,10 @@ fn build(sources: Vec<Source>, mut errors: Vec<ConfigError>) -> Result<RuleSet, 
     let mut first: HashMap<String, (String, usize, bool)> = HashMap::new();
     let mut domains = HashMap::new();
     for src in &sources {
-        let (parsed, mut file_errors) = parse_file(&src.name, &src.text);
+        let (parsed, mut file_errors) = match &src.body {
+            Body::Text(text) => parse_file(&src.name, text),
+            Body::Tree(root) => parse_tree(&src.name, root),
+        };
         errors.append(&mut file_errors);
         let Some((rules, line)) = parsed else {
             continue;
@@ -290,12 +314,17 @@ fn build(sources: Vec<Source>, mut errors: Vec<ConfigError>) -> Result<RuleSet, 
             } else {
                 ""
             };
+            let at = if *other_line > 0 {
+                format!("{other}:{other_line}")
+            } else {
+                other.clone()
+            };
             errors.push(ConfigError {
                 file: src.name.clone(),
-                line: Some(line),
+                line: (line > 0).then_some(line),
                 path: "domain".into(),
                 message: format!(
-                    "duplicate domain '{}' in config file: already defined at {other}:{other_line}{hint}",
+                    "duplicate domain '{}' in config file: already defined at {at}{hint}",
                     rules.domain
                 ),
             });
@@ -345,6 +374,16 @@ fn parse_file(name: &str, text: &str) -> (Option<(DomainRules, usize)>, Vec<Conf
     }
     let parsed = cx.root(&root);
     cx.errors.sort_by_key(|e| e.line);
+    (parsed, cx.errors)
+}
+
+/// [`parse_file`] for a tree that did not come from text.
+fn parse_tree(name: &str, root: &Node) -> (Option<(DomainRules, usize)>, Vec<ConfigError>) {
+    let mut cx = Ctx {
+        file: Arc::from(name),
+        errors: Vec::new(),
+    };
+    let parsed = cx.root(root);
     (parsed, cx.errors)
 }
 
@@ -478,7 +517,8 @@ impl Ctx {
     fn err(&mut self, line: usize, path: &str, message: impl Into<String>) {
         self.errors.push(ConfigError {
             file: self.file.to_string(),
-            line: Some(line),
+            // Line 0: a config without source text (pushed over xDS).
+            line: (line > 0).then_some(line),
             path: path.to_owned(),
             message: message.into(),
         });

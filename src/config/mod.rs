@@ -4,12 +4,14 @@
 //! file and line instead of at request time.
 
 mod load;
+mod xds;
 mod yaml;
 
 #[cfg(test)]
 mod tests;
 
 pub use load::{fingerprint, load_path, load_sources, ConfigError, ConfigErrors, LoadOptions};
+pub use xds::load_xds;
 
 use std::collections::HashMap;
 use std::fmt;

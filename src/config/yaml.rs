@@ -26,6 +26,36 @@ pub(crate) struct Node {
     weight: usize,
 }
 
+impl Node {
+    /// A node of a config that has no source text (one pushed over xDS): line 0, which errors
+    /// show as no line at all.
+    pub(crate) fn synthetic(value: Value) -> Node {
+        Node {
+            line: 0,
+            value,
+            weight: 1,
+        }
+    }
+
+    /// A string scalar: never resolved as a bool, number or null, whatever its text.
+    pub(crate) fn string(text: impl Into<String>) -> Node {
+        Node::synthetic(Value::Scalar(Scalar {
+            text: text.into(),
+            plain: false,
+            tag: None,
+        }))
+    }
+
+    /// A plain scalar, resolved as YAML would (`true`, `42`).
+    pub(crate) fn plain(text: impl Into<String>) -> Node {
+        Node::synthetic(Value::Scalar(Scalar {
+            text: text.into(),
+            plain: true,
+            tag: None,
+        }))
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(crate) enum Value {
     Scalar(Scalar),

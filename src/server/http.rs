@@ -112,6 +112,13 @@ async fn healthcheck(State(s): State<AdminState>) -> Response {
     if s.shutdown.is_shutting_down() {
         return (StatusCode::INTERNAL_SERVER_ERROR, "shutting down\n").into_response();
     }
+    if !s.limiter.config_ready() {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "no rate limit configuration loaded yet\n",
+        )
+            .into_response();
+    }
     if !s.limiter.ready() {
         return (
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -10,6 +10,7 @@ pub mod reload;
 pub mod signal;
 pub mod tls;
 mod workers;
+pub mod xds;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::RuleSet;
@@ -110,6 +111,9 @@ pub struct ServerConfig {
     /// Threads serving gRPC, each on its own single-threaded runtime (see `workers.rs`); the
     /// calling runtime is one of them. 0 counts as 1.
     pub grpc_threads: usize,
+    /// Config over xDS (`CONFIG_TYPE=GRPC_XDS_SOTW`): `rules` are then empty and requests get
+    /// UNAVAILABLE until the management server's first config is accepted.
+    pub xds: Option<xds::XdsSettings>,
 }
 
 impl ServerConfig {
@@ -132,6 +136,7 @@ impl ServerConfig {
             loaded_fingerprint: 0,
             grpc_tls: None,
             grpc_threads: workers::default_threads(),
+            xds: None,
         }
     }
 
@@ -278,6 +283,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         loaded_fingerprint,
         grpc_tls,
         grpc_threads,
+        xds,
     } = config;
 
     // Bind first: a port conflict is reported before any task starts, and port 0 resolves to
@@ -331,9 +337,14 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     };
     telemetry.tracer = tracing.as_ref().map(Tracing::tracer);
 
-    log_config_loaded(&rules, config_path.as_deref());
+    if xds.is_none() {
+        log_config_loaded(&rules, config_path.as_deref());
+    }
     let store = store.unwrap_or_else(|| Arc::new(MemoryStore::new(clock)));
     let limiter = Arc::new(RateLimiter::new(rules, store, options, telemetry));
+    if xds.is_some() {
+        limiter.await_first_config();
+    }
 
     // Probe once now, so a Redis that is down at start is NOT_SERVING from the first health
     // check; a store that cannot be reached is a health state, never a start-up failure.
@@ -347,14 +358,27 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     // With a FAILURE_MODE sluice answers every request itself while the store is down, so it
     // stays ready (SERVING); the store is still probed, which closes the breaker on recovery.
     let always_ready = limiter.options().failure_mode.is_some();
-    set_health(&health_reporter, store_ok || always_ready).await;
-    let mut background = vec![tokio::spawn(watch_store_health(
-        Arc::clone(limiter.store()),
+    set_health(
+        &health_reporter,
+        (store_ok || always_ready) && limiter.config_ready(),
+    )
+    .await;
+    let mut background = vec![tokio::spawn(watch_health(
+        Arc::clone(&limiter),
         health_reporter.clone(),
         health_interval,
         store_ok,
         always_ready,
     ))];
+    if let Some(x) = xds {
+        tracing::info!(
+            server = %x.server_url,
+            node = %x.node_id,
+            tls = x.tls.is_some(),
+            "config over xDS: requests get UNAVAILABLE until the first config is in"
+        );
+        background.push(tokio::spawn(xds::watch(Arc::clone(&limiter), x)));
+    }
     if let Some(r) = reload {
         tracing::info!(
             source = %r.path.display(),
@@ -520,35 +544,51 @@ async fn set_health(health: &tonic_health::server::HealthReporter, ok: bool) {
     }
 }
 
-/// Probes the store every `interval` and mirrors the answer in the gRPC health status, logging
-/// each change once. Runs until the supervisor aborts it at shutdown.
-async fn watch_store_health(
-    store: Arc<dyn CounterStore>,
+/// Probes the store every `interval` and mirrors readiness (the store's answer, and a config
+/// being in when one is required) in the gRPC health status, logging each change once. Runs
+/// until the supervisor aborts it at shutdown.
+async fn watch_health(
+    limiter: Arc<RateLimiter>,
     health: tonic_health::server::HealthReporter,
     interval: Duration,
-    mut healthy: bool,
+    mut store_ok: bool,
     always_ready: bool,
 ) {
     // A zero interval would spin; a probe per millisecond is already more than enough.
     let interval = interval.max(Duration::from_millis(1));
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut config_ok = limiter.config_ready();
     loop {
         ticker.tick().await;
-        let ok = store.probe().await;
-        if ok == healthy {
+        let ok = limiter.store().probe().await;
+        let config_now = limiter.config_ready();
+        if ok == store_ok && config_now == config_ok {
             continue;
         }
-        match (ok, always_ready) {
-            (true, false) => tracing::info!("counter store reachable: health is SERVING"),
-            (false, false) => tracing::warn!("counter store unreachable: health is NOT_SERVING"),
-            (true, true) => tracing::info!("counter store reachable"),
-            (false, true) => tracing::warn!(
-                "counter store unreachable: FAILURE_MODE answers meanwhile, health stays SERVING"
-            ),
+        if ok != store_ok {
+            match (ok, always_ready) {
+                (true, false) => tracing::info!("counter store reachable"),
+                (false, false) => {
+                    tracing::warn!("counter store unreachable: health is NOT_SERVING")
+                }
+                (true, true) => tracing::info!("counter store reachable"),
+                (false, true) => tracing::warn!(
+                    "counter store unreachable: FAILURE_MODE answers meanwhile, health stays SERVING"
+                ),
+            }
         }
-        set_health(&health, ok || always_ready).await;
-        healthy = ok;
+        let ready = (ok || always_ready) && config_now;
+        if ready != ((store_ok || always_ready) && config_ok) {
+            tracing::info!(
+                serving = ready,
+                "health is {}",
+                if ready { "SERVING" } else { "NOT_SERVING" }
+            );
+        }
+        set_health(&health, ready).await;
+        store_ok = ok;
+        config_ok = config_now;
     }
 }
 

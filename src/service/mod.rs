@@ -16,7 +16,7 @@ use crate::telemetry::Telemetry;
 use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -34,6 +34,11 @@ pub struct ServiceOptions {
     pub headers: Option<headers::HeaderOptions>,
     /// Bounds on what one request may ask for.
     pub caps: RequestCaps,
+    /// Not ready (gRPC health NOT_SERVING, `/healthcheck` 500) until a first config is in:
+    /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`, or config over xDS without
+    /// `FORCE_START_WITHOUT_INITIAL_CONFIG`. Only a limiter started by
+    /// [`RateLimiter::await_first_config`] ever lacks a config.
+    pub ready_needs_config: bool,
 }
 
 /// Bounds on one request, checked before any rule or store work, so no request a client
@@ -75,6 +80,7 @@ impl Default for ServiceOptions {
             near_limit_ratio: DEFAULT_NEAR_LIMIT_RATIO,
             headers: None,
             caps: RequestCaps::default(),
+            ready_needs_config: false,
         }
     }
 }
@@ -108,12 +114,17 @@ pub enum RequestError {
     Invalid(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Config comes over xDS and none has been accepted yet.
+    #[error("no rate limit configuration loaded yet (waiting for the xDS server)")]
+    NoConfig,
 }
 
 impl From<RequestError> for tonic::Status {
     fn from(e: RequestError) -> Self {
         match e {
             RequestError::Invalid(m) => tonic::Status::invalid_argument(m),
+            // Envoy's `failure_mode_deny` decides, as for a store that cannot answer.
+            e @ RequestError::NoConfig => tonic::Status::unavailable(e.to_string()),
             // Every store failure is UNAVAILABLE, permanent ones (a script error, a missing ACL
             // permission) included: Envoy treats any error from the rate-limit service the same
             // way, through `failure_mode_deny`, so a finer code would change nothing for it,
@@ -136,6 +147,9 @@ pub struct RateLimiter {
     store_errors: ErrorLog,
     telemetry: Telemetry,
     config_status: std::sync::Mutex<ConfigStatus>,
+    /// Set by [`RateLimiter::await_first_config`], cleared by the first
+    /// [`RateLimiter::replace_rules`]: meanwhile requests get [`RequestError::NoConfig`].
+    awaiting_config: AtomicBool,
 }
 
 /// The state of the config for operators (`GET /config/status`): when the rules in force were
@@ -259,7 +273,19 @@ impl RateLimiter {
                 domains,
                 ..ConfigStatus::default()
             }),
+            awaiting_config: AtomicBool::new(false),
         }
+    }
+
+    /// Marks the rules as not loaded yet (config over xDS, before the first push): requests
+    /// get UNAVAILABLE until [`RateLimiter::replace_rules`] brings the first config.
+    pub fn await_first_config(&self) {
+        self.awaiting_config.store(true, Ordering::Release);
+    }
+
+    /// No config has been loaded yet (see [`RateLimiter::await_first_config`]).
+    pub fn awaiting_config(&self) -> bool {
+        self.awaiting_config.load(Ordering::Acquire)
     }
 
     /// When the rules in force were loaded and how the last reload went.
@@ -331,6 +357,7 @@ impl RateLimiter {
             Ok(mut g) => *g = new,
             Err(e) => *e.into_inner() = new,
         }
+        self.awaiting_config.store(false, Ordering::Release);
     }
 
     pub fn options(&self) -> &ServiceOptions {
@@ -338,9 +365,15 @@ impl RateLimiter {
     }
 
     /// Readiness: the store can decide, or `FAILURE_MODE` answers for it (then sluice keeps
-    /// answering every request during a store outage and stays ready).
+    /// answering every request during a store outage and stays ready); and a config is in
+    /// when [`ServiceOptions::ready_needs_config`] asks for one.
     pub fn ready(&self) -> bool {
-        self.options.failure_mode.is_some() || self.store.healthy()
+        self.config_ready() && (self.options.failure_mode.is_some() || self.store.healthy())
+    }
+
+    /// The config part of [`RateLimiter::ready`].
+    pub fn config_ready(&self) -> bool {
+        !(self.options.ready_needs_config && self.awaiting_config())
     }
 
     pub fn store(&self) -> &Arc<dyn CounterStore> {
@@ -386,7 +419,7 @@ impl RateLimiter {
             Ok(r) if r.overall_code == Code::OverLimit as i32 => RequestOutcome::OverLimit,
             Ok(_) => RequestOutcome::Ok,
             Err(RequestError::Invalid(_)) => RequestOutcome::Invalid,
-            Err(RequestError::Store(_)) => RequestOutcome::Error,
+            Err(RequestError::Store(_) | RequestError::NoConfig) => RequestOutcome::Error,
         };
         self.telemetry.metrics.request(outcome, started.elapsed());
         if let Some(cx) = cx {
@@ -413,6 +446,9 @@ impl RateLimiter {
         cx: Option<&Context>,
     ) -> Result<RateLimitResponse, RequestError> {
         validate(request, &self.options.caps)?;
+        if self.awaiting_config() {
+            return Err(RequestError::NoConfig);
+        }
         let snapshot = self.rules();
         let plan = plan(&snapshot, request, &self.options)?;
         if plan.checks.is_empty() {
