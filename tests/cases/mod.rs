@@ -15,3 +15,4 @@ mod shutdown;
 pub mod store;
 mod tls;
 mod tracing;
+mod xds;

@@ -104,21 +104,6 @@ async fn status(running: &server::Running) -> serde_json::Value {
     serde_json::from_str(&body).expect("JSON status")
 }
 
-/// Polls `check` until it holds; the cap only bounds a hang, it is not what the test asserts.
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    for _ in 0..3000 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("never happened: {what}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configmap_swap_takes_effect_while_requests_flow_and_a_broken_one_is_refused() {
     let mut cm = ConfigMapDir::new(&config(1000));

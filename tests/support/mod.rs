@@ -2,6 +2,7 @@
 //! requests. Everything goes through real TCP sockets and a real tonic client.
 #![allow(dead_code)]
 
+pub mod ads;
 pub mod certs;
 pub mod otlp;
 pub mod proxy;
@@ -255,4 +256,20 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("free port")
+}
+
+/// Polls `check` until it holds. The cap (90 s) only bounds a hang; it is never what a test
+/// asserts, and a passing check returns at once.
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..9000 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("never happened: {what}");
 }
