@@ -150,3 +150,114 @@ fn number(n: f64) -> String {
         n.to_string()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load_sources;
+    use crate::proto::ratelimit::config::ratelimit::v3::RateLimitReplace;
+
+    fn policy(unit: RateLimitUnit, n: u32) -> Option<RateLimitPolicy> {
+        Some(RateLimitPolicy {
+            unit: unit as i32,
+            requests_per_unit: n,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_pushed_config_means_what_the_same_yaml_file_means() {
+        let metadata = prost_types::Struct {
+            fields: [(
+                "tier".to_string(),
+                prost_types::Value {
+                    kind: Some(Kind::StringValue("gold".into())),
+                },
+            )]
+            .into(),
+        };
+        let pushed = RateLimitConfig {
+            name: "eg".into(),
+            domain: "edge".into(),
+            descriptors: vec![
+                RateLimitDescriptor {
+                    key: "user".into(),
+                    // A value YAML would read as a boolean stays a string.
+                    value: "yes".into(),
+                    rate_limit: Some(RateLimitPolicy {
+                        name: "per-user".into(),
+                        ..policy(RateLimitUnit::Minute, 5).unwrap_or_default()
+                    }),
+                    shadow_mode: true,
+                    metadata: Some(metadata),
+                    ..Default::default()
+                },
+                RateLimitDescriptor {
+                    key: "path".into(),
+                    rate_limit: Some(RateLimitPolicy {
+                        replaces: vec![RateLimitReplace {
+                            name: "per-user".into(),
+                        }],
+                        ..policy(RateLimitUnit::Week, 0).unwrap_or_default()
+                    }),
+                    descriptors: vec![RateLimitDescriptor {
+                        key: "method".into(),
+                        rate_limit: Some(RateLimitPolicy {
+                            unlimited: true,
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+            ],
+        };
+        let yaml = r#"
+domain: edge
+descriptors:
+  - key: user
+    value: "yes"
+    shadow_mode: true
+    metadata: {tier: gold}
+    rate_limit: {unit: minute, requests_per_unit: 5, name: per-user}
+  - key: path
+    rate_limit:
+      unit: week
+      requests_per_unit: 0
+      replaces: [{name: per-user}]
+    descriptors:
+      - key: method
+        rate_limit: {unlimited: true}
+"#;
+        let from_xds = load_xds(&[pushed]).expect("loads");
+        let from_file = load_sources(&[("edge.yaml".into(), yaml.into())]).expect("loads");
+        assert_eq!(from_xds.dump(), from_file.dump());
+        let dump = from_xds.dump();
+        assert!(dump.contains("requests_per_unit=0"), "{dump}");
+        assert!(dump.contains("unlimited=true"), "{dump}");
+    }
+
+    #[test]
+    fn errors_name_the_resource_and_have_no_line() {
+        let bad = |name: &str| RateLimitConfig {
+            name: name.into(),
+            domain: "d".into(),
+            descriptors: vec![RateLimitDescriptor {
+                key: "k".into(),
+                rate_limit: policy(RateLimitUnit::Unknown, 3),
+                ..Default::default()
+            }],
+        };
+        let e = load_xds(&[bad("team-a")]).expect_err("no unit");
+        assert_eq!(e.0.len(), 1);
+        assert_eq!(e.0[0].file, "team-a");
+        assert_eq!(e.0[0].line, None);
+        assert_eq!(e.0[0].path, "descriptors[0].rate_limit.unit");
+        let e = load_xds(&[bad(""), bad("")]).expect_err("both bad, and one domain twice");
+        let text = e.to_string();
+        assert!(text.contains("xds resource #1: descriptors[0]"), "{text}");
+        assert!(text.contains("xds resource #2"), "{text}");
+        assert!(text.contains("duplicate domain 'd'"), "{text}");
+        assert!(load_xds(&[]).expect("empty").domains.is_empty());
+    }
+}
