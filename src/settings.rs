@@ -24,6 +24,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod stats;
 pub mod xds;
 
 /// `sluice`: with no subcommand it serves, reading the same environment as envoyproxy/ratelimit.
@@ -166,6 +167,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub source: xds::ConfigSourceArgs,
+
+    #[command(flatten)]
+    pub stats: stats::StatsArgs,
 
     /// Decide and count as usual but always answer OK.
     #[arg(
@@ -869,6 +873,8 @@ pub enum SettingsError {
     Config { path: PathBuf, errors: ConfigErrors },
     #[error("{0}")]
     Xds(String),
+    #[error("{0}")]
+    Stats(String),
 }
 
 impl ServeArgs {
@@ -974,6 +980,7 @@ impl ServeArgs {
         }
         config.config_path = xds.is_none().then_some(path);
         config.xds = xds;
+        config.envoy_stats = self.stats.settings()?;
         Ok(config)
     }
 }

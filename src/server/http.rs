@@ -251,6 +251,39 @@ fn json_error(code: StatusCode, message: &str) -> Response {
     (code, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
+/// What the `USE_PROMETHEUS` listener serves from: sluice's metrics and `EXTRA_TAGS`.
+#[derive(Clone)]
+struct EnvoyMetrics {
+    metrics: crate::telemetry::metrics::Metrics,
+    tags: Arc<Vec<(String, String)>>,
+}
+
+/// The `USE_PROMETHEUS` listener: envoyproxy's series at `path`, nothing else.
+pub(crate) fn envoy_metrics_router(
+    metrics: crate::telemetry::metrics::Metrics,
+    tags: Vec<(String, String)>,
+    path: &str,
+) -> Router {
+    let state = EnvoyMetrics {
+        metrics,
+        tags: Arc::new(tags),
+    };
+    Router::new()
+        .route(path, get(envoy_metrics))
+        .with_state(state)
+}
+
+async fn envoy_metrics(State(s): State<EnvoyMetrics>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            crate::telemetry::metrics::CONTENT_TYPE,
+        )],
+        crate::telemetry::envoy_stats::render_prometheus(&s.metrics, &s.tags),
+    )
+        .into_response()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -77,6 +77,17 @@ impl StoreChain {
     }
 }
 
+/// envoyproxy's stats (`USE_STATSD`, `USE_PROMETHEUS`): see `telemetry/envoy_stats.rs`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvoyStatsSettings {
+    /// Where statsd lines go, and how often.
+    pub statsd: Option<crate::telemetry::envoy_stats::StatsdSettings>,
+    /// The listener (`PROMETHEUS_ADDR`; port 0 picks one) and path serving envoyproxy's series.
+    pub prometheus: Option<(SocketAddr, String)>,
+    /// `EXTRA_TAGS`.
+    pub tags: Vec<(String, String)>,
+}
+
 /// Everything [`start`] needs. Fields are public so tests and `settings` fill them directly.
 #[derive(Debug)]
 pub struct ServerConfig {
@@ -114,6 +125,8 @@ pub struct ServerConfig {
     /// Config over xDS (`CONFIG_TYPE=GRPC_XDS_SOTW`): `rules` are then empty and requests get
     /// UNAVAILABLE until the management server's first config is accepted.
     pub xds: Option<xds::XdsSettings>,
+    /// envoyproxy's stats, besides sluice's own `/metrics`; `None` sends and serves none.
+    pub envoy_stats: Option<EnvoyStatsSettings>,
 }
 
 impl ServerConfig {
@@ -137,6 +150,7 @@ impl ServerConfig {
             grpc_tls: None,
             grpc_threads: workers::default_threads(),
             xds: None,
+            envoy_stats: None,
         }
     }
 
@@ -202,6 +216,7 @@ pub enum ServerError {
 pub struct Running {
     grpc_addr: SocketAddr,
     http_addr: SocketAddr,
+    envoy_metrics_addr: Option<SocketAddr>,
     limiter: Arc<RateLimiter>,
     shutdown: ShutdownHandle,
     supervisor: JoinHandle<Result<(), ServerError>>,
@@ -216,6 +231,11 @@ impl Running {
     /// The bound HTTP admin address (the real port when 0 was asked for).
     pub fn http_addr(&self) -> SocketAddr {
         self.http_addr
+    }
+
+    /// The bound `USE_PROMETHEUS` listener, if any.
+    pub fn envoy_metrics_addr(&self) -> Option<SocketAddr> {
+        self.envoy_metrics_addr
     }
 
     /// `http://` URL of the gRPC server, for `tonic` clients (`Endpoint::from_shared`).
@@ -284,6 +304,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         grpc_tls,
         grpc_threads,
         xds,
+        envoy_stats,
     } = config;
 
     // Bind first: a port conflict is reported before any task starts, and port 0 resolves to
@@ -292,6 +313,15 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     let http_listener = bind("HTTP", http_addr).await?;
     let grpc_addr = local_addr("gRPC", grpc_addr, &grpc_listener)?;
     let http_addr = local_addr("HTTP", http_addr, &http_listener)?;
+    let envoy_metrics = match envoy_stats.as_ref().and_then(|e| e.prometheus.clone()) {
+        Some((addr, path)) => {
+            let listener = bind("Prometheus (USE_PROMETHEUS)", addr).await?;
+            let bound = local_addr("Prometheus (USE_PROMETHEUS)", addr, &listener)?;
+            Some((listener, bound, path))
+        }
+        None => None,
+    };
+    let envoy_metrics_addr = envoy_metrics.as_ref().map(|(_, a, _)| *a);
 
     // Everything that can fail is built before a task is spawned.
     let (reflection_v1, reflection_v1alpha) = grpc::reflection_services()?;
@@ -341,10 +371,10 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         log_config_loaded(&rules, config_path.as_deref());
     }
     let store = store.unwrap_or_else(|| Arc::new(MemoryStore::new(clock)));
-    let limiter = Arc::new(RateLimiter::new(rules, store, options, telemetry));
-    if xds.is_some() {
-        limiter.await_first_config();
-    }
+    let limiter = Arc::new(match xds {
+        Some(_) => RateLimiter::awaiting_config(store, options, telemetry),
+        None => RateLimiter::new(rules, store, options, telemetry),
+    });
 
     // Probe once now, so a Redis that is down at start is NOT_SERVING from the first health
     // check; a store that cannot be reached is a health state, never a start-up failure.
@@ -370,6 +400,31 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         store_ok,
         always_ready,
     ))];
+    if let Some(stats) = envoy_stats {
+        let metrics = limiter.telemetry().metrics.clone();
+        if let Some(statsd) = stats.statsd {
+            tracing::info!(
+                host = %statsd.host,
+                port = statsd.port,
+                flush_interval = ?statsd.flush_interval,
+                "sending envoyproxy's stats to statsd (UDP)"
+            );
+            background.push(tokio::spawn(crate::telemetry::envoy_stats::run_statsd(
+                metrics.clone(),
+                statsd,
+                stats.tags.clone(),
+            )));
+        }
+        if let Some((listener, addr, path)) = envoy_metrics {
+            tracing::info!(addr = %addr, path = %path, "serving envoyproxy's Prometheus series");
+            let app = http::envoy_metrics_router(metrics, stats.tags, &path);
+            background.push(tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, app).await {
+                    tracing::error!(error = %e, "the USE_PROMETHEUS listener failed");
+                }
+            }));
+        }
+    }
     if let Some(x) = xds {
         tracing::info!(
             server = %x.server_url,
@@ -471,6 +526,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     Ok(Running {
         grpc_addr,
         http_addr,
+        envoy_metrics_addr,
         limiter,
         shutdown,
         supervisor,

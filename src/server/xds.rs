@@ -375,7 +375,7 @@ mod tests {
         let b = Backoff { jitter: true, ..b };
         assert_eq!(b.delay(0, 0.0), Duration::from_secs(5));
         assert_eq!(b.delay(0, 0.5), Duration::from_secs(10));
-        assert_eq!(b.delay(1, 0.75), Duration::from_secs(30));
+        assert_eq!(b.delay(1, 0.75), Duration::from_secs(25));
         assert_eq!(
             b.delay(3, 0.99),
             Duration::from_secs(60),

@@ -37,7 +37,7 @@ pub struct ServiceOptions {
     /// Not ready (gRPC health NOT_SERVING, `/healthcheck` 500) until a first config is in:
     /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`, or config over xDS without
     /// `FORCE_START_WITHOUT_INITIAL_CONFIG`. Only a limiter started by
-    /// [`RateLimiter::await_first_config`] ever lacks a config.
+    /// [`RateLimiter::awaiting_config`] ever lacks a config.
     pub ready_needs_config: bool,
 }
 
@@ -147,7 +147,7 @@ pub struct RateLimiter {
     store_errors: ErrorLog,
     telemetry: Telemetry,
     config_status: std::sync::Mutex<ConfigStatus>,
-    /// Set by [`RateLimiter::await_first_config`], cleared by the first
+    /// Set by [`RateLimiter::awaiting_config`], cleared by the first
     /// [`RateLimiter::replace_rules`]: meanwhile requests get [`RequestError::NoConfig`].
     awaiting_config: AtomicBool,
 }
@@ -261,6 +261,27 @@ impl RateLimiter {
         telemetry: Telemetry,
     ) -> Self {
         telemetry.metrics.config_loaded(&rules);
+        Self::build(rules, store, options, telemetry, false)
+    }
+
+    /// A limiter with no config yet (config over xDS, before the first push): requests get
+    /// UNAVAILABLE until [`RateLimiter::replace_rules`] brings the first config, and nothing is
+    /// counted as loaded meanwhile.
+    pub fn awaiting_config(
+        store: Arc<dyn CounterStore>,
+        options: ServiceOptions,
+        telemetry: Telemetry,
+    ) -> Self {
+        Self::build(RuleSet::empty(), store, options, telemetry, true)
+    }
+
+    fn build(
+        rules: RuleSet,
+        store: Arc<dyn CounterStore>,
+        options: ServiceOptions,
+        telemetry: Telemetry,
+        awaiting: bool,
+    ) -> Self {
         let (loaded_at, domains) = describe_rules(&rules);
         Self {
             rules: RwLock::new(Arc::new(rules)),
@@ -273,18 +294,12 @@ impl RateLimiter {
                 domains,
                 ..ConfigStatus::default()
             }),
-            awaiting_config: AtomicBool::new(false),
+            awaiting_config: AtomicBool::new(awaiting),
         }
     }
 
-    /// Marks the rules as not loaded yet (config over xDS, before the first push): requests
-    /// get UNAVAILABLE until [`RateLimiter::replace_rules`] brings the first config.
-    pub fn await_first_config(&self) {
-        self.awaiting_config.store(true, Ordering::Release);
-    }
-
-    /// No config has been loaded yet (see [`RateLimiter::await_first_config`]).
-    pub fn awaiting_config(&self) -> bool {
+    /// No config has been loaded yet (see [`RateLimiter::awaiting_config`]).
+    pub fn has_no_config(&self) -> bool {
         self.awaiting_config.load(Ordering::Acquire)
     }
 
@@ -373,7 +388,7 @@ impl RateLimiter {
 
     /// The config part of [`RateLimiter::ready`].
     pub fn config_ready(&self) -> bool {
-        !(self.options.ready_needs_config && self.awaiting_config())
+        !(self.options.ready_needs_config && self.has_no_config())
     }
 
     pub fn store(&self) -> &Arc<dyn CounterStore> {
@@ -446,7 +461,7 @@ impl RateLimiter {
         cx: Option<&Context>,
     ) -> Result<RateLimitResponse, RequestError> {
         validate(request, &self.options.caps)?;
-        if self.awaiting_config() {
+        if self.has_no_config() {
             return Err(RequestError::NoConfig);
         }
         let snapshot = self.rules();

@@ -342,5 +342,12 @@ impl Metrics {
     }
 }
 
+impl Metrics {
+    /// Every metric family as it stands now (the store gauges as last rendered).
+    pub fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
+        self.registry.gather()
+    }
+}
+
 /// The content type of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";

@@ -2,6 +2,7 @@
 //! traces exported over OTLP, and the heavy-hitters view of who is being denied
 //! (`/debug/offenders`). Everything here has bounded memory and never sits on a Redis call.
 
+pub mod envoy_stats;
 pub mod metrics;
 pub mod offenders;
 pub mod trace;

@@ -1,4 +1,5 @@
 mod bench;
+mod envoy_stats;
 mod extensions;
 mod grpcurl;
 mod http;

@@ -236,6 +236,20 @@ async fn envoy_gateway_deployment_follows_its_xds_server() {
         "the counters live in the Redis of REDIS_URL"
     );
 
+    // USE_PROMETHEUS=true, PROMETHEUS_ADDR=:19001: envoyproxy's series, where the Deployment's
+    // `prometheus.io/port` annotation sends the scraper.
+    let (code, body) =
+        crate::support::http(([127, 0, 0, 1], 19001).into(), "GET", "/metrics", "").await;
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains("ratelimit_service_config_load_success 1"),
+        "{body}"
+    );
+    let over = format!(
+        "ratelimit_service_rate_limit_over_limit{{domain=\"{DOMAIN}\",key1=\"{ROUTE}_{ROUTE}\",key2=\"x-user-id\"}} 1"
+    );
+    assert!(body.contains(&over), "{over} in {body}");
+
     // Version 2 adds a team limit and keeps the user limit: the new limit applies, and alice's
     // counter survives the push.
     state.push("2", config(3, true));

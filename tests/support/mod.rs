@@ -75,7 +75,8 @@ impl TestServer {
         Self::start_config(config, clock).await
     }
 
-    async fn start_config(config: ServerConfig, clock: ManualClock) -> Self {
+    /// A server from a full config (its clock shared with the test).
+    pub async fn start_config(config: ServerConfig, clock: ManualClock) -> Self {
         let running = server::start(config).await.expect("server starts");
         Self {
             grpc_addr: running.grpc_addr(),
