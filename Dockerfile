@@ -37,6 +37,9 @@ RUN touch src/main.rs src/lib.rs \
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /sluice /sluice
+# The path envoyproxy/ratelimit's image uses: Envoy Gateway's rate-limit Deployment runs
+# `command: [/bin/ratelimit]` and offers no way to change it (a second copy: ~17 MB).
+COPY --from=build /sluice /bin/ratelimit
 # Sample configs in envoyproxy/ratelimit's default runtime layout
 # (RUNTIME_ROOT=/srv/runtime_data/current, RUNTIME_APPDIRECTORY=config), so the image serves
 # something with no settings at all. The Helm chart mounts its ConfigMap at
