@@ -109,6 +109,7 @@ async fn bench(args: sluice::bench::BenchArgs) -> ExitCode {
 fn check(args: &CheckArgs) -> ExitCode {
     let opts = LoadOptions {
         ignore_dotfiles: args.ignore_dotfiles,
+        merge_domains: args.merge_domain_config,
     };
     match load_path(&args.path, &opts) {
         Ok(rules) => {

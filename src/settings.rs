@@ -826,6 +826,18 @@ pub struct CheckArgs {
         default_missing_value = "true"
     )]
     pub ignore_dotfiles: bool,
+
+    /// Merge files with the same domain (as the service does with MERGE_DOMAIN_CONFIG=true).
+    #[arg(
+        long,
+        env = "MERGE_DOMAIN_CONFIG",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub merge_domain_config: bool,
 }
 
 /// A setting that may carry credentials (a Redis URL with a password, later tokens): `Debug`
@@ -888,6 +900,7 @@ impl ServeArgs {
     pub fn load_options(&self) -> LoadOptions {
         LoadOptions {
             ignore_dotfiles: self.runtime.runtime_ignoredotfiles,
+            merge_domains: self.source.merge_domain_config,
         }
     }
 

@@ -27,6 +27,10 @@ pub const MAX_SLIDING_LOG_LIMIT: u32 = 100_000;
 pub struct LoadOptions {
     /// `RUNTIME_IGNOREDOTFILES`: skip files and directories whose name starts with `.`.
     pub ignore_dotfiles: bool,
+    /// `MERGE_DOMAIN_CONFIG`: files (or xDS resources) with the same domain add their top-level
+    /// descriptors to it, as envoyproxy/ratelimit merges them; a top-level descriptor defined
+    /// twice is still an error. Off, a domain defined twice is an error.
+    pub merge_domains: bool,
 }
 
 /// One problem in one config file.
@@ -108,7 +112,7 @@ pub fn load_path(path: &Path, opts: &LoadOptions) -> Result<RuleSet, ConfigError
             Err(e) => errors.push(file_error(&name, format!("cannot read config file: {e}"))),
         }
     }
-    build(sources, errors)
+    build(sources, errors, opts.merge_domains)
 }
 
 /// A digest of everything [`load_path`] would read under `path`: which files, their contents
@@ -146,12 +150,15 @@ pub fn load_sources(sources: &[(String, String)]) -> Result<RuleSet, ConfigError
             dotted: has_dot_component(Path::new(name)),
         })
         .collect();
-    build(sources, Vec::new())
+    build(sources, Vec::new(), false)
 }
 
 /// Loads configs that come as trees rather than text, `(name, root)`: the same rules and the
 /// same errors as a file, named after the source and without lines.
-pub(crate) fn load_trees(trees: Vec<(String, Node)>) -> Result<RuleSet, ConfigErrors> {
+pub(crate) fn load_trees(
+    trees: Vec<(String, Node)>,
+    merge_domains: bool,
+) -> Result<RuleSet, ConfigErrors> {
     let sources = trees
         .into_iter()
         .map(|(name, root)| Source {
@@ -161,7 +168,7 @@ pub(crate) fn load_trees(trees: Vec<(String, Node)>) -> Result<RuleSet, ConfigEr
             dotted: false,
         })
         .collect();
-    build(sources, Vec::new())
+    build(sources, Vec::new(), merge_domains)
 }
 
 struct Source {
@@ -293,7 +300,11 @@ fn walk(
 }
 
 /// Parses every source, checks domains across files and assembles the rule set.
-fn build(sources: Vec<Source>, mut errors: Vec<ConfigError>) -> Result<RuleSet, ConfigErrors> {
+fn build(
+    sources: Vec<Source>,
+    mut errors: Vec<ConfigError>,
+    merge_domains: bool,
+) -> Result<RuleSet, ConfigErrors> {
     // domain -> (file, line, dotted) of its first definition
     let mut first: HashMap<String, (String, usize, bool)> = HashMap::new();
     let mut domains = HashMap::new();
@@ -306,6 +317,10 @@ fn build(sources: Vec<Source>, mut errors: Vec<ConfigError>) -> Result<RuleSet, 
         let Some((rules, line)) = parsed else {
             continue;
         };
+        if let (true, Some(into)) = (merge_domains, domains.get_mut(&rules.domain)) {
+            merge_domain(into, rules, &src.name, line, &mut errors);
+            continue;
+        }
         if let Some((other, other_line, other_dotted)) = first.get(&rules.domain) {
             let hint = if src.dotted || *other_dotted {
                 "; a file under a directory starting with '.' was loaded too (Kubernetes \
@@ -341,6 +356,74 @@ fn build(sources: Vec<Source>, mut errors: Vec<ConfigError>) -> Result<RuleSet, 
         loaded_at: SystemTime::now(),
         sources: sources.into_iter().map(|s| s.path).collect(),
     })
+}
+
+/// `MERGE_DOMAIN_CONFIG`: adds `more`'s top-level descriptors to `into` (same domain). A top-level
+/// composite key (`key` or `key_value`) both define is an error naming `file`, as in
+/// envoyproxy/ratelimit; so is a different `hash_tag`.
+fn merge_domain(
+    into: &mut DomainRules,
+    more: DomainRules,
+    file: &str,
+    line: usize,
+    errors: &mut Vec<ConfigError>,
+) {
+    let mut err = |message: String| {
+        errors.push(ConfigError {
+            file: file.to_owned(),
+            line: (line > 0).then_some(line),
+            path: "descriptors".into(),
+            message,
+        })
+    };
+    if into.domain_tag != more.domain_tag {
+        err(format!(
+            "hash_tag differs from the other config of domain '{}' ({}): merged configs must agree",
+            into.domain, into.file
+        ));
+        return;
+    }
+    let duplicate = |path: &str| {
+        format!(
+            "duplicate descriptor composite key '{path}' (domain '{}' is merged from several \
+             configs: MERGE_DOMAIN_CONFIG=true)",
+            into.domain
+        )
+    };
+    let Level {
+        exact,
+        wildcards,
+        bare,
+    } = more.root;
+    for (key, values) in exact {
+        let slot = into.root.exact.entry(key).or_default();
+        for (value, node) in values {
+            if slot.contains_key(&value) {
+                err(duplicate(&node.path));
+            } else {
+                slot.insert(value, node);
+            }
+        }
+    }
+    for node in wildcards {
+        let same = into
+            .root
+            .wildcards
+            .iter()
+            .any(|w| w.key == node.key && w.value == node.value);
+        if same {
+            err(duplicate(&node.path));
+        } else {
+            into.root.wildcards.push(node);
+        }
+    }
+    for (key, node) in bare {
+        if into.root.bare.contains_key(&key) {
+            err(duplicate(&node.path));
+        } else {
+            into.root.bare.insert(key, node);
+        }
+    }
 }
 
 /// Parses one file: its rules (with the line of `domain`) when it has a domain, and its errors

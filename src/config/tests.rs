@@ -1710,6 +1710,7 @@ fn load_path_dotfiles_are_skipped_when_asked() {
         dir.path(),
         &LoadOptions {
             ignore_dotfiles: true,
+            merge_domains: false,
         },
     )
     .unwrap();
@@ -1748,6 +1749,7 @@ fn load_path_kubernetes_configmap_layout() {
         root,
         &LoadOptions {
             ignore_dotfiles: true,
+            merge_domains: false,
         },
     )
     .unwrap();
@@ -1795,6 +1797,7 @@ fn load_path_missing_path_or_empty_directory() {
         dir.path(),
         &LoadOptions {
             ignore_dotfiles: true,
+            merge_domains: false,
         },
     )
     .unwrap_err();

@@ -16,7 +16,11 @@ use prost_types::value::Kind;
 
 /// Loads every resource of one xDS response into one rule set (all or nothing, like a config
 /// directory). A resource without a name is called `xds resource #N` (N from 1) in errors.
-pub fn load_xds(resources: &[RateLimitConfig]) -> Result<RuleSet, ConfigErrors> {
+/// `merge_domains`: `MERGE_DOMAIN_CONFIG` (see [`super::LoadOptions::merge_domains`]).
+pub fn load_xds(
+    resources: &[RateLimitConfig],
+    merge_domains: bool,
+) -> Result<RuleSet, ConfigErrors> {
     let trees = resources
         .iter()
         .enumerate()
@@ -29,7 +33,7 @@ pub fn load_xds(resources: &[RateLimitConfig]) -> Result<RuleSet, ConfigErrors> 
             (name, root(r))
         })
         .collect();
-    load_trees(trees)
+    load_trees(trees, merge_domains)
 }
 
 fn map(entries: Vec<(&str, Node)>) -> Node {
@@ -229,7 +233,7 @@ descriptors:
       - key: method
         rate_limit: {unlimited: true}
 "#;
-        let from_xds = load_xds(&[pushed]).expect("loads");
+        let from_xds = load_xds(&[pushed], false).expect("loads");
         let from_file = load_sources(&[("edge.yaml".into(), yaml.into())]).expect("loads");
         assert_eq!(from_xds.dump(), from_file.dump());
         let dump = from_xds.dump();
@@ -248,16 +252,16 @@ descriptors:
                 ..Default::default()
             }],
         };
-        let e = load_xds(&[bad("team-a")]).expect_err("no unit");
+        let e = load_xds(&[bad("team-a")], false).expect_err("no unit");
         assert_eq!(e.0.len(), 1);
         assert_eq!(e.0[0].file, "team-a");
         assert_eq!(e.0[0].line, None);
         assert_eq!(e.0[0].path, "descriptors[0].rate_limit.unit");
-        let e = load_xds(&[bad(""), bad("")]).expect_err("both bad, and one domain twice");
+        let e = load_xds(&[bad(""), bad("")], false).expect_err("both bad, and one domain twice");
         let text = e.to_string();
         assert!(text.contains("xds resource #1: descriptors[0]"), "{text}");
         assert!(text.contains("xds resource #2"), "{text}");
         assert!(text.contains("duplicate domain 'd'"), "{text}");
-        assert!(load_xds(&[]).expect("empty").domains.is_empty());
+        assert!(load_xds(&[], false).expect("empty").domains.is_empty());
     }
 }

@@ -55,6 +55,8 @@ pub struct XdsSettings {
     /// `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES`: the largest response accepted (default 4 MiB, as
     /// gRPC's).
     pub max_message_bytes: Option<usize>,
+    /// `MERGE_DOMAIN_CONFIG`: resources with the same domain are merged.
+    pub merge_domains: bool,
 }
 
 /// TLS (and, with a client certificate, mutual TLS) to the management server.
@@ -213,7 +215,7 @@ async fn session(
             Err(s) => return Err(SessionError::Stream(status_text(&s))),
         };
         state.received = true;
-        let reply = match apply(limiter, &response).await {
+        let reply = match apply(limiter, &response, settings.merge_domains).await {
             Ok(()) => {
                 state.acked_version = response.version_info.clone();
                 request(&response.version_info, &response.nonce, None)
@@ -235,7 +237,11 @@ async fn session(
 }
 
 /// Loads one response; `Err` is the NACK's message (the rules in force stay).
-async fn apply(limiter: &Arc<RateLimiter>, response: &DiscoveryResponse) -> Result<(), String> {
+async fn apply(
+    limiter: &Arc<RateLimiter>,
+    response: &DiscoveryResponse,
+    merge_domains: bool,
+) -> Result<(), String> {
     let version = response.version_info.clone();
     let resources = response.resources.clone();
     // Decoding and building the rules is CPU work proportional to the push: off the workers.
@@ -253,7 +259,7 @@ async fn apply(limiter: &Arc<RateLimiter>, response: &DiscoveryResponse) -> Resu
                 .map_err(|e| format!("resource #{} is not a RateLimitConfig: {e}", i + 1))?;
             configs.push(config);
         }
-        load_xds(&configs).map_err(|e| e.to_string())
+        load_xds(&configs, merge_domains).map_err(|e| e.to_string())
     })
     .await
     .map_err(|e| format!("config load failed: {e}"))?;

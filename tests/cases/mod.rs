@@ -1,4 +1,5 @@
 mod bench;
+mod compat;
 mod envoy_stats;
 mod extensions;
 mod grpcurl;

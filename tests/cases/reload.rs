@@ -71,6 +71,7 @@ impl ConfigMapDir {
 }
 
 const OPTIONS: LoadOptions = LoadOptions {
+    merge_domains: false,
     ignore_dotfiles: true,
 };
 

@@ -1,0 +1,59 @@
+//! The rest of envoyproxy/ratelimit's surface, one test each against its documented behaviour:
+//! `MERGE_DOMAIN_CONFIG`, ...
+
+use crate::support::*;
+use sluice::clock::ManualClock;
+use sluice::config::{load_path, LoadOptions};
+use sluice::proto::rate_limit_response::Code;
+use sluice::server::ServerConfig;
+use std::sync::Arc;
+
+fn options(merge_domains: bool) -> LoadOptions {
+    LoadOptions {
+        ignore_dotfiles: false,
+        merge_domains,
+    }
+}
+
+/// Two files of one domain: refused by default; with MERGE_DOMAIN_CONFIG each adds its
+/// descriptors; a top-level descriptor in both is still refused, naming the second file.
+#[tokio::test]
+async fn merge_domain_config_merges_files_of_one_domain() {
+    let dir = tempfile::tempdir().expect("dir");
+    let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).expect("write");
+    write(
+        "a.yaml",
+        "domain: shop\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+    );
+    write(
+        "b.yaml",
+        "domain: shop\ndescriptors:\n  - key: path\n    value: /cart\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+    );
+    let e = load_path(dir.path(), &options(false)).expect_err("a domain twice");
+    assert!(e.to_string().contains("duplicate domain 'shop'"), "{e}");
+
+    let rules = load_path(dir.path(), &options(true)).expect("merged");
+    let clock = ManualClock::new(T0);
+    let s = TestServer::start_config(
+        ServerConfig::for_tests(rules, Arc::new(clock.clone())),
+        clock,
+    )
+    .await;
+    let user = one("shop", &[("user", "u1")]);
+    let cart = one("shop", &[("path", "/cart")]);
+    assert_eq!(code(&s.call(user.clone()).await), Code::Ok);
+    assert_eq!(code(&s.call(user).await), Code::OverLimit, "a.yaml's limit");
+    assert_eq!(code(&s.call(cart.clone()).await), Code::Ok);
+    assert_eq!(code(&s.call(cart.clone()).await), Code::Ok);
+    assert_eq!(code(&s.call(cart).await), Code::OverLimit, "b.yaml's limit");
+    s.stop().await;
+
+    write(
+        "c.yaml",
+        "domain: shop\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 9}\n",
+    );
+    let e = load_path(dir.path(), &options(true)).expect_err("user twice");
+    let text = e.to_string();
+    assert!(text.contains("c.yaml"), "{text}");
+    assert!(text.contains("duplicate descriptor composite key 'shop.user'"), "{text}");
+}
