@@ -149,6 +149,10 @@ pub struct ServeArgs {
     #[arg(long, env = "GRPC_PORT", default_value_t = 8081)]
     pub grpc_port: u16,
 
+    /// Serve gRPC on this Unix socket instead of GRPC_HOST:GRPC_PORT (plaintext only).
+    #[arg(long, env = "GRPC_UDS")]
+    pub grpc_uds: Option<PathBuf>,
+
     /// Address the HTTP admin server listens on.
     #[arg(long, env = "HOST", default_value = "0.0.0.0")]
     pub host: String,
@@ -994,6 +998,14 @@ impl ServeArgs {
         config.config_path = xds.is_none().then_some(path);
         config.xds = xds;
         config.envoy_stats = self.stats.settings()?;
+        if self.grpc_uds.is_some() && config.grpc_tls.is_some() {
+            return Err(SettingsError::Tls(
+                "GRPC_UDS and GRPC_SERVER_USE_TLS are both set: sluice serves a Unix socket in \
+                 plaintext only"
+                    .into(),
+            ));
+        }
+        config.grpc_uds = self.grpc_uds.clone();
         Ok(config)
     }
 }

@@ -1,24 +1,50 @@
 //! The gRPC accept loop's connection stream. It ends on drain only after taking every connection
 //! already waiting in the kernel's accept backlog, so a client whose TCP handshake completed
-//! gets served and a graceful HTTP/2 GOAWAY instead of a reset when the listener closes.
+//! gets served and a graceful HTTP/2 GOAWAY instead of a reset when the listener closes. The
+//! same loop serves a TCP port and, with `GRPC_UDS`, a Unix socket.
 
 use super::signal::ShutdownWatch;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio_stream::Stream;
 
+/// A listening socket the loop accepts from.
+pub(crate) trait Accept {
+    type Conn;
+    fn poll_accept_conn(&self, cx: &mut Context<'_>) -> Poll<io::Result<Self::Conn>>;
+}
+
+impl Accept for TcpListener {
+    type Conn = TcpStream;
+    fn poll_accept_conn(&self, cx: &mut Context<'_>) -> Poll<io::Result<TcpStream>> {
+        self.poll_accept(cx).map_ok(|(stream, _peer)| {
+            // Envoy's 20 ms budget makes Nagle's delay on small HTTP/2 frames unaffordable;
+            // a failing socket option is not worth dropping the connection over.
+            let _ = stream.set_nodelay(true);
+            stream
+        })
+    }
+}
+
+impl Accept for UnixListener {
+    type Conn = UnixStream;
+    fn poll_accept_conn(&self, cx: &mut Context<'_>) -> Poll<io::Result<UnixStream>> {
+        self.poll_accept(cx).map_ok(|(stream, _peer)| stream)
+    }
+}
+
 /// Accepted connections until the drain trigger, then the backlog, then the end.
-pub(crate) struct DrainingIncoming {
-    listener: TcpListener,
+pub(crate) struct DrainingIncoming<L> {
+    listener: L,
     drain: Pin<Box<dyn Future<Output = ()> + Send>>,
     draining: bool,
 }
 
-impl DrainingIncoming {
-    pub(crate) fn new(listener: TcpListener, drain: ShutdownWatch) -> Self {
+impl<L> DrainingIncoming<L> {
+    pub(crate) fn new(listener: L, drain: ShutdownWatch) -> Self {
         Self {
             listener,
             drain: Box::pin(drain.triggered()),
@@ -27,20 +53,15 @@ impl DrainingIncoming {
     }
 }
 
-impl Stream for DrainingIncoming {
-    type Item = io::Result<TcpStream>;
+impl<L: Accept + Unpin> Stream for DrainingIncoming<L> {
+    type Item = io::Result<L::Conn>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         if !self.draining && self.drain.as_mut().poll(cx).is_ready() {
             self.draining = true;
         }
-        match self.listener.poll_accept(cx) {
-            Poll::Ready(Ok((stream, _peer))) => {
-                // Envoy's 20 ms budget makes Nagle's delay on small HTTP/2 frames unaffordable;
-                // a failing socket option is not worth dropping the connection over.
-                let _ = stream.set_nodelay(true);
-                Poll::Ready(Some(Ok(stream)))
-            }
+        match self.listener.poll_accept_conn(cx) {
+            Poll::Ready(Ok(stream)) => Poll::Ready(Some(Ok(stream))),
             // While serving, tonic logs accept errors and keeps going; while draining, an error
             // (say, out of file descriptors) ends the backlog sweep instead of spinning on it.
             Poll::Ready(Err(_)) if self.draining => Poll::Ready(None),

@@ -6,6 +6,7 @@
 pub mod grpc;
 pub mod http;
 mod incoming;
+mod listener;
 pub mod reload;
 pub mod signal;
 pub mod tls;
@@ -127,6 +128,8 @@ pub struct ServerConfig {
     pub xds: Option<xds::XdsSettings>,
     /// envoyproxy's stats, besides sluice's own `/metrics`; `None` sends and serves none.
     pub envoy_stats: Option<EnvoyStatsSettings>,
+    /// `GRPC_UDS`: serve gRPC on this Unix socket instead of `grpc_addr` (plaintext only).
+    pub grpc_uds: Option<PathBuf>,
 }
 
 impl ServerConfig {
@@ -151,6 +154,7 @@ impl ServerConfig {
             grpc_threads: workers::default_threads(),
             xds: None,
             envoy_stats: None,
+            grpc_uds: None,
         }
     }
 
@@ -182,6 +186,13 @@ pub enum ServerError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("cannot listen for gRPC on the Unix socket {path}: {source}")]
+    BindUnix {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("not supported: {0}")]
+    Unsupported(&'static str),
     #[error("cannot build gRPC reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("cannot set up /json transcoding: {0}")]
@@ -305,13 +316,20 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         grpc_threads,
         xds,
         envoy_stats,
+        grpc_uds,
     } = config;
 
     // Bind first: a port conflict is reported before any task starts, and port 0 resolves to
     // the real port the caller needs.
-    let grpc_listener = bind("gRPC", grpc_addr).await?;
+    if grpc_uds.is_some() && grpc_tls.is_some() {
+        return Err(ServerError::Unsupported(
+            "TLS on a Unix socket (GRPC_UDS with GRPC_SERVER_USE_TLS)",
+        ));
+    }
+    let (grpc_listener, grpc_addr) =
+        listener::GrpcListener::bind(grpc_addr, grpc_uds.as_deref()).await?;
+    let grpc_socket = grpc_listener.path();
     let http_listener = bind("HTTP", http_addr).await?;
-    let grpc_addr = local_addr("gRPC", grpc_addr, &grpc_listener)?;
     let http_addr = local_addr("HTTP", http_addr, &http_listener)?;
     let envoy_metrics = match envoy_stats.as_ref().and_then(|e| e.prometheus.clone()) {
         Some((addr, path)) => {
@@ -337,13 +355,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     let worker_listeners = workers
         .handles()
         .iter()
-        .map(|_| {
-            use std::os::fd::AsFd;
-            grpc_listener
-                .as_fd()
-                .try_clone_to_owned()
-                .map(std::net::TcpListener::from)
-        })
+        .map(|_| grpc_listener.try_clone_std())
         .collect::<Result<Vec<_>, _>>()
         .map_err(|source| ServerError::Bind {
             what: "gRPC",
@@ -475,10 +487,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         // The listener joins the worker's own I/O driver, so it is registered there.
         grpc_servers.spawn_on(
             async move {
-                let listener = listener
-                    .set_nonblocking(true)
-                    .and_then(|()| TcpListener::from_std(listener));
-                match listener {
+                match listener.into_tokio() {
                     Ok(l) => serve_grpc(router, l, drain, tls).await,
                     Err(source) => Err(ServerError::Bind {
                         what: "gRPC",
@@ -500,6 +509,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         grpc = %grpc_addr,
         http = %http_addr,
         grpc_threads = grpc_threads.max(1),
+        grpc_uds = ?grpc_socket,
         "sluice listening (gRPC: RLS, health, reflection; HTTP: /healthcheck /livez /rlconfig /json /metrics /debug/offenders)"
     );
 
@@ -516,6 +526,10 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         .await;
         // The serving threads stop once their servers have drained (or the grace ran out).
         drop(workers);
+        // As Go's listener does on close: no stale socket file is left behind.
+        if let Some(path) = grpc_socket {
+            let _ = std::fs::remove_file(path);
+        }
         // Spans of the last requests are flushed after those requests finished.
         if let Some(t) = tracing {
             t.shutdown().await;
@@ -717,12 +731,23 @@ async fn supervise(
 /// One serving thread's gRPC server on its own accept stream, until drained.
 async fn serve_grpc(
     router: tonic::transport::server::Router,
-    listener: TcpListener,
+    listener: listener::GrpcListener,
     drain: ShutdownWatch,
     tls: Option<tls::TlsAcceptors>,
 ) -> Result<(), ServerError> {
-    let incoming = incoming::DrainingIncoming::new(listener, drain);
     let pending = std::future::pending::<()>;
+    let listener = match listener {
+        listener::GrpcListener::Tcp(l) => l,
+        // TLS on a Unix socket is refused at start.
+        listener::GrpcListener::Unix(l) => {
+            let incoming = incoming::DrainingIncoming::new(l, drain);
+            return router
+                .serve_with_incoming_shutdown(incoming, pending())
+                .await
+                .map_err(ServerError::Grpc);
+        }
+    };
+    let incoming = incoming::DrainingIncoming::new(listener, drain);
     let served = match tls {
         None => {
             router

@@ -1,5 +1,5 @@
 //! The rest of envoyproxy/ratelimit's surface, one test each against its documented behaviour:
-//! `MERGE_DOMAIN_CONFIG`, ...
+//! `MERGE_DOMAIN_CONFIG`, `GRPC_UDS`.
 
 use crate::support::*;
 use sluice::clock::ManualClock;
@@ -20,7 +20,8 @@ fn options(merge_domains: bool) -> LoadOptions {
 #[tokio::test]
 async fn merge_domain_config_merges_files_of_one_domain() {
     let dir = tempfile::tempdir().expect("dir");
-    let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).expect("write");
+    let write =
+        |name: &str, text: &str| std::fs::write(dir.path().join(name), text).expect("write");
     write(
         "a.yaml",
         "domain: shop\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
@@ -55,5 +56,55 @@ async fn merge_domain_config_merges_files_of_one_domain() {
     let e = load_path(dir.path(), &options(true)).expect_err("user twice");
     let text = e.to_string();
     assert!(text.contains("c.yaml"), "{text}");
-    assert!(text.contains("duplicate descriptor composite key 'shop.user'"), "{text}");
+    assert!(
+        text.contains("duplicate descriptor composite key 'shop.user'"),
+        "{text}"
+    );
+}
+
+/// `GRPC_UDS`: gRPC on a Unix socket (grpcurl, a real client, calls through it); a stale socket
+/// file from an earlier run does not stop the start, and a clean stop removes the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_uds_serves_on_a_unix_socket() {
+    let dir = tempfile::tempdir().expect("dir");
+    let sock = dir.path().join("ratelimit.sock");
+    drop(std::os::unix::net::UnixListener::bind(&sock).expect("a stale socket file"));
+    assert!(sock.exists());
+    let clock = ManualClock::new(T0);
+    let config = ServerConfig {
+        grpc_uds: Some(sock.clone()),
+        ..ServerConfig::for_tests(
+            rules("domain: uds\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"),
+            Arc::new(clock.clone()),
+        )
+    };
+    let s = TestServer::start_config(config, clock).await;
+    let sock_arg = sock.to_str().expect("utf-8 path").to_string();
+    let call = move || {
+        grpcurl(&[
+            "-plaintext",
+            "-unix",
+            // Without it grpcurl's :authority is the socket path, and the HTTP/2 server resets
+            // the stream (Envoy sends its cluster name).
+            "-authority",
+            "localhost",
+            "-d",
+            r#"{"domain":"uds","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#,
+            &sock_arg,
+            "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        ])
+    };
+    let first = tokio::task::spawn_blocking(call.clone())
+        .await
+        .expect("grpcurl");
+    assert!(first.0, "{}", first.2);
+    assert!(first.1.contains("\"overallCode\": \"OK\""), "{}", first.1);
+    let second = tokio::task::spawn_blocking(call).await.expect("grpcurl");
+    assert!(
+        second.1.contains("\"overallCode\": \"OVER_LIMIT\""),
+        "{}",
+        second.1
+    );
+    s.stop().await;
+    assert!(!sock.exists(), "the socket file is removed at a clean stop");
 }

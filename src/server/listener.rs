@@ -1,0 +1,90 @@
+//! The socket gRPC is served on: a TCP port (`GRPC_HOST:GRPC_PORT`) or, with `GRPC_UDS`, a Unix
+//! socket instead, as envoyproxy/ratelimit does (for a proxy on the same host or pod, with no
+//! TCP stack in between). Every serving thread accepts on its own handle of the one socket.
+
+use super::ServerError;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use tokio::net::{TcpListener, UnixListener};
+
+pub(crate) enum GrpcListener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+/// A handle on the same socket, to move to another serving thread's runtime.
+pub(crate) enum StdListener {
+    Tcp(std::net::TcpListener),
+    Unix(std::os::unix::net::UnixListener),
+}
+
+impl GrpcListener {
+    /// Binds `uds` when given (a stale socket file left by a previous run is replaced; any other
+    /// file there is an error), else `addr`. Returns the bound TCP address (`addr` itself for a
+    /// Unix socket).
+    pub(crate) async fn bind(
+        addr: SocketAddr,
+        uds: Option<&Path>,
+    ) -> Result<(Self, SocketAddr), ServerError> {
+        let Some(path) = uds else {
+            let l = super::bind("gRPC", addr).await?;
+            let bound = super::local_addr("gRPC", addr, &l)?;
+            return Ok((GrpcListener::Tcp(l), bound));
+        };
+        let err = |source: io::Error| ServerError::BindUnix {
+            path: path.to_path_buf(),
+            source,
+        };
+        {
+            use std::os::unix::fs::FileTypeExt;
+            match std::fs::symlink_metadata(path) {
+                Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path).map_err(err)?,
+                Ok(_) => {
+                    return Err(err(io::Error::new(
+                        io::ErrorKind::AlreadyExists,
+                        "a file that is not a socket is in the way",
+                    )))
+                }
+                Err(_) => {}
+            }
+        }
+        let l = UnixListener::bind(path).map_err(err)?;
+        Ok((GrpcListener::Unix(l), addr))
+    }
+
+    pub(crate) fn try_clone_std(&self) -> io::Result<StdListener> {
+        Ok(match self {
+            GrpcListener::Tcp(l) => StdListener::Tcp(l.as_fd().try_clone_to_owned()?.into()),
+            GrpcListener::Unix(l) => StdListener::Unix(l.as_fd().try_clone_to_owned()?.into()),
+        })
+    }
+
+    /// The socket file, for a Unix socket.
+    pub(crate) fn path(&self) -> Option<PathBuf> {
+        match self {
+            GrpcListener::Tcp(_) => None,
+            GrpcListener::Unix(l) => l
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_pathname().map(Path::to_path_buf)),
+        }
+    }
+}
+
+impl StdListener {
+    /// Registers the handle with the calling thread's runtime.
+    pub(crate) fn into_tokio(self) -> io::Result<GrpcListener> {
+        match self {
+            StdListener::Tcp(l) => {
+                l.set_nonblocking(true)?;
+                TcpListener::from_std(l).map(GrpcListener::Tcp)
+            }
+            StdListener::Unix(l) => {
+                l.set_nonblocking(true)?;
+                UnixListener::from_std(l).map(GrpcListener::Unix)
+            }
+        }
+    }
+}
