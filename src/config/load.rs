@@ -398,10 +398,11 @@ fn merge_domain(
     for (key, values) in exact {
         let slot = into.root.exact.entry(key).or_default();
         for (value, node) in values {
-            if slot.contains_key(&value) {
-                err(duplicate(&node.path));
-            } else {
-                slot.insert(value, node);
+            match slot.entry(value) {
+                std::collections::hash_map::Entry::Occupied(_) => err(duplicate(&node.path)),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(node);
+                }
             }
         }
     }
@@ -418,10 +419,11 @@ fn merge_domain(
         }
     }
     for (key, node) in bare {
-        if into.root.bare.contains_key(&key) {
-            err(duplicate(&node.path));
-        } else {
-            into.root.bare.insert(key, node);
+        match into.root.bare.entry(key) {
+            std::collections::hash_map::Entry::Occupied(_) => err(duplicate(&node.path)),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(node);
+            }
         }
     }
 }
