@@ -153,6 +153,15 @@ pub struct ServeArgs {
     #[arg(long, env = "GRPC_UDS")]
     pub grpc_uds: Option<PathBuf>,
 
+    /// Address of envoyproxy's debug listener (`/`, `/rlconfig`, `/stats`).
+    #[arg(long, env = "DEBUG_HOST", default_value = "0.0.0.0")]
+    pub debug_host: String,
+
+    /// Port of the debug listener; one that cannot be bound is logged and skipped, as in
+    /// envoyproxy.
+    #[arg(long, env = "DEBUG_PORT", default_value_t = 6070)]
+    pub debug_port: u16,
+
     /// Address the HTTP admin server listens on.
     #[arg(long, env = "HOST", default_value = "0.0.0.0")]
     pub host: String,
@@ -1006,6 +1015,7 @@ impl ServeArgs {
             ));
         }
         config.grpc_uds = self.grpc_uds.clone();
+        config.debug_addr = Some(resolve("debug", &self.debug_host, self.debug_port)?);
         Ok(config)
     }
 }

@@ -284,6 +284,51 @@ async fn envoy_metrics(State(s): State<EnvoyMetrics>) -> Response {
         .into_response()
 }
 
+/// The debug listener's endpoints (`DEBUG_HOST:DEBUG_PORT`), as `path: help` for its index.
+const DEBUG_ENDPOINTS: [(&str, &str); 2] = [
+    (
+        "/rlconfig",
+        "print out the currently loaded configuration for debugging",
+    ),
+    ("/stats", "print out stats"),
+];
+
+/// envoyproxy's debug listener: an index of its endpoints at `/`, the loaded limits at
+/// `/rlconfig` and envoyproxy's counters as `name: value` lines at `/stats`. (envoyproxy's Go
+/// pprof endpoints have no equivalent; `perf` profiles sluice.)
+pub(crate) fn debug_router(limiter: Arc<RateLimiter>) -> Router {
+    Router::new()
+        .route("/", get(debug_index))
+        .route("/rlconfig", get(debug_rlconfig))
+        .route("/stats", get(debug_stats))
+        .with_state(limiter)
+}
+
+async fn debug_index() -> Response {
+    let mut body = String::new();
+    for (path, help) in DEBUG_ENDPOINTS {
+        body.push_str(&format!("{path}: {help}\n"));
+    }
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
+}
+
+async fn debug_rlconfig(State(limiter): State<Arc<RateLimiter>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        limiter.rules().dump(),
+    )
+        .into_response()
+}
+
+async fn debug_stats(State(limiter): State<Arc<RateLimiter>>) -> Response {
+    let stats = crate::telemetry::envoy_stats::stats(&limiter.telemetry().metrics.gather());
+    let mut body = String::new();
+    for s in stats {
+        body.push_str(&format!("{}: {}\n", s.name, s.value));
+    }
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -130,6 +130,9 @@ pub struct ServerConfig {
     pub envoy_stats: Option<EnvoyStatsSettings>,
     /// `GRPC_UDS`: serve gRPC on this Unix socket instead of `grpc_addr` (plaintext only).
     pub grpc_uds: Option<PathBuf>,
+    /// envoyproxy's debug listener (`DEBUG_HOST:DEBUG_PORT`; port 0 picks one). As there, a
+    /// port that cannot be bound is logged and the service runs without it.
+    pub debug_addr: Option<SocketAddr>,
 }
 
 impl ServerConfig {
@@ -155,6 +158,7 @@ impl ServerConfig {
             xds: None,
             envoy_stats: None,
             grpc_uds: None,
+            debug_addr: None,
         }
     }
 
@@ -228,6 +232,7 @@ pub struct Running {
     grpc_addr: SocketAddr,
     http_addr: SocketAddr,
     envoy_metrics_addr: Option<SocketAddr>,
+    debug_addr: Option<SocketAddr>,
     limiter: Arc<RateLimiter>,
     shutdown: ShutdownHandle,
     supervisor: JoinHandle<Result<(), ServerError>>,
@@ -247,6 +252,11 @@ impl Running {
     /// The bound `USE_PROMETHEUS` listener, if any.
     pub fn envoy_metrics_addr(&self) -> Option<SocketAddr> {
         self.envoy_metrics_addr
+    }
+
+    /// The bound debug listener, if any.
+    pub fn debug_addr(&self) -> Option<SocketAddr> {
+        self.debug_addr
     }
 
     /// `http://` URL of the gRPC server, for `tonic` clients (`Endpoint::from_shared`).
@@ -317,6 +327,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         xds,
         envoy_stats,
         grpc_uds,
+        debug_addr,
     } = config;
 
     // Bind first: a port conflict is reported before any task starts, and port 0 resolves to
@@ -340,6 +351,17 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         None => None,
     };
     let envoy_metrics_addr = envoy_metrics.as_ref().map(|(_, a, _)| *a);
+    let debug_listener = match debug_addr {
+        Some(addr) => match TcpListener::bind(addr).await {
+            Ok(l) => l.local_addr().ok().map(|a| (l, a)),
+            Err(e) => {
+                tracing::warn!(addr = %addr, error = %e, "cannot open the debug listener; running without it");
+                None
+            }
+        },
+        None => None,
+    };
+    let debug_addr = debug_listener.as_ref().map(|(_, a)| *a);
 
     // Everything that can fail is built before a task is spawned.
     let (reflection_v1, reflection_v1alpha) = grpc::reflection_services()?;
@@ -436,6 +458,15 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
                 }
             }));
         }
+    }
+    if let Some((listener, addr)) = debug_listener {
+        tracing::info!(addr = %addr, "debug listener: / /rlconfig /stats");
+        let app = http::debug_router(Arc::clone(&limiter));
+        background.push(tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!(error = %e, "the debug listener failed");
+            }
+        }));
     }
     if let Some(x) = xds {
         tracing::info!(
@@ -541,6 +572,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         grpc_addr,
         http_addr,
         envoy_metrics_addr,
+        debug_addr,
         limiter,
         shutdown,
         supervisor,

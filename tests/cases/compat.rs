@@ -1,5 +1,5 @@
 //! The rest of envoyproxy/ratelimit's surface, one test each against its documented behaviour:
-//! `MERGE_DOMAIN_CONFIG`, `GRPC_UDS`.
+//! `MERGE_DOMAIN_CONFIG`, `GRPC_UDS`, the debug listener.
 
 use crate::support::*;
 use sluice::clock::ManualClock;
@@ -107,4 +107,61 @@ async fn grpc_uds_serves_on_a_unix_socket() {
     );
     s.stop().await;
     assert!(!sock.exists(), "the socket file is removed at a clean stop");
+}
+
+/// `DEBUG_HOST:DEBUG_PORT`: the index of endpoints, `/rlconfig`, `/stats` with envoyproxy's stat
+/// names; a debug port that is taken is skipped, as in envoyproxy, not a failed start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_listener_lists_rlconfig_and_stats() {
+    let yaml = "domain: dbg\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+    let clock = ManualClock::new(T0);
+    let config = ServerConfig {
+        debug_addr: Some("127.0.0.1:0".parse().expect("addr")),
+        ..ServerConfig::for_tests(rules(yaml), Arc::new(clock.clone()))
+    };
+    let s = TestServer::start_config(config, clock).await;
+    s.call(one("dbg", &[("k", "v")])).await;
+    let addr = s
+        .running
+        .as_ref()
+        .and_then(|r| r.debug_addr())
+        .expect("debug listener");
+    let (code, index) = http(addr, "GET", "/", "").await;
+    assert_eq!(code, 200);
+    assert!(
+        index.contains("/rlconfig: ") && index.contains("/stats: "),
+        "{index}"
+    );
+    let (code, config) = http(addr, "GET", "/rlconfig", "").await;
+    assert_eq!(code, 200);
+    assert!(
+        config.contains("dbg.k: unit=HOUR requests_per_unit=5"),
+        "{config}"
+    );
+    let (code, stats) = http(addr, "GET", "/stats", "").await;
+    assert_eq!(code, 200);
+    assert!(
+        stats.contains("ratelimit.service.rate_limit.dbg.k.total_hits: 1\n"),
+        "{stats}"
+    );
+    assert!(
+        stats.contains("ratelimit.service.config_load_success: 1\n"),
+        "{stats}"
+    );
+    s.stop().await;
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a taken port");
+    let clock = ManualClock::new(T0);
+    let config = ServerConfig {
+        debug_addr: Some(taken.local_addr().expect("addr")),
+        ..ServerConfig::for_tests(rules(yaml), Arc::new(clock.clone()))
+    };
+    let s = TestServer::start_config(config, clock).await;
+    assert_eq!(s.running.as_ref().and_then(|r| r.debug_addr()), None);
+    assert_eq!(code_of(&s).await, Code::Ok, "the service runs without it");
+    s.stop().await;
+}
+
+async fn code_of(s: &TestServer) -> Code {
+    code(&s.call(one("dbg", &[("k", "v")])).await)
 }
