@@ -308,3 +308,63 @@ async fn envoy_gateway_deployment_follows_its_xds_server() {
     let _ = sluice.wait().await;
     ads.stop();
 }
+
+/// Before the first push: requests get UNAVAILABLE (Envoy's failure_mode_deny decides) and,
+/// without FORCE_START_WITHOUT_INITIAL_CONFIG (or with HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED),
+/// readiness fails until a config is in; with it, readiness passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn before_the_first_push_requests_are_unavailable_and_readiness_follows_the_settings() {
+    use sluice::server::xds::{Backoff, XdsSettings};
+    use sluice::server::ServerConfig;
+    use sluice::service::ServiceOptions;
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+    let url = nobody.local_addr().expect("addr").to_string();
+    drop(nobody);
+    for ready_needs_config in [true, false] {
+        let clock = sluice::clock::ManualClock::new(crate::support::T0);
+        let config = ServerConfig {
+            xds: Some(XdsSettings {
+                server_url: url.clone(),
+                node_id: "n".into(),
+                node_metadata: Vec::new(),
+                headers: Vec::new(),
+                connect_retry_interval: std::time::Duration::from_secs(3600),
+                tls: None,
+                backoff: Backoff::default(),
+                max_message_bytes: None,
+                merge_domains: false,
+            }),
+            options: ServiceOptions {
+                ready_needs_config,
+                ..ServiceOptions::default()
+            },
+            ..ServerConfig::for_tests(
+                sluice::config::RuleSet::empty(),
+                std::sync::Arc::new(clock.clone()),
+            )
+        };
+        let s = crate::support::TestServer::start_config(config, clock).await;
+        let e = s
+            .client()
+            .await
+            .should_rate_limit(crate::support::one("d", &[("k", "v")]))
+            .await
+            .expect_err("no config yet");
+        assert_eq!(e.code(), tonic::Code::Unavailable);
+        assert!(
+            e.message()
+                .contains("no rate limit configuration loaded yet"),
+            "{e:?}"
+        );
+        let (code, body) = crate::support::http(s.http_addr, "GET", "/healthcheck", "").await;
+        if ready_needs_config {
+            assert_eq!(
+                (code, body.trim()),
+                (500, "no rate limit configuration loaded yet")
+            );
+        } else {
+            assert_eq!(code, 200, "{body}");
+        }
+        s.stop().await;
+    }
+}
