@@ -196,6 +196,19 @@ pub struct ServeArgs {
     )]
     pub shadow_mode: bool,
 
+    /// Fill the response's `dynamic_metadata` as envoyproxy does: the domain, the descriptors
+    /// and the config `metadata` of the descriptors that passed.
+    #[arg(
+        long,
+        env = "RESPONSE_DYNAMIC_METADATA",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub response_dynamic_metadata: bool,
+
     /// Most descriptors one request may carry; a request over it gets INVALID_ARGUMENT before
     /// any store work (Envoy sends one per matching rate-limit action: a handful).
     #[arg(long, env = "MAX_DESCRIPTORS_PER_REQUEST", default_value_t = RequestCaps::default().descriptors,
@@ -989,6 +1002,7 @@ impl ServeArgs {
                 value_bytes: self.max_descriptor_value_bytes,
             },
             ready_needs_config: self.source.ready_needs_config(),
+            response_dynamic_metadata: self.response_dynamic_metadata,
         };
         config.tracing = self.observe.tracing();
         config.grpc_tls = grpc_tls;

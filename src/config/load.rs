@@ -859,6 +859,7 @@ impl Ctx {
         let mut detailed_metric = false;
         let mut value_to_metric = false;
         let mut share_threshold: Option<usize> = None;
+        let mut metadata = None;
         for (name, k, v) in self.entries(entries, path, Scope::Descriptor) {
             let p = join(path, name);
             match name {
@@ -880,8 +881,11 @@ impl Ctx {
                 "share_threshold" => {
                     share_threshold = (self.flag(v, &p, name) == Some(true)).then_some(v.line);
                 }
-                // `metadata` is accepted for compatibility and not interpreted yet, so its
-                // contents (user-defined) are not checked.
+                // Free-form, returned to Envoy with RESPONSE_DYNAMIC_METADATA.
+                "metadata" => match super::metadata::to_struct(v) {
+                    Ok(m) => metadata = Some(Arc::new(m)),
+                    Err(e) => self.err(v.line, &p, e),
+                },
                 _ => {}
             }
         }
@@ -1024,6 +1028,7 @@ impl Ctx {
                 line: item.line,
             },
             path: stats_path,
+            metadata,
         })
     }
 

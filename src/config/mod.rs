@@ -4,6 +4,7 @@
 //! file and line instead of at request time.
 
 mod load;
+mod metadata;
 mod xds;
 mod yaml;
 
@@ -290,11 +291,13 @@ pub struct DescriptorNode {
     pub share_threshold: bool,
     pub detailed_metric: bool,
     pub value_to_metric: bool,
-    /// `metadata` is accepted for compatibility; it does not act yet.
     pub children: Level,
     pub location: Location,
     /// Dotted path for stats and `/rlconfig`, e.g. `domain.key_value.key2`.
     pub path: String,
+    /// `metadata`: returned to Envoy for a descriptor this node passed, with
+    /// `RESPONSE_DYNAMIC_METADATA`.
+    pub metadata: Option<Arc<prost_types::Struct>>,
 }
 
 /// The nodes of one `descriptors` list, indexed for the per-level lookup order: exact key+value,

@@ -3,6 +3,7 @@
 //! `RateLimitResponse`. Metrics, the offenders view, traces and response headers are fed here,
 //! from the one place that sees both the plan and the store's outcomes.
 
+mod dynamic_metadata;
 pub mod headers;
 
 use crate::config::{Limit, Quota, RuleSet, Unit};
@@ -39,6 +40,8 @@ pub struct ServiceOptions {
     /// `FORCE_START_WITHOUT_INITIAL_CONFIG`. Only a limiter started by
     /// [`RateLimiter::awaiting_config`] ever lacks a config.
     pub ready_needs_config: bool,
+    /// `RESPONSE_DYNAMIC_METADATA`: fill the response's `dynamic_metadata` as envoyproxy does.
+    pub response_dynamic_metadata: bool,
 }
 
 /// Bounds on one request, checked before any rule or store work, so no request a client
@@ -81,6 +84,7 @@ impl Default for ServiceOptions {
             headers: None,
             caps: RequestCaps::default(),
             ready_needs_config: false,
+            response_dynamic_metadata: false,
         }
     }
 }
@@ -565,6 +569,16 @@ impl RateLimiter {
                 )
                 .collect();
         }
+        if self.options.response_dynamic_metadata {
+            // Passed: answered OK under a limit (envoyproxy's "passed descriptors").
+            let passed = response
+                .statuses
+                .iter()
+                .zip(&plan.descriptors)
+                .filter(|(st, _)| st.code == Code::Ok as i32 && st.current_limit.is_some())
+                .filter_map(|(_, info)| info.metadata.as_deref());
+            response.dynamic_metadata = Some(dynamic_metadata::build(request, passed));
+        }
         response
     }
 
@@ -712,6 +726,8 @@ struct DescriptorInfo {
     stat_key: String,
     hits: u64,
     refund: bool,
+    /// The matched node's config `metadata` (for `RESPONSE_DYNAMIC_METADATA`).
+    metadata: Option<Arc<prost_types::Struct>>,
 }
 
 #[derive(Debug)]
@@ -726,6 +742,15 @@ struct Plan {
 
 /// The `(key, value)` pairs that key a descriptor's counters.
 type CounterEntries = Vec<(String, String)>;
+
+/// What one descriptor matched: its counter entries, candidate limits, stat key and the node's
+/// config metadata.
+type Matching<'a> = (
+    CounterEntries,
+    Vec<Candidate<'a>>,
+    String,
+    Option<Arc<prost_types::Struct>>,
+);
 
 /// A limit before `replaces` is applied.
 struct Candidate<'a> {
@@ -762,8 +787,7 @@ fn plan(
     let request_hits = u64::from(request.hits_addend.max(1));
 
     // Per descriptor: its counter entries and its candidate limits.
-    let mut per_descriptor: Vec<(CounterEntries, Vec<Candidate<'_>>, String)> =
-        Vec::with_capacity(request.descriptors.len());
+    let mut per_descriptor: Vec<Matching<'_>> = Vec::with_capacity(request.descriptors.len());
     for (i, d) in request.descriptors.iter().enumerate() {
         if let Some(o) = &d.limit {
             let entries: Vec<(String, String)> = d
@@ -805,6 +829,7 @@ fn plan(
                     resource: false,
                 }],
                 stat_key,
+                None,
             ));
             continue;
         }
@@ -812,7 +837,7 @@ fn plan(
             domain,
             d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
         ) else {
-            per_descriptor.push((Vec::new(), Vec::new(), String::new()));
+            per_descriptor.push((Vec::new(), Vec::new(), String::new(), None));
             continue;
         };
         let depth = m.counter_entries.len();
@@ -830,20 +855,25 @@ fn plan(
                 resource,
             })
             .collect();
-        per_descriptor.push((m.counter_entries, candidates, m.stat_key));
+        per_descriptor.push((
+            m.counter_entries,
+            candidates,
+            m.stat_key,
+            m.node.metadata.clone(),
+        ));
     }
 
     // `replaces`: a matched limit named in another matched limit's `replaces` is dropped.
     let replaced: Vec<&str> = per_descriptor
         .iter()
-        .flat_map(|(_, cs, _)| cs.iter())
+        .flat_map(|(_, cs, _, _)| cs.iter())
         .flat_map(|c| c.replaces.iter().map(String::as_str))
         .collect();
 
     // Resource limits already planned (a resource shared by several descriptors of one request
     // is checked once): a short list searched in place, no per-request map.
     let mut resource_checks: Vec<usize> = Vec::new();
-    for ((mut entries, candidates, stat_key), d) in
+    for ((mut entries, candidates, stat_key, metadata), d) in
         per_descriptor.into_iter().zip(&request.descriptors)
     {
         let hits = d.hits_addend.unwrap_or(request_hits);
@@ -851,6 +881,7 @@ fn plan(
             stat_key,
             hits,
             refund: d.is_negative_hits,
+            metadata,
         });
         let live: Vec<&Candidate<'_>> = candidates
             .iter()

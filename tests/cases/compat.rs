@@ -1,5 +1,5 @@
 //! The rest of envoyproxy/ratelimit's surface, one test each against its documented behaviour:
-//! `MERGE_DOMAIN_CONFIG`, `GRPC_UDS`, the debug listener.
+//! `MERGE_DOMAIN_CONFIG`, `GRPC_UDS`, the debug listener, `RESPONSE_DYNAMIC_METADATA`.
 
 use crate::support::*;
 use sluice::clock::ManualClock;
@@ -164,4 +164,78 @@ async fn debug_listener_lists_rlconfig_and_stats() {
 
 async fn code_of(s: &TestServer) -> Code {
     code(&s.call(one("dbg", &[("k", "v")])).await)
+}
+
+/// `RESPONSE_DYNAMIC_METADATA`: the domain, every descriptor's entries, the request's
+/// hits_addend, and the config `metadata` of the descriptors that passed, merged in request
+/// order (first value wins, mappings merge); a descriptor over its limit adds none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_dynamic_metadata_is_built_as_envoyproxy_builds_it() {
+    use prost_types::value::Kind;
+    let yaml = r#"
+domain: meta
+descriptors:
+  - key: plan
+    value: gold
+    metadata: {tier: gold, team: {a: 1}, tags: [x, z]}
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: region
+    metadata: {tier: silver, team: {b: true}}
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: blocked
+    metadata: {denied: yes}
+    rate_limit: {unit: hour, requests_per_unit: 0}
+"#;
+    let options = sluice::service::ServiceOptions {
+        response_dynamic_metadata: true,
+        ..Default::default()
+    };
+    let s = TestServer::start_with(yaml, options).await;
+    let mut req = request(
+        "meta",
+        vec![
+            desc(&[("plan", "gold")]),
+            desc(&[("region", "eu")]),
+            desc(&[("blocked", "1")]),
+        ],
+    );
+    req.hits_addend = 2;
+    let r = s.call(req).await;
+    assert_eq!(code(&r), Code::OverLimit);
+    let m = r.dynamic_metadata.expect("dynamic metadata");
+    let json = |v: &prost_types::Value| -> serde_json::Value {
+        fn conv(v: &prost_types::Value) -> serde_json::Value {
+            match &v.kind {
+                Some(Kind::StringValue(s)) => s.clone().into(),
+                Some(Kind::NumberValue(n)) => (*n).into(),
+                Some(Kind::BoolValue(b)) => (*b).into(),
+                Some(Kind::ListValue(l)) => l.values.iter().map(conv).collect(),
+                Some(Kind::StructValue(s)) => s
+                    .fields
+                    .iter()
+                    .map(|(k, v)| (k.clone(), conv(v)))
+                    .collect::<serde_json::Map<_, _>>()
+                    .into(),
+                _ => serde_json::Value::Null,
+            }
+        }
+        conv(v)
+    };
+    let all = json(&prost_types::Value {
+        kind: Some(Kind::StructValue(m)),
+    });
+    assert_eq!(
+        all,
+        serde_json::json!({
+            "domain": "meta",
+            "descriptors": [
+                {"entries": ["plan=gold"]},
+                {"entries": ["region=eu"]},
+                {"entries": ["blocked=1"]},
+            ],
+            "hitsAddend": 2.0,
+            "metadata": {"tier": "gold", "team": {"a": 1.0, "b": true}, "tags": ["x", "z"]},
+        })
+    );
+    s.stop().await;
 }
