@@ -510,6 +510,14 @@ async fn a_redis_slower_than_the_callers_deadline_opens_the_breaker() {
             "call {i}: {e:?}"
         );
     }
+    // The server learns of each cut call when the client's RST_STREAM arrives, which can trail
+    // the client's own deadline under load: wait until the fifth drop is recorded.
+    let store = Arc::clone(s.running.as_ref().expect("running").limiter().store());
+    eventually("the breaker opens after five cut calls", || {
+        let store = Arc::clone(&store);
+        async move { store.breaker_state() == Some(sluice::store::breaker::BreakerState::Open) }
+    })
+    .await;
     // The breaker is open: the next call (no deadline) is answered at once, without Redis.
     let e = client
         .should_rate_limit(req.clone())
