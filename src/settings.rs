@@ -1074,6 +1074,21 @@ fn resolve(what: &'static str, host: &str, port: u16) -> Result<SocketAddr, Sett
         .ok_or_else(|| err("no address found".to_string()))
 }
 
+/// envconfig's map syntax, `key:value,key:value`: trimmed pairs, empty entries skipped; an entry
+/// without `:` is an error naming `setting`.
+fn key_value_list<'a>(s: &'a str, setting: &str) -> Result<Vec<(&'a str, &'a str)>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(|entry| {
+            entry
+                .split_once(':')
+                .map(|(k, v)| (k.trim(), v.trim()))
+                .ok_or_else(|| format!("{setting} entry {entry:?} is not key:value"))
+        })
+        .collect()
+}
+
 /// Go's `strconv.ParseBool`, which envoyproxy/ratelimit uses for its boolean env vars.
 pub fn parse_go_bool(s: &str) -> Result<bool, String> {
     match s {

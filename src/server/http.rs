@@ -130,9 +130,14 @@ async fn healthcheck(State(s): State<AdminState>) -> Response {
 }
 
 async fn rlconfig(State(s): State<AdminState>) -> Response {
+    rlconfig_text(&s.limiter)
+}
+
+/// The loaded limits, one per line (`/rlconfig` on the admin and the debug listener).
+fn rlconfig_text(limiter: &RateLimiter) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        s.limiter.rules().dump(),
+        limiter.rules().dump(),
     )
         .into_response()
 }
@@ -313,11 +318,7 @@ async fn debug_index() -> Response {
 }
 
 async fn debug_rlconfig(State(limiter): State<Arc<RateLimiter>>) -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        limiter.rules().dump(),
-    )
-        .into_response()
+    rlconfig_text(&limiter)
 }
 
 async fn debug_stats(State(limiter): State<Arc<RateLimiter>>) -> Response {

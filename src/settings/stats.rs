@@ -89,7 +89,7 @@ impl StatsArgs {
                     );
                 }
                 Some((
-                    go_addr(&self.prometheus_addr).map_err(err)?,
+                    go_addr(&self.prometheus_addr)?,
                     self.prometheus_path.clone(),
                 ))
             }
@@ -105,31 +105,23 @@ impl StatsArgs {
     }
 }
 
-/// Go's listen address: `:9090` is every interface.
-fn go_addr(s: &str) -> Result<SocketAddr, String> {
-    let bad = || format!("PROMETHEUS_ADDR must be host:port or :port, got {s:?}");
+/// Go's listen address: `:9090` is every interface. Resolved as the other listeners are.
+fn go_addr(s: &str) -> Result<SocketAddr, SettingsError> {
+    let bad = || {
+        SettingsError::Stats(format!(
+            "PROMETHEUS_ADDR must be host:port or :port, got {s:?}"
+        ))
+    };
     let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
     let port: u16 = port.parse().map_err(|_| bad())?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.is_empty() {
-        return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
-    }
-    use std::net::ToSocketAddrs;
-    (host, port)
-        .to_socket_addrs()
-        .map_err(|e| format!("PROMETHEUS_ADDR {s:?}: {e}"))?
-        .next()
-        .ok_or_else(bad)
+    let host = if host.is_empty() { "0.0.0.0" } else { host };
+    super::resolve("Prometheus (USE_PROMETHEUS)", host, port)
 }
 
 /// `EXTRA_TAGS`: `key:value,...` (envconfig's map syntax), sorted by key as gostats sends them.
 fn tags(s: &str) -> Result<Vec<(String, String)>, String> {
     let mut out = Vec::new();
-    for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let (k, v) = entry
-            .split_once(':')
-            .ok_or_else(|| format!("EXTRA_TAGS entry {entry:?} is not key:value"))?;
-        let k = k.trim();
+    for (k, v) in super::key_value_list(s, "EXTRA_TAGS")? {
         let valid = !k.is_empty()
             && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
             && !k.starts_with(|c: char| c.is_ascii_digit());
@@ -138,7 +130,7 @@ fn tags(s: &str) -> Result<Vec<(String, String)>, String> {
                 "EXTRA_TAGS key {k:?} must be letters, digits and '_' (it becomes a label)"
             ));
         }
-        out.push((k.to_string(), v.trim().to_string()));
+        out.push((k.to_string(), v.to_string()));
     }
     out.sort();
     Ok(out)
@@ -151,12 +143,12 @@ mod tests {
     #[test]
     fn prometheus_addr_and_tags_parse_as_envoyproxy_writes_them() {
         assert_eq!(
-            go_addr(":19001"),
-            Ok(SocketAddr::from(([0, 0, 0, 0], 19001)))
+            go_addr(":19001").ok(),
+            Some(SocketAddr::from(([0, 0, 0, 0], 19001)))
         );
         assert_eq!(
-            go_addr("127.0.0.1:9"),
-            Ok(SocketAddr::from(([127, 0, 0, 1], 9)))
+            go_addr("127.0.0.1:9").ok(),
+            Some(SocketAddr::from(([127, 0, 0, 1], 9)))
         );
         assert!(go_addr("19001").is_err());
         assert_eq!(

@@ -219,19 +219,13 @@ fn node_metadata(s: &str) -> Vec<(String, String)> {
 
 /// `key:value,key:value` (envconfig's map syntax), each a valid gRPC ASCII header.
 fn headers(s: &str) -> Result<Vec<(AsciiMetadataKey, AsciiMetadataValue)>, String> {
+    let setting = "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS";
     let mut out = Vec::new();
-    for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let Some((k, v)) = entry.split_once(':') else {
-            return Err(format!(
-                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS entry {entry:?} is not key:value"
-            ));
-        };
-        let key = AsciiMetadataKey::from_bytes(k.trim().to_ascii_lowercase().as_bytes()).map_err(
-            |_| format!("invalid header name {k:?} in CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS"),
-        )?;
-        let value = AsciiMetadataValue::try_from(v.trim()).map_err(|_| {
-            format!("invalid value for header {k:?} in CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS")
-        })?;
+    for (k, v) in super::key_value_list(s, setting)? {
+        let key = AsciiMetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
+            .map_err(|_| format!("invalid header name {k:?} in {setting}"))?;
+        let value = AsciiMetadataValue::try_from(v)
+            .map_err(|_| format!("invalid value for header {k:?} in {setting}"))?;
         out.push((key, value));
     }
     Ok(out)
