@@ -83,12 +83,14 @@ fn benches(c: &mut Criterion) {
                     hits: 1,
                     refund: false,
                     shadow: false,
+                    quota: false,
                 },
                 LimitCheck {
                     key: counter(n),
                     hits: 1,
                     refund: false,
                     shadow: false,
+                    quota: false,
                 },
             ];
             rt.block_on(store.decide(black_box(&checks)))

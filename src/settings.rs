@@ -196,6 +196,19 @@ pub struct ServeArgs {
     )]
     pub shadow_mode: bool,
 
+    /// Treat every limit as `quota_mode: true` (envoyproxy's global quota mode): a request is
+    /// over limit only when all of its limits are.
+    #[arg(
+        long,
+        env = "QUOTA_MODE",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub quota_mode: bool,
+
     /// Fill the response's `dynamic_metadata` as envoyproxy does: the domain, the descriptors
     /// and the config `metadata` of the descriptors that passed.
     #[arg(
@@ -992,6 +1005,7 @@ impl ServeArgs {
         config.http_addr = http_addr;
         config.options = ServiceOptions {
             global_shadow_mode: self.shadow_mode,
+            global_quota_mode: self.quota_mode,
             failure_mode: self.failure_mode,
             near_limit_ratio: self.observe.near_limit_ratio,
             headers: self.observe.headers(),
@@ -1381,6 +1395,7 @@ mod tests {
             "--runtime-appdirectory=rules",
             "--runtime-ignoredotfiles=1",
             "--shadow-mode=True",
+            "--quota-mode=1",
             "--shutdown-grace=500ms",
             "--log-level=DEBUG",
             "--log-format=json",
@@ -1390,6 +1405,7 @@ mod tests {
         assert_eq!(cli.log.log_format, LogFormat::Json);
         let s = serve_args(cli);
         assert!(s.shadow_mode);
+        assert!(s.quota_mode);
         assert!(s.runtime.runtime_ignoredotfiles);
         assert!(s.load_options().ignore_dotfiles);
         assert_eq!(s.shutdown_grace, Duration::from_millis(500));

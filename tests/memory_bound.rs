@@ -38,6 +38,7 @@ fn check(domain: &Arc<str>, consumer: usize) -> LimitCheck {
         hits: 1,
         refund: false,
         shadow: false,
+        quota: false,
     }
 }
 

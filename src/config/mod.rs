@@ -262,7 +262,8 @@ pub struct RateLimitRule {
     /// Names of limits this one replaces when both match one request.
     pub replaces: Vec<String>,
     pub shadow_mode: bool,
-    /// `quota_mode` is accepted for compatibility; it does not act yet.
+    /// envoyproxy's `quota_mode`: this limit's denial alone does not deny a request; a request
+    /// is denied when every quota-mode limit of it denies (see [`crate::store::Admission`]).
     pub quota_mode: bool,
     /// A resource limit: also charged, on one counter keyed by the path down to its node, for
     /// every request that matches a node below it.

@@ -11,7 +11,9 @@ use crate::proto::envoy::r#type::v3::RateLimitUnit;
 use crate::proto::rate_limit_response::{self, rate_limit, Code, DescriptorStatus};
 use crate::proto::{RateLimitRequest, RateLimitResponse};
 use crate::rules;
-use crate::store::{CounterKey, CounterStore, Decision, LimitCheck, Outcome, StoreError};
+use crate::store::{
+    Admission, CounterKey, CounterStore, Decision, LimitCheck, Outcome, StoreError,
+};
 use crate::telemetry::metrics::{DescriptorHits, RequestOutcome};
 use crate::telemetry::Telemetry;
 use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
@@ -26,6 +28,9 @@ use std::time::{Duration, Instant};
 pub struct ServiceOptions {
     /// `SHADOW_MODE`: decide and count as usual, but always answer OK overall.
     pub global_shadow_mode: bool,
+    /// `QUOTA_MODE`: every limit is a quota-mode limit, as if each descriptor set
+    /// `quota_mode: true` (see [`crate::store::Admission`]).
+    pub global_quota_mode: bool,
     /// `FAILURE_MODE`: what to answer when the counter store fails. `None` (the default)
     /// answers gRPC UNAVAILABLE, leaving the choice to Envoy's `failure_mode_deny`.
     pub failure_mode: Option<FailureMode>,
@@ -79,6 +84,7 @@ impl Default for ServiceOptions {
     fn default() -> Self {
         Self {
             global_shadow_mode: false,
+            global_quota_mode: false,
             failure_mode: None,
             near_limit_ratio: DEFAULT_NEAR_LIMIT_RATIO,
             headers: None,
@@ -616,7 +622,8 @@ impl RateLimiter {
                     near_limit: near,
                 },
             );
-            if j.over_limit && !j.shadow && !self.options.global_shadow_mode {
+            // Offenders are denied requests (a quota-mode denial in an admitted one is not).
+            if j.over_limit && !j.shadow && !self.options.global_shadow_mode && !decision.admitted {
                 if let Some(d) = request.descriptors.get(i) {
                     let rendered = d
                         .entries
@@ -758,6 +765,7 @@ struct Candidate<'a> {
     replaces: &'a [String],
     quota: Quota,
     shadow: bool,
+    quota_mode: bool,
     overridden: bool,
     /// How many leading counter entries key the counter (all of them, except for a resource
     /// limit above the descriptor's last node).
@@ -824,6 +832,7 @@ fn plan(
                     replaces: &[],
                     quota: Quota::Limited(Limit::fixed(o.requests_per_unit, unit)),
                     shadow: false,
+                    quota_mode: false,
                     overridden: true,
                     depth,
                     resource: false,
@@ -850,6 +859,7 @@ fn plan(
                 replaces: &r.replaces,
                 quota: r.quota,
                 shadow: r.shadow_mode,
+                quota_mode: r.quota_mode,
                 overridden: false,
                 depth,
                 resource,
@@ -933,6 +943,7 @@ fn plan(
                 hits,
                 refund: d.is_negative_hits,
                 shadow: c.shadow || options.global_shadow_mode,
+                quota: c.quota_mode || options.global_quota_mode,
             });
         }
         plan.resolutions.push(if indexes.is_empty() {
@@ -1039,7 +1050,6 @@ fn respond(
     verdict: Verdict<'_>,
     options: &ServiceOptions,
 ) -> (RateLimitResponse, Vec<Option<Judged>>) {
-    let mut any_over = false;
     let mut judgements = Vec::with_capacity(plan.resolutions.len());
     let statuses = plan
         .resolutions
@@ -1087,11 +1097,11 @@ fn respond(
                         ..Default::default()
                     };
                 };
-                // A shadow-mode limit reports OK even when it would deny.
+                // A shadow-mode limit reports OK even when it would deny (a quota-mode limit
+                // reports its denial, as envoyproxy does, though the request may pass).
                 let code = if allowed || shadow {
                     Code::Ok
                 } else {
-                    any_over = true;
                     Code::OverLimit
                 };
                 judgements.push(Some(Judged {
@@ -1111,8 +1121,20 @@ fn respond(
             }
         })
         .collect();
-    // Global shadow mode: decide and count as usual, but never deny overall.
-    let overall = if any_over && !options.global_shadow_mode {
+    // The store's verdict on the whole request (enforced limits, then the quota-mode rule); a
+    // failure mode answers for every limit. Global shadow mode: never deny overall.
+    let admitted = match verdict {
+        Verdict::Decided(d) => d.admitted,
+        Verdict::NoChecks => true,
+        Verdict::StoreFailed(mode) => {
+            let mut admission = Admission::default();
+            for c in &plan.checks {
+                admission.add(c, mode == FailureMode::Allow);
+            }
+            admission.admitted()
+        }
+    };
+    let overall = if !admitted && !options.global_shadow_mode {
         Code::OverLimit
     } else {
         Code::Ok

@@ -367,6 +367,7 @@ mod tests {
             hits: 1,
             refund: false,
             shadow: false,
+            quota: false,
         }]
     }
 

@@ -3,9 +3,10 @@
 //! resets, so until then a request on it is denied here, without a Redis round trip. Under an
 //! attack that hammers one over-limit key this takes the load off Redis entirely.
 //!
-//! - Only non-shadow, non-refund checks that charge (`hits > 0`) use or fill the cache: a shadow
-//!   limit never denies, a refund must reach the counter, and a check-only request (`hits_addend`
-//!   0) asks for the counter's current state.
+//! - Only non-shadow, non-refund, non-quota checks that charge (`hits > 0`) use or fill the
+//!   cache: a shadow limit never denies, a quota-mode limit denies only together with the
+//!   request's other quota limits, a refund must reach the counter, and a check-only request
+//!   (`hits_addend` 0) asks for the counter's current state.
 //! - The key is the whole [`CounterKey`], limit included (requests_per_unit, unit, override), so
 //!   a changed limit or override is never answered from an entry kept for another one.
 //! - A locally answered request is denied and charges nothing (the store would have charged
@@ -75,9 +76,10 @@ pub fn entry_bytes(key: &CounterKey) -> usize {
         + ENTRY_OVERHEAD
 }
 
-/// Whether a check may be answered from, and may fill, the cache.
+/// Whether a check may be answered from, and may fill, the cache. A quota-mode limit's denial
+/// alone does not deny its request, so it never answers one.
 fn eligible(c: &LimitCheck) -> bool {
-    !c.shadow && !c.refund && c.hits > 0
+    !c.shadow && !c.refund && !c.quota && c.hits > 0
 }
 
 /// A deny cache in front of any [`CounterStore`].
@@ -339,6 +341,7 @@ mod tests {
             hits: 1,
             refund: false,
             shadow: false,
+            quota: false,
         }
     }
 

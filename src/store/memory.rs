@@ -14,7 +14,9 @@
 
 mod table;
 
-use super::{BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, StoreError, StoreStats};
+use super::{
+    Admission, BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, StoreError, StoreStats,
+};
 use crate::algorithm::{self, LimitParams, Log, Mode, Outcome, State};
 use crate::clock::Clock;
 use crate::config::Algorithm;
@@ -322,7 +324,7 @@ fn decide_in_place(
 ) -> (Decision, u64) {
     let mut outcomes = Vec::with_capacity(checks.len());
     let mut next: Vec<Option<State>> = Vec::with_capacity(checks.len());
-    let mut admitted = true;
+    let mut admission = Admission::default();
     for (i, check) in checks.iter().enumerate() {
         let p = check.params();
         let counter = guards[slot[i]].counters.get_mut(fps[i]);
@@ -347,12 +349,11 @@ fn decide_in_place(
             let (o, s) = algorithm::decide(stored, now, p, check.hits, check.mode());
             (o, Some(s))
         };
-        if !outcome.allowed && !check.shadow {
-            admitted = false;
-        }
+        admission.add(check, outcome.allowed);
         outcomes.push(outcome);
         next.push(state);
     }
+    let admitted = admission.admitted();
     if !admitted {
         // Nothing is charged, so report what each counter really has left, not what it would
         // have had after this request.
@@ -369,7 +370,7 @@ fn decide_in_place(
     }
     let mut evicted = 0;
     for (i, (check, state)) in checks.iter().zip(next).enumerate() {
-        // A check charges nothing; neither does a shadow limit that would deny.
+        // A check charges nothing; neither does a shadow or quota limit that would deny.
         if check.hits == 0 || !outcomes[i].allowed {
             continue;
         }
@@ -430,7 +431,7 @@ fn decide_on_copies(
 ) -> (Decision, u64) {
     let mut pending: Vec<(Fingerprint, State)> = Vec::with_capacity(checks.len());
     let mut outcomes: Vec<Outcome> = Vec::with_capacity(checks.len());
-    let mut admitted = true;
+    let mut admission = Admission::default();
     for (i, check) in checks.iter().enumerate() {
         let stored = guards[slot[i]].counters.get(fps[i]).map(|c| &c.state);
         let current = pending
@@ -441,12 +442,11 @@ fn decide_on_copies(
             .or(stored);
         let (outcome, next) =
             algorithm::decide(current, now, check.params(), check.hits, check.mode());
-        if !outcome.allowed && !check.shadow {
-            admitted = false;
-        }
+        admission.add(check, outcome.allowed);
         pending.push((fps[i], next));
         outcomes.push(outcome);
     }
+    let admitted = admission.admitted();
     let mut evicted = 0;
     if !admitted {
         for (i, check) in checks.iter().enumerate() {
@@ -519,6 +519,7 @@ mod tests {
             hits: 1,
             refund: false,
             shadow: false,
+            quota: false,
         }
     }
 

@@ -45,6 +45,10 @@ pub struct LimitCheck {
     pub refund: bool,
     /// A shadow limit is evaluated and charged with the request but never denies it.
     pub shadow: bool,
+    /// A quota-mode limit (envoyproxy's `quota_mode`): its denial alone does not deny the
+    /// request; the request is denied when every quota limit of it denies (see [`Admission`]).
+    /// A quota limit that denies is not charged, even when the request is admitted.
+    pub quota: bool,
 }
 
 impl LimitCheck {
@@ -67,8 +71,37 @@ impl LimitCheck {
     }
 }
 
+/// The rule that admits a request, from its checks' verdicts (envoyproxy/ratelimit #1045/#1059):
+/// denied if any enforced limit denies, or if it has quota-mode limits and every one of them
+/// denies. Shadow limits and refunds never deny. Every store and the response apply this one
+/// rule; feed it each check with whether that check alone allowed the request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Admission {
+    enforced_denied: bool,
+    quota: u32,
+    quota_allowed: u32,
+}
+
+impl Admission {
+    pub fn add(&mut self, check: &LimitCheck, allowed: bool) {
+        if check.shadow || check.refund {
+            return;
+        }
+        if check.quota {
+            self.quota += 1;
+            self.quota_allowed += u32::from(allowed);
+        } else if !allowed {
+            self.enforced_denied = true;
+        }
+    }
+
+    pub fn admitted(&self) -> bool {
+        !self.enforced_denied && (self.quota == 0 || self.quota_allowed > 0)
+    }
+}
+
 /// The verdict on a whole request: one outcome per check, in order, and whether the request was
-/// admitted (every non-shadow check allowed it) and therefore charged.
+/// admitted (by [`Admission`]) and therefore charged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     pub admitted: bool,
@@ -110,8 +143,9 @@ pub enum StoreError {
 
 /// A place where counters live.
 pub trait CounterStore: Send + Sync + std::fmt::Debug {
-    /// Decides all `checks` of one request atomically: if every non-shadow check is allowed, all
-    /// are charged; otherwise none is. Checks on the same counter see each other's hits.
+    /// Decides all `checks` of one request atomically: if [`Admission`] admits the request, every
+    /// check that allowed it is charged; otherwise none is. Checks on the same counter see each
+    /// other's hits.
     fn decide<'a>(
         &'a self,
         checks: &'a [LimitCheck],

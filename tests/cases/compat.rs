@@ -1,5 +1,6 @@
 //! The rest of envoyproxy/ratelimit's surface, one test each against its documented behaviour:
-//! `MERGE_DOMAIN_CONFIG`, `GRPC_UDS`, the debug listener, `RESPONSE_DYNAMIC_METADATA`.
+//! `MERGE_DOMAIN_CONFIG`, `GRPC_UDS`, the debug listener, `RESPONSE_DYNAMIC_METADATA`,
+//! `quota_mode` and `QUOTA_MODE`.
 
 use crate::support::*;
 use sluice::clock::ManualClock;
@@ -237,5 +238,127 @@ descriptors:
             "metadata": {"tier": "gold", "team": {"a": 1.0, "b": true}, "tags": ["x", "z"]},
         })
     );
+    s.stop().await;
+}
+
+const QUOTA: &str = r#"
+domain: quota
+descriptors:
+  - key: plan
+    value: free
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: plan
+    value: burst
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: ip
+    rate_limit: {unit: hour, requests_per_unit: 2}
+"#;
+
+/// `quota_mode` as envoyproxy/ratelimit decides it (#1045/#1059): the request is over limit if
+/// any normal limit is, or if every quota limit is; a quota descriptor over its limit still
+/// reports OVER_LIMIT in its own status. sluice also charges nothing for a rejected request and
+/// nothing on a quota limit that is already over.
+#[tokio::test]
+async fn quota_mode_is_over_limit_only_when_every_quota_limit_is() {
+    let s = TestServer::start(QUOTA).await;
+    let quotas = request(
+        "quota",
+        vec![desc(&[("plan", "free")]), desc(&[("plan", "burst")])],
+    );
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let r = s.call(quotas.clone()).await;
+        seen.push((
+            code(&r),
+            status_code(&r.statuses[0]),
+            status_code(&r.statuses[1]),
+            r.statuses[1].limit_remaining,
+        ));
+    }
+    assert_eq!(
+        seen,
+        [
+            (Code::Ok, Code::Ok, Code::Ok, 2),
+            (Code::Ok, Code::OverLimit, Code::Ok, 1),
+            (Code::Ok, Code::OverLimit, Code::Ok, 0),
+            (Code::OverLimit, Code::OverLimit, Code::OverLimit, 0),
+        ]
+    );
+
+    // A lone quota limit that is over makes the request over limit (every quota limit is).
+    let lone = request(
+        "quota",
+        vec![desc(&[("ip", "10.0.0.2")]), desc(&[("plan", "free")])],
+    );
+    let r = s.call(lone).await;
+    assert_eq!(
+        code(&r),
+        Code::OverLimit,
+        "free is spent and is the only quota limit"
+    );
+    assert_eq!(status_code(&r.statuses[0]), Code::Ok);
+    assert_eq!(
+        r.statuses[0].limit_remaining, 2,
+        "and the rejected request charged no ip"
+    );
+
+    // A normal limit over its limit makes the request over limit even with quota to spare, and
+    // the rejected request takes nothing from that quota.
+    let fresh_quota = TestServer::start(QUOTA).await;
+    let mixed = request(
+        "quota",
+        vec![desc(&[("ip", "10.0.0.3")]), desc(&[("plan", "burst")])],
+    );
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let r = fresh_quota.call(mixed.clone()).await;
+        seen.push((
+            code(&r),
+            status_code(&r.statuses[0]),
+            status_code(&r.statuses[1]),
+            r.statuses[1].limit_remaining,
+        ));
+    }
+    assert_eq!(
+        seen,
+        [
+            (Code::Ok, Code::Ok, Code::Ok, 2),
+            (Code::Ok, Code::Ok, Code::Ok, 1),
+            // ip (2/hour) is over: over limit; burst keeps its 1.
+            (Code::OverLimit, Code::OverLimit, Code::Ok, 1),
+        ]
+    );
+    fresh_quota.stop().await;
+    s.stop().await;
+}
+
+/// `QUOTA_MODE=true` makes every limit a quota-mode limit: one descriptor over its limit no
+/// longer denies a request while another still has room.
+#[tokio::test]
+async fn global_quota_mode_treats_every_limit_as_quota() {
+    let s = TestServer::start_with(
+        QUOTA,
+        sluice::service::ServiceOptions {
+            global_quota_mode: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    let two = request(
+        "quota",
+        vec![desc(&[("ip", "10.0.0.4")]), desc(&[("plan", "free")])],
+    );
+    assert_eq!(code(&s.call(two.clone()).await), Code::Ok);
+    let r = s.call(two.clone()).await;
+    assert_eq!(
+        code(&r),
+        Code::Ok,
+        "ip still has room although free is spent"
+    );
+    assert_eq!(status_code(&r.statuses[1]), Code::OverLimit);
+    let r = s.call(two).await;
+    assert_eq!(code(&r), Code::OverLimit, "now every limit is over");
     s.stop().await;
 }

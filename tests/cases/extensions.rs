@@ -279,6 +279,7 @@ async fn memory_and_redis_decide_identically_for_every_algorithm() {
                     hits,
                     refund,
                     shadow: false,
+                    quota: false,
                 },
                 LimitCheck {
                     key: key(
@@ -291,6 +292,7 @@ async fn memory_and_redis_decide_identically_for_every_algorithm() {
                     hits,
                     refund,
                     shadow: rng.below(8) == 0,
+                    quota: false,
                 },
             ];
             let m = memory.decide(&checks).await.expect("memory decides");
@@ -349,6 +351,7 @@ async fn measure_redis_memory_per_counter() {
             hits: 1,
             refund: false,
             shadow: false,
+            quota: false,
         };
         for _ in 0..100 {
             store

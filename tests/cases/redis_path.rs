@@ -182,6 +182,7 @@ fn ck(value: &str, limit: Limit, hits: u64) -> LimitCheck {
         hits,
         refund: false,
         shadow: false,
+        quota: false,
     }
 }
 

@@ -126,6 +126,7 @@ fn check(value: &str, limit: u32, unit: Unit, hits: u64) -> LimitCheck {
         hits,
         refund: false,
         shadow: false,
+        quota: false,
     }
 }
 
@@ -391,3 +392,64 @@ async fn a_request_over_the_caps_never_reaches_the_store() {
     assert_eq!(store.calls.load(std::sync::atomic::Ordering::SeqCst), 1);
     s.stop().await;
 }
+
+// envoyproxy's quota mode (#1045/#1059) at the store: a request is denied if an enforced limit
+// denies or if every quota limit denies; a quota limit that denies inside an admitted request
+// is not charged, and a denied request charges nothing (on a Cluster, the quota charge made in
+// one slot is undone when another slot's enforced limit denies).
+test_with_all_stores!(
+    quota_mode_denies_only_when_every_quota_limit_does,
+    |store: Arc<dyn CounterStore>, _clock| async move {
+        let quota = |value: &str, limit: u32| {
+            let mut c = check(value, limit, Unit::Hour, 1);
+            c.quota = true;
+            c
+        };
+        let (qa, qb) = (quota("qa", 1), quota("qb", 3));
+        let both = [qa.clone(), qb.clone()];
+        let shape = store.call_shape(&both);
+        assert!(
+            shape.store != "redis-cluster" || shape.groups == 2,
+            "the Cluster case must span slots: {shape:?}"
+        );
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let d = store.decide(&both).await.expect("decide");
+            seen.push((
+                d.admitted,
+                (d.outcomes[0].allowed, d.outcomes[0].remaining),
+                (d.outcomes[1].allowed, d.outcomes[1].remaining),
+            ));
+        }
+        assert_eq!(
+            seen,
+            [
+                (true, (true, 0), (true, 2)),
+                // qa is over, qb still allows: admitted, and only qb is charged.
+                (true, (false, 0), (true, 1)),
+                (true, (false, 0), (true, 0)),
+                // Every quota limit denies: denied.
+                (false, (false, 0), (false, 0)),
+            ]
+        );
+
+        // An enforced limit that denies denies the request, whatever its quota limits say, and
+        // the quota limit's charge (in another slot on a Cluster) is taken back.
+        let enforced = check("e", 2, Unit::Hour, 1);
+        let mut qc = quota("qc", 5);
+        qc.key.limit.algorithm = sluice::config::Algorithm::SlidingLog;
+        let mixed = [enforced, qc.clone()];
+        assert!(store.decide(&mixed).await.expect("decide").admitted);
+        assert!(store.decide(&mixed).await.expect("decide").admitted);
+        let d = store.decide(&mixed).await.expect("decide");
+        assert!(!d.admitted, "the enforced limit is full");
+        assert!(!d.outcomes[0].allowed && d.outcomes[1].allowed);
+        let mut peek = qc;
+        peek.hits = 0;
+        let d = store.decide(&[peek]).await.expect("decide");
+        assert_eq!(
+            d.outcomes[0].remaining, 3,
+            "only the two admitted requests charged qc"
+        );
+    }
+);

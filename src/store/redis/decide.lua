@@ -16,13 +16,17 @@
 --   limit      requests admitted per period (0 blocks everything)
 --   period_us  period in microseconds (> 0); windows are aligned to the Unix epoch
 --   hits       hits to charge (0 = check only: allowed while one more request would fit)
---   meta       algorithm + 4 * flags + 32 * burst, where
+--   meta       algorithm + 4 * flags + 64 * burst, where
 --              algorithm  0 fixed_window, 1 sliding_window, 2 sliding_log, 3 token_bucket
 --              flags      bit 0 (1): shadow, decided like an enforced limit, never denies
 --                         bit 1 (2): refund, gives `hits` back (Envoy's is_negative_hits)
 --                         bit 2 (4): undo, takes back exactly the charge `token` names (a
 --                                    Cluster request denied in another slot); set on every
 --                                    limit of an undo call, which decides nothing
+--                         bit 3 (8): quota mode: its denial alone does not deny the request;
+--                                    the request is denied if every quota limit of it denies
+--                                    (a Cluster request spanning slots sends its quota limits
+--                                    as shadow and applies that rule itself)
 --              burst      token_bucket: requests allowed at once above the steady rate
 --   token      undo calls only: what the charge returned as its token
 -- (One number for algorithm, flags and burst: every argument is a Lua string to convert, and
@@ -30,7 +34,9 @@
 --
 -- Returns, request after request, {admitted, state_1, reset_us_1, retry_us_1, [token_1,]
 -- state_2, ...}:
---   admitted    1 if every non-shadow limit allowed the request; only then is anything written
+--   admitted    1 if every enforced limit allowed the request and, if it has quota limits, one
+--               of them did; only then is anything written (a shadow or quota limit that
+--               denies is never written)
 --   state_i     allowed_i + 2 * remaining_i: allowed_i is 1 if limit i alone allows it;
 --               remaining_i the hits left after this request if admitted, else as stored
 --   reset_us_i  microseconds until the counter is back to its full quota
@@ -724,7 +730,7 @@ if undo then
     local key, b = KEYS[i], 5 + K * (i - 1)
     local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
     local meta, token = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
-    local alg, burst = meta % 4, floor(meta / 32)
+    local alg, burst = meta % 4, floor(meta / 64)
     local done = 1
     if alg == 2 then
       done = undo_log(key, token)
@@ -772,14 +778,16 @@ local function general(KB, AB, n)
   local out = {1}
   local views = {}
   local admitted = 1
+  local quotas, quotas_allowed = 0, 0
   local logslot = {} -- check index -> position of its entry among its key's adds
 
   for i = 1, n do
     local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
     local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
     local meta = tonumber(ARGV[b + 3])
-    local alg, flags = meta % 4, floor(meta / 4) % 8
-    local refund = flags >= 2
+    local alg, flags = meta % 4, floor(meta / 4) % 16
+    local refund = floor(flags / 2) % 2 == 1
+    local quota = flags >= 8
     local v = views[key]
     if not v then
       if alg == 2 then
@@ -802,14 +810,16 @@ local function general(KB, AB, n)
       if #v.adds > before then logslot[i] = #v.adds end
     else
       allowed, remaining, reset, retry, token =
-        token_bucket(v, limit, period, hits, refund, floor(meta / 32))
+        token_bucket(v, limit, period, hits, refund, floor(meta / 64))
     end
+    if quota then quotas = quotas + 1 end
     local o = 2 + W * (i - 1)
     if allowed then
       out[o] = 1 + 2 * remaining
+      if quota then quotas_allowed = quotas_allowed + 1 end
     else
       out[o] = 2 * remaining
-      if flags % 2 == 0 then admitted = 0 end
+      if flags % 2 == 0 and not quota then admitted = 0 end
     end
     out[o + 1] = reset
     out[o + 2] = retry
@@ -819,6 +829,7 @@ local function general(KB, AB, n)
     end
   end
 
+  if quotas > 0 and quotas_allowed == 0 then admitted = 0 end
   out[1] = admitted
   if admitted == 1 then
     local written = {}
@@ -863,7 +874,7 @@ local function general(KB, AB, n)
       if alg == 2 then
         _, remaining = sliding_log(key, v or load_log(key, period), limit, period, 0, false, true)
       elseif alg == 3 then
-        _, remaining = token_bucket(v or load_bucket(key), limit, period, 0, false, floor(meta / 32))
+        _, remaining = token_bucket(v or load_bucket(key), limit, period, 0, false, floor(meta / 64))
       elseif alg == 0 then
         _, remaining = fixed(v or load_counter(key, 0, period), limit, period, 0, false)
       else

@@ -652,10 +652,17 @@ impl RedisStore {
     }
 
     /// The script call deciding `idx` of `checks`, owned so it can run on a spawned task.
-    fn call_for(&self, checks: &[LimitCheck], idx: &[usize]) -> Call {
+    /// `whole`: the call decides the whole request, so the script applies the quota-mode rule;
+    /// otherwise (one slot of several) quota limits go as shadow and the caller applies it.
+    fn call_for(&self, checks: &[LimitCheck], idx: &[usize], whole: bool) -> Call {
         let meta = |c: &LimitCheck| {
-            let flags = u64::from(c.shadow) | (u64::from(c.refund) << 1);
-            u64::from(c.key.limit.algorithm.code()) | flags << 2 | u64::from(c.key.limit.burst) << 5
+            let quota = if whole { FLAG_QUOTA } else { FLAG_SHADOW };
+            let flags = if c.shadow { FLAG_SHADOW } else { 0 }
+                | if c.refund { FLAG_REFUND } else { 0 }
+                | if c.quota { quota } else { 0 };
+            u64::from(c.key.limit.algorithm.code())
+                | flags << 2
+                | u64::from(c.key.limit.burst) << META_BURST_SHIFT
         };
         // Plain requests (fixed windows, no shadow, no refund: meta 0) skip the meta argument.
         let plain = idx.iter().all(|&i| meta(&checks[i]) == 0);
@@ -734,7 +741,7 @@ impl RedisStore {
             tx
         });
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let call = self.call_for(checks, all);
+        let call = self.call_for(checks, all, true);
         let r = async {
             tx.send(Job { call, reply })
                 .await
@@ -770,7 +777,7 @@ impl RedisStore {
         let conn = conn?;
         if let [only] = groups.as_slice() {
             // One call decides everything: all or nothing inside the script, nothing to undo.
-            let call = self.call_for(checks, only);
+            let call = self.call_for(checks, only, true);
             let r = run(&self.script, conn, &self.now_arg(), &call, self.timeout).await;
             self.record_health(&r);
             let mut outcomes = vec![DENIED; checks.len()];
@@ -788,31 +795,36 @@ impl RedisStore {
             .iter()
             .map(|g| Call {
                 tokens: true,
-                ..self.call_for(checks, g)
+                ..self.call_for(checks, g, false)
             })
             .collect();
+        // Which limits of each call are quota-mode (sent as shadow): the rule is applied here.
+        let quota: Vec<Vec<bool>> = if checks.iter().any(|c| c.quota) {
+            groups
+                .iter()
+                .map(|g| g.iter().map(|&i| checks[i].quota).collect())
+                .collect()
+        } else {
+            Vec::new()
+        };
         let task = self.runtime.spawn(charge_or_undo(
             self.script.clone(),
             conn,
             self.test_clock.clone(),
             calls,
+            quota,
             self.timeout,
             self.undo_failures.clone(),
         ));
-        let (results, undone) = task
+        let (results, undone, admitted) = task
             .await
             .map_err(|e| StoreError::Permanent(format!("decision task failed: {e}")))?;
         let mut outcomes = vec![DENIED; checks.len()];
-        let mut admitted = true;
         let mut first_error = None;
         for (g, r) in groups.iter().zip(results) {
             self.record_health(&r);
-            match r.and_then(|values| parse(&values, g, true, &mut outcomes)) {
-                Ok(ok) => admitted &= ok,
-                Err(e) => {
-                    admitted = false;
-                    first_error.get_or_insert(e);
-                }
+            if let Err(e) = r.and_then(|values| parse(&values, g, true, &mut outcomes)) {
+                first_error.get_or_insert(e);
             }
         }
         if let Some(e) = first_error {
@@ -875,7 +887,13 @@ impl RedisStore {
 
 /// Script arguments per limit (see the top of `decide.lua`); an undo call adds the token.
 const ARGS_PER_KEY: usize = 4;
-/// The undo flag of `decide.lua`, as placed in `meta`.
+/// The flags of `decide.lua`'s `meta` argument (shifted left by 2 into it), and where its
+/// burst starts.
+const FLAG_SHADOW: u64 = 1;
+const FLAG_REFUND: u64 = 2;
+const FLAG_QUOTA: u64 = 8;
+const META_BURST_SHIFT: u32 = 6;
+/// The undo flag, as placed in `meta`.
 const UNDO: u64 = 4 << 2;
 /// Attempts at an undo before it is counted as failed.
 const UNDO_ATTEMPTS: usize = 3;
@@ -1144,17 +1162,20 @@ fn parse(
     Ok(values[0] == 1)
 }
 
-/// Runs every slot's call concurrently; if one denies (or fails), undoes exactly what the others
-/// charged: the same window, the same sorted-set entry, only the checks that were written.
-/// Returns each call's result and, per call, whether an undo was done.
+/// Runs every slot's call concurrently; if the request is not admitted (a slot denies or fails,
+/// or every quota-mode limit denied), undoes exactly what the admitting slots charged: the same
+/// window, the same sorted-set entry, only the checks that were written. `quota` says, per call
+/// and limit, which limits are quota-mode (empty: none). Returns each call's result, per call
+/// whether an undo was done, and whether the request was admitted.
 async fn charge_or_undo(
     script: Script,
     conn: Conn,
     test_clock: Option<Arc<dyn Clock>>,
     calls: Vec<Call>,
+    quota: Vec<Vec<bool>>,
     timeout: Duration,
     failures: Arc<AtomicU64>,
-) -> (Vec<Result<Vec<i64>, StoreError>>, Vec<bool>) {
+) -> (Vec<Result<Vec<i64>, StoreError>>, Vec<bool>, bool) {
     let now = now_arg(test_clock.as_ref());
     let results = futures_util::future::join_all(
         calls
@@ -1164,10 +1185,11 @@ async fn charge_or_undo(
     .await;
     let admitted = results
         .iter()
-        .all(|r| r.as_ref().is_ok_and(|v| v.first() == Some(&1)));
+        .all(|r| r.as_ref().is_ok_and(|v| v.first() == Some(&1)))
+        && quota_rule_holds(&calls, &results, &quota);
     let mut undone = vec![false; calls.len()];
     if admitted {
-        return (results, undone);
+        return (results, undone, true);
     }
     for ((call, r), undone) in calls.iter().zip(&results).zip(&mut undone) {
         let Ok(values) = r else { continue };
@@ -1188,7 +1210,7 @@ async fn charge_or_undo(
         {
             let (hits, meta) = (args[2], args.get(3).copied().unwrap_or(0));
             // Written: allowed, hits to charge, not a refund. A shadow denial wrote nothing.
-            if v[0] & 1 == 1 && hits > 0 && meta & (2 << 2) == 0 {
+            if v[0] & 1 == 1 && hits > 0 && meta & (FLAG_REFUND << 2) == 0 {
                 undo.keys.push(key.clone());
                 undo.args.extend([
                     args[0],
@@ -1228,7 +1250,29 @@ async fn charge_or_undo(
             tracing::warn!(error = %e, keys = undo.keys.len(), "could not undo the charge of a request denied in another slot");
         }
     }
-    (results, undone)
+    (results, undone, false)
+}
+
+/// The quota-mode half of [`crate::store::Admission`] across slots: with quota limits, at
+/// least one of them allowed the request (their calls sent them as shadow, so each call's
+/// `admitted` covers only the enforced limits).
+fn quota_rule_holds(
+    calls: &[Call],
+    results: &[Result<Vec<i64>, StoreError>],
+    quota: &[Vec<bool>],
+) -> bool {
+    if quota.iter().all(|q| !q.contains(&true)) {
+        return true;
+    }
+    calls.iter().zip(results).zip(quota).any(|((call, r), q)| {
+        let Ok(values) = r else { return false };
+        values
+            .get(1..)
+            .unwrap_or_default()
+            .chunks(call.width())
+            .zip(q)
+            .any(|(v, &is_quota)| is_quota && v.first().is_some_and(|s| s & 1 == 1))
+    })
 }
 
 impl CounterStore for RedisStore {
