@@ -16,9 +16,13 @@ checks run (only loopback is allowed, for the optional binary smoke test), and t
 pass in a network namespace with nothing but loopback:
 `unshare -rn sh -c 'ip link set lo up && python3 scripts/check_helm.py'`.
 
-The ServiceMonitor (monitoring.coreos.com/v1) is a CRD that kubernetes-validate has no schema
-for: it is checked structurally here instead (apiVersion, kind, selector, endpoints[0] = port
-`http`, path `/metrics`).
+The ServiceMonitor and PrometheusRule (monitoring.coreos.com/v1) are CRDs that kubernetes-validate
+has no schema for: they are checked structurally here instead (ServiceMonitor: apiVersion, kind,
+selector, endpoints[0] = port `http`, path `/metrics`; PrometheusRule: groups of named rules,
+each an alert or a record with a string `expr`, string labels and annotations, a Prometheus
+duration in `for`). The Grafana dashboard ConfigMap must carry files/grafana-dashboard.json
+unchanged and the PrometheusRule files/prometheus-rules.yaml's groups (their PromQL is checked
+against a live /metrics by `cargo test --test it dashboards`).
 
 When a built sluice binary is found (target/release/sluice or target/debug/sluice, or
 --sluice-bin), the rendered domain files are also checked with `sluice check`, and the binary is
@@ -178,6 +182,10 @@ def validate_manifests(docs: list[tuple[str, dict[str, Any]]]) -> int:
             check_service_monitor(doc)
             count += 1
             continue
+        if doc.get("kind") == "PrometheusRule":
+            check_prometheus_rule(doc)
+            count += 1
+            continue
         try:
             kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
             count += 1
@@ -203,6 +211,33 @@ def check_service_monitor(sm: dict[str, Any]) -> None:
     for key in ("interval", "scrapeTimeout"):
         value = str(ep.get(key, ""))
         C.expect(value[:-1].isdigit() and value[-1] in "smh", f"ServiceMonitor {key} {value!r} is a Prometheus duration")
+
+
+def is_duration(value: Any) -> bool:
+    import re
+    return isinstance(value, str) and re.fullmatch(r"([0-9]+(ms|s|m|h|d|w|y))+", value) is not None
+
+
+def check_prometheus_rule(pr: dict[str, Any]) -> None:
+    """No schema ships for this CRD: the fields the Prometheus Operator's own validation requires."""
+    C.equal(pr.get("apiVersion"), "monitoring.coreos.com/v1", "PrometheusRule apiVersion")
+    C.expect(set(pr) <= {"apiVersion", "kind", "metadata", "spec"}, f"PrometheusRule top-level keys {sorted(pr)}")
+    groups = pr.get("spec", {}).get("groups")
+    C.expect(isinstance(groups, list) and len(groups) > 0, "PrometheusRule has groups")
+    names = [g.get("name") for g in groups or []]
+    C.expect(len(names) == len(set(names)) and all(isinstance(n, str) and n for n in names), f"group names unique and set: {names}")
+    for g in groups or []:
+        C.expect(set(g) <= {"name", "interval", "rules", "limit", "partial_response_strategy"}, f"group {g.get('name')} keys {sorted(g)}")
+        C.expect(isinstance(g.get("rules"), list) and len(g["rules"]) > 0, f"group {g.get('name')} has rules")
+        for r in g.get("rules") or []:
+            what = f"rule {r.get('alert') or r.get('record')}"
+            C.expect(("alert" in r) != ("record" in r), f"{what}: exactly one of alert/record")
+            C.expect(set(r) <= {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}, f"{what} keys {sorted(r)}")
+            C.expect(isinstance(r.get("expr"), str) and r["expr"].strip() != "", f"{what}: expr is a string")
+            if "for" in r:
+                C.expect(is_duration(r["for"]), f"{what}: for {r['for']!r} is a Prometheus duration")
+            for key in ("labels", "annotations"):
+                C.expect(all(isinstance(k, str) and isinstance(v, str) for k, v in r.get(key, {}).items()), f"{what}: {key} are strings")
 
 
 # --------------------------------------------------------------------------- facts
@@ -328,6 +363,11 @@ def check_common(values: dict[str, Any], docs: list[tuple[str, dict[str, Any]]],
         C.equal(pdb["spec"]["selector"]["matchLabels"], selector, "PDB selector")
     for hpa in by_kind(docs, "HorizontalPodAutoscaler"):
         C.equal(hpa["spec"]["scaleTargetRef"], {"apiVersion": "apps/v1", "kind": "Deployment", "name": FULLNAME}, "HPA target")
+    dash_on = values.get("grafanaDashboard", {}).get("enabled", False)
+    dashboards = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"] == f"{FULLNAME}-dashboard"]
+    C.equal(len(dashboards), int(dash_on), "dashboard ConfigMap present iff grafanaDashboard.enabled")
+    rules_on = values.get("prometheusRule", {}).get("enabled", False)
+    C.equal(len(by_kind(docs, "PrometheusRule")), int(rules_on), "PrometheusRule present iff prometheusRule.enabled")
     for sm in by_kind(docs, "ServiceMonitor"):
         C.equal(sm["spec"]["selector"]["matchLabels"], selector, "ServiceMonitor selector")
         C.expect(matches(sm["spec"]["selector"]["matchLabels"], svc["metadata"]["labels"]), "ServiceMonitor selects the Service")
@@ -464,6 +504,29 @@ def facts_eval_redis(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> 
     C.equal(svc["spec"]["ports"][0]["port"], 6379, "Redis Service port")
 
 
+def facts_dashboards(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
+    """The dashboard ConfigMap carries the JSON file unchanged under the sidecar's label; the
+    PrometheusRule carries the rules file's groups (templates untouched) plus the extra ones."""
+    import json
+    cm = one(docs, "ConfigMap", f"{FULLNAME}-dashboard")
+    C.equal(cm["metadata"]["namespace"], "monitoring", "dashboard ConfigMap namespace")
+    C.equal(cm["metadata"]["labels"].get("grafana_dashboard"), "1", "dashboard sidecar label")
+    C.equal(cm["metadata"].get("annotations"), {"grafana_folder": "Rate limits"}, "dashboard annotations")
+    shipped = json.loads((CHART / "files" / "grafana-dashboard.json").read_text())
+    C.equal(json.loads(cm["data"]["sluice.json"]), shipped, "dashboard JSON as shipped")
+    C.equal(shipped.get("uid"), "sluice-overview", "dashboard uid (stable for links)")
+    C.expect(any(v.get("type") == "datasource" for v in shipped["templating"]["list"]), "dashboard picks its data source")
+    pr = one(docs, "PrometheusRule", FULLNAME)
+    C.equal(pr["metadata"]["labels"].get("release"), "kube-prometheus-stack", "PrometheusRule extra label")
+    rules_file = yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())
+    groups = pr["spec"]["groups"]
+    C.equal(groups[:-1], rules_file["groups"], "PrometheusRule groups = the rules file's")
+    C.equal(groups[-1]["name"], "site", "additionalGroups appended")
+    text = yaml.safe_dump(pr)
+    C.expect("{{ $labels.pod }}" in text, "alert annotations keep their {{ $labels }} templates")
+
+
+
 VALUE_SETS: list[tuple[str, dict[str, Any], Callable[..., None]]] = [
     ("default", {}, facts_default),
     ("memory", {
@@ -504,6 +567,14 @@ VALUE_SETS: list[tuple[str, dict[str, Any], Callable[..., None]]] = [
         "pdb": {"enabled": True, "minAvailable": 2},
         "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "kube-prometheus-stack"}},
     }, facts_cluster),
+    ("dashboard+alerts", {
+        "grafanaDashboard": {"enabled": True, "namespace": "monitoring",
+                             "annotations": {"grafana_folder": "Rate limits"}},
+        "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"},
+                           "additionalGroups": [{"name": "site", "rules": [
+                               {"alert": "SluiceDenyingMuch", "expr": "sum(rate(sluice_rate_limit_over_limit[5m])) > 100",
+                                "for": "10m", "labels": {"severity": "info"}}]}]},
+    }, facts_dashboards),
     ("evaluation-redis", {
         "store": {"type": "redis", "redis": dict(SECRET)},
         "redis": {"enabled": True},
@@ -539,6 +610,8 @@ BAD_VALUES: list[tuple[str, dict[str, Any], list[str]]] = [
     ("tracing without endpoint", {"tracing": {"enabled": True}}, ["/tracing/endpoint"]),
     ("ratio above 1", {"settings": {"nearLimitRatio": 1.5}}, ["/settings/nearLimitRatio", "maximum"]),
     ("PDB with both bounds", {"pdb": {"enabled": True, "minAvailable": 1, "maxUnavailable": 1}}, ["/pdb/maxUnavailable"]),
+    ("extra rule group without rules", {"prometheusRule": {"enabled": True, "additionalGroups": [{"name": "x"}]}},
+     ["/prometheusRule/additionalGroups/0", "rules"]),
     ("config file name with a leading dot", {"config": {".hidden": {"domain": "h"}}}, ["'.hidden'"]),
 ]
 

@@ -1,5 +1,6 @@
 mod bench;
 mod compat;
+mod dashboards;
 mod envoy_stats;
 mod extensions;
 mod grpcurl;
