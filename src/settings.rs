@@ -253,6 +253,27 @@ pub struct ServeArgs {
     )]
     pub shutdown_grace: Duration,
 
+    /// How long a gRPC connection may live before the server asks the client to reconnect (an
+    /// HTTP/2 GOAWAY), so clients spread over new replicas; ±10% jitter; `0` never ages one.
+    #[arg(
+        long,
+        env = "GRPC_MAX_CONNECTION_AGE",
+        default_value = "24h",
+        value_parser = parse_duration
+    )]
+    pub grpc_max_connection_age: Duration,
+
+    /// envoyproxy's bound on a connection's life after its GOAWAY. Read and validated but not
+    /// enforced: after the GOAWAY the connection closes once its calls in flight are answered
+    /// (see [`crate::server::ConnectionAge`] for why no hard close is added).
+    #[arg(
+        long,
+        env = "GRPC_MAX_CONNECTION_AGE_GRACE",
+        default_value = "1h",
+        value_parser = parse_duration
+    )]
+    pub grpc_max_connection_age_grace: Duration,
+
     /// Threads serving gRPC, each accepting connections on its own single-threaded runtime
     /// (default: the CPUs this process may use, cgroup quota included). A connection's requests
     /// are served by the thread that accepted it.
@@ -571,6 +592,11 @@ pub struct RedisArgs {
     #[arg(long, env = "CACHE_KEY_PREFIX", default_value = "")]
     pub cache_key_prefix: String,
 
+    /// Up to this many seconds are added to each Redis key's TTL (never more than the TTL
+    /// itself), so keys written at one window edge do not all expire at once; 0 adds none.
+    #[arg(long, env = "EXPIRATION_JITTER_MAX_SECONDS", default_value_t = 300)]
+    pub expiration_jitter_max_seconds: u32,
+
     /// Consecutive Redis failures that open the circuit breaker (requests then fail at once).
     #[arg(long, env = "REDIS_BREAKER_THRESHOLD", default_value_t = DEFAULT_FAILURE_THRESHOLD,
           value_parser = clap::value_parser!(u32).range(1..))]
@@ -689,6 +715,7 @@ impl RedisArgs {
             pool_size: self.redis_pool_size,
             timeout: self.redis_timeout,
             key_prefix: self.cache_key_prefix.clone(),
+            expiration_jitter: Duration::from_secs(u64::from(self.expiration_jitter_max_seconds)),
             tls,
         }))
     }
@@ -1029,6 +1056,10 @@ impl ServeArgs {
         });
         config.store = store;
         config.shutdown_grace = self.shutdown_grace;
+        config.connection_age =
+            (!self.grpc_max_connection_age.is_zero()).then_some(crate::server::ConnectionAge {
+                max: self.grpc_max_connection_age,
+            });
         if let Some(n) = self.worker_threads {
             config.grpc_threads = usize::from(n);
         }
@@ -1234,6 +1265,11 @@ mod tests {
                 ("config-reload-interval", "CONFIG_RELOAD_INTERVAL"),
                 ("shadow-mode", "SHADOW_MODE"),
                 ("shutdown-grace", "SHUTDOWN_GRACE_PERIOD"),
+                ("grpc-max-connection-age", "GRPC_MAX_CONNECTION_AGE"),
+                (
+                    "grpc-max-connection-age-grace",
+                    "GRPC_MAX_CONNECTION_AGE_GRACE",
+                ),
                 ("redis-url", "REDIS_URL"),
                 ("redis-type", "REDIS_TYPE"),
                 ("redis-auth", "REDIS_AUTH"),

@@ -133,6 +133,32 @@ pub struct ServerConfig {
     /// envoyproxy's debug listener (`DEBUG_HOST:DEBUG_PORT`; port 0 picks one). As there, a
     /// port that cannot be bound is logged and the service runs without it.
     pub debug_addr: Option<SocketAddr>,
+    /// `GRPC_MAX_CONNECTION_AGE`; `None` never ages a connection out.
+    pub connection_age: Option<ConnectionAge>,
+}
+
+/// gRPC connections are asked to go (HTTP/2 GOAWAY, NO_ERROR) once older than `max`, as
+/// grpc-go's `MaxConnectionAge` does for envoyproxy: a long-lived Envoy connection then moves
+/// to replicas added since, and the server closes it once its calls in flight are answered.
+/// grpc-go jitters each connection's age by ±10%; tonic takes one age per server, so each
+/// serving thread draws its own jittered age (connections opened at different times still age
+/// out apart). `GRPC_MAX_CONNECTION_AGE_GRACE` is not passed on: tonic 0.14's grace replaces
+/// the GOAWAY with a bare close at age + grace (its `connection_timeout_future`), which would
+/// cut every connection instead of moving it. See docs/migration.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionAge {
+    pub max: Duration,
+}
+
+impl ConnectionAge {
+    /// `max` scaled by a factor in [0.9, 1.1] drawn from `seed`'s hash.
+    fn jittered(&self, seed: u64) -> Duration {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(seed);
+        let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
+        self.max.mul_f64(0.9 + 0.2 * unit)
+    }
 }
 
 impl ServerConfig {
@@ -159,6 +185,7 @@ impl ServerConfig {
             envoy_stats: None,
             grpc_uds: None,
             debug_addr: None,
+            connection_age: None,
         }
     }
 
@@ -328,6 +355,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         envoy_stats,
         grpc_uds,
         debug_addr,
+        connection_age,
     } = config;
 
     // Bind first: a port conflict is reported before any task starts, and port 0 resolves to
@@ -500,21 +528,33 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     // The accept stream itself ends on drain (after sweeping the backlog), so tonic's own
     // shutdown signal never fires first; passing one still makes tonic drain its connections
     // gracefully once the stream ends. One server per serving thread, all on the same socket.
-    let grpc_router = tonic::transport::Server::builder()
-        .add_service(grpc::RlsService::new(Arc::clone(&limiter)).into_server())
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha);
+    // Each serving thread gets its own router: its own jittered connection age.
+    let rls = grpc::RlsService::new(Arc::clone(&limiter)).into_server();
+    let grpc_router = |n: u64| {
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(age) = connection_age {
+            builder = builder.max_connection_age(age.jittered(n));
+        }
+        builder
+            .add_service(rls.clone())
+            .add_service(health_service.clone())
+            .add_service(reflection_v1.clone())
+            .add_service(reflection_v1alpha.clone())
+    };
     let grpc_tls = grpc_tls.map(tls::GrpcTls::start);
     let mut grpc_servers = tokio::task::JoinSet::new();
     grpc_servers.spawn(serve_grpc(
-        grpc_router.clone(),
+        grpc_router(0),
         grpc_listener,
         draining.clone(),
         grpc_tls.clone(),
     ));
-    for (handle, listener) in workers.handles().iter().zip(worker_listeners) {
-        let (router, drain, tls) = (grpc_router.clone(), draining.clone(), grpc_tls.clone());
+    for (n, (handle, listener)) in workers.handles().iter().zip(worker_listeners).enumerate() {
+        let (router, drain, tls) = (
+            grpc_router(n as u64 + 1),
+            draining.clone(),
+            grpc_tls.clone(),
+        );
         // The listener joins the worker's own I/O driver, so it is registered there.
         grpc_servers.spawn_on(
             async move {
@@ -1152,6 +1192,7 @@ mod tests {
                 pool_size: 2,
                 timeout: crate::store::redis::DEFAULT_TIMEOUT,
                 key_prefix: String::new(),
+                expiration_jitter: Duration::ZERO,
                 tls: Default::default(),
             },
             breaker: BreakerSettings::default(),

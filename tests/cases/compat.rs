@@ -362,3 +362,93 @@ async fn global_quota_mode_treats_every_limit_as_quota() {
     assert_eq!(code(&r), Code::OverLimit, "now every limit is over");
     s.stop().await;
 }
+
+/// HTTP/2 frames as a minimal client sees them on one connection: it sends the preface and
+/// empty SETTINGS, acknowledges the server's SETTINGS and PINGs (as every client does, and as
+/// the server's graceful shutdown waits for), and records each GOAWAY's (last stream id, error
+/// code) until the server closes the connection.
+async fn goaways_until_close(mut tcp: tokio::net::TcpStream) -> std::io::Result<Vec<(u32, u32)>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const SETTINGS: u8 = 0x4;
+    const PING: u8 = 0x6;
+    const GOAWAY: u8 = 0x7;
+    const ACK: u8 = 0x1;
+    let frame = |kind: u8, flags: u8, payload: &[u8]| {
+        let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+        f.extend_from_slice(&[kind, flags, 0, 0, 0, 0]);
+        f.extend_from_slice(payload);
+        f
+    };
+    tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await?;
+    tcp.write_all(&frame(SETTINGS, 0, &[])).await?;
+    let mut goaways = Vec::new();
+    loop {
+        let mut head = [0u8; 9];
+        match tcp.read_exact(&mut head).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(goaways),
+            Err(e) => return Err(e),
+        }
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let mut payload = vec![0u8; len];
+        tcp.read_exact(&mut payload).await?;
+        match (head[3], head[4] & ACK) {
+            (SETTINGS, 0) => tcp.write_all(&frame(SETTINGS, ACK, &[])).await?,
+            (PING, 0) => tcp.write_all(&frame(PING, ACK, &payload)).await?,
+            (GOAWAY, _) => {
+                let word = |at: usize| {
+                    u32::from_be_bytes([
+                        payload[at],
+                        payload[at + 1],
+                        payload[at + 2],
+                        payload[at + 3],
+                    ])
+                };
+                goaways.push((word(0) & 0x7fff_ffff, word(4)));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// GRPC_MAX_CONNECTION_AGE as grpc-go applies it for envoyproxy: once a connection is past its
+/// age the server sends GOAWAY (NO_ERROR: first "no new streams soon", then, after a PING round
+/// trip, the last stream it took) and closes the idle connection cleanly; requests go on over
+/// a new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_max_connection_age_sends_goaway_then_closes() {
+    let yaml = "domain: age\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+    let clock = ManualClock::new(T0);
+    let config = ServerConfig {
+        connection_age: Some(sluice::server::ConnectionAge {
+            max: std::time::Duration::from_millis(300),
+        }),
+        grpc_threads: 1,
+        ..ServerConfig::for_tests(rules(yaml), Arc::new(clock.clone()))
+    };
+    let s = TestServer::start_config(config, clock).await;
+    let tcp = tokio::net::TcpStream::connect(s.grpc_addr)
+        .await
+        .expect("connect");
+    // The bound only keeps a broken build from hanging the suite.
+    let goaways =
+        tokio::time::timeout(std::time::Duration::from_secs(60), goaways_until_close(tcp))
+            .await
+            .expect("the server closed the aged connection")
+            .expect("a clean close, not a reset");
+    assert!(!goaways.is_empty(), "a GOAWAY before the close");
+    assert!(
+        goaways.iter().all(|&(_, code)| code == 0),
+        "every GOAWAY says NO_ERROR: {goaways:?}"
+    );
+    assert_eq!(
+        goaways.last().map(|g| g.0),
+        Some(0),
+        "no stream was taken: {goaways:?}"
+    );
+
+    let r = s.call(one("age", &[("k", "v")])).await;
+    assert_eq!(code(&r), Code::Ok);
+    assert_eq!(r.statuses[0].limit_remaining, 4);
+    s.stop().await;
+}

@@ -419,3 +419,79 @@ async fn a_wrong_password_is_an_unavailable_answer_not_a_crash() {
     );
     s.stop().await;
 }
+
+/// EXPIRATION_JITTER_MAX_SECONDS: every key still expires after its window ends, but keys of one
+/// window no longer expire in the same millisecond, and the jitter never more than doubles a
+/// key's life (a per-second key is gone within a second of its window's end). Read with
+/// PEXPIRETIME (absolute expiry), so the test does not depend on how long it runs.
+#[tokio::test]
+async fn expiration_jitter_spreads_expiry_without_outliving_the_window_twice() {
+    const YAML: &str = "domain: jit\ndescriptors:\n  - key: hour\n    rate_limit: {unit: hour, requests_per_unit: 9}\n  - key: sec\n    rate_limit: {unit: second, requests_per_unit: 9}\n";
+    let redis = start_redis().await;
+    let mut expiries = Vec::new();
+    for (prefix, jitter) in [("plain:", 0), ("jit:", 300)] {
+        let settings = sluice::store::redis::RedisSettings {
+            key_prefix: prefix.into(),
+            expiration_jitter: std::time::Duration::from_secs(jitter),
+            ..redis_settings(vec![redis.url()], RedisKind::Single)
+        };
+        let s = server_on_redis_settings(YAML, &settings).await;
+        for i in 0..40 {
+            let r = s
+                .call(request(
+                    "jit",
+                    vec![
+                        desc(&[("hour", &format!("h{i}"))]),
+                        desc(&[("sec", &format!("s{i}"))]),
+                    ],
+                ))
+                .await;
+            assert_eq!(code(&r), Code::Ok);
+        }
+        // (key's window end, its absolute expiry), both in Unix milliseconds, per period.
+        let mut hour = Vec::new();
+        let mut sec = Vec::new();
+        for key in redis.cli(&["KEYS", &format!("{prefix}*")]).lines() {
+            let expiry: i64 = redis.cli(&["PEXPIRETIME", key]).trim().parse().expect("ms");
+            assert_ne!(expiry, -1, "{key} has no expiry");
+            if expiry == -2 {
+                continue; // a per-second key that has already expired
+            }
+            let window: i64 = key
+                .rsplit(':')
+                .next()
+                .and_then(|w| w.parse().ok())
+                .expect("index");
+            if key.contains("hour") {
+                hour.push(((window + 1) * 3_600_000, expiry));
+            } else if key.contains("sec") {
+                sec.push(((window + 1) * 1_000, expiry));
+            }
+        }
+        assert_eq!(hour.len(), 40, "{prefix}");
+        for &(end, expiry) in hour.iter() {
+            assert!(
+                expiry >= end && expiry <= end + 300_000 + 1,
+                "{prefix} hour: {end} {expiry}"
+            );
+        }
+        for &(end, expiry) in sec.iter() {
+            assert!(
+                expiry >= end && expiry <= end + 1_000 + 1,
+                "{prefix} second: {end} {expiry}"
+            );
+        }
+        let spread = hour.iter().map(|h| h.1).max().unwrap_or(0)
+            - hour.iter().map(|h| h.1).min().unwrap_or(0);
+        expiries.push(spread);
+        s.stop().await;
+    }
+    assert!(
+        expiries[0] <= 1,
+        "without jitter one window's keys expire together: {expiries:?}"
+    );
+    assert!(
+        expiries[1] > 1_000,
+        "with jitter they spread out: {expiries:?}"
+    );
+}

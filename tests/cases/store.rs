@@ -58,6 +58,7 @@ pub fn redis_settings(urls: Vec<String>, kind: RedisKind) -> RedisSettings {
         // Generous: a loaded CI machine must not turn slowness into failures.
         timeout: Duration::from_secs(10),
         key_prefix: "sluice_test:".into(),
+        expiration_jitter: Duration::ZERO,
         tls: Default::default(),
     }
 }

@@ -47,7 +47,7 @@
 -- An undo call returns {1, done_1, done_2, ...}: done 0 when the charge could not be taken back
 -- within the bounded work below (the caller counts it).
 --
--- Stored state (each write sets a TTL until the state stops mattering, so no key outlives it):
+-- Stored state (each write sets a TTL until the state stops mattering, plus the jitter below):
 --   fixed_window    one key per window, "<KEYS[i]>:<window start / period>", holding the count
 --                   (a plain integer, so a charge is one INCRBY). It shares KEYS[i]'s hash tag,
 --                   hence its slot; it is the only key a call builds itself. A call whose clock
@@ -81,6 +81,19 @@ end
 local call, find, sub, floor, max, min, fmt =
   redis.call, string.find, string.sub, math.floor, math.max, math.min, string.format
 
+-- EXPIRATION_JITTER_MAX_SECONDS in milliseconds: the store rewrites this line when it loads the
+-- script (0: no jitter). Every TTL gets up to that much more, and never more than doubles, so
+-- keys written at one window edge do not all expire at once, and a per-second key does not
+-- live five minutes. The spread comes from the call's microseconds (math.random is seeded the
+-- same on every script call).
+local JITTER_MS = 0
+local spread = (now % 1000003) * 7919
+local function jittered(ms)
+  local j = min(JITTER_MS, ms)
+  if j <= 0 then return ms + slack end
+  return ms + spread % (j + 1) + slack
+end
+
 -- The packed layout (ARGV[2] = "p"): plain requests only, every distinct counter once.
 --   KEYS      the U distinct counter keys of the call
 --   ARGV[3]   U; then per key: limit, period_us
@@ -102,7 +115,7 @@ if ARGV[2] == 'p' then
     limit[u] = tonumber(ARGV[2 + 2 * u])
     local start = now - now % period
     wk[u] = KEYS[u] .. fmt(':%d', start / period)
-    ttl[u] = max(floor((start + period - now + 999) / 1000), 1) + slack
+    ttl[u] = jittered(max(floor((start + period - now + 999) / 1000), 1))
   end
   local stored = redis.call('MGET', unpack(wk))
   local out = {now}
@@ -214,7 +227,7 @@ local function fast(KB, AB, n, out, o0)
       if not c then
         c = tonumber(call('GET', wk) or -1)
         cache[wk], base[wk] = c, c
-        ttl_of[wk] = max(floor((start + period - now + 999) / 1000), 1) + slack
+        ttl_of[wk] = jittered(max(floor((start + period - now + 999) / 1000), 1))
       end
       stored[key] = c
       if c < 0 then c = 0 end
@@ -284,9 +297,9 @@ local TRIM = 64
 local REFUND_ENTRIES = 64
 local UNDO_REWRITE = 256
 
--- Whole milliseconds, rounded up, at least 1: a TTL for PEXPIRE / SET PX.
+-- Whole milliseconds, rounded up, at least 1, jittered: a TTL for PEXPIRE / SET PX.
 local function ttl_ms(us)
-  return max(floor((us + 999) / 1000), 1) + slack
+  return jittered(max(floor((us + 999) / 1000), 1))
 end
 
 -- "a:b" -> a, b (numbers); "a" -> a, 0

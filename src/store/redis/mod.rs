@@ -26,6 +26,16 @@ use std::time::Duration;
 /// The decision script; KEYS/ARGV are documented at its top.
 pub const DECIDE_LUA: &str = include_str!("decide.lua");
 
+/// `decide.lua` with its TTL jitter set (the script's `JITTER_MS` line).
+fn decide_script(jitter: Duration) -> String {
+    let ms = u64::try_from(jitter.as_millis()).unwrap_or(u64::MAX);
+    DECIDE_LUA.replacen(
+        "local JITTER_MS = 0\n",
+        &format!("local JITTER_MS = {ms}\n"),
+        1,
+    )
+}
+
 /// Default bound on one Redis round trip (`REDIS_TIMEOUT`). Envoy gives up on the rate-limit call
 /// after 20 ms by default and sluice stops waiting at the caller's deadline anyway, so this only
 /// bounds callers that send none (and connecting): five Envoy timeouts, far above a healthy
@@ -82,6 +92,9 @@ pub struct RedisSettings {
     pub timeout: Duration,
     /// `CACHE_KEY_PREFIX`.
     pub key_prefix: String,
+    /// `EXPIRATION_JITTER_MAX_SECONDS`: up to this much is added to every key's TTL (never more
+    /// than the TTL itself), so keys written at one window edge expire spread out.
+    pub expiration_jitter: Duration,
     /// Certificates for `rediss://` URLs (unused for `redis://`).
     pub tls: RedisTlsSettings,
 }
@@ -613,7 +626,7 @@ impl RedisStore {
         };
         Ok(Self {
             backend,
-            script: Script::new(DECIDE_LUA),
+            script: Script::new(&decide_script(settings.expiration_jitter)),
             prefix: settings.key_prefix.clone(),
             timeout: settings.timeout,
             kind: settings.kind,
