@@ -3,6 +3,9 @@
 //! (`super::super::...`) resolve.
 #![allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
 
+/// Full gRPC name of the RLS service, as health checks, reflection and spans name it.
+pub const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
+
 /// Encoded `FileDescriptorSet` of `rls.proto` and its imports: feeds gRPC reflection and the
 /// protojson transcoding of `POST /json`.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

@@ -7,8 +7,7 @@ use crate::service::RateLimiter;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
-/// Full gRPC name of the RLS service, as health checks and reflection name it.
-pub const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
+pub use crate::proto::RLS_SERVICE_NAME;
 
 /// `envoy.service.ratelimit.v3.RateLimitService` over one [`RateLimiter`].
 #[derive(Debug, Clone)]

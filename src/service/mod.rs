@@ -428,7 +428,7 @@ impl RateLimiter {
                 .with_kind(SpanKind::Server)
                 .with_attributes([
                     KeyValue::new("rpc.system", "grpc"),
-                    KeyValue::new("rpc.service", crate::server::grpc::RLS_SERVICE_NAME),
+                    KeyValue::new("rpc.service", crate::proto::RLS_SERVICE_NAME),
                     KeyValue::new("rpc.method", "ShouldRateLimit"),
                     KeyValue::new("ratelimit.domain", request.domain.clone()),
                     KeyValue::new(
