@@ -256,6 +256,26 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 2}
 "#;
 
+/// `n` calls of a two-descriptor request: (overall, first status, second status, second's
+/// remaining) each time.
+async fn two_statuses(
+    s: &TestServer,
+    req: &sluice::proto::RateLimitRequest,
+    n: usize,
+) -> Vec<(Code, Code, Code, u32)> {
+    let mut seen = Vec::new();
+    for _ in 0..n {
+        let r = s.call(req.clone()).await;
+        seen.push((
+            code(&r),
+            status_code(&r.statuses[0]),
+            status_code(&r.statuses[1]),
+            r.statuses[1].limit_remaining,
+        ));
+    }
+    seen
+}
+
 /// `quota_mode` as envoyproxy/ratelimit decides it (#1045/#1059): the request is over limit if
 /// any normal limit is, or if every quota limit is; a quota descriptor over its limit still
 /// reports OVER_LIMIT in its own status. sluice also charges nothing for a rejected request and
@@ -267,18 +287,8 @@ async fn quota_mode_is_over_limit_only_when_every_quota_limit_is() {
         "quota",
         vec![desc(&[("plan", "free")]), desc(&[("plan", "burst")])],
     );
-    let mut seen = Vec::new();
-    for _ in 0..4 {
-        let r = s.call(quotas.clone()).await;
-        seen.push((
-            code(&r),
-            status_code(&r.statuses[0]),
-            status_code(&r.statuses[1]),
-            r.statuses[1].limit_remaining,
-        ));
-    }
     assert_eq!(
-        seen,
+        two_statuses(&s, &quotas, 4).await,
         [
             (Code::Ok, Code::Ok, Code::Ok, 2),
             (Code::Ok, Code::OverLimit, Code::Ok, 1),
@@ -311,18 +321,8 @@ async fn quota_mode_is_over_limit_only_when_every_quota_limit_is() {
         "quota",
         vec![desc(&[("ip", "10.0.0.3")]), desc(&[("plan", "burst")])],
     );
-    let mut seen = Vec::new();
-    for _ in 0..3 {
-        let r = fresh_quota.call(mixed.clone()).await;
-        seen.push((
-            code(&r),
-            status_code(&r.statuses[0]),
-            status_code(&r.statuses[1]),
-            r.statuses[1].limit_remaining,
-        ));
-    }
     assert_eq!(
-        seen,
+        two_statuses(&fresh_quota, &mixed, 3).await,
         [
             (Code::Ok, Code::Ok, Code::Ok, 2),
             (Code::Ok, Code::Ok, Code::Ok, 1),
