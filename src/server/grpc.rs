@@ -3,7 +3,8 @@
 
 use crate::proto::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
 use crate::proto::{RateLimitRequest, RateLimitResponse};
-use crate::service::RateLimiter;
+use crate::service::{Edge, RateLimiter, RequestError};
+use crate::store::StoreError;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
@@ -37,12 +38,31 @@ impl RateLimitService for RlsService {
         } else {
             opentelemetry::Context::new()
         };
-        // `From<RequestError> for Status` is the single place that maps errors to gRPC codes.
         self.limiter
-            .should_rate_limit_in(request.into_inner(), &parent)
+            .should_rate_limit_in(request.into_inner(), &parent, Edge::Grpc)
             .await
             .map(Response::new)
             .map_err(Status::from)
+    }
+}
+
+/// The one place a decision's error becomes a gRPC status.
+impl From<RequestError> for Status {
+    fn from(e: RequestError) -> Self {
+        match e {
+            RequestError::Invalid(m) => Status::invalid_argument(m),
+            // Envoy's `failure_mode_deny` decides, as for a store that cannot answer.
+            e @ RequestError::NoConfig => Status::unavailable(e.to_string()),
+            // Every store failure is UNAVAILABLE, permanent ones (a script error, a missing ACL
+            // permission) included: Envoy treats any error from the rate-limit service the same
+            // way, through `failure_mode_deny`, so a finer code would change nothing for it,
+            // while UNAVAILABLE is what operators and dashboards expect for "the backend could
+            // not decide". The message says which kind of failure it was.
+            RequestError::Store(e @ StoreError::Transient(_))
+            | RequestError::Store(e @ StoreError::Permanent(_)) => {
+                Status::unavailable(e.to_string())
+            }
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 
 use super::signal::ShutdownWatch;
 use crate::proto::{RateLimitRequest, RateLimitResponse};
-use crate::service::RateLimiter;
+use crate::service::{Edge, RateLimiter, RequestError};
 use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -211,18 +211,22 @@ async fn json(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> R
         Err(e) => return json_error(StatusCode::BAD_REQUEST, &format!("malformed request: {e}")),
     };
     let parent = crate::telemetry::trace::parent_from_headers(&headers);
-    let response = match s.limiter.should_rate_limit_in(request, &parent).await {
+    let response = match s
+        .limiter
+        .should_rate_limit_in(request, &parent, Edge::Http)
+        .await
+    {
         Ok(r) => r,
         Err(e) => {
-            // Derive the HTTP status from the gRPC mapping so both front ends agree on what an
-            // error means (INVALID_ARGUMENT -> 400, UNAVAILABLE -> 503, anything else -> 500).
-            let status = tonic::Status::from(e);
-            let code = match status.code() {
-                tonic::Code::InvalidArgument => StatusCode::BAD_REQUEST,
-                tonic::Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            // The same split as the gRPC edge: the caller's fault is 400, a decision that could
+            // not be made (no config yet, store down) is 503.
+            let (code, message) = match e {
+                RequestError::Invalid(m) => (StatusCode::BAD_REQUEST, m),
+                e @ (RequestError::NoConfig | RequestError::Store(_)) => {
+                    (StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+                }
             };
-            return json_error(code, status.message());
+            return json_error(code, &message);
         }
     };
     let body = match s.transcoder.encode_response(&response) {

@@ -3,6 +3,7 @@
 //! the most restrictive limit, optionally the IETF draft pair `RateLimit-Policy` / `RateLimit`
 //! (draft-ietf-httpapi-ratelimit-headers), and `Retry-After` on OVER_LIMIT.
 
+use super::respond::restrictiveness;
 use crate::config::Limit;
 use std::time::Duration;
 
@@ -50,11 +51,10 @@ pub fn headers(
     states: &[LimitState<'_>],
     over_limit: bool,
 ) -> Vec<(String, String)> {
-    // The most restrictive limit speaks for the request: a denying one first, then the fewest
-    // hits remaining (the first such), as envoyproxy/ratelimit picks it.
+    // The most restrictive limit speaks for the request, as it speaks for a descriptor.
     let Some(most) = states
         .iter()
-        .min_by_key(|s| (s.denied_retry_after.is_none(), s.remaining))
+        .min_by_key(|s| restrictiveness(s.denied_retry_after.is_some(), s.remaining))
     else {
         return Vec::new();
     };

@@ -5,6 +5,7 @@
 pub mod envoy_stats;
 pub mod metrics;
 pub mod offenders;
+pub mod spans;
 pub mod trace;
 
 use crate::clock::Clock;

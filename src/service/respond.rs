@@ -1,0 +1,208 @@
+//! The last step: fold the store's outcomes (or a failure mode's answer) into the
+//! `RateLimitResponse` Envoy reads. Pure: the same plan and verdict give the same response.
+
+use super::plan::{Plan, Resolution};
+use super::{FailureMode, ServiceOptions};
+use crate::config::{Limit, Unit};
+use crate::proto::rate_limit_response::{self, rate_limit, Code, DescriptorStatus};
+use crate::proto::RateLimitResponse;
+use crate::store::{Admission, Decision, Outcome};
+use std::time::Duration;
+
+/// The response enum for a unit.
+pub fn response_unit(unit: Unit) -> rate_limit::Unit {
+    match unit {
+        Unit::Second => rate_limit::Unit::Second,
+        Unit::Minute => rate_limit::Unit::Minute,
+        Unit::Hour => rate_limit::Unit::Hour,
+        Unit::Day => rate_limit::Unit::Day,
+        Unit::Week => rate_limit::Unit::Week,
+        Unit::Month => rate_limit::Unit::Month,
+        Unit::Year => rate_limit::Unit::Year,
+    }
+}
+
+/// How the response describes a limit. A period that is a unit is reported as is. Any other
+/// period is reported at its average rate in the smallest unit it divides evenly (5 per 10 s
+/// is 30 per MINUTE; 100 per 500 ms is 200 per SECOND) and, when unnamed, named after its real
+/// shape ("5/10s"), so Envoy's headers stay truthful about the rate while the exact window is
+/// visible. A period that divides no unit (or a scaled count beyond u32) is reported with its
+/// configured count and unit UNKNOWN.
+pub fn describe_limit(name: &str, limit: &Limit) -> rate_limit_response::RateLimit {
+    let period = limit.period;
+    if let Some(unit) = period.unit() {
+        return rate_limit_response::RateLimit {
+            name: name.to_string(),
+            requests_per_unit: limit.requests_per_unit,
+            unit: response_unit(unit) as i32,
+        };
+    }
+    let name = if name.is_empty() {
+        format!("{}/{}", limit.requests_per_unit, period)
+    } else {
+        name.to_string()
+    };
+    let scaled = Unit::ALL.into_iter().find_map(|u| {
+        let unit_ms = u.seconds() * 1000;
+        (unit_ms > period.millis() && unit_ms % period.millis() == 0)
+            .then(|| u64::from(limit.requests_per_unit) * (unit_ms / period.millis()))
+            .and_then(|n| u32::try_from(n).ok())
+            .map(|n| (u, n))
+    });
+    match scaled {
+        Some((unit, n)) => rate_limit_response::RateLimit {
+            name,
+            requests_per_unit: n,
+            unit: response_unit(unit) as i32,
+        },
+        None => rate_limit_response::RateLimit {
+            name,
+            requests_per_unit: limit.requests_per_unit,
+            unit: rate_limit::Unit::Unknown as i32,
+        },
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Verdict<'a> {
+    /// The store decided.
+    Decided(&'a Decision),
+    /// Nothing to decide (no descriptor has a counted limit).
+    NoChecks,
+    /// The store failed and a failure mode answers instead: every limited descriptor is
+    /// allowed (`Allow`) or denied (`Deny`), with 0 remaining and no reset time.
+    StoreFailed(FailureMode),
+}
+
+/// How a limited descriptor was judged, for metrics.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Judged {
+    /// Index of the limit that speaks for the descriptor (into `Plan::checks`).
+    pub(super) index: usize,
+    pub(super) outcome: Option<Outcome>,
+    /// Some limit of the descriptor (enforced or shadow) denied it.
+    pub(super) over_limit: bool,
+    /// ... but only shadow limits did, so its status says OK.
+    pub(super) shadow: bool,
+}
+
+/// The response for `plan` under `verdict`, and how each limited descriptor was judged (for
+/// metrics).
+pub(super) fn build_response(
+    plan: &Plan,
+    verdict: Verdict<'_>,
+    options: &ServiceOptions,
+) -> (RateLimitResponse, Vec<Option<Judged>>) {
+    let (statuses, judgements) = plan
+        .resolutions
+        .iter()
+        .map(|r| match r {
+            Resolution::NoLimit => (ok_status(0), None),
+            Resolution::Unlimited => (ok_status(u32::MAX), None),
+            Resolution::Limited(indexes) => limited_status(plan, indexes, verdict),
+        })
+        .unzip();
+    let overall = if !admitted(plan, verdict) && !options.global_shadow_mode {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    };
+    let response = RateLimitResponse {
+        overall_code: overall as i32,
+        statuses,
+        ..Default::default()
+    };
+    (response, judgements)
+}
+
+/// OK with no limit attached (`remaining` is `u32::MAX` for an `unlimited` limit).
+fn ok_status(remaining: u32) -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::Ok as i32,
+        limit_remaining: remaining,
+        ..Default::default()
+    }
+}
+
+/// The status of a descriptor with counted limits: the most restrictive of them speaks.
+fn limited_status(
+    plan: &Plan,
+    indexes: &[usize],
+    verdict: Verdict<'_>,
+) -> (DescriptorStatus, Option<Judged>) {
+    // Each limit's verdict: (index, allowed, shadow, outcome).
+    let judged = indexes.iter().map(|&i| {
+        let outcome = match verdict {
+            Verdict::Decided(d) => d.outcomes.get(i).copied(),
+            Verdict::NoChecks | Verdict::StoreFailed(_) => None,
+        };
+        let allowed = match verdict {
+            Verdict::StoreFailed(mode) => mode == FailureMode::Allow,
+            _ => outcome.is_some_and(|o| o.allowed),
+        };
+        (i, allowed, plan.limits[i].shadow, outcome)
+    });
+    let over_limit =
+        matches!(verdict, Verdict::Decided(_)) && judged.clone().any(|(_, allowed, _, _)| !allowed);
+    let chosen = judged.min_by_key(|&(_, allowed, shadow, outcome)| {
+        restrictiveness(!(allowed || shadow), outcome.map_or(0, |o| o.remaining))
+    });
+    let Some((i, allowed, shadow, outcome)) = chosen else {
+        return (ok_status(0), None);
+    };
+    // A shadow-mode limit reports OK even when it would deny (a quota-mode limit reports its
+    // denial, as envoyproxy does, though the request may pass).
+    let code = if allowed || shadow {
+        Code::Ok
+    } else {
+        Code::OverLimit
+    };
+    let judged = Judged {
+        index: i,
+        outcome,
+        over_limit,
+        shadow: over_limit && code == Code::Ok,
+    };
+    let reported = &plan.limits[i];
+    let status = DescriptorStatus {
+        code: code as i32,
+        current_limit: Some(describe_limit(&reported.name, &reported.limit)),
+        limit_remaining: outcome.map_or(0, |o| o.remaining),
+        duration_until_reset: outcome.map(|o| to_proto_duration(o.reset)),
+        quota: None,
+    };
+    (status, Some(judged))
+}
+
+/// The verdict on the whole request: the store's (enforced limits, then the quota-mode rule),
+/// or a failure mode's answer for every limit.
+fn admitted(plan: &Plan, verdict: Verdict<'_>) -> bool {
+    match verdict {
+        Verdict::Decided(d) => d.admitted,
+        Verdict::NoChecks => true,
+        Verdict::StoreFailed(mode) => {
+            let mut admission = Admission::default();
+            for c in &plan.checks {
+                admission.add(c, mode == FailureMode::Allow);
+            }
+            admission.admitted()
+        }
+    }
+}
+
+/// The order in which limits speak, for a descriptor's status and for the request's headers:
+/// an enforcing denial first, then the fewest hits remaining; `min_by_key` keeps the first of
+/// equals, so ties go to config order, as envoyproxy/ratelimit picks.
+pub(super) fn restrictiveness(denies: bool, remaining: u32) -> (bool, u32) {
+    (!denies, remaining)
+}
+
+/// Whole seconds, rounded up, as envoyproxy/ratelimit reports it: never 0 while the window still
+/// runs, and no sub-second noise in Envoy's headers.
+fn to_proto_duration(d: Duration) -> prost_types::Duration {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    prost_types::Duration {
+        seconds: i64::try_from(secs).unwrap_or(i64::MAX),
+        nanos: 0,
+    }
+}
