@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod algorithm;
+pub mod app;
 pub mod bench;
 pub mod clock;
 pub mod config;

@@ -63,7 +63,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     // Handlers first: a SIGTERM while the config loads must drain (here: exit 0), not kill.
     let shutdown = sluice::server::shutdown_signal();
     tracing::debug!(settings = ?args, "starting");
-    let config = match args.server_config() {
+    let config = match sluice::app::server_config(&args) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("{e}");

@@ -16,11 +16,8 @@ pub mod xds;
 use crate::clock::{Clock, SystemClock};
 use crate::config::RuleSet;
 use crate::service::{RateLimiter, ServiceOptions};
-use crate::store::breaker::{BreakerSettings, CircuitBreaker};
-use crate::store::local_cache::LocalDenyCache;
 use crate::store::memory::MemoryStore;
-use crate::store::redis::{RedisSettings, RedisStore};
-use crate::store::{CounterStore, StoreError};
+use crate::store::CounterStore;
 use crate::telemetry::trace::{TraceSettings, Tracing};
 use crate::telemetry::Telemetry;
 use signal::{ShutdownHandle, ShutdownWatch};
@@ -46,37 +43,6 @@ pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The gRPC health services sluice reports: the server (""), envoyproxy's name, and the RLS.
 const HEALTH_SERVICES: [&str; 3] = ["", HEALTH_SERVICE_NAME, grpc::RLS_SERVICE_NAME];
-
-/// The Redis counter store as `serve` stacks it: [`RedisStore`], behind a [`CircuitBreaker`]
-/// (so a dead Redis is answered at once instead of after a timeout per request), behind a
-/// [`LocalDenyCache`] when `local_cache_bytes` > 0 (so known-full counters cost no Redis call,
-/// even while Redis is down).
-#[derive(Debug, Clone)]
-pub struct StoreChain {
-    pub redis: RedisSettings,
-    pub breaker: BreakerSettings,
-    /// `LOCAL_CACHE_SIZE_IN_BYTES`; 0 leaves the cache out.
-    pub local_cache_bytes: usize,
-}
-
-impl StoreChain {
-    /// Builds the stack without touching the network (Redis connects on first use). `clock`
-    /// drives the breaker's open timer and the deny cache's expiry. Must run inside a Tokio
-    /// runtime (the connection pool is created here).
-    pub fn build(&self, clock: Arc<dyn Clock>) -> Result<Arc<dyn CounterStore>, StoreError> {
-        let redis: Arc<dyn CounterStore> = Arc::new(RedisStore::new(&self.redis)?);
-        let breaker: Arc<dyn CounterStore> =
-            Arc::new(CircuitBreaker::new(redis, self.breaker, Arc::clone(&clock)));
-        if self.local_cache_bytes == 0 {
-            return Ok(breaker);
-        }
-        Ok(Arc::new(LocalDenyCache::new(
-            breaker,
-            self.local_cache_bytes,
-            clock,
-        )))
-    }
-}
 
 /// envoyproxy's stats (`USE_STATSD`, `USE_PROMETHEUS`): see `telemetry/envoy_stats.rs`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -890,6 +856,9 @@ fn http_result(
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+    use crate::store::breaker::BreakerSettings;
+    use crate::store::redis::RedisSettings;
+    use crate::store::{StoreChain, StoreError};
     use tonic_health::pb::health_client::HealthClient;
     use tonic_health::pb::{health_check_response::ServingStatus as Status, HealthCheckRequest};
 

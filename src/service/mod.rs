@@ -282,8 +282,6 @@ impl RateLimiter {
     }
 }
 
-/// Rejects what Envoy's own proto validation forbids, what no limit could be found for, and
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,6 +3,7 @@
 
 use crate::config::RuleSet;
 
+/// The state of the config for operators (`GET /config/status`): when the rules in force were
 /// loaded, and how the last reload went.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ConfigStatus {

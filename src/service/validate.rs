@@ -4,6 +4,7 @@
 use super::{RequestCaps, RequestError};
 use crate::proto::RateLimitRequest;
 
+/// Rejects what Envoy's own proto validation forbids, what no limit could be found for, and
 /// what is over the request caps (naming the cap and its setting).
 pub(super) fn validate(request: &RateLimitRequest, caps: &RequestCaps) -> Result<(), RequestError> {
     let over = |what: String, n: usize, cap: u32, setting: &str| {

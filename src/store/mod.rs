@@ -4,6 +4,7 @@
 //! circuit breaker (`breaker`) and the deny cache (`local_cache`) wrap a store as layers.
 
 pub mod breaker;
+mod chain;
 pub mod local_cache;
 pub mod memory;
 pub mod redis;
@@ -15,6 +16,7 @@ use std::sync::Arc;
 pub use crate::algorithm::Outcome;
 use crate::algorithm::{LimitParams, Mode};
 use crate::config::Limit;
+pub use chain::StoreChain;
 
 /// A boxed future, so the trait stays object safe (`Arc<dyn CounterStore>`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -1,0 +1,117 @@
+//! The composition root: turns parsed [`ServeArgs`] into the [`ServerConfig`] `serve` starts
+//! from. This is where settings meet the world: names are resolved, the config tree is read,
+//! and the store chain is built (which needs a Tokio runtime for the Redis connections).
+//! Parsing itself (`settings`) stays free of I/O.
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::{load_path, LoadOptions, RuleSet};
+use crate::server::reload::ReloadSettings;
+use crate::server::ServerConfig;
+use crate::service::{RequestCaps, ServiceOptions};
+use crate::settings::{resolve, ServeArgs, SettingsError};
+use crate::store::redis::redact_url;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Resolves addresses, builds the store and loads the config: everything `serve` needs
+/// before it binds. Fails before any port is opened.
+pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, SettingsError> {
+    let chain = args.store_chain()?;
+    let grpc_tls = args.tls.grpc_tls()?;
+    let grpc_addr = resolve("gRPC", &args.grpc_host, args.grpc_port)?;
+    let http_addr = resolve("HTTP", &args.host, args.port)?;
+    let xds = args.source.xds()?;
+    let path = args.config_path();
+    // Taken before the read: a change made after it is seen by the first reload check.
+    let loaded_fingerprint = match xds {
+        None => crate::config::fingerprint(&path, &args.load_options()),
+        Some(_) => 0,
+    };
+    let rules = match xds {
+        None => load_rules(&path, &args.load_options())?,
+        // The management server brings the rules.
+        Some(_) => RuleSet::empty(),
+    };
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let store = match &chain {
+        Some(chain) => {
+            tracing::info!(
+                kind = ?chain.redis.kind,
+                urls = ?chain.redis.urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>(),
+                timeout = ?chain.redis.timeout,
+                tls = ?chain.redis.tls,
+                local_cache_bytes = chain.local_cache_bytes,
+                "using the Redis store"
+            );
+            Some(chain.build(Arc::clone(&clock))?)
+        }
+        None => {
+            tracing::info!(
+                max_counters = args.memory_max_counters,
+                "using the in-memory store (counters are per process)"
+            );
+            Some(
+                Arc::new(crate::store::memory::MemoryStore::with_max_counters(
+                    Arc::clone(&clock),
+                    args.memory_max_counters,
+                )) as Arc<dyn crate::store::CounterStore>,
+            )
+        }
+    };
+    let mut config = ServerConfig::new(rules).with_clock(clock);
+    config.grpc_addr = grpc_addr;
+    config.http_addr = http_addr;
+    config.options = ServiceOptions {
+        global_shadow_mode: args.shadow_mode,
+        global_quota_mode: args.quota_mode,
+        failure_mode: args.failure_mode,
+        near_limit_ratio: args.observe.near_limit_ratio,
+        headers: args.observe.headers(),
+        caps: RequestCaps {
+            descriptors: args.max_descriptors_per_request,
+            entries: args.max_entries_per_descriptor,
+            key_bytes: args.max_descriptor_key_bytes,
+            value_bytes: args.max_descriptor_value_bytes,
+        },
+        ready_needs_config: args.source.ready_needs_config(),
+        response_dynamic_metadata: args.response_dynamic_metadata,
+    };
+    config.tracing = args.observe.tracing();
+    config.grpc_tls = grpc_tls;
+    config.loaded_fingerprint = loaded_fingerprint;
+    let interval = args.runtime.config_reload_interval;
+    config.reload = (xds.is_none() && !interval.is_zero()).then(|| ReloadSettings {
+        path: path.clone(),
+        options: args.load_options(),
+        interval,
+    });
+    config.store = store;
+    config.shutdown_grace = args.shutdown_grace;
+    config.connection_age =
+        (!args.grpc_max_connection_age.is_zero()).then_some(crate::server::ConnectionAge {
+            max: args.grpc_max_connection_age,
+        });
+    if let Some(n) = args.worker_threads {
+        config.grpc_threads = usize::from(n);
+    }
+    config.config_path = xds.is_none().then_some(path);
+    config.xds = xds;
+    config.envoy_stats = args.stats.settings()?;
+    if args.grpc_uds.is_some() && config.grpc_tls.is_some() {
+        return Err(SettingsError::Tls(
+            "GRPC_UDS and GRPC_SERVER_USE_TLS are both set: sluice serves a Unix socket in \
+             plaintext only"
+                .into(),
+        ));
+    }
+    config.grpc_uds = args.grpc_uds.clone();
+    config.debug_addr = Some(resolve("debug", &args.debug_host, args.debug_port)?);
+    Ok(config)
+}
+
+fn load_rules(path: &Path, opts: &LoadOptions) -> Result<RuleSet, SettingsError> {
+    load_path(path, opts).map_err(|errors| SettingsError::Config {
+        path: path.to_path_buf(),
+        errors,
+    })
+}

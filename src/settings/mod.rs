@@ -1,0 +1,373 @@
+//! Command line and environment settings. Every flag falls back to the environment variable that
+//! envoyproxy/ratelimit reads, so sluice runs as a drop-in for `/bin/ratelimit` configured by env
+//! vars only; this module turns those raw values into a [`ServerConfig`] and nothing else.
+
+use crate::config::{ConfigErrors, LoadOptions};
+use crate::server::tls::TlsSettings;
+use crate::service::headers::HeaderOptions;
+use crate::service::{FailureMode, RequestCaps};
+use crate::store::breaker::{BreakerSettings, DEFAULT_FAILURE_THRESHOLD};
+use crate::store::redis::{
+    redact_url, RedisKind, RedisSettings, RedisTlsSettings, SentinelSettings, DEFAULT_POOL_SIZE,
+};
+use crate::store::StoreChain;
+use crate::store::StoreError;
+use crate::telemetry::trace::TraceSettings;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use std::ffi::OsStr;
+use std::fmt;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+mod check;
+mod observe;
+mod parse;
+mod redis;
+mod runtime;
+pub mod stats;
+mod tls;
+pub mod xds;
+
+pub use check::*;
+pub use observe::*;
+pub use parse::*;
+pub use redis::*;
+pub use runtime::*;
+pub use tls::*;
+
+/// `sluice`: with no subcommand it serves, reading the same environment as envoyproxy/ratelimit.
+#[derive(Debug, Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "Envoy/Istio-compatible gRPC rate-limit service",
+    // `sluice` alone (or with serve flags) means `sluice serve`; the flags of the default command
+    // live at the top level, and clap rejects mixing them with an explicit subcommand.
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// Serve flags used when no subcommand is given.
+    #[command(flatten)]
+    pub serve: ServeArgs,
+
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+impl Cli {
+    /// Parses the process's arguments and environment, exiting with usage on error. An env var
+    /// set to the empty string counts as unset (Kubernetes manifests often carry `value: ""`),
+    /// so it falls back to the default instead of failing to parse.
+    pub fn parse_args() -> Self {
+        let cmd = ignore_empty_env(Cli::command(), &|name| {
+            std::env::var_os(name).is_some_and(|v| v.is_empty())
+        });
+        let matches = cmd.get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+
+    /// The command to run, with `serve` as the default.
+    pub fn into_command(self) -> (Command, LogArgs) {
+        let command = self.command.unwrap_or(Command::Serve(self.serve));
+        (command, self.log)
+    }
+}
+
+// Parsed once at start; boxing `ServeArgs` would buy nothing and cost every match a deref.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the RLS gRPC API and the HTTP admin endpoints (the default).
+    Serve(ServeArgs),
+    /// Validate a config file or directory: print every error, exit 1 if there is any.
+    Check(CheckArgs),
+    /// Load generator for any RLS endpoint: decisions/s, OK / OVER_LIMIT / errors, latency.
+    Bench(crate::bench::BenchArgs),
+}
+
+/// Logging, shared by every command.
+#[derive(Debug, Clone, Args)]
+pub struct LogArgs {
+    /// Minimum log level (envoyproxy names: trace, debug, info, warn, error; case-insensitive).
+    /// `RUST_LOG`, when set, overrides it with full filter directives.
+    #[arg(
+        long,
+        env = "LOG_LEVEL",
+        default_value = "info",
+        value_enum,
+        ignore_case = true,
+        global = true
+    )]
+    pub log_level: LogLevel,
+
+    /// Log line format on stderr.
+    #[arg(
+        long,
+        env = "LOG_FORMAT",
+        default_value = "text",
+        value_enum,
+        ignore_case = true,
+        global = true
+    )]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    Trace,
+    Debug,
+    Info,
+    #[value(alias = "warning")]
+    Warn,
+    // logrus (envoyproxy) also has fatal and panic; both only ever log errors.
+    #[value(alias = "fatal", alias = "panic")]
+    Error,
+}
+
+impl LogLevel {
+    pub fn as_tracing(self) -> tracing::Level {
+        match self {
+            LogLevel::Trace => tracing::Level::TRACE,
+            LogLevel::Debug => tracing::Level::DEBUG,
+            LogLevel::Info => tracing::Level::INFO,
+            LogLevel::Warn => tracing::Level::WARN,
+            LogLevel::Error => tracing::Level::ERROR,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// `sluice serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address the gRPC server listens on.
+    #[arg(long, env = "GRPC_HOST", default_value = "0.0.0.0")]
+    pub grpc_host: String,
+
+    /// Port of the gRPC server (0 picks a free port).
+    #[arg(long, env = "GRPC_PORT", default_value_t = 8081)]
+    pub grpc_port: u16,
+
+    /// Serve gRPC on this Unix socket instead of GRPC_HOST:GRPC_PORT (plaintext only).
+    #[arg(long, env = "GRPC_UDS")]
+    pub grpc_uds: Option<PathBuf>,
+
+    /// Address of envoyproxy's debug listener (`/`, `/rlconfig`, `/stats`).
+    #[arg(long, env = "DEBUG_HOST", default_value = "0.0.0.0")]
+    pub debug_host: String,
+
+    /// Port of the debug listener; one that cannot be bound is logged and skipped, as in
+    /// envoyproxy.
+    #[arg(long, env = "DEBUG_PORT", default_value_t = 6070)]
+    pub debug_port: u16,
+
+    /// Address the HTTP admin server listens on.
+    #[arg(long, env = "HOST", default_value = "0.0.0.0")]
+    pub host: String,
+
+    /// Port of the HTTP admin server (0 picks a free port).
+    #[arg(long, env = "PORT", default_value_t = 8080)]
+    pub port: u16,
+
+    /// Config file or directory of files. When absent, the envoyproxy runtime layout
+    /// RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY is used.
+    #[arg(long, env = "SLUICE_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+
+    #[command(flatten)]
+    pub source: xds::ConfigSourceArgs,
+
+    #[command(flatten)]
+    pub stats: stats::StatsArgs,
+
+    /// Decide and count as usual but always answer OK.
+    #[arg(
+        long,
+        env = "SHADOW_MODE",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub shadow_mode: bool,
+
+    /// Treat every limit as `quota_mode: true` (envoyproxy's global quota mode): a request is
+    /// over limit only when all of its limits are.
+    #[arg(
+        long,
+        env = "QUOTA_MODE",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub quota_mode: bool,
+
+    /// Fill the response's `dynamic_metadata` as envoyproxy does: the domain, the descriptors
+    /// and the config `metadata` of the descriptors that passed.
+    #[arg(
+        long,
+        env = "RESPONSE_DYNAMIC_METADATA",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub response_dynamic_metadata: bool,
+
+    /// Most descriptors one request may carry; a request over it gets INVALID_ARGUMENT before
+    /// any store work (Envoy sends one per matching rate-limit action: a handful).
+    #[arg(long, env = "MAX_DESCRIPTORS_PER_REQUEST", default_value_t = RequestCaps::default().descriptors,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_descriptors_per_request: u32,
+
+    /// Most entries one descriptor may carry (INVALID_ARGUMENT above it).
+    #[arg(long, env = "MAX_ENTRIES_PER_DESCRIPTOR", default_value_t = RequestCaps::default().entries,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_entries_per_descriptor: u32,
+
+    /// Most bytes in a descriptor entry's key (INVALID_ARGUMENT above it).
+    #[arg(long, env = "MAX_DESCRIPTOR_KEY_BYTES", default_value_t = RequestCaps::default().key_bytes,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_descriptor_key_bytes: u32,
+
+    /// Most bytes in a descriptor entry's value, e.g. a path or a header (INVALID_ARGUMENT above
+    /// it).
+    #[arg(long, env = "MAX_DESCRIPTOR_VALUE_BYTES", default_value_t = RequestCaps::default().value_bytes,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_descriptor_value_bytes: u32,
+
+    /// How long in-flight requests may run after SIGTERM/SIGINT (`15s`, `500ms`, `1m30s`).
+    #[arg(
+        long,
+        env = "SHUTDOWN_GRACE_PERIOD",
+        default_value = "15s",
+        value_parser = parse_duration
+    )]
+    pub shutdown_grace: Duration,
+
+    /// How long a gRPC connection may live before the server asks the client to reconnect (an
+    /// HTTP/2 GOAWAY), so clients spread over new replicas; ±10% jitter; `0` never ages one.
+    #[arg(
+        long,
+        env = "GRPC_MAX_CONNECTION_AGE",
+        default_value = "24h",
+        value_parser = parse_duration
+    )]
+    pub grpc_max_connection_age: Duration,
+
+    /// envoyproxy's bound on a connection's life after its GOAWAY. Read and validated but not
+    /// enforced: after the GOAWAY the connection closes once its calls in flight are answered
+    /// (see [`crate::server::ConnectionAge`] for why no hard close is added).
+    #[arg(
+        long,
+        env = "GRPC_MAX_CONNECTION_AGE_GRACE",
+        default_value = "1h",
+        value_parser = parse_duration
+    )]
+    pub grpc_max_connection_age_grace: Duration,
+
+    /// Threads serving gRPC, each accepting connections on its own single-threaded runtime
+    /// (default: the CPUs this process may use, cgroup quota included). A connection's requests
+    /// are served by the thread that accepted it.
+    #[arg(long, env = "WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub worker_threads: Option<u16>,
+
+    #[command(flatten)]
+    pub redis: RedisArgs,
+
+    /// Counters the in-memory store holds at most (used when no `REDIS_URL` is set): about 100
+    /// bytes each when full. Past it, the counter closest to expiry is evicted (it starts
+    /// afresh, which can only ever admit more) and `sluice_memory_evictions_total` counts it.
+    #[arg(long, env = "MEMORY_MAX_COUNTERS", default_value_t = crate::store::memory::DEFAULT_MAX_COUNTERS,
+        value_parser = parse_max_counters)]
+    pub memory_max_counters: usize,
+
+    /// Bytes of the local deny cache (0 = off): a counter known to be over its limit is denied
+    /// locally until its window resets, without a Redis call.
+    #[arg(long, env = "LOCAL_CACHE_SIZE_IN_BYTES", default_value_t = 0)]
+    pub local_cache_size_in_bytes: usize,
+
+    /// What to answer when the counter store fails: `allow` (OK) or `deny` (OVER_LIMIT). Unset,
+    /// sluice answers gRPC UNAVAILABLE and Envoy's `failure_mode_deny` decides.
+    #[arg(long, env = "FAILURE_MODE", value_parser = parse_failure_mode)]
+    pub failure_mode: Option<FailureMode>,
+
+    #[command(flatten)]
+    pub observe: ObserveArgs,
+
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// Why `serve` cannot start from these settings.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error("{0}")]
+    Redis(String),
+    #[error("{0}")]
+    Tls(String),
+    #[error("cannot set up the Redis store: {0}")]
+    Store(#[from] StoreError),
+    #[error("cannot resolve {what} address {host}:{port}: {reason}")]
+    Resolve {
+        what: &'static str,
+        host: String,
+        port: u16,
+        reason: String,
+    },
+    #[error("invalid config in {path}:\n{errors}")]
+    Config { path: PathBuf, errors: ConfigErrors },
+    #[error("{0}")]
+    Xds(String),
+    #[error("{0}")]
+    Stats(String),
+}
+
+impl ServeArgs {
+    /// The config file or directory to load: `--config`, else the runtime layout.
+    pub fn config_path(&self) -> PathBuf {
+        self.config
+            .clone()
+            .unwrap_or_else(|| self.runtime.config_dir())
+    }
+
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            ignore_dotfiles: self.runtime.runtime_ignoredotfiles,
+            merge_domains: self.source.merge_domain_config,
+        }
+    }
+
+    /// The one place that decides which counter store `serve` uses: `None` for the memory
+    /// store (no `REDIS_URL`), else the Redis store behind its circuit breaker and, with
+    /// `LOCAL_CACHE_SIZE_IN_BYTES` > 0, the local deny cache. Never touches the network, so an
+    /// unreachable Redis is a health state, not a start-up failure.
+    pub fn store_chain(&self) -> Result<Option<StoreChain>, SettingsError> {
+        Ok(self.redis.settings()?.map(|redis| StoreChain {
+            redis,
+            breaker: self.redis.breaker(),
+            local_cache_bytes: self.local_cache_size_in_bytes,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests;
