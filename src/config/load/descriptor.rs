@@ -1,0 +1,295 @@
+//! One `descriptors` entry into a [`DescriptorNode`]: its key and value matcher, its limits,
+//! its flags and its children, with every error of the subtree collected.
+
+use super::super::yaml::{Node, Value};
+use super::super::{DescriptorNode, Level, Location, RateLimitRule, ValueMatch};
+use super::ctx::{join, kind, Ctx, ParsedLimit};
+use super::schema::Scope;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A descriptor's keys as written.
+#[derive(Default)]
+struct DescriptorKeys<'a> {
+    key: Option<(String, usize)>,
+    /// A key already reported as malformed.
+    key_invalid: bool,
+    value: String,
+    /// A malformed value is reported once; it must not also read as "no value".
+    value_bad: bool,
+    /// (value node, path, line of the key) of `rate_limit` and of `rate_limits`.
+    rate_limit: Option<(&'a Node, String, usize)>,
+    rate_limits: Option<(&'a Node, String, usize)>,
+    children: Option<(&'a Node, String)>,
+    shadow_mode: bool,
+    quota_mode: bool,
+    detailed_metric: bool,
+    value_to_metric: bool,
+    share_threshold: Option<usize>,
+    metadata: Option<Arc<prost_types::Struct>>,
+}
+
+impl Ctx {
+    pub(super) fn descriptor(
+        &mut self,
+        item: &Node,
+        path: &str,
+        prefix: &str,
+        seen: &mut HashMap<String, usize>,
+    ) -> Option<DescriptorNode> {
+        let Value::Map(entries) = &item.value else {
+            self.err(
+                item.line,
+                path,
+                format!(
+                    "config error, each entry of `descriptors` must be a mapping with at least \
+                     `key`, not a {}",
+                    kind(item)
+                ),
+            );
+            return None;
+        };
+        let errors_before = self.errors.len();
+        let keys = self.descriptor_keys(entries, path);
+        let key = self.descriptor_key(&keys, item, path);
+        let matcher = if keys.value.is_empty() {
+            ValueMatch::Any
+        } else if keys.value.contains('*') {
+            ValueMatch::Wildcard(keys.value.clone())
+        } else {
+            ValueMatch::Exact(keys.value.clone())
+        };
+        if !keys.value_bad {
+            self.check_matcher(&keys, key.as_ref(), &matcher, path);
+        }
+        let composite = key.as_ref().filter(|_| !keys.value_bad).map(|(k, _)| {
+            if keys.value.is_empty() {
+                k.clone()
+            } else {
+                format!("{k}_{}", keys.value)
+            }
+        });
+        let stats_path = format!("{prefix}{}", composite.as_deref().unwrap_or(""));
+        if let Some(c) = composite {
+            if let Some(first) = seen.get(&c) {
+                self.err(
+                    item.line,
+                    path,
+                    format!(
+                        "duplicate descriptor composite key '{stats_path}' (first at line {first})"
+                    ),
+                );
+            } else {
+                seen.insert(c, item.line);
+            }
+        }
+        let rules = self.descriptor_limits(&keys, path);
+        let mut level = Level::default();
+        if let Some((node, p)) = &keys.children {
+            // Children are checked even when this descriptor is broken, so all errors show.
+            self.descriptors(node, p, &format!("{stats_path}."), &mut level);
+        }
+
+        let (key, _) = key?;
+        // Any error in this descriptor or below it means the whole load fails; the node is
+        // only built for a clean subtree.
+        if self.errors.len() > errors_before {
+            return None;
+        }
+        Some(DescriptorNode {
+            key,
+            value: matcher,
+            rate_limits: rules,
+            share_threshold: keys.share_threshold.is_some(),
+            detailed_metric: keys.detailed_metric,
+            value_to_metric: keys.value_to_metric,
+            children: level,
+            location: Location {
+                file: self.file.clone(),
+                line: item.line,
+            },
+            path: stats_path,
+            metadata: keys.metadata,
+        })
+    }
+
+    /// Reads a descriptor's keys, reporting malformed values (each once).
+    fn descriptor_keys<'a>(
+        &mut self,
+        entries: &'a [(Node, Node)],
+        path: &str,
+    ) -> DescriptorKeys<'a> {
+        let mut d = DescriptorKeys::default();
+        for (name, k, v) in self.entries(entries, path, Scope::Descriptor) {
+            let p = join(path, name);
+            match name {
+                "key" => match self.string(v, &p, name) {
+                    Some(k) => d.key = Some((k, v.line)),
+                    None => d.key_invalid = true,
+                },
+                "value" => match self.string(v, &p, name) {
+                    Some(s) => d.value = s,
+                    None => d.value_bad = true,
+                },
+                "rate_limit" => d.rate_limit = Some((v, p, k.line)),
+                "rate_limits" => d.rate_limits = Some((v, p, k.line)),
+                "descriptors" => d.children = Some((v, p)),
+                "shadow_mode" => d.shadow_mode = self.flag(v, &p, name).unwrap_or(false),
+                "quota_mode" => d.quota_mode = self.flag(v, &p, name).unwrap_or(false),
+                "detailed_metric" => d.detailed_metric = self.flag(v, &p, name).unwrap_or(false),
+                "value_to_metric" => d.value_to_metric = self.flag(v, &p, name).unwrap_or(false),
+                "share_threshold" => {
+                    d.share_threshold = (self.flag(v, &p, name) == Some(true)).then_some(v.line);
+                }
+                // Free-form, returned to Envoy with RESPONSE_DYNAMIC_METADATA.
+                "metadata" => match super::super::metadata::to_struct(v) {
+                    Ok(m) => d.metadata = Some(Arc::new(m)),
+                    Err(e) => self.err(v.line, &p, e),
+                },
+                _ => {}
+            }
+        }
+        d
+    }
+
+    /// The descriptor's key and its line; `None` (reported) when missing or empty.
+    fn descriptor_key(
+        &mut self,
+        keys: &DescriptorKeys<'_>,
+        item: &Node,
+        path: &str,
+    ) -> Option<(String, usize)> {
+        match &keys.key {
+            Some((k, line)) if k.is_empty() => {
+                self.err(*line, &join(path, "key"), "descriptor has empty key");
+                None
+            }
+            Some((k, line)) => Some((k.clone(), *line)),
+            None => {
+                if !keys.key_invalid {
+                    self.err(
+                        item.line,
+                        path,
+                        "descriptor has empty key (`key` is missing)",
+                    );
+                }
+                None
+            }
+        }
+    }
+
+    /// Key wildcards (unsupported) and `share_threshold` without a wildcard value.
+    fn check_matcher(
+        &mut self,
+        keys: &DescriptorKeys<'_>,
+        key: Option<&(String, usize)>,
+        matcher: &ValueMatch,
+        path: &str,
+    ) {
+        if let Some((k, line)) = key {
+            if *matcher == ValueMatch::Any && k.ends_with('*') {
+                // envoyproxy/ratelimit turns a bare key ending in `*` into a prefix match on
+                // "key_value" strings, i.e. on keys; sluice only supports wildcards in values.
+                self.err(
+                    *line,
+                    &join(path, "key"),
+                    format!(
+                        "a bare key ending in '*' ('{k}') is a key wildcard, which sluice does not \
+                         support; put the wildcard in `value`"
+                    ),
+                );
+            }
+        }
+        if let Some(line) = keys.share_threshold {
+            if !matches!(matcher, ValueMatch::Wildcard(_)) {
+                let found = if keys.value.is_empty() {
+                    "no value".to_owned()
+                } else {
+                    format!("value '{}'", keys.value)
+                };
+                self.err(
+                    line,
+                    &join(path, "share_threshold"),
+                    format!(
+                        "share_threshold can only be used with wildcard values (containing '*'), \
+                         but found {found}"
+                    ),
+                );
+            }
+        }
+    }
+
+    /// The descriptor's limits (`rate_limit` or `rate_limits`, not both), with its shadow and
+    /// quota modes.
+    fn descriptor_limits(&mut self, keys: &DescriptorKeys<'_>, path: &str) -> Vec<RateLimitRule> {
+        let mut limits = Vec::new();
+        if let (Some((_, _, one_line)), Some((_, _, list_line))) =
+            (&keys.rate_limit, &keys.rate_limits)
+        {
+            // Reported on whichever comes second; both are still checked below.
+            let (line, key, other, other_line) = if one_line < list_line {
+                (*list_line, "rate_limits", "rate_limit", *one_line)
+            } else {
+                (*one_line, "rate_limit", "rate_limits", *list_line)
+            };
+            self.err(
+                line,
+                &join(path, key),
+                format!(
+                    "`rate_limit` and `rate_limits` cannot both be given on one descriptor \
+                     (`{other}` is at line {other_line}); put every limit in `rate_limits`"
+                ),
+            );
+        }
+        if let Some((node, p, _)) = &keys.rate_limit {
+            limits.extend(self.limit(node, p, Scope::RateLimit));
+        }
+        if let Some((node, p, _)) = &keys.rate_limits {
+            limits.extend(self.rate_limits(node, p));
+        }
+        let has_children = keys
+            .children
+            .as_ref()
+            .is_some_and(|(node, _)| matches!(&node.value, Value::Seq(items) if !items.is_empty()));
+        self.check_node_limits(&limits, has_children);
+        limits
+            .into_iter()
+            .map(|l| RateLimitRule {
+                shadow_mode: keys.shadow_mode,
+                quota_mode: keys.quota_mode,
+                ..l.rule
+            })
+            .collect()
+    }
+
+    /// The checks across the limits of one descriptor: unique names, and resource limits
+    /// (`applies_to_descendants`) only where something can match below.
+    pub(super) fn check_node_limits(&mut self, limits: &[ParsedLimit], has_children: bool) {
+        let mut names: HashMap<&str, usize> = HashMap::new();
+        for l in limits {
+            if let (Some(name), Some(line)) = (l.rule.name.as_deref(), l.name_line) {
+                if let Some(first) = names.get(name) {
+                    self.err(
+                        line,
+                        &join(&l.path, "name"),
+                        format!(
+                            "duplicate limit name '{name}' on one descriptor (first at line \
+                             {first}); the limits of a descriptor need distinct names"
+                        ),
+                    );
+                } else {
+                    names.insert(name, line);
+                }
+            }
+            if let (Some(line), false) = (l.descendants_line, has_children) {
+                self.err(
+                    line,
+                    &join(&l.path, "applies_to_descendants"),
+                    "`applies_to_descendants: true` on a descriptor without child `descriptors`: \
+                     no request can ever match below this node, so the flag could never act; add \
+                     child descriptors or remove the flag",
+                );
+            }
+        }
+    }
+}
