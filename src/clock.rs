@@ -1,8 +1,6 @@
 //! Time source for decisions. The memory store and the service read time only through [`Clock`],
 //! so tests drive window logic with a [`ManualClock`] instead of sleeping.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Wall-clock time as a duration since the Unix epoch. Windows are aligned to the epoch so every
@@ -24,30 +22,42 @@ impl Clock for SystemClock {
     }
 }
 
-/// A clock that only moves when told to; shared by clones.
-#[derive(Debug, Clone, Default)]
-pub struct ManualClock {
-    nanos: Arc<AtomicU64>,
-}
+#[cfg(any(test, feature = "test-util"))]
+pub use manual::ManualClock;
 
-impl ManualClock {
-    pub fn new(start: Duration) -> Self {
-        let clock = Self::default();
-        clock.set(start);
-        clock
+/// Tests only (the `test-util` feature): a clock the test moves by hand.
+#[cfg(any(test, feature = "test-util"))]
+mod manual {
+    use super::Clock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// A clock that only moves when told to; shared by clones.
+    #[derive(Debug, Clone, Default)]
+    pub struct ManualClock {
+        nanos: Arc<AtomicU64>,
     }
 
-    pub fn set(&self, t: Duration) {
-        self.nanos.store(t.as_nanos() as u64, Ordering::SeqCst);
+    impl ManualClock {
+        pub fn new(start: Duration) -> Self {
+            let clock = Self::default();
+            clock.set(start);
+            clock
+        }
+
+        pub fn set(&self, t: Duration) {
+            self.nanos.store(t.as_nanos() as u64, Ordering::SeqCst);
+        }
+
+        pub fn advance(&self, by: Duration) {
+            self.nanos.fetch_add(by.as_nanos() as u64, Ordering::SeqCst);
+        }
     }
 
-    pub fn advance(&self, by: Duration) {
-        self.nanos.fetch_add(by.as_nanos() as u64, Ordering::SeqCst);
-    }
-}
-
-impl Clock for ManualClock {
-    fn now(&self) -> Duration {
-        Duration::from_nanos(self.nanos.load(Ordering::SeqCst))
+    impl Clock for ManualClock {
+        fn now(&self) -> Duration {
+            Duration::from_nanos(self.nanos.load(Ordering::SeqCst))
+        }
     }
 }

@@ -155,6 +155,7 @@ impl ServerConfig {
         }
     }
 
+    #[cfg(any(test, feature = "test-util"))]
     /// [`ServerConfig::new`] with `clock` driving the memory store: what in-process tests use
     /// (with a `ManualClock`), then override fields with struct update syntax.
     pub fn for_tests(rules: RuleSet, clock: Arc<dyn Clock>) -> Self {

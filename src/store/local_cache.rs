@@ -26,6 +26,7 @@
 use super::{BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, Outcome, StoreError};
 use crate::clock::Clock;
 use std::collections::HashMap;
+#[cfg(any(test, feature = "test-util"))]
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -94,6 +95,7 @@ pub struct LocalDenyCache {
     clock: Arc<dyn Clock>,
     max_bytes: usize,
     entries: Mutex<Entries>,
+    #[cfg(any(test, feature = "test-util"))]
     local_denials: AtomicU64,
 }
 
@@ -105,28 +107,34 @@ impl LocalDenyCache {
             clock,
             max_bytes,
             entries: Mutex::new(Entries::default()),
+            #[cfg(any(test, feature = "test-util"))]
             local_denials: AtomicU64::new(0),
         }
     }
 
+    #[cfg(any(test, feature = "test-util"))]
     /// Entries held (live or expired but not yet dropped).
     pub fn len(&self) -> usize {
         self.lock().map.len()
     }
 
+    #[cfg(any(test, feature = "test-util"))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    #[cfg(any(test, feature = "test-util"))]
     /// Accounted bytes held; never more than the budget.
     pub fn bytes(&self) -> usize {
         self.lock().bytes
     }
 
+    #[cfg(any(test, feature = "test-util"))]
     pub fn max_bytes(&self) -> usize {
         self.max_bytes
     }
 
+    #[cfg(any(test, feature = "test-util"))]
     /// Decisions answered from the cache without calling the store.
     pub fn local_denials(&self) -> u64 {
         self.local_denials.load(Ordering::Relaxed)
@@ -245,6 +253,7 @@ impl CounterStore for LocalDenyCache {
         Box::pin(async move {
             let now = self.clock.now();
             if let Some(local) = self.lookup(checks, now) {
+                #[cfg(any(test, feature = "test-util"))]
                 self.local_denials.fetch_add(1, Ordering::Relaxed);
                 return Ok(local);
             }

@@ -318,6 +318,7 @@ impl Bucket {
         }
     }
 
+    #[cfg(any(test, feature = "test-util"))]
     fn heap_bytes(&self) -> usize {
         self.entries.capacity() * size_of::<Entry>()
             + self
@@ -414,6 +415,7 @@ impl Ring {
         )
     }
 
+    #[cfg(any(test, feature = "test-util"))]
     fn heap_bytes(&self) -> usize {
         self.buckets.capacity() * size_of::<Bucket>()
             + self.buckets.iter().map(Bucket::heap_bytes).sum::<usize>()
@@ -602,6 +604,7 @@ impl Offenders {
             .collect()
     }
 
+    #[cfg(any(test, feature = "test-util"))]
     /// Current heap bytes held, by the structure's own accounting (string capacities + container
     /// capacities * element size).
     pub fn heap_bytes(&self) -> usize {

@@ -6,8 +6,9 @@
 -- KEYS      the counter keys of every request, request after request. On Cluster all keys of
 --           one call share a slot.
 -- ARGV[1]   time override in microseconds since the Unix epoch, or "" to use the Redis server
---           clock (TIME). Only tests set it; production always decides on the server clock, so
---           replicas with skewed clocks agree.
+--           clock (TIME). Only tests set it, and only `test-util` builds keep the line that reads
+--           it; production always decides on the server clock, so replicas with skewed clocks
+--           agree.
 -- ARGV[2]   "1" to return each charge's undo token (a Cluster request spanning slots), "p" for
 --           the packed layout of plain requests (below, before the general path), else "0"
 -- ARGV[3]   the number of requests R; then, per request, its number of limits n followed by
@@ -69,11 +70,10 @@
 local now
 -- With a time override the script's clock and Redis's expiry clock differ, so TTLs get an
 -- hour of slack: a test's key must not expire in real time while its manual clock stands still.
+-- The override is one line, which builds without the `test-util` feature remove.
 local slack = 0
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-  slack = 3600000
-else
+if ARGV[1] ~= '' then now = tonumber(ARGV[1]); slack = 3600000 end -- test-util
+if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end

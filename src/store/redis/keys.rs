@@ -95,6 +95,7 @@ pub fn tag_slot(tag: &str) -> u16 {
     crc16_xmodem(tag.as_bytes()) % 16384
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// The Redis Cluster slot of a key (CRC16/XMODEM of the hash tag, as Redis computes it).
 pub fn slot(key: &str) -> u16 {
     let bytes = key.as_bytes();

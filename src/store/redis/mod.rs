@@ -12,6 +12,7 @@ mod sentinel;
 use super::{
     BoxFuture, CallShape, CounterKey, CounterStore, Decision, LimitCheck, Outcome, StoreError,
 };
+#[cfg(any(test, feature = "test-util"))]
 use crate::clock::Clock;
 use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClient;
@@ -29,12 +30,23 @@ pub const DECIDE_LUA: &str = include_str!("decide.lua");
 /// `decide.lua` with its TTL jitter set (the script's `JITTER_MS` line).
 fn decide_script(jitter: Duration) -> String {
     let ms = u64::try_from(jitter.as_millis()).unwrap_or(u64::MAX);
-    DECIDE_LUA.replacen(
+    let script = DECIDE_LUA.replacen(
         "local JITTER_MS = 0\n",
         &format!("local JITTER_MS = {ms}\n"),
         1,
-    )
+    );
+    // Outside `test-util` builds the script has no time override: it always decides on the
+    // server's clock, whatever ARGV[1] holds.
+    #[cfg(not(any(test, feature = "test-util")))]
+    let script = script.replacen(TIME_OVERRIDE_LUA, "", 1);
+    script
 }
+
+/// decide.lua's test-only time override (ARGV[1]), one line so builds without `test-util` can
+/// drop it.
+#[cfg_attr(any(test, feature = "test-util"), allow(dead_code))]
+const TIME_OVERRIDE_LUA: &str =
+    "if ARGV[1] ~= '' then now = tonumber(ARGV[1]); slack = 3600000 end -- test-util\n";
 
 /// Default bound on one Redis round trip (`REDIS_TIMEOUT`). Envoy gives up on the rate-limit call
 /// after 20 ms by default and sluice stops waiting at the caller's deadline anyway, so this only
@@ -512,7 +524,7 @@ pub struct RedisStore {
     timeout: Duration,
     kind: RedisKind,
     /// Tests only: decide on this clock instead of the Redis server clock.
-    test_clock: Option<Arc<dyn Clock>>,
+    time: ScriptTime,
     healthy: Mutex<bool>,
     /// Cluster undos that failed after retries (a metric).
     undo_failures: Arc<AtomicU64>,
@@ -630,7 +642,7 @@ impl RedisStore {
             prefix: settings.key_prefix.clone(),
             timeout: settings.timeout,
             kind: settings.kind,
-            test_clock: None,
+            time: ScriptTime::default(),
             healthy: Mutex::new(true),
             undo_failures: Arc::default(),
             batcher: std::sync::OnceLock::new(),
@@ -639,10 +651,11 @@ impl RedisStore {
         })
     }
 
-    /// Tests only: decide on `clock` (passed to the script) instead of Redis `TIME`, so window
-    /// logic can be driven without sleeping. Production never calls this.
+    /// Tests only (`test-util`): decide on `clock` (passed to the script) instead of Redis
+    /// `TIME`, so window logic can be driven without sleeping.
+    #[cfg(any(test, feature = "test-util"))]
     pub fn with_test_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.test_clock = Some(clock);
+        self.time = ScriptTime { clock: Some(clock) };
         self
     }
 
@@ -704,7 +717,7 @@ impl RedisStore {
     }
 
     fn now_arg(&self) -> String {
-        now_arg(self.test_clock.as_ref())
+        self.time.arg()
     }
 
     fn record_health<T>(&self, r: &Result<T, StoreError>) {
@@ -747,7 +760,7 @@ impl RedisStore {
                 rx,
                 pool.clone(),
                 self.script.clone(),
-                self.test_clock.clone(),
+                self.time.clone(),
                 self.timeout,
                 self.in_flight,
             ));
@@ -823,7 +836,7 @@ impl RedisStore {
         let task = self.runtime.spawn(charge_or_undo(
             self.script.clone(),
             conn,
-            self.test_clock.clone(),
+            self.time.clone(),
             calls,
             quota,
             self.timeout,
@@ -918,11 +931,23 @@ const DENIED: Outcome = Outcome {
     retry_after: Duration::ZERO,
 };
 
-/// ARGV[1]: "" (the script reads Redis `TIME`), or the test clock's time.
-fn now_arg(test_clock: Option<&Arc<dyn Clock>>) -> String {
-    test_clock
-        .map(|c| c.now().as_micros().to_string())
-        .unwrap_or_default()
+/// The time the script decides on: Redis `TIME`, always, outside `test-util` builds; a test's
+/// manual clock with it.
+#[derive(Debug, Clone, Default)]
+struct ScriptTime {
+    #[cfg(any(test, feature = "test-util"))]
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl ScriptTime {
+    /// ARGV[1]: "" (the script reads Redis `TIME`), or the test clock's time.
+    fn arg(&self) -> String {
+        #[cfg(any(test, feature = "test-util"))]
+        if let Some(c) = &self.clock {
+            return c.now().as_micros().to_string();
+        }
+        String::new()
+    }
 }
 
 /// One script call: its keys and the numeric arguments after ARGV[2].
@@ -1072,7 +1097,7 @@ async fn batcher(
     mut rx: tokio::sync::mpsc::Receiver<Job>,
     pool: bb8::Pool<Manager>,
     script: Script,
-    test_clock: Option<Arc<dyn Clock>>,
+    time: ScriptTime,
     timeout: Duration,
     in_flight: usize,
 ) {
@@ -1110,7 +1135,7 @@ async fn batcher(
         if jobs.is_empty() {
             continue;
         }
-        let (pool, script, now) = (pool.clone(), script.clone(), now_arg(test_clock.as_ref()));
+        let (pool, script, now) = (pool.clone(), script.clone(), time.arg());
         tokio::spawn(async move {
             let result = match single_connection(&pool).await {
                 Ok(conn) => {
@@ -1183,13 +1208,13 @@ fn parse(
 async fn charge_or_undo(
     script: Script,
     conn: Conn,
-    test_clock: Option<Arc<dyn Clock>>,
+    time: ScriptTime,
     calls: Vec<Call>,
     quota: Vec<Vec<bool>>,
     timeout: Duration,
     failures: Arc<AtomicU64>,
 ) -> (Vec<Result<Vec<i64>, StoreError>>, Vec<bool>, bool) {
-    let now = now_arg(test_clock.as_ref());
+    let now = time.arg();
     let results = futures_util::future::join_all(
         calls
             .iter()
@@ -1242,7 +1267,7 @@ async fn charge_or_undo(
         for _ in 0..UNDO_ATTEMPTS {
             // Read the clock again: an undo decides nothing, it only needs "now" to clamp a
             // token bucket, and a test clock may have moved past a window edge meanwhile.
-            let now = now_arg(test_clock.as_ref());
+            let now = time.arg();
             match run(&script, conn.clone(), &now, &undo, timeout).await {
                 Ok(v) if v[1..].iter().all(|&done| done == 1) => {
                     last = None;
@@ -1359,5 +1384,23 @@ fn classify(e: RedisError) -> StoreError {
         StoreError::Transient(format!("Redis: {e}"))
     } else {
         StoreError::Permanent(format!("Redis: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_time_override_is_one_line_a_release_build_removes() {
+        assert_eq!(DECIDE_LUA.matches(TIME_OVERRIDE_LUA).count(), 1);
+        let without = DECIDE_LUA.replacen(TIME_OVERRIDE_LUA, "", 1);
+        let reads = without
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("--"))
+            .filter(|l| l.contains("ARGV[1]"))
+            .count();
+        assert_eq!(reads, 0, "no other line reads the override");
+        assert!(without.contains("redis.call('TIME')"));
     }
 }
