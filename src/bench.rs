@@ -46,13 +46,13 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0)]
     pub rate: u64,
     /// How long to send, e.g. `10s`, `1m`.
-    #[arg(long, default_value = "10s", value_parser = crate::settings::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::duration::parse_go)]
     pub duration: Duration,
     /// Request-level `hits_addend` (0 = Envoy's default of 1).
     #[arg(long, default_value_t = 0)]
     pub hits_addend: u32,
     /// Per-call deadline sent as `grpc-timeout` (Envoy sends 20ms by default); 0 = none.
-    #[arg(long, default_value = "0s", value_parser = crate::settings::parse_duration)]
+    #[arg(long, default_value = "0s", value_parser = crate::duration::parse_go)]
     pub timeout: Duration,
     /// PEM CA certificate that signs the server's certificate (TLS).
     #[arg(long)]

@@ -8,6 +8,7 @@ pub mod app;
 pub mod bench;
 pub mod clock;
 pub mod config;
+pub mod duration;
 pub mod proto;
 pub mod rules;
 pub mod server;

@@ -183,31 +183,11 @@ impl Period {
     /// Parses `500ms`, `10s`, `5m`, `1h`, `2d`, `1w` (a number and one suffix).
     pub fn parse(s: &str) -> Result<Self, String> {
         let s = s.trim();
-        let split = s
-            .find(|c: char| !c.is_ascii_digit())
-            .ok_or_else(|| format!("period '{s}' needs a unit suffix (ms, s, m, h, d or w)"))?;
-        let (num, suffix) = s.split_at(split);
-        let n: u64 = num
-            .parse()
-            .map_err(|_| format!("period '{s}' must start with a whole number"))?;
-        let factor = match suffix {
-            "ms" => 1,
-            "s" => 1_000,
-            "m" => 60_000,
-            "h" => 3_600_000,
-            "d" => 86_400_000,
-            "w" => 7 * 86_400_000,
-            _ => {
-                return Err(format!(
-                    "period '{s}' has an unknown suffix '{suffix}' (use ms, s, m, h, d or w)"
-                ))
-            }
-        };
-        n.checked_mul(factor)
-            .and_then(Self::from_millis)
-            .ok_or_else(|| {
+        crate::duration::parse_period_millis(s).and_then(|ms| {
+            Self::from_millis(ms).ok_or_else(|| {
                 format!("period '{s}' must be longer than zero and shorter than 584 million years")
             })
+        })
     }
 }
 

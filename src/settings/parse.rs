@@ -66,44 +66,9 @@ pub fn parse_go_bool(s: &str) -> Result<bool, String> {
     }
 }
 
-/// A duration as Go's `time.ParseDuration` writes them (`15s`, `500ms`, `1m30s`, `1.5h`, units
-/// ns/us/µs/ms/s/m/h, plus `d` for days); a bare number means seconds.
+/// A duration as Go's `time.ParseDuration` writes them; see [`crate::duration::parse_go`].
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("invalid duration {s:?} (examples: 15s, 500ms, 1m30s)");
-    let t = s.trim();
-    if t.is_empty() {
-        return Err(bad());
-    }
-    if let Ok(secs) = t.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = t;
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(bad)?;
-        let (num, tail) = rest.split_at(num_len);
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(tail.len());
-        let (unit, tail) = tail.split_at(unit_len);
-        let value: f64 = num.parse().map_err(|_| bad())?;
-        let scale = match unit {
-            "ns" => 1e-9,
-            "us" | "µs" | "μs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            "d" => 86_400.0,
-            _ => return Err(bad()),
-        };
-        let part = Duration::try_from_secs_f64(value * scale).map_err(|_| bad())?;
-        total = total.checked_add(part).ok_or_else(bad)?;
-        rest = tail;
-    }
-    Ok(total)
+    crate::duration::parse_go(s)
 }
 
 /// `host:port` to a socket address. Hosts are usually IPs (`0.0.0.0`, `::`), but names such as

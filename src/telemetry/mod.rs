@@ -11,7 +11,7 @@ pub mod trace;
 use crate::clock::Clock;
 use std::sync::Arc;
 
-/// The telemetry one [`crate::service::RateLimiter`] feeds.
+/// The telemetry the rate limiter (`service::RateLimiter`) feeds.
 #[derive(Debug)]
 pub struct Telemetry {
     pub metrics: metrics::Metrics,
