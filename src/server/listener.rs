@@ -88,3 +88,21 @@ impl StdListener {
         }
     }
 }
+
+/// Binds a TCP listener; the error names what it was for.
+pub(super) async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { what, addr, source })
+}
+
+/// The address a listener got (port 0 picks one).
+pub(super) fn local_addr(
+    what: &'static str,
+    addr: SocketAddr,
+    listener: &TcpListener,
+) -> Result<SocketAddr, ServerError> {
+    listener
+        .local_addr()
+        .map_err(|source| ServerError::Bind { what, addr, source })
+}

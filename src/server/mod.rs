@@ -33,6 +33,7 @@ mod health;
 
 pub use config::*;
 use health::{set_health, watch_health};
+use listener::{bind, local_addr};
 
 /// A started service. Dropping it (with every [`ShutdownHandle`]) starts a graceful shutdown, so
 /// a test that forgets to stop its server does not leak it.
@@ -436,22 +437,6 @@ pub fn log_config_loaded(rules: &RuleSet, source: Option<&std::path::Path>) {
         per_domain = %per_domain,
         "config loaded"
     );
-}
-
-async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, ServerError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServerError::Bind { what, addr, source })
-}
-
-fn local_addr(
-    what: &'static str,
-    addr: SocketAddr,
-    listener: &TcpListener,
-) -> Result<SocketAddr, ServerError> {
-    listener
-        .local_addr()
-        .map_err(|source| ServerError::Bind { what, addr, source })
 }
 
 /// Owns both server tasks: waits for the shutdown trigger (or a server dying early), stops the
