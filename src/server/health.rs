@@ -68,3 +68,40 @@ pub(super) async fn watch_health(
         config_ok = config_now;
     }
 }
+
+/// Probes the store once now, so a Redis that is down at start is NOT_SERVING from the first
+/// health check (a store that cannot be reached is a health state, never a start-up failure),
+/// and starts [`watch_health`]. Returns the reporter (the supervisor turns it NOT_SERVING on
+/// shutdown), the gRPC health service and the watch task.
+pub(super) async fn start_health(
+    limiter: &Arc<RateLimiter>,
+    interval: Duration,
+) -> (
+    tonic_health::server::HealthReporter,
+    tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (reporter, service) = tonic_health::server::health_reporter();
+    let store_ok = limiter.store().probe().await;
+    if !store_ok {
+        tracing::warn!(
+            "counter store unreachable at start: health is NOT_SERVING until it answers"
+        );
+    }
+    // With a FAILURE_MODE sluice answers every request itself while the store is down, so it
+    // stays ready (SERVING); the store is still probed, which closes the breaker on recovery.
+    let always_ready = limiter.options().failure_mode.is_some();
+    set_health(
+        &reporter,
+        (store_ok || always_ready) && limiter.config_ready(),
+    )
+    .await;
+    let watch = tokio::spawn(watch_health(
+        Arc::clone(limiter),
+        reporter.clone(),
+        interval,
+        store_ok,
+        always_ready,
+    ));
+    (reporter, service, watch)
+}

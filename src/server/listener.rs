@@ -29,8 +29,8 @@ impl GrpcListener {
         uds: Option<&Path>,
     ) -> Result<(Self, SocketAddr), ServerError> {
         let Some(path) = uds else {
-            let l = super::bind("gRPC", addr).await?;
-            let bound = super::local_addr("gRPC", addr, &l)?;
+            let l = bind("gRPC", addr).await?;
+            let bound = local_addr("gRPC", addr, &l)?;
             return Ok((GrpcListener::Tcp(l), bound));
         };
         let err = |source: io::Error| ServerError::BindUnix {
@@ -90,14 +90,14 @@ impl StdListener {
 }
 
 /// Binds a TCP listener; the error names what it was for.
-pub(super) async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, ServerError> {
+async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, ServerError> {
     TcpListener::bind(addr)
         .await
         .map_err(|source| ServerError::Bind { what, addr, source })
 }
 
 /// The address a listener got (port 0 picks one).
-pub(super) fn local_addr(
+fn local_addr(
     what: &'static str,
     addr: SocketAddr,
     listener: &TcpListener,
@@ -105,4 +105,63 @@ pub(super) fn local_addr(
     listener
         .local_addr()
         .map_err(|source| ServerError::Bind { what, addr, source })
+}
+
+/// Every socket the service listens on, bound before any task starts: a port conflict is
+/// reported up front, and port 0 resolves to the real port the caller needs.
+pub(super) struct Listeners {
+    pub(super) grpc: GrpcListener,
+    pub(super) grpc_addr: SocketAddr,
+    pub(super) http: TcpListener,
+    pub(super) http_addr: SocketAddr,
+    /// envoyproxy's Prometheus series (`USE_PROMETHEUS`): listener, address, path.
+    pub(super) envoy_metrics: Option<(TcpListener, SocketAddr, String)>,
+    pub(super) debug: Option<(TcpListener, SocketAddr)>,
+}
+
+impl Listeners {
+    pub(super) async fn bind(config: &super::ServerConfig) -> Result<Self, ServerError> {
+        if config.grpc_uds.is_some() && config.grpc_tls.is_some() {
+            return Err(ServerError::Unsupported(
+                "TLS on a Unix socket (GRPC_UDS with GRPC_SERVER_USE_TLS)",
+            ));
+        }
+        let (grpc, grpc_addr) =
+            GrpcListener::bind(config.grpc_addr, config.grpc_uds.as_deref()).await?;
+        let http = bind("HTTP", config.http_addr).await?;
+        let http_addr = local_addr("HTTP", config.http_addr, &http)?;
+        let prometheus = config
+            .envoy_stats
+            .as_ref()
+            .and_then(|e| e.prometheus.clone());
+        let envoy_metrics = match prometheus {
+            Some((addr, path)) => {
+                const WHAT: &str = "Prometheus (USE_PROMETHEUS)";
+                let listener = bind(WHAT, addr).await?;
+                let bound = local_addr(WHAT, addr, &listener)?;
+                Some((listener, bound, path))
+            }
+            None => None,
+        };
+        Ok(Self {
+            grpc,
+            grpc_addr,
+            http,
+            http_addr,
+            envoy_metrics,
+            debug: bind_debug(config.debug_addr).await,
+        })
+    }
+}
+
+/// The debug listener is optional equipment: failing to open it is logged, not fatal.
+async fn bind_debug(addr: Option<SocketAddr>) -> Option<(TcpListener, SocketAddr)> {
+    let addr = addr?;
+    match TcpListener::bind(addr).await {
+        Ok(l) => l.local_addr().ok().map(|a| (l, a)),
+        Err(e) => {
+            tracing::warn!(addr = %addr, error = %e, "cannot open the debug listener; running without it");
+            None
+        }
+    }
 }

@@ -16,24 +16,28 @@ pub mod xds;
 use crate::config::RuleSet;
 use crate::service::RateLimiter;
 use crate::store::memory::MemoryStore;
-use crate::telemetry::trace::Tracing;
+use crate::telemetry::trace::{TraceSettings, Tracing};
 use crate::telemetry::Telemetry;
-use signal::{ShutdownHandle, ShutdownWatch};
+use signal::ShutdownHandle;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 pub use signal::shutdown_signal;
 
+mod background;
 mod config;
 mod health;
+mod serve;
+mod supervise;
 
+use background::Background;
 pub use config::*;
-use health::{set_health, watch_health};
-use listener::{bind, local_addr};
+use health::start_health;
+use listener::Listeners;
+use serve::GrpcServing;
+use supervise::Supervised;
 
 /// A started service. Dropping it (with every [`ShutdownHandle`]) starts a graceful shutdown, so
 /// a test that forgets to stop its server does not leak it.
@@ -119,9 +123,8 @@ impl Running {
 /// Binds both listeners, starts the gRPC and HTTP servers and returns once they accept
 /// connections. Fails without leaving anything running if either address cannot be bound.
 pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
+    let listeners = Listeners::bind(&config).await?;
     let ServerConfig {
-        grpc_addr,
-        http_addr,
         rules,
         options,
         clock,
@@ -136,82 +139,29 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         grpc_threads,
         xds,
         envoy_stats,
-        grpc_uds,
-        debug_addr,
         connection_age,
+        ..
     } = config;
-
-    // Bind first: a port conflict is reported before any task starts, and port 0 resolves to
-    // the real port the caller needs.
-    if grpc_uds.is_some() && grpc_tls.is_some() {
-        return Err(ServerError::Unsupported(
-            "TLS on a Unix socket (GRPC_UDS with GRPC_SERVER_USE_TLS)",
-        ));
-    }
-    let (grpc_listener, grpc_addr) =
-        listener::GrpcListener::bind(grpc_addr, grpc_uds.as_deref()).await?;
+    let Listeners {
+        grpc: grpc_listener,
+        grpc_addr,
+        http: http_listener,
+        http_addr,
+        envoy_metrics,
+        debug,
+    } = listeners;
     let grpc_socket = grpc_listener.path();
-    let http_listener = bind("HTTP", http_addr).await?;
-    let http_addr = local_addr("HTTP", http_addr, &http_listener)?;
-    let envoy_metrics = match envoy_stats.as_ref().and_then(|e| e.prometheus.clone()) {
-        Some((addr, path)) => {
-            let listener = bind("Prometheus (USE_PROMETHEUS)", addr).await?;
-            let bound = local_addr("Prometheus (USE_PROMETHEUS)", addr, &listener)?;
-            Some((listener, bound, path))
-        }
-        None => None,
-    };
-    let envoy_metrics_addr = envoy_metrics.as_ref().map(|(_, a, _)| *a);
-    let debug_listener = match debug_addr {
-        Some(addr) => match TcpListener::bind(addr).await {
-            Ok(l) => l.local_addr().ok().map(|a| (l, a)),
-            Err(e) => {
-                tracing::warn!(addr = %addr, error = %e, "cannot open the debug listener; running without it");
-                None
-            }
-        },
-        None => None,
-    };
-    let debug_addr = debug_listener.as_ref().map(|(_, a)| *a);
+    let (envoy_metrics_addr, debug_addr) = (
+        envoy_metrics.as_ref().map(|(_, a, _)| *a),
+        debug.as_ref().map(|(_, a)| *a),
+    );
 
     // Everything that can fail is built before a task is spawned.
-    let (reflection_v1, reflection_v1alpha) = grpc::reflection_services()?;
     let transcoder = http::Transcoder::new()?;
-    let grpc_tls = grpc_tls.as_ref().map(tls::GrpcTls::load).transpose()?;
-    let workers = workers::Workers::start(grpc_threads.saturating_sub(1)).map_err(|source| {
-        ServerError::Threads {
-            threads: grpc_threads,
-            source,
-        }
-    })?;
-    // Each serving thread accepts from its own handle on the one listening socket.
-    let worker_listeners = workers
-        .handles()
-        .iter()
-        .map(|_| grpc_listener.try_clone_std())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| ServerError::Bind {
-            what: "gRPC",
-            addr: grpc_addr,
-            source,
-        })?;
-
+    let mut grpc = GrpcServing::prepare(grpc_listener, grpc_addr, grpc_tls.as_ref(), grpc_threads)?;
+    let tracing = start_tracing(tracing)?;
     let mut telemetry = Telemetry::new(Arc::clone(&clock))?;
-    let tracing = match tracing {
-        Some(settings) => {
-            let t = Tracing::start(&settings)?;
-            tracing::info!(
-                endpoint = %settings.endpoint,
-                service_name = %settings.service_name,
-                sampling_rate = settings.sampling_rate,
-                "exporting traces over OTLP"
-            );
-            Some(t)
-        }
-        None => None,
-    };
     telemetry.tracer = tracing.as_ref().map(Tracing::tracer);
-
     if xds.is_none() {
         log_config_loaded(&rules, config_path.as_deref());
     }
@@ -221,85 +171,20 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         None => RateLimiter::new(rules, store, options, telemetry),
     });
 
-    // Probe once now, so a Redis that is down at start is NOT_SERVING from the first health
-    // check; a store that cannot be reached is a health state, never a start-up failure.
-    let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    let store_ok = limiter.store().probe().await;
-    if !store_ok {
-        tracing::warn!(
-            "counter store unreachable at start: health is NOT_SERVING until it answers"
-        );
-    }
-    // With a FAILURE_MODE sluice answers every request itself while the store is down, so it
-    // stays ready (SERVING); the store is still probed, which closes the breaker on recovery.
-    let always_ready = limiter.options().failure_mode.is_some();
-    set_health(
-        &health_reporter,
-        (store_ok || always_ready) && limiter.config_ready(),
-    )
-    .await;
-    let mut background = vec![tokio::spawn(watch_health(
-        Arc::clone(&limiter),
-        health_reporter.clone(),
-        health_interval,
-        store_ok,
-        always_ready,
-    ))];
-    if let Some(stats) = envoy_stats {
-        let metrics = limiter.telemetry().metrics.clone();
-        if let Some(statsd) = stats.statsd {
-            tracing::info!(
-                host = %statsd.host,
-                port = statsd.port,
-                flush_interval = ?statsd.flush_interval,
-                "sending envoyproxy's stats to statsd (UDP)"
-            );
-            background.push(tokio::spawn(crate::telemetry::envoy_stats::run_statsd(
-                metrics.clone(),
-                statsd,
-                stats.tags.clone(),
-            )));
-        }
-        if let Some((listener, addr, path)) = envoy_metrics {
-            tracing::info!(addr = %addr, path = %path, "serving envoyproxy's Prometheus series");
-            let app = http::envoy_metrics_router(metrics, stats.tags, &path);
-            background.push(tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, app).await {
-                    tracing::error!(error = %e, "the USE_PROMETHEUS listener failed");
-                }
-            }));
-        }
-    }
-    if let Some((listener, addr)) = debug_listener {
-        tracing::info!(addr = %addr, "debug listener: / /rlconfig /stats");
-        let app = http::debug_router(Arc::clone(&limiter));
-        background.push(tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                tracing::error!(error = %e, "the debug listener failed");
-            }
-        }));
-    }
-    if let Some(x) = xds {
-        tracing::info!(
-            server = %x.server_url,
-            node = %x.node_id,
-            tls = x.tls.is_some(),
-            "config over xDS: requests get UNAVAILABLE until the first config is in"
-        );
-        background.push(tokio::spawn(xds::watch(Arc::clone(&limiter), x)));
-    }
-    if let Some(r) = reload {
-        tracing::info!(
-            source = %r.path.display(),
-            interval = ?r.interval,
-            "watching the config for changes"
-        );
-        background.push(tokio::spawn(reload::watch(
-            Arc::clone(&limiter),
-            r,
+    let (health, health_service, health_watch) = start_health(&limiter, health_interval).await;
+    grpc.routes.add_service(health_service);
+    let mut background = vec![health_watch];
+    background.extend(
+        Background {
+            envoy_stats,
+            envoy_metrics,
+            debug,
+            xds,
+            reload,
             loaded_fingerprint,
-        )));
-    }
+        }
+        .spawn(&limiter),
+    );
 
     // Two triggers: `shutdown` is the caller's (handles, signals, dropping `Running`); `drain` is
     // the supervisor's and is what the servers obey, so an early server failure can also stop
@@ -307,54 +192,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     // dropped `Running` alive).
     let (shutdown, trigger) = signal::channel();
     let (drain, draining) = signal::channel();
-
-    // The accept stream itself ends on drain (after sweeping the backlog), so tonic's own
-    // shutdown signal never fires first; passing one still makes tonic drain its connections
-    // gracefully once the stream ends. One server per serving thread, all on the same socket.
-    // Each serving thread gets its own router: its own jittered connection age.
-    let rls = grpc::RlsService::new(Arc::clone(&limiter)).into_server();
-    let grpc_router = |n: u64| {
-        let mut builder = tonic::transport::Server::builder();
-        if let Some(age) = connection_age {
-            builder = builder.max_connection_age(age.jittered(n));
-        }
-        builder
-            .add_service(rls.clone())
-            .add_service(health_service.clone())
-            .add_service(reflection_v1.clone())
-            .add_service(reflection_v1alpha.clone())
-    };
-    let grpc_tls = grpc_tls.map(tls::GrpcTls::start);
-    let mut grpc_servers = tokio::task::JoinSet::new();
-    grpc_servers.spawn(serve_grpc(
-        grpc_router(0),
-        grpc_listener,
-        draining.clone(),
-        grpc_tls.clone(),
-    ));
-    for (n, (handle, listener)) in workers.handles().iter().zip(worker_listeners).enumerate() {
-        let (router, drain, tls) = (
-            grpc_router(n as u64 + 1),
-            draining.clone(),
-            grpc_tls.clone(),
-        );
-        // The listener joins the worker's own I/O driver, so it is registered there.
-        grpc_servers.spawn_on(
-            async move {
-                match listener.into_tokio() {
-                    Ok(l) => serve_grpc(router, l, drain, tls).await,
-                    Err(source) => Err(ServerError::Bind {
-                        what: "gRPC",
-                        addr: grpc_addr,
-                        source,
-                    }),
-                }
-            },
-            handle,
-        );
-    }
-    let grpc_task = tokio::spawn(join_grpc_servers(grpc_servers));
-
+    let (grpc_task, workers) = grpc.spawn(&limiter, connection_age, &draining);
     let app = http::router(Arc::clone(&limiter), transcoder, draining.clone());
     let http_server = axum::serve(http_listener, app).with_graceful_shutdown(draining.triggered());
     let http_task = tokio::spawn(async move { http_server.await });
@@ -366,30 +204,17 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         grpc_uds = ?grpc_socket,
         "sluice listening (gRPC: RLS, health, reflection; HTTP: /healthcheck /livez /rlconfig /json /metrics /debug/offenders)"
     );
-
-    let supervisor = tokio::spawn(async move {
-        let result = supervise(
-            trigger,
-            drain,
-            health_reporter,
-            background,
-            grpc_task,
-            http_task,
-            shutdown_grace,
-        )
-        .await;
-        // The serving threads stop once their servers have drained (or the grace ran out).
-        drop(workers);
-        // As Go's listener does on close: no stale socket file is left behind.
-        if let Some(path) = grpc_socket {
-            let _ = std::fs::remove_file(path);
-        }
-        // Spans of the last requests are flushed after those requests finished.
-        if let Some(t) = tracing {
-            t.shutdown().await;
-        }
-        result
-    });
+    let supervisor = Supervised {
+        trigger,
+        drain,
+        health,
+        background,
+        grace: shutdown_grace,
+        workers,
+        grpc_socket,
+        tracing,
+    }
+    .spawn(grpc_task, http_task);
 
     Ok(Running {
         grpc_addr,
@@ -400,6 +225,21 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         shutdown,
         supervisor,
     })
+}
+
+/// Starts the OTLP trace export when configured.
+fn start_tracing(settings: Option<TraceSettings>) -> Result<Option<Tracing>, ServerError> {
+    let Some(settings) = settings else {
+        return Ok(None);
+    };
+    let t = Tracing::start(&settings)?;
+    tracing::info!(
+        endpoint = %settings.endpoint,
+        service_name = %settings.service_name,
+        sampling_rate = settings.sampling_rate,
+        "exporting traces over OTLP"
+    );
+    Ok(Some(t))
 }
 
 /// Starts the servers and runs them until `shutdown` resolves (usually [`shutdown_signal`]),
@@ -439,158 +279,6 @@ pub fn log_config_loaded(rules: &RuleSet, source: Option<&std::path::Path>) {
     );
 }
 
-/// Owns both server tasks: waits for the shutdown trigger (or a server dying early), stops the
-/// store health task, turns health to NOT_SERVING, lets the servers drain, and bounds the drain
-/// by `grace`.
-async fn supervise(
-    trigger: ShutdownWatch,
-    drain: ShutdownHandle,
-    health: tonic_health::server::HealthReporter,
-    background: Vec<JoinHandle<()>>,
-    mut grpc_task: JoinHandle<Result<(), ServerError>>,
-    mut http_task: JoinHandle<std::io::Result<()>>,
-    grace: Duration,
-) -> Result<(), ServerError> {
-    let grpc_abort = grpc_task.abort_handle();
-    let http_abort = http_task.abort_handle();
-
-    // A server only returns before the trigger if it failed; the other one is then stopped too.
-    let mut grpc_done = None;
-    let mut http_done = None;
-    tokio::select! {
-        () = trigger.triggered() => {}
-        r = &mut grpc_task => grpc_done = Some(grpc_result(r, true)),
-        r = &mut http_task => http_done = Some(http_result(r, true)),
-    }
-
-    // The health task is stopped (and joined) first, so a probe finishing during the drain
-    // can never turn a service back to SERVING.
-    // Config reloads stop too: the drain finishes on the rules in force.
-    for task in background {
-        task.abort();
-        let _ = task.await;
-    }
-    // Probes see NOT_SERVING for the whole drain (the HTTP /healthcheck reads the trigger).
-    set_health(&health, false).await;
-    // Stop accepting on both listeners; in-flight calls continue.
-    drain.shutdown();
-
-    let drain = async {
-        let g = match grpc_done {
-            Some(r) => r,
-            None => grpc_result((&mut grpc_task).await, false),
-        };
-        let h = match http_done {
-            Some(r) => r,
-            None => http_result((&mut http_task).await, false),
-        };
-        g.and(h)
-    };
-    match tokio::time::timeout(grace, drain).await {
-        Ok(r) => {
-            if r.is_ok() {
-                tracing::info!("shutdown complete");
-            }
-            r
-        }
-        Err(_) => {
-            tracing::warn!(
-                grace = ?grace,
-                "grace period elapsed with requests still in flight; closing remaining connections"
-            );
-            grpc_abort.abort();
-            http_abort.abort();
-            Ok(())
-        }
-    }
-}
-
-/// One serving thread's gRPC server on its own accept stream, until drained.
-async fn serve_grpc(
-    router: tonic::transport::server::Router,
-    listener: listener::GrpcListener,
-    drain: ShutdownWatch,
-    tls: Option<tls::TlsAcceptors>,
-) -> Result<(), ServerError> {
-    let pending = std::future::pending::<()>;
-    let listener = match listener {
-        listener::GrpcListener::Tcp(l) => l,
-        // TLS on a Unix socket is refused at start.
-        listener::GrpcListener::Unix(l) => {
-            let incoming = incoming::DrainingIncoming::new(l, drain);
-            return router
-                .serve_with_incoming_shutdown(incoming, pending())
-                .await
-                .map_err(ServerError::Grpc);
-        }
-    };
-    let incoming = incoming::DrainingIncoming::new(listener, drain);
-    let served = match tls {
-        None => {
-            router
-                .serve_with_incoming_shutdown(incoming, pending())
-                .await
-        }
-        // With TLS the same draining accept stream feeds per-connection handshakes.
-        Some(tls) => {
-            router
-                .serve_with_incoming_shutdown(tls.incoming(incoming), pending())
-                .await
-        }
-    };
-    served.map_err(ServerError::Grpc)
-}
-
-/// Waits for every serving thread's server. The first failure ends the wait; the set is then
-/// dropped, which aborts the other servers (so does aborting the task that runs this).
-async fn join_grpc_servers(
-    mut servers: tokio::task::JoinSet<Result<(), ServerError>>,
-) -> Result<(), ServerError> {
-    while let Some(r) = servers.join_next().await {
-        match r {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e),
-            Err(source) => {
-                return Err(ServerError::Task {
-                    what: "gRPC",
-                    source,
-                })
-            }
-        }
-    }
-    Ok(())
-}
-
-fn grpc_result(
-    r: Result<Result<(), ServerError>, tokio::task::JoinError>,
-    early: bool,
-) -> Result<(), ServerError> {
-    match r {
-        Ok(Ok(())) if early => Err(ServerError::StoppedEarly("gRPC")),
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e),
-        Err(source) => Err(ServerError::Task {
-            what: "gRPC",
-            source,
-        }),
-    }
-}
-
-fn http_result(
-    r: Result<std::io::Result<()>, tokio::task::JoinError>,
-    early: bool,
-) -> Result<(), ServerError> {
-    match r {
-        Ok(Ok(())) if early => Err(ServerError::StoppedEarly("HTTP")),
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(ServerError::Http(e)),
-        Err(source) => Err(ServerError::Task {
-            what: "HTTP",
-            source,
-        }),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -599,6 +287,7 @@ mod tests {
     use crate::store::breaker::BreakerSettings;
     use crate::store::redis::RedisSettings;
     use crate::store::CounterStore;
+    use std::time::Duration;
     use crate::store::{StoreChain, StoreError};
     use tonic_health::pb::health_client::HealthClient;
     use tonic_health::pb::{health_check_response::ServingStatus as Status, HealthCheckRequest};

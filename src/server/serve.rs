@@ -1,0 +1,169 @@
+//! The gRPC side of the server: one set of routes (RLS, health, reflection) shared by every
+//! serving thread, and one tonic server per thread, each accepting from its own handle on the
+//! one listening socket until drained.
+
+use super::listener::{GrpcListener, StdListener};
+use super::signal::ShutdownWatch;
+use super::workers::Workers;
+use super::{grpc, incoming, tls, ConnectionAge, ServerError};
+use crate::service::RateLimiter;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::task::{JoinHandle, JoinSet};
+use tonic::service::RoutesBuilder;
+
+/// Everything the gRPC servers need that can fail, built before any task is spawned.
+pub(super) struct GrpcServing {
+    listener: GrpcListener,
+    addr: SocketAddr,
+    tls: Option<tls::GrpcTls>,
+    workers: Workers,
+    worker_listeners: Vec<StdListener>,
+    /// Services every thread serves; [`GrpcServing::spawn`] adds the RLS itself.
+    pub(super) routes: RoutesBuilder,
+}
+
+impl GrpcServing {
+    pub(super) fn prepare(
+        listener: GrpcListener,
+        addr: SocketAddr,
+        tls: Option<&tls::TlsSettings>,
+        threads: usize,
+    ) -> Result<Self, ServerError> {
+        let (reflection_v1, reflection_v1alpha) = grpc::reflection_services()?;
+        let mut routes = RoutesBuilder::default();
+        routes.add_service(reflection_v1);
+        routes.add_service(reflection_v1alpha);
+        let tls = tls.map(tls::GrpcTls::load).transpose()?;
+        let workers = Workers::start(threads.saturating_sub(1))
+            .map_err(|source| ServerError::Threads { threads, source })?;
+        // Each serving thread accepts from its own handle on the one listening socket.
+        let worker_listeners = workers
+            .handles()
+            .iter()
+            .map(|_| listener.try_clone_std())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| ServerError::Bind {
+                what: "gRPC",
+                addr,
+                source,
+            })?;
+        Ok(Self {
+            listener,
+            addr,
+            tls,
+            workers,
+            worker_listeners,
+            routes,
+        })
+    }
+
+    /// Starts one server per serving thread. Returns the task that joins them and the threads,
+    /// which must outlive the drain.
+    ///
+    /// The accept stream itself ends on drain (after sweeping the backlog), so tonic's own
+    /// shutdown signal never fires first; passing one still makes tonic drain its connections
+    /// gracefully once the stream ends.
+    pub(super) fn spawn(
+        self,
+        limiter: &Arc<RateLimiter>,
+        age: Option<ConnectionAge>,
+        draining: &ShutdownWatch,
+    ) -> (JoinHandle<Result<(), ServerError>>, Workers) {
+        let mut routes = self.routes;
+        routes.add_service(grpc::RlsService::new(Arc::clone(limiter)).into_server());
+        let routes = routes.routes();
+        // Each serving thread gets its own router: its own jittered connection age.
+        let router = |n: u64| {
+            let mut builder = tonic::transport::Server::builder();
+            if let Some(age) = age {
+                builder = builder.max_connection_age(age.jittered(n));
+            }
+            builder.add_routes(routes.clone())
+        };
+        let tls = self.tls.map(tls::GrpcTls::start);
+        let mut servers = JoinSet::new();
+        servers.spawn(serve_grpc(
+            router(0),
+            self.listener,
+            draining.clone(),
+            tls.clone(),
+        ));
+        let addr = self.addr;
+        let threads = self.workers.handles().iter().zip(self.worker_listeners);
+        for (n, (handle, listener)) in threads.enumerate() {
+            let (router, drain, tls) = (router(n as u64 + 1), draining.clone(), tls.clone());
+            // The listener joins the worker's own I/O driver, so it is registered there.
+            servers.spawn_on(
+                async move {
+                    match listener.into_tokio() {
+                        Ok(l) => serve_grpc(router, l, drain, tls).await,
+                        Err(source) => Err(ServerError::Bind {
+                            what: "gRPC",
+                            addr,
+                            source,
+                        }),
+                    }
+                },
+                handle,
+            );
+        }
+        (tokio::spawn(join_grpc_servers(servers)), self.workers)
+    }
+}
+
+/// One serving thread's gRPC server on its own accept stream, until drained.
+async fn serve_grpc(
+    router: tonic::transport::server::Router,
+    listener: GrpcListener,
+    drain: ShutdownWatch,
+    tls: Option<tls::TlsAcceptors>,
+) -> Result<(), ServerError> {
+    let pending = std::future::pending::<()>;
+    let listener = match listener {
+        GrpcListener::Tcp(l) => l,
+        // TLS on a Unix socket is refused at start.
+        GrpcListener::Unix(l) => {
+            let incoming = incoming::DrainingIncoming::new(l, drain);
+            return router
+                .serve_with_incoming_shutdown(incoming, pending())
+                .await
+                .map_err(ServerError::Grpc);
+        }
+    };
+    let incoming = incoming::DrainingIncoming::new(listener, drain);
+    let served = match tls {
+        None => {
+            router
+                .serve_with_incoming_shutdown(incoming, pending())
+                .await
+        }
+        // With TLS the same draining accept stream feeds per-connection handshakes.
+        Some(tls) => {
+            router
+                .serve_with_incoming_shutdown(tls.incoming(incoming), pending())
+                .await
+        }
+    };
+    served.map_err(ServerError::Grpc)
+}
+
+/// Waits for every serving thread's server. The first failure ends the wait; the set is then
+/// dropped, which aborts the other servers (so does aborting the task that runs this).
+async fn join_grpc_servers(
+    mut servers: JoinSet<Result<(), ServerError>>,
+) -> Result<(), ServerError> {
+    while let Some(r) = servers.join_next().await {
+        match r {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(source) => {
+                return Err(ServerError::Task {
+                    what: "gRPC",
+                    source,
+                })
+            }
+        }
+    }
+    Ok(())
+}
