@@ -287,8 +287,8 @@ mod tests {
     use crate::store::breaker::BreakerSettings;
     use crate::store::redis::RedisSettings;
     use crate::store::CounterStore;
-    use std::time::Duration;
     use crate::store::{StoreChain, StoreError};
+    use std::time::Duration;
     use tonic_health::pb::health_client::HealthClient;
     use tonic_health::pb::{health_check_response::ServingStatus as Status, HealthCheckRequest};
 

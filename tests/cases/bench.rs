@@ -57,7 +57,8 @@ async fn bench_counts_every_answer_exactly() {
 
 #[tokio::test]
 async fn bench_reports_an_unreachable_target_and_bad_templates() {
-    let e = run(args(format!("http://127.0.0.1:{}", free_port()), 0))
+    let (_guard, refused) = crate::support::binary::refused_addr();
+    let e = run(args(format!("http://{refused}"), 0))
         .await
         .expect_err("nothing listens");
     assert!(e.contains("cannot connect"), "{e}");

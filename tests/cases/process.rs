@@ -1,11 +1,10 @@
 //! The real binary as an operator runs it: `sluice check` on broken configs, and `sluice serve`
 //! stopped by SIGTERM while calls are in flight, exiting 0.
 
+use crate::support::binary::{self, SluiceProcess, BIN};
 use crate::support::*;
 use sluice::proto::rate_limit_response::Code;
-use std::process::{Command, Stdio};
-
-const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+use std::process::Command;
 
 #[test]
 fn check_reports_every_mistake_with_file_and_line() {
@@ -61,39 +60,17 @@ fn check_reports_every_mistake_with_file_and_line() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_in_flight_calls_and_exits_zero() {
-    let (grpc, http_port) = (free_port(), free_port());
-    let mut child = tokio::process::Command::new(BIN)
-        .args([
-            "serve",
-            "--config",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/config/examples/basic.yaml"),
-        ])
-        .env("GRPC_HOST", "127.0.0.1")
-        .env("GRPC_PORT", grpc.to_string())
-        .env("HOST", "127.0.0.1")
-        .env("PORT", http_port.to_string())
-        .env("WORKER_THREADS", "3")
-        .env_remove("REDIS_URL")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn sluice");
-
-    // Wait until it serves (readiness, not a timing assertion: the loop only bounds a hang).
-    let url = format!("http://127.0.0.1:{grpc}");
-    let mut client = None;
-    for _ in 0..600 {
-        if let Ok(c) =
-            sluice::proto::rate_limit_service_client::RateLimitServiceClient::connect(url.clone())
-                .await
-        {
-            client = Some(c);
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    let client = client.expect("sluice came up");
+    let mut command = binary::serve(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/examples/basic.yaml"
+    ));
+    command.env("WORKER_THREADS", "3");
+    let mut sluice = SluiceProcess::spawn(command).await;
+    let client = sluice::proto::rate_limit_service_client::RateLimitServiceClient::connect(
+        sluice.grpc_url(),
+    )
+    .await
+    .expect("sluice listens");
     let req = one("example", &[("remote_address", "10.9.9.9")]);
 
     // WORKER_THREADS=3: the process serves on two threads besides its main one. (A TCP connect
@@ -103,7 +80,7 @@ async fn sigterm_finishes_in_flight_calls_and_exits_zero() {
         .should_rate_limit(req.clone())
         .await
         .expect("first call answered");
-    let pid = child.id().expect("pid");
+    let pid = sluice.pid();
     let names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
         .expect("thread list")
         .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
@@ -133,9 +110,9 @@ async fn sigterm_finishes_in_flight_calls_and_exits_zero() {
             answers
         }));
     }
-    sigterm(&child);
-    let status = child.wait().await.expect("wait for sluice");
-    assert_eq!(status.code(), Some(0), "sluice exits 0 on SIGTERM");
+    sluice.sigterm();
+    let (status, log) = sluice.exit().await;
+    assert_eq!(status, Some(0), "sluice exits 0 on SIGTERM:\n{log}");
 
     let mut answered = 0;
     for t in tasks {
@@ -165,52 +142,22 @@ async fn sigterm_finishes_in_flight_calls_and_exits_zero() {
 
 #[tokio::test]
 async fn json_logs_say_what_was_loaded_and_when_the_store_changes_state_without_secrets() {
-    use tokio::io::{AsyncBufReadExt, BufReader};
-    let (grpc, http_port, dead_redis) = (free_port(), free_port(), free_port());
+    // Nothing accepts there: the store is down from the start.
+    let (_guard, dead_redis) = binary::refused_addr();
     let secret = "hunter2-very-secret";
-    let mut child = tokio::process::Command::new(BIN)
-        .args([
-            "serve",
-            "--config",
-            concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/config/examples/hierarchy.yaml"
-            ),
-        ])
-        .env("GRPC_HOST", "127.0.0.1")
-        .env("GRPC_PORT", grpc.to_string())
-        .env("HOST", "127.0.0.1")
-        .env("PORT", http_port.to_string())
+    let mut command = binary::serve(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/examples/hierarchy.yaml"
+    ));
+    command
         .env("LOG_FORMAT", "json")
-        .env("LOG_LEVEL", "info")
-        .env_remove("RUST_LOG")
-        // Nothing listens there: the store is down from the start.
-        .env(
-            "REDIS_URL",
-            format!("redis://:{secret}@127.0.0.1:{dead_redis}"),
-        )
-        .env("REDIS_AUTH", secret)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn sluice");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let mut seen = Vec::new();
-    // Read until it listens (a hang is bounded by the test harness, not asserted on).
-    while let Some(line) = lines.next_line().await.expect("read stderr") {
-        let listening = line.contains("sluice listening");
-        seen.push(line);
-        if listening {
-            break;
-        }
-    }
-    sigterm(&child);
-    while let Some(line) = lines.next_line().await.expect("read stderr") {
-        seen.push(line);
-    }
-    let status = child.wait().await.expect("wait for sluice");
-    assert_eq!(status.code(), Some(0), "{seen:#?}");
+        .env("REDIS_URL", format!("redis://:{secret}@{dead_redis}"))
+        .env("REDIS_AUTH", secret);
+    let mut sluice = SluiceProcess::spawn(command).await;
+    sluice.sigterm();
+    let (status, log) = sluice.exit().await;
+    let seen: Vec<&str> = log.lines().collect();
+    assert_eq!(status, Some(0), "{seen:#?}");
 
     let records: Vec<serde_json::Value> = seen
         .iter()
@@ -246,14 +193,4 @@ async fn json_logs_say_what_was_loaded_and_when_the_store_changes_state_without_
         !all.contains(secret),
         "a secret leaked into the logs:\n{all}"
     );
-}
-
-/// Sends SIGTERM to a running child, as Kubernetes does to stop a pod.
-fn sigterm(child: &tokio::process::Child) {
-    let pid = child.id().expect("pid").to_string();
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill");
-    assert!(killed.success());
 }

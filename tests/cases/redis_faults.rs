@@ -79,13 +79,13 @@ async fn health(addr: std::net::SocketAddr, service: &str) -> ServingStatus {
 /// Polls until `health` reports `want` for service "ratelimit". The bound only stops a hang;
 /// nothing is asserted about how long it took.
 async fn wait_for_health(addr: std::net::SocketAddr, want: ServingStatus) {
-    for _ in 0..1500 {
-        if health(addr, "ratelimit").await == want {
-            return;
+    poll_until(&format!("health becomes {want:?}"), || async {
+        match health(addr, "ratelimit").await {
+            now if now == want => Ok(()),
+            other => Err(other),
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("health never became {want:?}");
+    })
+    .await
 }
 
 async fn call(

@@ -450,15 +450,11 @@ async fn decisions_resume_after_a_redis_restart_under_load() {
     .expect("restart");
     // Without restarting sluice, decisions come back (bounded wait: a broken setup must not
     // hang; how long recovery takes is not what is tested).
-    let mut resumed = false;
-    for _ in 0..400 {
-        if client.should_rate_limit(probe.clone()).await.is_ok() {
-            resumed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(resumed, "decisions resume after the restart");
+    poll_until("decisions resume after the restart", || {
+        let (mut client, probe) = (client.clone(), probe.clone());
+        async move { client.should_rate_limit(probe).await.map(|_| ()) }
+    })
+    .await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut total_ok = 0;
     for l in load {

@@ -5,23 +5,19 @@
 //! listener refusing connections) before any of them can be answered. Nothing here depends on
 //! wall time: every wait is for a condition, with a cap that only bounds a broken setup.
 
+use crate::support::binary::{self, SluiceProcess};
 use crate::support::proxy::RedisProxy;
 use crate::support::redis::RedisServer;
 use crate::support::*;
 use sluice::proto::rate_limit_response::Code;
 use sluice::proto::rate_limit_service_client::RateLimitServiceClient;
 use std::net::SocketAddr;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
-
-const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
 /// Upper bound on waiting for any one condition; only there so a broken setup cannot hang.
 const CAP: Duration = Duration::from_secs(60);
@@ -37,13 +33,10 @@ descriptors:
       requests_per_unit: 10
 ";
 
-/// The real `sluice serve` on free ports, its Redis behind `proxy`. Killed on drop.
+/// The real `sluice serve`, its Redis behind `proxy`. Killed on drop.
 struct Sluice {
-    child: tokio::process::Child,
+    process: SluiceProcess,
     grpc: SocketAddr,
-    /// Every stderr line so far (the reader task appends until the process closes stderr).
-    log: Arc<Mutex<Vec<String>>>,
-    log_reader: Option<JoinHandle<()>>,
     _config: tempfile::TempDir,
 }
 
@@ -56,55 +49,16 @@ impl Sluice {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = dir.path().join("shutdown.yaml");
         std::fs::write(&config, CONFIG).expect("write config");
-        let (grpc_port, http_port) = (free_port(), free_port());
-        let mut command = tokio::process::Command::new(BIN);
+        let mut command = binary::serve(&config);
         command
-            .arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .env("GRPC_HOST", "127.0.0.1")
-            .env("GRPC_PORT", grpc_port.to_string())
-            .env("HOST", "127.0.0.1")
-            .env("PORT", http_port.to_string())
             .env("REDIS_URL", proxy.url())
             .env("REDIS_POOL_SIZE", pool_size.to_string())
             .env("REDIS_TIMEOUT", "30s")
-            .env("SHUTDOWN_GRACE_PERIOD", grace)
-            .env("LOG_LEVEL", "info")
-            .env("LOG_FORMAT", "text");
-        for var in [
-            "RUST_LOG",
-            "SLUICE_CONFIG",
-            "REDIS_TYPE",
-            "REDIS_AUTH",
-            "REDIS_TLS",
-            "FAILURE_MODE",
-            "SHADOW_MODE",
-            "LOCAL_CACHE_SIZE_IN_BYTES",
-            "CACHE_KEY_PREFIX",
-            "TRACING_ENABLED",
-        ] {
-            command.env_remove(var);
-        }
-        let mut child = command
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn sluice");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-        let sink = Arc::clone(&log);
-        let log_reader = tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                sink.lock().expect("log lock").push(line);
-            }
-        });
-        let mut sluice = Self {
-            child,
-            grpc: SocketAddr::from(([127, 0, 0, 1], grpc_port)),
-            log,
-            log_reader: Some(log_reader),
+            .env("SHUTDOWN_GRACE_PERIOD", grace);
+        let process = SluiceProcess::spawn(command).await;
+        let sluice = Self {
+            grpc: process.grpc,
+            process,
             _config: dir,
         };
         let channel = sluice.ready().await;
@@ -112,48 +66,29 @@ impl Sluice {
     }
 
     fn log(&self) -> String {
-        self.log.lock().expect("log lock").join("\n")
+        self.process.log()
     }
 
-    async fn ready(&mut self) -> Channel {
-        let endpoint = Endpoint::from_shared(format!("http://{}", self.grpc)).expect("endpoint");
-        let deadline = tokio::time::Instant::now() + CAP;
-        let channel = loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "sluice exited with {status} before serving:\n{}",
-                    self.log()
-                );
+    async fn ready(&self) -> Channel {
+        let channel = Endpoint::from_shared(self.process.grpc_url())
+            .expect("endpoint")
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("connect to a listening sluice: {e}\n{}", self.log()));
+        let health = HealthClient::new(channel.clone());
+        eventually("sluice is SERVING", || {
+            let mut health = health.clone();
+            async move {
+                let status = health
+                    .check(HealthCheckRequest {
+                        service: String::new(),
+                    })
+                    .await
+                    .map(|r| r.into_inner().status);
+                matches!(status, Ok(s) if s == ServingStatus::Serving as i32)
             }
-            if let Ok(channel) = endpoint.connect().await {
-                break channel;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "sluice did not listen on {} within {CAP:?}:\n{}",
-                self.grpc,
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        let mut health = HealthClient::new(channel.clone());
-        loop {
-            let status = health
-                .check(HealthCheckRequest {
-                    service: String::new(),
-                })
-                .await
-                .map(|r| r.into_inner().status);
-            if matches!(status, Ok(s) if s == ServingStatus::Serving as i32) {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "sluice was not SERVING within {CAP:?} (last: {status:?}):\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await;
         let warm_up = RateLimitServiceClient::new(channel.clone())
             .should_rate_limit(one("shutdown", &[("client", "warm-up")]))
             .await
@@ -164,25 +99,12 @@ impl Sluice {
     }
 
     fn sigterm(&self) {
-        let pid = self.child.id().expect("sluice is running").to_string();
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -TERM {pid}");
+        self.process.sigterm();
     }
 
     /// Waits for the process to exit; returns its exit code and its whole stderr.
     async fn exit(&mut self) -> (Option<i32>, String) {
-        let status = match tokio::time::timeout(CAP, self.child.wait()).await {
-            Ok(status) => status.expect("wait for sluice"),
-            Err(_) => panic!("sluice did not exit within {CAP:?}:\n{}", self.log()),
-        };
-        if let Some(reader) = self.log_reader.take() {
-            // stderr is closed now that the process is gone: the reader has read everything.
-            let _ = tokio::time::timeout(CAP, reader).await;
-        }
-        (status.code(), self.log())
+        self.process.exit().await
     }
 }
 

@@ -6,6 +6,7 @@
 //! with and without client certificates.
 
 use crate::cases::store::{redis_settings, server_on_redis_settings};
+use crate::support::binary::{self, SluiceProcess, BIN};
 use crate::support::certs::{self, Ca, Leaf, TlsFiles};
 use crate::support::redis::{RedisCluster, RedisServer};
 use crate::support::*;
@@ -27,10 +28,6 @@ descriptors:
   - key: k
     rate_limit: {unit: hour, requests_per_unit: 1000}
 ";
-
-/// Bound on waiting for a reload to show; only there so a broken reload fails instead of
-/// hanging. Reloads are polled every 100 ms in these tests, so this is never reached normally.
-const RELOAD_CAP: Duration = Duration::from_secs(60);
 
 async fn start_tls(settings: TlsSettings) -> Running {
     let config = ServerConfig {
@@ -93,19 +90,15 @@ async fn assert_refused(addr: SocketAddr, server_ca: &str, identity: Option<&Lea
 }
 
 /// Polls until a fresh connection with these credentials gets a decision (a reload took
-/// effect). Panics with the last error after [`RELOAD_CAP`].
+/// effect). Panics with the last answer after the poll cap.
 async fn eventually_ok(addr: SocketAddr, server_ca: &str, identity: Option<&Leaf>, what: &str) {
-    let deadline = tokio::time::Instant::now() + RELOAD_CAP;
-    loop {
-        let last = match call_tls(addr, server_ca, identity).await {
-            Ok(Code::Ok) => return,
-            other => other,
-        };
-        if tokio::time::Instant::now() > deadline {
-            panic!("{what}: not served within {RELOAD_CAP:?}; last answer {last:?}");
+    poll_until(what, || async {
+        match call_tls(addr, server_ca, identity).await {
+            Ok(Code::Ok) => Ok(()),
+            other => Err(other),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 #[tokio::test]
@@ -385,44 +378,28 @@ async fn broken_tls_files_stop_the_start_naming_the_file() {
     assert!(e.contains("client CA"), "{e}");
 }
 
-const BIN: &str = env!("CARGO_BIN_EXE_sluice");
-
 /// The binary configured only by envoyproxy's env vars serves mutual TLS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_serves_mutual_tls_from_envoyproxy_env_vars() {
     let files = TlsFiles::new("sluice test CA");
     let config = certs::write(files.dir(), "rules.yaml", RULES);
-    let (grpc, http_port) = (free_port(), free_port());
-    let mut child = tokio::process::Command::new(BIN)
-        .args(["serve", "--config", config.to_str().expect("utf-8 path")])
-        .env("GRPC_HOST", "127.0.0.1")
-        .env("GRPC_PORT", grpc.to_string())
-        .env("HOST", "127.0.0.1")
-        .env("PORT", http_port.to_string())
+    let mut command = binary::serve(&config);
+    command
         .env("GRPC_SERVER_USE_TLS", "true")
         .env("GRPC_SERVER_TLS_CERT", &files.server_cert)
         .env("GRPC_SERVER_TLS_KEY", &files.server_key)
-        .env("GRPC_CLIENT_TLS_CACERT", &files.ca_cert)
-        .env_remove("REDIS_URL")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn sluice");
-    let addr = SocketAddr::from(([127, 0, 0, 1], grpc));
-    // Readiness, not timing: the loop only bounds a hang.
-    let mut last = Err(String::new());
-    for _ in 0..600 {
-        last = call_tls(addr, &files.ca.pem, Some(&files.client)).await;
-        if last == Ok(Code::Ok) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(last, Ok(Code::Ok), "the binary serves mTLS");
+        .env("GRPC_CLIENT_TLS_CACERT", &files.ca_cert);
+    let mut sluice = SluiceProcess::spawn(command).await;
+    let addr = sluice.grpc;
+    assert_eq!(
+        call_tls(addr, &files.ca.pem, Some(&files.client)).await,
+        Ok(Code::Ok),
+        "the binary serves mTLS:\n{}",
+        sluice.log()
+    );
     assert_refused(addr, &files.ca.pem, None, "no client certificate").await;
-    child.start_kill().expect("kill sluice");
-    let _ = child.wait().await;
+    sluice.child.start_kill().expect("kill sluice");
+    let _ = sluice.exit().await;
 }
 
 #[test]

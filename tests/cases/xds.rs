@@ -4,6 +4,7 @@
 //! Envoy's generated Python client over TLS.
 
 use crate::support::ads::{AdsServer, AdsState, AdsTls, Seen};
+use crate::support::binary::{SluiceProcess, BIN};
 use crate::support::certs::{write, Ca};
 use crate::support::eventually;
 use crate::support::redis::RedisServer;
@@ -15,8 +16,6 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Stdio;
-
-const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
 /// The container environment of Envoy Gateway's rate-limit Deployment, in its order
 /// (envoyproxy/gateway `internal/infrastructure/kubernetes/ratelimit/testdata/deployments/
@@ -197,12 +196,7 @@ async fn envoy_gateway_deployment_follows_its_xds_server() {
             .replace("<xds>", &format!("localhost:{}", ads_addr.port()));
         cmd.env(k, v);
     }
-    let mut sluice = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn sluice");
+    let mut sluice = SluiceProcess::spawn(cmd).await;
 
     // The first push is ACKed, over mutual TLS, by the node Envoy Gateway names.
     let ack = wait_seen(&state, "ACK of version 1", |s| s.acks("1")).await;
@@ -304,8 +298,8 @@ async fn envoy_gateway_deployment_follows_its_xds_server() {
     expected.push("OVER_LIMIT");
     assert_eq!(decide(&ca_file, &eleven_alice), codes(&expected));
 
-    sluice.start_kill().expect("stop sluice");
-    let _ = sluice.wait().await;
+    sluice.child.start_kill().expect("stop sluice");
+    let _ = sluice.exit().await;
     ads.stop();
 }
 

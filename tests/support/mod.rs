@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod ads;
+pub mod binary;
 pub mod certs;
 pub mod otlp;
 pub mod proxy;
@@ -251,26 +252,63 @@ pub fn grpcurl(args: &[&str]) -> (bool, String, String) {
     )
 }
 
-/// A port that was free a moment ago on `127.0.0.1` (for a child process to bind).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+/// How long a poll may go on. It only bounds a broken setup: no test asserts on it, and a
+/// check that holds returns at once.
+pub const POLL_CAP: std::time::Duration = std::time::Duration::from_secs(90);
+const POLL_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// The one "poll until" of the test suite: calls `check` until it returns `Ok`, and returns that
+/// value; after [`POLL_CAP`] panics with `what` and the last `Err` (what the check saw).
+pub async fn poll_until<T, E, F, Fut>(what: &str, mut check: F) -> T
+where
+    E: std::fmt::Debug,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let deadline = tokio::time::Instant::now() + POLL_CAP;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(last) if tokio::time::Instant::now() >= deadline => {
+                panic!("never happened within {POLL_CAP:?}: {what}; last seen: {last:?}")
+            }
+            Err(_) => tokio::time::sleep(POLL_EVERY).await,
+        }
+    }
 }
 
-/// Polls `check` until it holds. The cap (90 s) only bounds a hang; it is never what a test
-/// asserts, and a passing check returns at once.
+/// [`poll_until`] for a yes/no check.
 pub async fn eventually<F, Fut>(what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    for _ in 0..9000 {
-        if check().await {
-            return;
+    poll_until(what, || {
+        let holds = check();
+        async move {
+            if holds.await {
+                Ok(())
+            } else {
+                Err("no")
+            }
         }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    })
+    .await
+}
+
+/// [`poll_until`] for code on a plain thread (the Redis process helpers).
+pub fn poll_until_blocking<T, E: std::fmt::Debug>(
+    what: &str,
+    mut check: impl FnMut() -> Result<T, E>,
+) -> T {
+    let deadline = std::time::Instant::now() + POLL_CAP;
+    loop {
+        match check() {
+            Ok(v) => return v,
+            Err(last) if std::time::Instant::now() >= deadline => {
+                panic!("never happened within {POLL_CAP:?}: {what}; last seen: {last:?}")
+            }
+            Err(_) => std::thread::sleep(POLL_EVERY),
+        }
     }
-    panic!("never happened: {what}");
 }

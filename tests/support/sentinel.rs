@@ -153,11 +153,7 @@ impl SentinelSetup {
     }
 
     fn wait_until(&self, what: &str, done: impl Fn(&Self) -> bool) {
-        let deadline = Instant::now() + DEADLINE;
-        while !done(self) {
-            assert!(Instant::now() < deadline, "gave up waiting: {what}");
-            thread::sleep(POLL);
-        }
+        super::poll_until_blocking(what, || if done(self) { Ok(()) } else { Err("no") })
     }
 }
 

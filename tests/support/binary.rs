@@ -1,0 +1,177 @@
+//! The one way tests run the real `sluice` binary. The child binds port 0 itself and the test
+//! reads the real addresses from its "sluice listening" log line, so no port is picked by the
+//! test and bound later by the child (a race with anything else on the machine). stderr is
+//! captured line by line; every failure message carries it.
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+
+/// Upper bound on waiting for the child; only there so a broken setup cannot hang.
+const CAP: Duration = Duration::from_secs(90);
+
+/// Variables of the test's own environment that would change what the child does.
+const STRAY_ENV: [&str; 12] = [
+    "RUST_LOG",
+    "SLUICE_CONFIG",
+    "REDIS_URL",
+    "REDIS_TYPE",
+    "REDIS_AUTH",
+    "REDIS_TLS",
+    "FAILURE_MODE",
+    "SHADOW_MODE",
+    "LOCAL_CACHE_SIZE_IN_BYTES",
+    "CACHE_KEY_PREFIX",
+    "TRACING_ENABLED",
+    "LOG_FORMAT",
+];
+
+/// `sluice serve --config <config>` on `127.0.0.1`, both ports 0, text logs at info, the test's
+/// own sluice variables removed. Add or override with `.env(..)` before [`SluiceProcess::spawn`].
+pub fn serve(config: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut command = Command::new(BIN);
+    command.arg("serve").arg("--config").arg(config);
+    for var in STRAY_ENV {
+        command.env_remove(var);
+    }
+    command
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", "0")
+        .env("HOST", "127.0.0.1")
+        .env("PORT", "0")
+        .env("LOG_LEVEL", "info");
+    command
+}
+
+/// A running `sluice` child. Killed on drop.
+pub struct SluiceProcess {
+    pub child: Child,
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+    /// Every stderr line so far (the reader appends until the process closes stderr).
+    log: Arc<Mutex<Vec<String>>>,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl SluiceProcess {
+    /// Spawns `command` and returns once the child logged its listening addresses. Panics, with
+    /// the child's stderr, if it exits first.
+    pub async fn spawn(mut command: Command) -> Self {
+        let mut child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn sluice");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (listening, mut on_listening) = watch::channel(None);
+        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let sink = Arc::clone(&log);
+        let reader = tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.contains("sluice listening") {
+                    listening.send_replace(Some(listening_addrs(&line)));
+                }
+                sink.lock().expect("log lock").push(line);
+            }
+        });
+        let mut process = Self {
+            child,
+            grpc: SocketAddr::from(([0, 0, 0, 0], 0)),
+            http: SocketAddr::from(([0, 0, 0, 0], 0)),
+            log,
+            reader: Some(reader),
+        };
+        // The sender is dropped when stderr closes: the child exited without listening.
+        let seen = tokio::time::timeout(CAP, on_listening.wait_for(Option::is_some)).await;
+        let addrs = match seen {
+            Ok(Ok(addrs)) => *addrs,
+            Ok(Err(_)) => None,
+            Err(_) => panic!("sluice did not listen within {CAP:?}:\n{}", process.log()),
+        };
+        match addrs {
+            Some(Some((grpc, http))) => (process.grpc, process.http) = (grpc, http),
+            Some(None) => panic!("no addresses in the listening line:\n{}", process.log()),
+            None => panic!(
+                "sluice exited ({:?}) before listening:\n{}",
+                process.child.try_wait(),
+                process.log()
+            ),
+        }
+        process
+    }
+
+    /// `http://` URL of the gRPC listener.
+    pub fn grpc_url(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
+    /// The whole stderr so far.
+    pub fn log(&self) -> String {
+        self.log.lock().expect("log lock").join("\n")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("sluice is running")
+    }
+
+    /// Sends SIGTERM, as Kubernetes does to stop a pod.
+    pub fn sigterm(&self) {
+        let pid = self.pid().to_string();
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM {pid}");
+    }
+
+    /// Waits for the process to exit; returns its exit code and its whole stderr.
+    pub async fn exit(&mut self) -> (Option<i32>, String) {
+        let status = match tokio::time::timeout(CAP, self.child.wait()).await {
+            Ok(status) => status.expect("wait for sluice"),
+            Err(_) => panic!("sluice did not exit within {CAP:?}:\n{}", self.log()),
+        };
+        if let Some(reader) = self.reader.take() {
+            // stderr is closed now that the process is gone: the reader has read everything.
+            let _ = tokio::time::timeout(CAP, reader).await;
+        }
+        (status.code(), self.log())
+    }
+}
+
+/// `(grpc, http)` from the listening line, in the text (`grpc=ADDR`) or JSON (`"grpc":"ADDR"`)
+/// log format.
+fn listening_addrs(line: &str) -> Option<(SocketAddr, SocketAddr)> {
+    let field = |name: &str| -> Option<SocketAddr> {
+        let text = format!(" {name}=");
+        let json = format!("\"{name}\":\"");
+        let start = match (line.find(&text), line.find(&json)) {
+            (Some(i), _) => i + text.len(),
+            (None, Some(i)) => i + json.len(),
+            (None, None) => return None,
+        };
+        let rest = &line[start..];
+        let end = rest.find([' ', '"']).unwrap_or(rest.len());
+        rest[..end].parse().ok()
+    };
+    Some((field("grpc")?, field("http")?))
+}
+
+/// A `127.0.0.1` address where nothing accepts connections, for as long as the guard lives: the
+/// socket is bound (so nothing else can take the port) but never listens, so a connection is
+/// refused at once.
+pub fn refused_addr() -> (tokio::net::TcpSocket, SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("bind");
+    let addr = socket.local_addr().expect("local addr");
+    (socket, addr)
+}
