@@ -101,20 +101,7 @@ fn counts(backend: &Backend) -> Option<Vec<(String, u64)>> {
     }
 }
 
-#[tokio::test]
-async fn seed_scenario_on_memory() {
-    seed_scenario("memory").await;
-}
-
-#[tokio::test]
-async fn seed_scenario_on_redis() {
-    seed_scenario("redis").await;
-}
-
-#[tokio::test]
-async fn seed_scenario_on_cluster() {
-    seed_scenario("cluster").await;
-}
+test_with_all_stores!(seed_scenario_on, kind => seed_scenario);
 
 const TWO_LIMITS: &str = r#"
 domain: api
@@ -154,20 +141,7 @@ async fn twenty_first_in_a_minute_is_denied(kind: &str) {
     s.stop().await;
 }
 
-#[tokio::test]
-async fn several_limits_per_descriptor_on_memory() {
-    twenty_first_in_a_minute_is_denied("memory").await;
-}
-
-#[tokio::test]
-async fn several_limits_per_descriptor_on_redis() {
-    twenty_first_in_a_minute_is_denied("redis").await;
-}
-
-#[tokio::test]
-async fn several_limits_per_descriptor_on_cluster() {
-    twenty_first_in_a_minute_is_denied("cluster").await;
-}
+test_with_all_stores!(several_limits_per_descriptor_on, kind => twenty_first_in_a_minute_is_denied);
 
 #[tokio::test]
 async fn odd_periods_report_an_honest_rate() {

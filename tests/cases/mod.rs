@@ -1,3 +1,51 @@
+//! The scenarios, grouped by topic. The store macros come first so every module can use them.
+
+/// One test per store, each on a real backend from [`store::make_store`] on a manual clock:
+/// `test_with_all_stores!(name, |store, clock| async move { .. })` makes `name::memory`,
+/// `name::redis` and `name::cluster`. With `kind => f`, `f(kind)` is called with the store's
+/// name instead, for a scenario that builds its own server around `make_store(kind)`.
+macro_rules! test_with_all_stores {
+    ($name:ident, $($body:tt)+) => {
+        test_with_stores!($name, [memory, redis, cluster], $($body)+);
+    };
+}
+
+/// [`test_with_all_stores!`] on the two Redis stores only: what only a shared store does.
+macro_rules! test_with_redis_stores {
+    ($name:ident, $($body:tt)+) => {
+        test_with_stores!($name, [redis, cluster], $($body)+);
+    };
+}
+
+macro_rules! test_with_stores {
+    ($name:ident, [$($kind:ident),+], kind => $scenario:expr) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $kind() {
+                    ($scenario)(stringify!($kind)).await;
+                }
+            )+
+        }
+    };
+    ($name:ident, [$($kind:ident),+], $body:expr) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $kind() {
+                    let (store, clock, _backend) =
+                        crate::cases::store::make_store(stringify!($kind)).await;
+                    ($body)(store, clock).await;
+                }
+            )+
+        }
+    };
+}
+
 mod bench;
 mod compat;
 mod dashboards;

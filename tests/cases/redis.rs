@@ -280,21 +280,10 @@ async fn cross_group_denial_refunds(store: Arc<dyn CounterStore>, clock: ManualC
     s.stop().await;
 }
 
-#[tokio::test]
-async fn a_denial_in_one_group_refunds_the_other_groups_on_redis() {
-    let redis = start_redis().await;
-    let clock = ManualClock::new(T0);
-    let store = redis_store(vec![redis.url()], RedisKind::Single, &clock);
-    cross_group_denial_refunds(store, clock).await;
-}
-
-#[tokio::test]
-async fn a_denial_in_one_group_refunds_the_other_groups_on_cluster() {
-    let cluster = start_cluster().await;
-    let clock = ManualClock::new(T0);
-    let store = redis_store(cluster.seeds(), RedisKind::Cluster, &clock);
-    cross_group_denial_refunds(store, clock).await;
-}
+test_with_redis_stores!(
+    a_denial_in_one_group_refunds_the_other_groups_on,
+    cross_group_denial_refunds
+);
 
 /// The minimal ACL documented in the README: only what the script and the client need.
 const ACL: &[&str] = &[

@@ -91,30 +91,6 @@ pub async fn server_on_redis_settings(
     .await
 }
 
-/// Runs a store test body against every store implementation: memory, Redis, Redis Cluster.
-macro_rules! test_with_all_stores {
-    ($name:ident, $body:expr) => {
-        mod $name {
-            use super::*;
-            #[tokio::test]
-            async fn memory() {
-                let (store, clock, _backend) = make_store("memory").await;
-                ($body)(store, clock).await;
-            }
-            #[tokio::test]
-            async fn redis() {
-                let (store, clock, _backend) = make_store("redis").await;
-                ($body)(store, clock).await;
-            }
-            #[tokio::test]
-            async fn cluster() {
-                let (store, clock, _backend) = make_store("cluster").await;
-                ($body)(store, clock).await;
-            }
-        }
-    };
-}
-
 fn check(value: &str, limit: u32, unit: Unit, hits: u64) -> LimitCheck {
     LimitCheck {
         key: CounterKey {
