@@ -21,6 +21,7 @@ use crate::telemetry::Telemetry;
 use signal::ShutdownHandle;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
 
@@ -151,10 +152,8 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         debug,
     } = listeners;
     let grpc_socket = grpc_listener.path();
-    let (envoy_metrics_addr, debug_addr) = (
-        envoy_metrics.as_ref().map(|(_, a, _)| *a),
-        debug.as_ref().map(|(_, a)| *a),
-    );
+    let envoy_metrics_addr = envoy_metrics.as_ref().map(|(_, a, _)| *a);
+    let debug_addr = debug.as_ref().map(|(_, a)| *a);
 
     // Everything that can fail is built before a task is spawned.
     let transcoder = http::Transcoder::new()?;
@@ -162,13 +161,13 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     let tracing = start_tracing(tracing)?;
     let mut telemetry = Telemetry::new(Arc::clone(&clock))?;
     telemetry.tracer = tracing.as_ref().map(Tracing::tracer);
-    if xds.is_none() {
-        log_config_loaded(&rules, config_path.as_deref());
-    }
     let store = store.unwrap_or_else(|| Arc::new(MemoryStore::new(clock)));
     let limiter = Arc::new(match xds {
         Some(_) => RateLimiter::awaiting_config(store, options, telemetry),
-        None => RateLimiter::new(rules, store, options, telemetry),
+        None => {
+            log_config_loaded(&rules, config_path.as_deref());
+            RateLimiter::new(rules, store, options, telemetry)
+        }
     });
 
     let (health, health_service, health_watch) = start_health(&limiter, health_interval).await;
@@ -197,13 +196,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     let http_server = axum::serve(http_listener, app).with_graceful_shutdown(draining.triggered());
     let http_task = tokio::spawn(async move { http_server.await });
 
-    tracing::info!(
-        grpc = %grpc_addr,
-        http = %http_addr,
-        grpc_threads = grpc_threads.max(1),
-        grpc_uds = ?grpc_socket,
-        "sluice listening (gRPC: RLS, health, reflection; HTTP: /healthcheck /livez /rlconfig /json /metrics /debug/offenders)"
-    );
+    log_listening(grpc_addr, http_addr, grpc_threads, grpc_socket.as_deref());
     let supervisor = Supervised {
         trigger,
         drain,
@@ -225,6 +218,17 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         shutdown,
         supervisor,
     })
+}
+
+/// The line operators (and the tests' binary spawner) read the bound addresses from.
+fn log_listening(grpc: SocketAddr, http: SocketAddr, threads: usize, uds: Option<&Path>) {
+    tracing::info!(
+        grpc = %grpc,
+        http = %http,
+        grpc_threads = threads.max(1),
+        grpc_uds = ?uds,
+        "sluice listening (gRPC: RLS, health, reflection; HTTP: /healthcheck /livez /rlconfig /json /metrics /debug/offenders)"
+    );
 }
 
 /// Starts the OTLP trace export when configured.

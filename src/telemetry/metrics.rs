@@ -86,132 +86,74 @@ pub struct Metrics {
 #[error("cannot register metrics: {0}")]
 pub struct MetricsError(#[from] prometheus::Error);
 
+/// Registers each metric as it is made, so a metric cannot be built and forgotten.
+struct Registrar(Registry);
+
+impl Registrar {
+    fn add<C: prometheus::core::Collector + Clone + 'static>(
+        &self,
+        metric: Result<C, prometheus::Error>,
+    ) -> Result<C, MetricsError> {
+        let metric = metric?;
+        self.0.register(Box::new(metric.clone()))?;
+        Ok(metric)
+    }
+
+    /// A per-descriptor counter (`domain`, `descriptor` labels).
+    fn descriptor_counter(&self, name: &str, help: &str) -> Result<IntCounterVec, MetricsError> {
+        let opts = Opts::new(format!("sluice_rate_limit_{name}"), help);
+        self.add(IntCounterVec::new(opts, &["domain", "descriptor"]))
+    }
+
+    fn counter_vec(
+        &self,
+        name: &str,
+        help: &str,
+        label: &str,
+    ) -> Result<IntCounterVec, MetricsError> {
+        self.add(IntCounterVec::new(Opts::new(name, help), &[label]))
+    }
+
+    fn latency(&self, name: &str, help: &str, label: &str) -> Result<HistogramVec, MetricsError> {
+        let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
+        self.add(HistogramVec::new(opts, &[label]))
+    }
+}
+
 impl Metrics {
     pub fn new() -> Result<Self, MetricsError> {
-        let registry = Registry::new();
-        let descriptor_counter = |name: &str, help: &str| -> Result<IntCounterVec, MetricsError> {
-            let c = IntCounterVec::new(
-                Opts::new(format!("sluice_rate_limit_{name}"), help),
-                &["domain", "descriptor"],
-            )?;
-            registry.register(Box::new(c.clone()))?;
-            Ok(c)
-        };
-        let total_hits = descriptor_counter(
-            "total_hits",
-            "Hits asked for, per domain and descriptor key.",
+        let r = Registrar(Registry::new());
+        let request_duration = r.latency(
+            "sluice_request_duration_seconds",
+            "ShouldRateLimit decision time, from request to response, by outcome.",
+            "outcome",
         )?;
-        let within_limit = descriptor_counter("within_limit", "Hits no limit denied.")?;
-        let near_limit = descriptor_counter(
-            "near_limit",
-            "Allowed hits that took the most restrictive limit to NEAR_LIMIT_RATIO or beyond.",
+        let store_duration = r.latency(
+            "sluice_store_call_duration_seconds",
+            "Time of one counter store call (all limits of a request), by result.",
+            "result",
         )?;
-        let over_limit = descriptor_counter(
-            "over_limit",
-            "Hits a limit denied (shadow limits included; see shadow_mode).",
+        let store_errors = r.counter_vec(
+            "sluice_store_errors_total",
+            "Counter store calls that failed, by kind (transient: retrying may help).",
+            "kind",
         )?;
-        let over_limit_with_local_cache = descriptor_counter(
-            "over_limit_with_local_cache",
-            "Denied hits answered by the local deny cache without a store call.",
+        let config_loads = r.counter_vec(
+            "sluice_config_loads_total",
+            "Config loads and reloads, by result (a failed one keeps the old rules).",
+            "result",
         )?;
-        let shadow_mode = descriptor_counter(
-            "shadow_mode",
-            "Hits a shadow limit (or SHADOW_MODE) would have denied; answered OK.",
-        )?;
-        let request_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "sluice_request_duration_seconds",
-                "ShouldRateLimit decision time, from request to response, by outcome.",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-            &["outcome"],
-        )?;
-        registry.register(Box::new(request_duration.clone()))?;
-        let store_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "sluice_store_call_duration_seconds",
-                "Time of one counter store call (all limits of a request), by result.",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-            &["result"],
-        )?;
-        registry.register(Box::new(store_duration.clone()))?;
-        let store_errors = IntCounterVec::new(
-            Opts::new(
-                "sluice_store_errors_total",
-                "Counter store calls that failed, by kind (transient: retrying may help).",
-            ),
-            &["kind"],
-        )?;
-        registry.register(Box::new(store_errors.clone()))?;
-        let breaker_state = IntGauge::new(
-            "sluice_circuit_breaker_state",
-            "Redis circuit breaker: 0 closed, 1 half-open (probing), 2 open; -1 no breaker.",
-        )?;
-        registry.register(Box::new(breaker_state.clone()))?;
-        let store_up = IntGauge::new(
-            "sluice_store_up",
-            "1 if the counter store answered its last contact, else 0.",
-        )?;
-        registry.register(Box::new(store_up.clone()))?;
-        let config_loads = IntCounterVec::new(
-            Opts::new(
-                "sluice_config_loads_total",
-                "Config loads and reloads, by result (a failed one keeps the old rules).",
-            ),
-            &["result"],
-        )?;
-        registry.register(Box::new(config_loads.clone()))?;
-        let config_timestamp = Gauge::new(
-            "sluice_config_loaded_timestamp_seconds",
-            "Unix time the rules in force were loaded.",
-        )?;
-        registry.register(Box::new(config_timestamp.clone()))?;
-        let config_rules = IntGaugeVec::new(
-            Opts::new(
-                "sluice_config_rate_limits",
-                "Rate limits in the rules in force, per domain.",
-            ),
-            &["domain"],
-        )?;
-        registry.register(Box::new(config_rules.clone()))?;
-        let offenders_dropped = IntCounter::new(
-            "sluice_offenders_dropped_total",
-            "Denials not recorded in /debug/offenders because its domain cap was reached.",
-        )?;
-        registry.register(Box::new(offenders_dropped.clone()))?;
-        let undo_failures = IntCounter::new(
-            "sluice_refund_failures_total",
-            "Redis Cluster charges that could not be undone after a request was denied in \
-             another slot (retried first): each leaves a counter charged for a denied request.",
-        )?;
-        registry.register(Box::new(undo_failures.clone()))?;
-        let evictions = IntCounter::new(
-            "sluice_memory_evictions_total",
-            "Live memory-store counters evicted to make room under MEMORY_MAX_COUNTERS (the \
-             closest to expiry first): each starts afresh, which can only admit more.",
-        )?;
-        registry.register(Box::new(evictions.clone()))?;
-        let build_info = IntGaugeVec::new(
-            Opts::new(
-                "sluice_build_info",
-                "Always 1; labels say which build runs.",
-            ),
-            &["version"],
-        )?;
-        registry.register(Box::new(build_info.clone()))?;
-        build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
-            .set(1);
-        // Both results exist from the start, so `rate()` over them works before the first reload.
+        // Every label value exists from the start, so `rate()` over them works at once.
         for result in ["success", "failure"] {
             config_loads.with_label_values(&[result]);
         }
         for kind in ["transient", "permanent"] {
             store_errors.with_label_values(&[kind]);
         }
+        register_build_info(&r)?;
+        let [total_hits, within_limit, near_limit, over_limit, over_limit_with_local_cache, shadow_mode] =
+            descriptor_counters(&r)?;
         Ok(Self {
-            registry,
             total_hits,
             within_limit,
             near_limit,
@@ -228,14 +170,41 @@ impl Metrics {
             store_ok: store_duration.with_label_values(&["ok"]),
             store_failed: store_duration.with_label_values(&["error"]),
             store_errors,
-            breaker_state,
-            store_up,
+            breaker_state: r.add(IntGauge::new(
+                "sluice_circuit_breaker_state",
+                "Redis circuit breaker: 0 closed, 1 half-open (probing), 2 open; -1 no breaker.",
+            ))?,
+            store_up: r.add(IntGauge::new(
+                "sluice_store_up",
+                "1 if the counter store answered its last contact, else 0.",
+            ))?,
             config_loads,
-            config_timestamp,
-            config_rules,
-            offenders_dropped,
-            undo_failures,
-            evictions,
+            config_timestamp: r.add(Gauge::new(
+                "sluice_config_loaded_timestamp_seconds",
+                "Unix time the rules in force were loaded.",
+            ))?,
+            config_rules: r.add(IntGaugeVec::new(
+                Opts::new(
+                    "sluice_config_rate_limits",
+                    "Rate limits in the rules in force, per domain.",
+                ),
+                &["domain"],
+            ))?,
+            offenders_dropped: r.add(IntCounter::new(
+                "sluice_offenders_dropped_total",
+                "Denials not recorded in /debug/offenders because its domain cap was reached.",
+            ))?,
+            undo_failures: r.add(IntCounter::new(
+                "sluice_refund_failures_total",
+                "Redis Cluster charges that could not be undone after a request was denied in \
+                 another slot (retried first): each leaves a counter charged for a denied request.",
+            ))?,
+            evictions: r.add(IntCounter::new(
+                "sluice_memory_evictions_total",
+                "Live memory-store counters evicted to make room under MEMORY_MAX_COUNTERS (the \
+                 closest to expiry first): each starts afresh, which can only admit more.",
+            ))?,
+            registry: r.0,
         })
     }
 
@@ -351,3 +320,45 @@ impl Metrics {
 
 /// The content type of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The per-descriptor counters, in the order of [`Metrics`]' fields.
+fn descriptor_counters(r: &Registrar) -> Result<[IntCounterVec; 6], MetricsError> {
+    Ok([
+        r.descriptor_counter(
+            "total_hits",
+            "Hits asked for, per domain and descriptor key.",
+        )?,
+        r.descriptor_counter("within_limit", "Hits no limit denied.")?,
+        r.descriptor_counter(
+            "near_limit",
+            "Allowed hits that took the most restrictive limit to NEAR_LIMIT_RATIO or beyond.",
+        )?,
+        r.descriptor_counter(
+            "over_limit",
+            "Hits a limit denied (shadow limits included; see shadow_mode).",
+        )?,
+        r.descriptor_counter(
+            "over_limit_with_local_cache",
+            "Denied hits answered by the local deny cache without a store call.",
+        )?,
+        r.descriptor_counter(
+            "shadow_mode",
+            "Hits a shadow limit (or SHADOW_MODE) would have denied; answered OK.",
+        )?,
+    ])
+}
+
+/// `sluice_build_info{version}`: always 1.
+fn register_build_info(r: &Registrar) -> Result<(), MetricsError> {
+    let build_info = r.add(IntGaugeVec::new(
+        Opts::new(
+            "sluice_build_info",
+            "Always 1; labels say which build runs.",
+        ),
+        &["version"],
+    ))?;
+    build_info
+        .with_label_values(&[env!("CARGO_PKG_VERSION")])
+        .set(1);
+    Ok(())
+}
