@@ -10,6 +10,7 @@ use crate::server::ServerConfig;
 use crate::service::{RequestCaps, ServiceOptions};
 use crate::settings::{resolve, ServeArgs, SettingsError};
 use crate::store::redis::redact_url;
+use crate::store::{CounterStore, StoreChain};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -33,49 +34,11 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, SettingsError> {
         Some(_) => RuleSet::empty(),
     };
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let store = match &chain {
-        Some(chain) => {
-            tracing::info!(
-                kind = ?chain.redis.kind,
-                urls = ?chain.redis.urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>(),
-                timeout = ?chain.redis.timeout,
-                tls = ?chain.redis.tls,
-                local_cache_bytes = chain.local_cache_bytes,
-                "using the Redis store"
-            );
-            Some(chain.build(Arc::clone(&clock))?)
-        }
-        None => {
-            tracing::info!(
-                max_counters = args.memory_max_counters,
-                "using the in-memory store (counters are per process)"
-            );
-            Some(
-                Arc::new(crate::store::memory::MemoryStore::with_max_counters(
-                    Arc::clone(&clock),
-                    args.memory_max_counters,
-                )) as Arc<dyn crate::store::CounterStore>,
-            )
-        }
-    };
+    let store = build_store(args, chain.as_ref(), &clock)?;
     let mut config = ServerConfig::new(rules).with_clock(clock);
     config.grpc_addr = grpc_addr;
     config.http_addr = http_addr;
-    config.options = ServiceOptions {
-        global_shadow_mode: args.shadow_mode,
-        global_quota_mode: args.quota_mode,
-        failure_mode: args.failure_mode,
-        near_limit_ratio: args.observe.near_limit_ratio,
-        headers: args.observe.headers(),
-        caps: RequestCaps {
-            descriptors: args.max_descriptors_per_request,
-            entries: args.max_entries_per_descriptor,
-            key_bytes: args.max_descriptor_key_bytes,
-            value_bytes: args.max_descriptor_value_bytes,
-        },
-        ready_needs_config: args.source.ready_needs_config(),
-        response_dynamic_metadata: args.response_dynamic_metadata,
-    };
+    config.options = service_options(args);
     config.tracing = args.observe.tracing();
     config.grpc_tls = grpc_tls;
     config.loaded_fingerprint = loaded_fingerprint;
@@ -85,7 +48,7 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, SettingsError> {
         options: args.load_options(),
         interval,
     });
-    config.store = store;
+    config.store = Some(store);
     config.shutdown_grace = args.shutdown_grace;
     config.connection_age =
         (!args.grpc_max_connection_age.is_zero()).then_some(crate::server::ConnectionAge {
@@ -114,4 +77,51 @@ fn load_rules(path: &Path, opts: &LoadOptions) -> Result<RuleSet, SettingsError>
         path: path.to_path_buf(),
         errors,
     })
+}
+
+/// The Redis store chain when Redis is configured, else the embedded store.
+fn build_store(
+    args: &ServeArgs,
+    chain: Option<&StoreChain>,
+    clock: &Arc<dyn Clock>,
+) -> Result<Arc<dyn CounterStore>, SettingsError> {
+    let Some(chain) = chain else {
+        tracing::info!(
+            max_counters = args.memory_max_counters,
+            "using the in-memory store (counters are per process)"
+        );
+        return Ok(Arc::new(
+            crate::store::memory::MemoryStore::with_max_counters(
+                Arc::clone(clock),
+                args.memory_max_counters,
+            ),
+        ));
+    };
+    tracing::info!(
+        kind = ?chain.redis.kind,
+        urls = ?chain.redis.urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>(),
+        timeout = ?chain.redis.timeout,
+        tls = ?chain.redis.tls,
+        local_cache_bytes = chain.local_cache_bytes,
+        "using the Redis store"
+    );
+    Ok(chain.build(Arc::clone(clock))?)
+}
+
+fn service_options(args: &ServeArgs) -> ServiceOptions {
+    ServiceOptions {
+        global_shadow_mode: args.shadow_mode,
+        global_quota_mode: args.quota_mode,
+        failure_mode: args.failure_mode,
+        near_limit_ratio: args.observe.near_limit_ratio,
+        headers: args.observe.headers(),
+        caps: RequestCaps {
+            descriptors: args.max_descriptors_per_request,
+            entries: args.max_entries_per_descriptor,
+            key_bytes: args.max_descriptor_key_bytes,
+            value_bytes: args.max_descriptor_value_bytes,
+        },
+        ready_needs_config: args.source.ready_needs_config(),
+        response_dynamic_metadata: args.response_dynamic_metadata,
+    }
 }

@@ -123,64 +123,33 @@ impl Running {
 
 /// Binds both listeners, starts the gRPC and HTTP servers and returns once they accept
 /// connections. Fails without leaving anything running if either address cannot be bound.
-pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
+pub async fn start(mut config: ServerConfig) -> Result<Running, ServerError> {
     let listeners = Listeners::bind(&config).await?;
-    let ServerConfig {
-        rules,
-        options,
-        clock,
-        store,
-        shutdown_grace,
-        config_path,
-        health_interval,
-        tracing,
-        reload,
-        loaded_fingerprint,
-        grpc_tls,
-        grpc_threads,
-        xds,
-        envoy_stats,
-        connection_age,
-        ..
-    } = config;
-    let Listeners {
-        grpc: grpc_listener,
-        grpc_addr,
-        http: http_listener,
-        http_addr,
-        envoy_metrics,
-        debug,
-    } = listeners;
-    let grpc_socket = grpc_listener.path();
-    let envoy_metrics_addr = envoy_metrics.as_ref().map(|(_, a, _)| *a);
-    let debug_addr = debug.as_ref().map(|(_, a)| *a);
+    let (grpc_addr, http_addr) = (listeners.grpc_addr, listeners.http_addr);
+    let grpc_socket = listeners.grpc.path();
+    let envoy_metrics_addr = listeners.envoy_metrics.as_ref().map(|(_, a, _)| *a);
+    let debug_addr = listeners.debug.as_ref().map(|(_, a)| *a);
 
     // Everything that can fail is built before a task is spawned.
     let transcoder = http::Transcoder::new()?;
-    let mut grpc = GrpcServing::prepare(grpc_listener, grpc_addr, grpc_tls.as_ref(), grpc_threads)?;
-    let tracing = start_tracing(tracing)?;
-    let mut telemetry = Telemetry::new(Arc::clone(&clock))?;
-    telemetry.tracer = tracing.as_ref().map(Tracing::tracer);
-    let store = store.unwrap_or_else(|| Arc::new(MemoryStore::new(clock)));
-    let limiter = Arc::new(match xds {
-        Some(_) => RateLimiter::awaiting_config(store, options, telemetry),
-        None => {
-            log_config_loaded(&rules, config_path.as_deref());
-            RateLimiter::new(rules, store, options, telemetry)
-        }
-    });
+    let threads = config.grpc_threads;
+    let tls = config.grpc_tls.as_ref();
+    let mut grpc = GrpcServing::prepare(listeners.grpc, grpc_addr, tls, threads)?;
+    let tracing = start_tracing(config.tracing.take())?;
+    let limiter = build_limiter(&mut config, tracing.as_ref())?;
 
-    let (health, health_service, health_watch) = start_health(&limiter, health_interval).await;
+    let (health, health_service, health_watch) =
+        start_health(&limiter, config.health_interval).await;
     grpc.routes.add_service(health_service);
     let mut background = vec![health_watch];
     background.extend(
         Background {
-            envoy_stats,
-            envoy_metrics,
-            debug,
-            xds,
-            reload,
-            loaded_fingerprint,
+            envoy_stats: config.envoy_stats,
+            envoy_metrics: listeners.envoy_metrics,
+            debug: listeners.debug,
+            xds: config.xds,
+            reload: config.reload,
+            loaded_fingerprint: config.loaded_fingerprint,
         }
         .spawn(&limiter),
     );
@@ -191,18 +160,18 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     // dropped `Running` alive).
     let (shutdown, trigger) = signal::channel();
     let (drain, draining) = signal::channel();
-    let (grpc_task, workers) = grpc.spawn(&limiter, connection_age, &draining);
+    let (grpc_task, workers) = grpc.spawn(&limiter, config.connection_age, &draining);
     let app = http::router(Arc::clone(&limiter), transcoder, draining.clone());
-    let http_server = axum::serve(http_listener, app).with_graceful_shutdown(draining.triggered());
+    let http_server = axum::serve(listeners.http, app).with_graceful_shutdown(draining.triggered());
     let http_task = tokio::spawn(async move { http_server.await });
 
-    log_listening(grpc_addr, http_addr, grpc_threads, grpc_socket.as_deref());
+    log_listening(grpc_addr, http_addr, threads, grpc_socket.as_deref());
     let supervisor = Supervised {
         trigger,
         drain,
         health,
         background,
-        grace: shutdown_grace,
+        grace: config.shutdown_grace,
         workers,
         grpc_socket,
         tracing,
@@ -218,6 +187,28 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         shutdown,
         supervisor,
     })
+}
+
+/// The decision engine on the configured store (the embedded one when none is given), with the
+/// rules loaded, or waiting for the first xDS push.
+fn build_limiter(
+    config: &mut ServerConfig,
+    tracing: Option<&Tracing>,
+) -> Result<Arc<RateLimiter>, ServerError> {
+    let mut telemetry = Telemetry::new(Arc::clone(&config.clock))?;
+    telemetry.tracer = tracing.map(Tracing::tracer);
+    let store = config
+        .store
+        .take()
+        .unwrap_or_else(|| Arc::new(MemoryStore::new(Arc::clone(&config.clock))));
+    let options = std::mem::take(&mut config.options);
+    Ok(Arc::new(if config.xds.is_some() {
+        RateLimiter::awaiting_config(store, options, telemetry)
+    } else {
+        let rules = std::mem::replace(&mut config.rules, RuleSet::empty());
+        log_config_loaded(&rules, config.config_path.as_deref());
+        RateLimiter::new(rules, store, options, telemetry)
+    }))
 }
 
 /// The line operators (and the tests' binary spawner) read the bound addresses from.

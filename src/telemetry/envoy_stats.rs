@@ -114,6 +114,13 @@ fn counter_value(m: &prometheus::proto::Metric) -> u64 {
 
 /// Every envoyproxy counter, read from sluice's registry now.
 pub fn stats(families: &[MetricFamily]) -> Vec<Stat> {
+    let mut out = descriptor_stats(families);
+    out.extend(service_stats(families));
+    out
+}
+
+/// `ratelimit.service.rate_limit.<domain>.<key>.<counter>`, one per descriptor series.
+fn descriptor_stats(families: &[MetricFamily]) -> Vec<Stat> {
     let family = |name: &str| families.iter().find(|f| f.name() == name);
     let mut out = Vec::new();
     for (sluice, suffix) in DESCRIPTOR_COUNTERS {
@@ -142,6 +149,13 @@ pub fn stats(families: &[MetricFamily]) -> Vec<Stat> {
             });
         }
     }
+    out
+}
+
+/// The service-wide stats: errors by type, config loads, total requests.
+fn service_stats(families: &[MetricFamily]) -> Vec<Stat> {
+    let family = |name: &str| families.iter().find(|f| f.name() == name);
+    let mut out = Vec::new();
     let sum = |name: &str, keep: &dyn Fn(&prometheus::proto::Metric) -> bool| -> u64 {
         family(name)
             .map(|f| {

@@ -30,6 +30,9 @@ pub enum RequestOutcome {
 }
 
 impl RequestOutcome {
+    /// In the order of `Metrics::request_by_outcome`.
+    const ALL: [Self; 4] = [Self::Ok, Self::OverLimit, Self::Invalid, Self::Error];
+
     fn label(self) -> &'static str {
         match self {
             RequestOutcome::Ok => "ok",
@@ -105,13 +108,19 @@ impl Registrar {
         self.add(IntCounterVec::new(opts, &["domain", "descriptor"]))
     }
 
+    /// A counter with one label, every value of it present from the start (at 0), so `rate()`
+    /// over them works before the first event.
     fn counter_vec(
         &self,
         name: &str,
         help: &str,
-        label: &str,
+        (label, values): (&str, &[&str]),
     ) -> Result<IntCounterVec, MetricsError> {
-        self.add(IntCounterVec::new(Opts::new(name, help), &[label]))
+        let counter = self.add(IntCounterVec::new(Opts::new(name, help), &[label]))?;
+        for value in values {
+            counter.with_label_values(&[*value]);
+        }
+        Ok(counter)
     }
 
     fn latency(&self, name: &str, help: &str, label: &str) -> Result<HistogramVec, MetricsError> {
@@ -136,20 +145,13 @@ impl Metrics {
         let store_errors = r.counter_vec(
             "sluice_store_errors_total",
             "Counter store calls that failed, by kind (transient: retrying may help).",
-            "kind",
+            ("kind", &["transient", "permanent"]),
         )?;
         let config_loads = r.counter_vec(
             "sluice_config_loads_total",
             "Config loads and reloads, by result (a failed one keeps the old rules).",
-            "result",
+            ("result", &["success", "failure"]),
         )?;
-        // Every label value exists from the start, so `rate()` over them works at once.
-        for result in ["success", "failure"] {
-            config_loads.with_label_values(&[result]);
-        }
-        for kind in ["transient", "permanent"] {
-            store_errors.with_label_values(&[kind]);
-        }
         register_build_info(&r)?;
         let [total_hits, within_limit, near_limit, over_limit, over_limit_with_local_cache, shadow_mode] =
             descriptor_counters(&r)?;
@@ -160,13 +162,8 @@ impl Metrics {
             over_limit,
             over_limit_with_local_cache,
             shadow_mode,
-            request_by_outcome: [
-                RequestOutcome::Ok,
-                RequestOutcome::OverLimit,
-                RequestOutcome::Invalid,
-                RequestOutcome::Error,
-            ]
-            .map(|o| request_duration.with_label_values(&[o.label()])),
+            request_by_outcome: RequestOutcome::ALL
+                .map(|o| request_duration.with_label_values(&[o.label()])),
             store_ok: store_duration.with_label_values(&["ok"]),
             store_failed: store_duration.with_label_values(&["error"]),
             store_errors,

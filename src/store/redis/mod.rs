@@ -79,6 +79,80 @@ pub struct RedisStore {
     runtime: tokio::runtime::Handle,
 }
 
+/// A standalone Redis (direct, or the master Sentinel names) behind a bb8 pool.
+fn single_backend(
+    settings: &RedisSettings,
+    infos: Vec<redis::ConnectionInfo>,
+    certs: Option<redis::TlsCertificates>,
+) -> Result<Backend, StoreError> {
+    let target = if settings.kind == RedisKind::Sentinel {
+        Target::Sentinel(sentinels(settings, infos, certs)?)
+    } else {
+        let [info] = <[_; 1]>::try_from(infos).map_err(|v: Vec<_>| {
+            StoreError::Permanent(format!(
+                "REDIS_TYPE=single takes one Redis URL, got {}; set REDIS_TYPE=cluster for a seed list",
+                v.len()
+            ))
+        })?;
+        let client = match &certs {
+            Some(certs) if is_tls(&info) => {
+                tls_client(info, certs, settings.tls.skip_hostname_verification)
+            }
+            _ => redis::Client::open(info),
+        }
+        .map_err(|e| StoreError::Permanent(format!("Redis client: {e}")))?;
+        Target::Direct(client)
+    };
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(settings.timeout))
+        .set_response_timeout(Some(settings.timeout));
+    let errors = ConnectErrors::default();
+    let pool = bb8::Pool::builder()
+        .max_size(settings.pool_size.max(1))
+        .min_idle(Some(settings.pool_size.max(1)))
+        .connection_timeout(settings.timeout)
+        // `is_valid` only reads the broken flag, so this costs no round trip.
+        .test_on_check_out(true)
+        // A refused connection fails the call at once instead of retrying until the
+        // timeout: the breaker and the health probe handle recovery.
+        .retry_connection(false)
+        .error_sink(Box::new(errors.clone()))
+        .build_unchecked(Manager {
+            target,
+            epoch: Arc::default(),
+            config,
+            errors,
+        });
+    Ok(Backend::Single(pool))
+}
+
+/// A Redis Cluster through the `redis` crate's async cluster client, seeded by `infos`.
+fn cluster_backend(
+    settings: &RedisSettings,
+    infos: Vec<redis::ConnectionInfo>,
+    certs: Option<redis::TlsCertificates>,
+) -> Result<Backend, StoreError> {
+    if infos.is_empty() {
+        return Err(StoreError::Permanent("no Redis Cluster seed given".into()));
+    }
+    let mut builder = ClusterClient::builder(infos);
+    if let Some(certs) = certs {
+        builder = builder
+            .certs(certs)
+            .danger_accept_invalid_hostnames(settings.tls.skip_hostname_verification);
+    }
+    let client = builder
+        .connection_timeout(settings.timeout)
+        .response_timeout(settings.timeout)
+        .retries(2)
+        .build()
+        .map_err(|e| StoreError::Permanent(format!("Redis Cluster client: {e}")))?;
+    Ok(Backend::Cluster {
+        client,
+        conn: Mutex::new(None),
+    })
+}
+
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
@@ -114,68 +188,8 @@ impl RedisStore {
             None
         };
         let backend = match settings.kind {
-            RedisKind::Single | RedisKind::Sentinel => {
-                let target = if settings.kind == RedisKind::Sentinel {
-                    Target::Sentinel(sentinels(settings, infos, certs)?)
-                } else {
-                    let [info] = <[_; 1]>::try_from(infos).map_err(|v: Vec<_>| {
-                        StoreError::Permanent(format!(
-                            "REDIS_TYPE=single takes one Redis URL, got {}; set REDIS_TYPE=cluster for a seed list",
-                            v.len()
-                        ))
-                    })?;
-                    let client = match &certs {
-                        Some(certs) if is_tls(&info) => {
-                            tls_client(info, certs, settings.tls.skip_hostname_verification)
-                        }
-                        _ => redis::Client::open(info),
-                    }
-                    .map_err(|e| StoreError::Permanent(format!("Redis client: {e}")))?;
-                    Target::Direct(client)
-                };
-                let config = redis::AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(settings.timeout))
-                    .set_response_timeout(Some(settings.timeout));
-                let errors = ConnectErrors::default();
-                let pool = bb8::Pool::builder()
-                    .max_size(settings.pool_size.max(1))
-                    .min_idle(Some(settings.pool_size.max(1)))
-                    .connection_timeout(settings.timeout)
-                    // `is_valid` only reads the broken flag, so this costs no round trip.
-                    .test_on_check_out(true)
-                    // A refused connection fails the call at once instead of retrying until the
-                    // timeout: the breaker and the health probe handle recovery.
-                    .retry_connection(false)
-                    .error_sink(Box::new(errors.clone()))
-                    .build_unchecked(Manager {
-                        target,
-                        epoch: Arc::default(),
-                        config,
-                        errors,
-                    });
-                Backend::Single(pool)
-            }
-            RedisKind::Cluster => {
-                if infos.is_empty() {
-                    return Err(StoreError::Permanent("no Redis Cluster seed given".into()));
-                }
-                let mut builder = ClusterClient::builder(infos);
-                if let Some(certs) = certs {
-                    builder = builder
-                        .certs(certs)
-                        .danger_accept_invalid_hostnames(settings.tls.skip_hostname_verification);
-                }
-                let client = builder
-                    .connection_timeout(settings.timeout)
-                    .response_timeout(settings.timeout)
-                    .retries(2)
-                    .build()
-                    .map_err(|e| StoreError::Permanent(format!("Redis Cluster client: {e}")))?;
-                Backend::Cluster {
-                    client,
-                    conn: Mutex::new(None),
-                }
-            }
+            RedisKind::Single | RedisKind::Sentinel => single_backend(settings, infos, certs)?,
+            RedisKind::Cluster => cluster_backend(settings, infos, certs)?,
         };
         Ok(Self {
             backend,
