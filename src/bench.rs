@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::task::JoinSet;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 /// `sluice bench`.
@@ -335,66 +336,105 @@ pub async fn run(args: BenchArgs) -> Result<Summary, String> {
         recent: Mutex::new(Histogram::default()),
     });
     let started = Instant::now();
-    let deadline = started + args.duration;
-    let mut workers = tokio::task::JoinSet::new();
-    if args.rate == 0 {
-        for w in 0..args.concurrency {
-            let shared = shared.clone();
-            let mut client = RateLimitServiceClient::new(chans[w % chans.len()].clone());
-            let mut rng = Rng(args.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (w as u64 + 1));
-            workers.spawn(async move {
-                let mut local = Histogram::default();
-                let mut last_flush = Instant::now();
-                while Instant::now() < deadline {
-                    let req = shared.request(&mut rng);
-                    let sent = Instant::now();
-                    let r = client.should_rate_limit(req).await;
-                    shared.record(r, sent.elapsed(), &mut local);
-                    if last_flush.elapsed() >= Duration::from_millis(100) {
-                        shared.flush(&mut local);
-                        last_flush = Instant::now();
-                    }
-                }
-                shared.flush(&mut local);
-            });
-        }
+    let workers = if args.rate == 0 {
+        closed_loop(&shared, &chans, started + args.duration)
     } else {
+        open_loop(&shared, &chans, started)
+    };
+    let total = progress(&shared, started, workers).await?;
+    let elapsed = started.elapsed().as_secs_f64();
+    let c = &shared.counters;
+    let done = decisions(c);
+    Ok(Summary {
+        target: args.target.clone(),
+        mode: if args.rate == 0 { "closed" } else { "open" },
+        concurrency: args.concurrency,
+        connections: chans.len(),
+        duration_s: elapsed,
+        decisions: done,
+        decisions_per_s: done as f64 / elapsed,
+        ok: c.ok.load(Ordering::Relaxed),
+        over_limit: c.over_limit.load(Ordering::Relaxed),
+        errors: c.errors.load(Ordering::Relaxed),
+        p50_us: total.quantile(0.5),
+        p99_us: total.quantile(0.99),
+        p999_us: total.quantile(0.999),
+        max_us: total.max,
+        first_error: shared.first_error.lock().ok().and_then(|f| f.clone()),
+    })
+}
+
+/// Closed loop: `concurrency` workers, each sending its next request when the last answered.
+fn closed_loop(shared: &Arc<Shared>, chans: &[Channel], deadline: Instant) -> JoinSet<()> {
+    let mut workers = JoinSet::new();
+    for w in 0..shared.args.concurrency {
         let shared = shared.clone();
-        let chans = chans.clone();
-        let rate = args.rate;
+        let mut client = RateLimitServiceClient::new(chans[w % chans.len()].clone());
+        let mut rng = Rng(shared.args.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (w as u64 + 1));
         workers.spawn(async move {
-            let permits = Arc::new(tokio::sync::Semaphore::new(shared.args.concurrency));
-            let mut rng = Rng(shared.args.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-            let interval = Duration::from_secs_f64(1.0 / rate as f64);
-            let mut inflight = tokio::task::JoinSet::new();
-            for n in 0u64.. {
-                let scheduled = started + interval.mul_f64(n as f64);
-                if scheduled >= deadline {
-                    break;
-                }
-                tokio::time::sleep_until(scheduled.into()).await;
-                // Over the cap, the request still waits for a slot, and its latency counts the
-                // wait (measured from the schedule).
-                let Ok(permit) = permits.clone().acquire_owned().await else {
-                    break;
-                };
+            let mut local = Histogram::default();
+            let mut last_flush = Instant::now();
+            while Instant::now() < deadline {
                 let req = shared.request(&mut rng);
-                let mut client =
-                    RateLimitServiceClient::new(chans[(n as usize) % chans.len()].clone());
-                let shared = shared.clone();
-                inflight.spawn(async move {
-                    let r = client.should_rate_limit(req).await;
-                    let mut local = Histogram::default();
-                    shared.record(r, scheduled.elapsed(), &mut local);
+                let sent = Instant::now();
+                let r = client.should_rate_limit(req).await;
+                shared.record(r, sent.elapsed(), &mut local);
+                if last_flush.elapsed() >= Duration::from_millis(100) {
                     shared.flush(&mut local);
-                    drop(permit);
-                });
-                while inflight.try_join_next().is_some() {}
+                    last_flush = Instant::now();
+                }
             }
-            while inflight.join_next().await.is_some() {}
+            shared.flush(&mut local);
         });
     }
+    workers
+}
 
+/// Open loop: requests sent on a fixed schedule (`rate` per second), at most `concurrency`
+/// outstanding; a request's latency counts from its scheduled time.
+fn open_loop(shared: &Arc<Shared>, chans: &[Channel], started: Instant) -> JoinSet<()> {
+    let (shared, chans) = (shared.clone(), chans.to_vec());
+    let mut workers = JoinSet::new();
+    workers.spawn(async move {
+        let deadline = started + shared.args.duration;
+        let permits = Arc::new(tokio::sync::Semaphore::new(shared.args.concurrency));
+        let mut rng = Rng(shared.args.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let interval = Duration::from_secs_f64(1.0 / shared.args.rate as f64);
+        let mut inflight = JoinSet::new();
+        for n in 0u64.. {
+            let scheduled = started + interval.mul_f64(n as f64);
+            if scheduled >= deadline {
+                break;
+            }
+            tokio::time::sleep_until(scheduled.into()).await;
+            // Over the cap, the request still waits for a slot, and its latency counts the
+            // wait (measured from the schedule).
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                break;
+            };
+            let req = shared.request(&mut rng);
+            let mut client = RateLimitServiceClient::new(chans[(n as usize) % chans.len()].clone());
+            let shared = shared.clone();
+            inflight.spawn(async move {
+                let r = client.should_rate_limit(req).await;
+                let mut local = Histogram::default();
+                shared.record(r, scheduled.elapsed(), &mut local);
+                shared.flush(&mut local);
+                drop(permit);
+            });
+            while inflight.try_join_next().is_some() {}
+        }
+        while inflight.join_next().await.is_some() {}
+    });
+    workers
+}
+
+/// Prints a progress line every second until the workers finish; returns every latency.
+async fn progress(
+    shared: &Shared,
+    started: Instant,
+    mut workers: JoinSet<()>,
+) -> Result<Histogram, String> {
     let mut total = Histogram::default();
     let mut last = (0u64, Instant::now());
     let mut tick = tokio::time::interval_at(
@@ -424,29 +464,10 @@ pub async fn run(args: BenchArgs) -> Result<Summary, String> {
             }
         }
     }
-    let elapsed = started.elapsed().as_secs_f64();
     if let Ok(rest) = shared.recent.lock() {
         total.merge(&rest);
     }
-    let c = &shared.counters;
-    let done = decisions(c);
-    Ok(Summary {
-        target: args.target.clone(),
-        mode: if args.rate == 0 { "closed" } else { "open" },
-        concurrency: args.concurrency,
-        connections: chans.len(),
-        duration_s: elapsed,
-        decisions: done,
-        decisions_per_s: done as f64 / elapsed,
-        ok: c.ok.load(Ordering::Relaxed),
-        over_limit: c.over_limit.load(Ordering::Relaxed),
-        errors: c.errors.load(Ordering::Relaxed),
-        p50_us: total.quantile(0.5),
-        p99_us: total.quantile(0.99),
-        p999_us: total.quantile(0.999),
-        max_us: total.max,
-        first_error: shared.first_error.lock().ok().and_then(|f| f.clone()),
-    })
+    Ok(total)
 }
 
 fn decisions(c: &Counters) -> u64 {

@@ -267,104 +267,29 @@ impl MarkedEventReceiver for Builder {
                     plain: style == TScalarStyle::Plain,
                     tag: tag.map(|t| format!("{}{}", t.handle, t.suffix)),
                 };
+                let value = Value::Scalar(scalar);
                 self.complete(
                     Node {
                         line,
-                        value: Value::Scalar(scalar),
+                        value,
                         weight: 1,
                     },
                     anchor,
                 );
             }
-            Event::Alias(id) => match self.anchors.get(&id) {
-                Some(node) => {
-                    self.expanded = self.expanded.saturating_add(node.weight);
-                    if self.expanded > MAX_ALIAS_EXPANSION {
-                        self.fail(
-                            line,
-                            format!(
-                                "aliases expand to more than {MAX_ALIAS_EXPANSION} nodes; \
-                                 refusing to load"
-                            ),
-                        );
-                        return;
-                    }
-                    let mut copy = node.clone();
-                    // Errors inside the copy point at the anchor; the alias line is more useful
-                    // for the copied node itself.
-                    copy.line = line;
-                    self.complete(copy, 0);
-                }
-                // The parser rejects unknown anchors, so this is an alias inside its own anchor.
-                None => self.fail(
-                    line,
-                    "recursive alias: an alias refers to its own enclosing node",
-                ),
-            },
-            Event::SequenceStart(anchor, _) => {
-                if self.push(line) {
-                    self.stack.push(Frame::Seq {
-                        line,
-                        anchor,
-                        items: Vec::new(),
-                    });
-                }
-            }
-            Event::MappingStart(anchor, _) => {
-                if self.push(line) {
-                    self.stack.push(Frame::Map {
-                        line,
-                        anchor,
-                        entries: Vec::new(),
-                        key: None,
-                    });
-                }
-            }
-            Event::SequenceEnd => {
-                if let Some(Frame::Seq {
-                    line,
-                    anchor,
-                    items,
-                }) = self.stack.pop()
-                {
-                    let weight = 1 + items.iter().map(|n| n.weight).sum::<usize>();
-                    self.complete(
-                        Node {
-                            line,
-                            value: Value::Seq(items),
-                            weight,
-                        },
-                        anchor,
-                    );
-                }
-            }
-            Event::MappingEnd => {
-                if let Some(Frame::Map {
-                    line,
-                    anchor,
-                    entries,
-                    ..
-                }) = self.stack.pop()
-                {
-                    match resolve_merges(entries) {
-                        Ok(entries) => {
-                            let weight = 1 + entries
-                                .iter()
-                                .map(|(k, v)| k.weight + v.weight)
-                                .sum::<usize>();
-                            self.complete(
-                                Node {
-                                    line,
-                                    value: Value::Map(entries),
-                                    weight,
-                                },
-                                anchor,
-                            );
-                        }
-                        Err(e) => self.error = Some(e),
-                    }
-                }
-            }
+            Event::Alias(id) => self.alias(id, line),
+            Event::SequenceStart(anchor, _) => self.open(Frame::Seq {
+                line,
+                anchor,
+                items: Vec::new(),
+            }),
+            Event::MappingStart(anchor, _) => self.open(Frame::Map {
+                line,
+                anchor,
+                entries: Vec::new(),
+                key: None,
+            }),
+            Event::SequenceEnd | Event::MappingEnd => self.close(),
             Event::StreamStart
             | Event::StreamEnd
             | Event::DocumentStart
@@ -375,6 +300,81 @@ impl MarkedEventReceiver for Builder {
 }
 
 impl Builder {
+    /// A copy of the anchored node, counted against the alias expansion budget.
+    fn alias(&mut self, id: usize, line: usize) {
+        let Some(node) = self.anchors.get(&id) else {
+            // The parser rejects unknown anchors, so this is an alias inside its own anchor.
+            return self.fail(
+                line,
+                "recursive alias: an alias refers to its own enclosing node",
+            );
+        };
+        self.expanded = self.expanded.saturating_add(node.weight);
+        if self.expanded > MAX_ALIAS_EXPANSION {
+            return self.fail(
+                line,
+                format!(
+                    "aliases expand to more than {MAX_ALIAS_EXPANSION} nodes; refusing to load"
+                ),
+            );
+        }
+        let mut copy = node.clone();
+        // Errors inside the copy point at the anchor; the alias line is more useful for the
+        // copied node itself.
+        copy.line = line;
+        self.complete(copy, 0);
+    }
+
+    /// Opens a sequence or a mapping, within the nesting limit.
+    fn open(&mut self, frame: Frame) {
+        let line = match &frame {
+            Frame::Seq { line, .. } | Frame::Map { line, .. } => *line,
+        };
+        if self.push(line) {
+            self.stack.push(frame);
+        }
+    }
+
+    /// Closes the innermost collection into a node (merge keys resolved).
+    fn close(&mut self) {
+        let Some(frame) = self.stack.pop() else {
+            return;
+        };
+        let (line, anchor, value, weight) = match frame {
+            Frame::Seq {
+                line,
+                anchor,
+                items,
+            } => {
+                let weight = 1 + items.iter().map(|n| n.weight).sum::<usize>();
+                (line, anchor, Value::Seq(items), weight)
+            }
+            Frame::Map {
+                line,
+                anchor,
+                entries,
+                ..
+            } => match resolve_merges(entries) {
+                Ok(entries) => {
+                    let weight = 1 + entries
+                        .iter()
+                        .map(|(k, v)| k.weight + v.weight)
+                        .sum::<usize>();
+                    (line, anchor, Value::Map(entries), weight)
+                }
+                Err(e) => return self.error = Some(e),
+            },
+        };
+        self.complete(
+            Node {
+                line,
+                value,
+                weight,
+            },
+            anchor,
+        );
+    }
+
     fn fail(&mut self, line: usize, message: impl Into<String>) {
         self.error = Some(SyntaxError {
             line,
