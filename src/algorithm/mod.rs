@@ -449,22 +449,7 @@ pub fn token_bucket(
         _ => now_f,
     };
     if p.limit == 0 {
-        return (
-            Outcome {
-                allowed: mode == Mode::Refund,
-                remaining: 0,
-                reset: Duration::ZERO,
-                retry_after: if mode == Mode::Refund {
-                    Duration::ZERO
-                } else {
-                    Duration::MAX
-                },
-            },
-            State::Bucket {
-                tat: stored.us,
-                frac: stored.frac,
-            },
-        );
+        return empty_bucket(stored, mode);
     }
     let limit = u64::from(p.limit);
     let period = p.period_us;
@@ -514,6 +499,26 @@ pub fn token_bucket(
             frac: new_tat.frac,
         },
     )
+}
+
+/// A bucket of zero tokens: every charge is denied for good, a refund changes nothing.
+fn empty_bucket(stored: Fine, mode: Mode) -> (Outcome, State) {
+    let refund = mode == Mode::Refund;
+    let outcome = Outcome {
+        allowed: refund,
+        remaining: 0,
+        reset: Duration::ZERO,
+        retry_after: if refund {
+            Duration::ZERO
+        } else {
+            Duration::MAX
+        },
+    };
+    let state = State::Bucket {
+        tat: stored.us,
+        frac: stored.frac,
+    };
+    (outcome, state)
 }
 
 /// When a stored state stops mattering (microseconds since the epoch): after this the

@@ -329,21 +329,7 @@ fn decide_in_place(
         let p = check.params();
         let counter = guards[slot[i]].counters.get_mut(fps[i]);
         let (outcome, state) = if p.algorithm == Algorithm::SlidingLog {
-            let outcome = match counter {
-                Some(Counter {
-                    state: State::Log(log),
-                    ..
-                }) => algorithm::sliding_log_in(log, now, p, check.hits, check.mode(), false),
-                _ => algorithm::sliding_log_in(
-                    &mut Log::default(),
-                    now,
-                    p,
-                    check.hits,
-                    check.mode(),
-                    false,
-                ),
-            };
-            (outcome, None)
+            (peek_log(counter, now, check), None)
         } else {
             let stored = counter.map(|c| &c.state);
             let (o, s) = algorithm::decide(stored, now, p, check.hits, check.mode());
@@ -401,6 +387,19 @@ fn decide_in_place(
         local: false,
     };
     (decision, evicted)
+}
+
+/// A sliding_log decision on the stored log, in place and without recording the request.
+#[inline]
+fn peek_log(counter: Option<&mut Counter>, now: u64, check: &LimitCheck) -> Outcome {
+    let (p, hits, mode) = (check.params(), check.hits, check.mode());
+    match counter {
+        Some(Counter {
+            state: State::Log(log),
+            ..
+        }) => algorithm::sliding_log_in(log, now, p, hits, mode, false),
+        _ => algorithm::sliding_log_in(&mut Log::default(), now, p, hits, mode, false),
+    }
 }
 
 /// What a counter has left as it stands (a denied request reports this).

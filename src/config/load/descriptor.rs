@@ -71,17 +71,7 @@ impl Ctx {
         });
         let stats_path = format!("{prefix}{}", composite.as_deref().unwrap_or(""));
         if let Some(c) = composite {
-            if let Some(first) = seen.get(&c) {
-                self.err(
-                    item.line,
-                    path,
-                    format!(
-                        "duplicate descriptor composite key '{stats_path}' (first at line {first})"
-                    ),
-                );
-            } else {
-                seen.insert(c, item.line);
-            }
+            self.check_unique(c, &stats_path, item.line, path, seen);
         }
         let rules = self.descriptor_limits(&keys, path);
         let mut level = Level::default();
@@ -111,6 +101,30 @@ impl Ctx {
             path: stats_path,
             metadata: keys.metadata,
         })
+    }
+
+    /// Two siblings with the same key and value would count on one counter: an error naming
+    /// the first.
+    fn check_unique(
+        &mut self,
+        composite: String,
+        stats_path: &str,
+        line: usize,
+        path: &str,
+        seen: &mut HashMap<String, usize>,
+    ) {
+        match seen.get(&composite) {
+            Some(first) => self.err(
+                line,
+                path,
+                format!(
+                    "duplicate descriptor composite key '{stats_path}' (first at line {first})"
+                ),
+            ),
+            None => {
+                seen.insert(composite, line);
+            }
+        }
     }
 
     /// Reads a descriptor's keys, reporting malformed values (each once).

@@ -67,61 +67,78 @@ pub(super) async fn charge_or_undo(
         if values.first() != Some(&1) {
             continue;
         }
-        let mut undo = Call {
-            keys: Vec::new(),
-            args: Vec::new(),
-            tokens: false,
-            plain: false,
-        };
-        for ((key, args), v) in call
-            .keys
-            .iter()
-            .zip(call.args.chunks(call.per_key()))
-            .zip(values[1..].chunks(call.width()))
-        {
-            let (hits, meta) = (args[2], args.get(3).copied().unwrap_or(0));
-            // Written: allowed, hits to charge, not a refund. A shadow denial wrote nothing.
-            if v[0] & 1 == 1 && hits > 0 && meta & (FLAG_REFUND << 2) == 0 {
-                undo.keys.push(key.clone());
-                undo.args.extend([
-                    args[0],
-                    args[1],
-                    hits,
-                    meta | UNDO,
-                    u64::try_from(v[3]).unwrap_or(0),
-                ]);
-                // (A plain call's limits are fixed windows with no flags: meta 0.)
-            }
-        }
+        let undo = undo_call(call, values);
         if undo.keys.is_empty() {
             continue;
         }
-        let mut last = None;
-        for _ in 0..UNDO_ATTEMPTS {
-            // Read the clock again: an undo decides nothing, it only needs "now" to clamp a
-            // token bucket, and a test clock may have moved past a window edge meanwhile.
-            let now = time.arg();
-            match run(&script, conn.clone(), &now, &undo, timeout).await {
-                Ok(v) if v[1..].iter().all(|&done| done == 1) => {
-                    last = None;
-                    *undone = true;
-                    break;
-                }
-                Ok(_) => {
-                    last = Some(StoreError::Permanent(
-                        "the charge moved too far to be taken back within bounded work".into(),
-                    ));
-                    break;
-                }
-                Err(e) => last = Some(e),
+        match run_undo(&script, &conn, &time, &undo, timeout).await {
+            Ok(()) => *undone = true,
+            Err(e) => {
+                failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, keys = undo.keys.len(), "could not undo the charge of a request denied in another slot");
             }
-        }
-        if let Some(e) = last {
-            failures.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(error = %e, keys = undo.keys.len(), "could not undo the charge of a request denied in another slot");
         }
     }
     (results, undone, false)
+}
+
+/// The call that takes back what `call` charged, given its reply `values`: the same window,
+/// the same sorted-set entry, only the limits that were written.
+fn undo_call(call: &Call, values: &[i64]) -> Call {
+    let mut undo = Call {
+        keys: Vec::new(),
+        args: Vec::new(),
+        tokens: false,
+        plain: false,
+    };
+    for ((key, args), v) in call
+        .keys
+        .iter()
+        .zip(call.args.chunks(call.per_key()))
+        .zip(values[1..].chunks(call.width()))
+    {
+        let (hits, meta) = (args[2], args.get(3).copied().unwrap_or(0));
+        // Written: allowed, hits to charge, not a refund. A shadow denial wrote nothing.
+        if v[0] & 1 == 1 && hits > 0 && meta & (FLAG_REFUND << 2) == 0 {
+            undo.keys.push(key.clone());
+            undo.args.extend([
+                args[0],
+                args[1],
+                hits,
+                meta | UNDO,
+                u64::try_from(v[3]).unwrap_or(0),
+            ]);
+            // (A plain call's limits are fixed windows with no flags: meta 0.)
+        }
+    }
+    undo
+}
+
+/// Runs an undo, retrying a failed call up to [`UNDO_ATTEMPTS`] times; an undo the script
+/// refuses (the charge moved too far) is not retried.
+async fn run_undo(
+    script: &Script,
+    conn: &Conn,
+    time: &ScriptTime,
+    undo: &Call,
+    timeout: Duration,
+) -> Result<(), StoreError> {
+    let mut last = None;
+    for _ in 0..UNDO_ATTEMPTS {
+        // Read the clock again: an undo decides nothing, it only needs "now" to clamp a
+        // token bucket, and a test clock may have moved past a window edge meanwhile.
+        let now = time.arg();
+        match run(script, conn.clone(), &now, undo, timeout).await {
+            Ok(v) if v[1..].iter().all(|&done| done == 1) => return Ok(()),
+            Ok(_) => {
+                return Err(StoreError::Permanent(
+                    "the charge moved too far to be taken back within bounded work".into(),
+                ))
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| StoreError::Permanent("no undo attempt was made".into())))
 }
 
 /// The quota-mode half of [`crate::store::Admission`] across slots: with quota limits, at

@@ -411,22 +411,7 @@ impl RedisStore {
         if let Some(e) = first_error {
             return Err(e);
         }
-        // What an undone charge gave back is left again.
-        for (g, done) in groups.iter().zip(undone) {
-            if !done {
-                continue;
-            }
-            for &i in g {
-                let c = &checks[i];
-                let o = &mut outcomes[i];
-                if o.allowed && c.hits > 0 && !c.refund {
-                    o.remaining = o
-                        .remaining
-                        .saturating_add(u32::try_from(c.hits).unwrap_or(u32::MAX))
-                        .min(c.key.limit.requests_per_unit);
-                }
-            }
-        }
+        give_back(checks, &groups, &undone, &mut outcomes);
         Ok(Decision {
             admitted,
             outcomes,
@@ -579,6 +564,27 @@ fn classify(e: RedisError) -> StoreError {
     }
 }
 
+/// What an undone charge gave back is left again: the outcomes of the groups whose charges
+/// were undone report the hits as remaining.
+fn give_back(
+    checks: &[LimitCheck],
+    groups: &[Vec<usize>],
+    undone: &[bool],
+    outcomes: &mut [Outcome],
+) {
+    for (g, _) in groups.iter().zip(undone).filter(|(_, done)| **done) {
+        for &i in g {
+            let c = &checks[i];
+            let o = &mut outcomes[i];
+            if o.allowed && c.hits > 0 && !c.refund {
+                o.remaining = o
+                    .remaining
+                    .saturating_add(u32::try_from(c.hits).unwrap_or(u32::MAX))
+                    .min(c.key.limit.requests_per_unit);
+            }
+        }
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
