@@ -52,6 +52,28 @@ pub fn parse_go(s: &str) -> Result<std::time::Duration, String> {
     Ok(total)
 }
 
+/// `d` in the largest Go unit that writes it exactly (`100ms`, `15s`, `24h`), so a default
+/// kept as a `Duration` constant is also what `--help` shows and what [`parse_go`] reads back.
+pub fn format_go(d: std::time::Duration) -> String {
+    let nanos = d.as_nanos();
+    const UNITS: [(&str, u128); 6] = [
+        ("h", 3_600_000_000_000),
+        ("m", 60_000_000_000),
+        ("s", 1_000_000_000),
+        ("ms", 1_000_000),
+        ("us", 1_000),
+        ("ns", 1),
+    ];
+    if nanos == 0 {
+        return "0s".into();
+    }
+    let (unit, size) = UNITS
+        .into_iter()
+        .find(|(_, size)| nanos % size == 0)
+        .unwrap_or(("ns", 1));
+    format!("{}{unit}", nanos / size)
+}
+
 /// A config period in milliseconds: `500ms`, `10s`, `5m`, `1h`, `2d`, `1w` (a whole number and
 /// one suffix of a millisecond or more); the error names what is wrong.
 pub fn parse_period_millis(s: &str) -> Result<u64, String> {
@@ -71,4 +93,25 @@ pub fn parse_period_millis(s: &str) -> Result<u64, String> {
     n.checked_mul(factor).ok_or_else(|| {
         format!("period '{s}' must be longer than zero and shorter than 584 million years")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn format_go_writes_what_parse_go_reads_back() {
+        for (d, text) in [
+            (Duration::from_millis(100), "100ms"),
+            (Duration::from_secs(15), "15s"),
+            (Duration::from_secs(90), "90s"),
+            (Duration::from_secs(86_400), "24h"),
+            (Duration::from_micros(1_500), "1500us"),
+            (Duration::ZERO, "0s"),
+        ] {
+            assert_eq!(format_go(d), text);
+            assert_eq!(parse_go(text), Ok(d), "{text}");
+        }
+    }
 }

@@ -9,6 +9,7 @@ pub mod bench;
 pub mod clock;
 pub mod config;
 pub mod duration;
+mod pem;
 pub mod proto;
 pub mod rules;
 pub mod server;

@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Default time between two looks at the config files.
+/// Default time between two looks at watched files: the config tree, and the gRPC TLS
+/// certificate, key and client CA.
 pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What to watch.

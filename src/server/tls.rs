@@ -12,10 +12,12 @@
 //! only affects connections accepted after it (established HTTP/2 connections are kept).
 //! The HTTP admin port is not covered: it stays plaintext.
 
+use super::reload::DEFAULT_RELOAD_INTERVAL;
+use crate::pem;
 use futures_util::Stream;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::CertificateDer;
 use rustls::server::danger::ClientCertVerifier;
 use rustls::server::WebPkiClientVerifier;
 use rustls::sign::{CertifiedKey, SingleCertAndKey};
@@ -30,9 +32,6 @@ use tokio::net::TcpStream;
 use tokio::task::{AbortHandle, JoinSet};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
-
-/// How often the certificate, key and client CA files are checked for changes by default.
-pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Bound on one TLS handshake: a client that connects and says nothing must not keep a task
 /// and a socket forever (nor stretch a drain).
@@ -325,46 +324,15 @@ fn parse_identity(
         path: path.to_path_buf(),
         reason,
     };
-    let chain = CertificateDer::pem_slice_iter(cert_pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| invalid(CERT, &settings.cert, e.to_string()))?;
-    if chain.is_empty() {
-        return Err(invalid(
-            CERT,
-            &settings.cert,
-            "no PEM CERTIFICATE block found".into(),
-        ));
-    }
-    // Catches a CERTIFICATE block whose content is not a certificate now, not at the first
-    // handshake.
-    rustls::server::ParsedCertificate::try_from(&chain[0])
-        .map_err(|e| invalid(CERT, &settings.cert, e.to_string()))?;
-    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| {
-        invalid(
-            KEY,
-            &settings.key,
-            match e {
-                rustls::pki_types::pem::Error::NoItemsFound => {
-                    "no PEM PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY block found".into()
-                }
-                other => other.to_string(),
-            },
-        )
-    })?;
-    let signing_key = provider
-        .key_provider
-        .load_private_key(key)
-        .map_err(|e| invalid(KEY, &settings.key, e.to_string()))?;
-    let identity = CertifiedKey::new(chain, signing_key);
-    match identity.keys_match() {
-        // Unknown: the key type cannot tell its public key; the handshake will tell instead.
-        Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {
-            Ok(Arc::new(identity))
-        }
-        Err(e) => Err(TlsError::Mismatch {
+    let chain = pem::cert_chain(cert_pem).map_err(|e| invalid(CERT, &settings.cert, e))?;
+    let key = pem::private_key(key_pem).map_err(|e| invalid(KEY, &settings.key, e))?;
+    match pem::key_pair(chain, key, provider) {
+        Ok(identity) => Ok(Arc::new(identity)),
+        Err(pem::KeyPairError::Key(e)) => Err(invalid(KEY, &settings.key, e)),
+        Err(pem::KeyPairError::Mismatch(reason)) => Err(TlsError::Mismatch {
             cert: settings.cert.clone(),
             key: settings.key.clone(),
-            reason: e.to_string(),
+            reason,
         }),
     }
 }

@@ -3,6 +3,7 @@
 //! vars only; this module turns those raw values into a [`ServerConfig`] and nothing else.
 
 use crate::config::{ConfigErrors, LoadOptions};
+use crate::duration::format_go;
 use crate::server::tls::TlsSettings;
 use crate::service::headers::HeaderOptions;
 use crate::service::{FailureMode, RequestCaps};
@@ -258,7 +259,7 @@ pub struct ServeArgs {
     #[arg(
         long,
         env = "SHUTDOWN_GRACE_PERIOD",
-        default_value = "15s",
+        default_value = format_go(crate::server::DEFAULT_SHUTDOWN_GRACE),
         value_parser = parse_duration
     )]
     pub shutdown_grace: Duration,

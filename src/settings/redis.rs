@@ -82,7 +82,7 @@ pub struct RedisArgs {
     #[arg(
         long,
         env = "REDIS_TIMEOUT",
-        default_value = DEFAULT_REDIS_TIMEOUT,
+        default_value = format_go(crate::store::redis::DEFAULT_TIMEOUT),
         value_parser = parse_duration
     )]
     pub redis_timeout: Duration,
@@ -105,7 +105,7 @@ pub struct RedisArgs {
     #[arg(
         long,
         env = "REDIS_BREAKER_OPEN",
-        default_value = DEFAULT_BREAKER_OPEN,
+        default_value = format_go(crate::store::breaker::DEFAULT_OPEN_FOR),
         value_parser = parse_duration
     )]
     pub redis_breaker_open: Duration,
@@ -118,13 +118,6 @@ pub enum RedisType {
     Cluster,
     Sentinel,
 }
-
-/// `REDIS_TIMEOUT`'s default as clap reads it; a test checks it equals
-/// [`crate::store::redis::DEFAULT_TIMEOUT`].
-const DEFAULT_REDIS_TIMEOUT: &str = "100ms";
-/// `REDIS_BREAKER_OPEN`'s default; a test checks it equals
-/// [`crate::store::breaker::DEFAULT_OPEN_FOR`].
-const DEFAULT_BREAKER_OPEN: &str = "1s";
 
 /// `FAILURE_MODE`: `allow` or `deny`, case-insensitive.
 pub fn parse_failure_mode(s: &str) -> Result<FailureMode, String> {

@@ -55,7 +55,7 @@ pub struct RuntimeArgs {
     #[arg(
         long,
         env = "CONFIG_RELOAD_INTERVAL",
-        default_value = "1s",
+        default_value = format_go(crate::server::reload::DEFAULT_RELOAD_INTERVAL),
         value_parser = parse_duration
     )]
     pub config_reload_interval: Duration,

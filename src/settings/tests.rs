@@ -508,7 +508,7 @@ fn grpc_tls_settings() {
     assert_eq!(t.client_ca, None);
     assert_eq!(
         t.reload_interval,
-        crate::server::tls::DEFAULT_RELOAD_INTERVAL
+        crate::server::reload::DEFAULT_RELOAD_INTERVAL
     );
     // A client CA makes it mutual TLS.
     let t = grpc_tls(&[

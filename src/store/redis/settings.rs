@@ -86,31 +86,21 @@ impl RedisTlsSettings {
     /// Reads and checks the files, so a missing file, a bad PEM or a client key that does not
     /// match its certificate fails at start, naming the file, instead of at every connection.
     pub(super) fn certificates(&self) -> Result<redis::TlsCertificates, StoreError> {
-        use rustls::pki_types::pem::PemObject;
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
         fn read(var: &str, path: &Path) -> Result<Vec<u8>, StoreError> {
             std::fs::read(path).map_err(|e| {
                 StoreError::Permanent(format!("cannot read {var} {}: {e}", path.display()))
             })
         }
-        fn certs(var: &str, path: &Path, pem: &[u8]) -> Result<(), StoreError> {
-            let bad = |why: String| {
-                StoreError::Permanent(format!("invalid {var} {}: {why}", path.display()))
-            };
-            let certs = CertificateDer::pem_slice_iter(pem)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| bad(e.to_string()))?;
-            match certs.first() {
-                None => Err(bad("no PEM CERTIFICATE block found".into())),
-                Some(first) => rustls::server::ParsedCertificate::try_from(first)
-                    .map(|_| ())
-                    .map_err(|e| bad(e.to_string())),
-            }
-        }
+        let invalid = |var: &str, path: &Path, why: String| {
+            StoreError::Permanent(format!("invalid {var} {}: {why}", path.display()))
+        };
+        let chain = |var: &str, path: &Path, pem: &[u8]| {
+            crate::pem::cert_chain(pem).map_err(|why| invalid(var, path, why))
+        };
         let root_cert = match &self.ca_cert {
             Some(path) => {
                 let pem = read("REDIS_TLS_CACERT", path)?;
-                certs("REDIS_TLS_CACERT", path, &pem)?;
+                chain("REDIS_TLS_CACERT", path, &pem)?;
                 Some(pem)
             }
             None => None,
@@ -118,23 +108,14 @@ impl RedisTlsSettings {
         let client_tls = match (&self.client_cert, &self.client_key) {
             (Some(cert_path), Some(key_path)) => {
                 let client_cert = read("REDIS_TLS_CLIENT_CERT", cert_path)?;
-                certs("REDIS_TLS_CLIENT_CERT", cert_path, &client_cert)?;
+                let certs = chain("REDIS_TLS_CLIENT_CERT", cert_path, &client_cert)?;
                 let client_key = read("REDIS_TLS_CLIENT_KEY", key_path)?;
-                let key = PrivateKeyDer::from_pem_slice(&client_key).map_err(|e| {
-                    StoreError::Permanent(format!(
-                        "invalid REDIS_TLS_CLIENT_KEY {}: {e}",
-                        key_path.display()
-                    ))
-                })?;
-                let chain = CertificateDer::pem_slice_iter(&client_cert)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| StoreError::Permanent(e.to_string()))?;
-                rustls::sign::CertifiedKey::from_der(
-                    chain,
-                    key,
-                    &rustls::crypto::ring::default_provider(),
-                )
-                .map_err(|e| {
+                let key = crate::pem::private_key(&client_key)
+                    .map_err(|why| invalid("REDIS_TLS_CLIENT_KEY", key_path, why))?;
+                let provider = rustls::crypto::ring::default_provider();
+                crate::pem::key_pair(certs, key, &provider).map_err(|e| {
+                    let (crate::pem::KeyPairError::Key(e) | crate::pem::KeyPairError::Mismatch(e)) =
+                        e;
                     StoreError::Permanent(format!(
                         "REDIS_TLS_CLIENT_KEY {} does not fit REDIS_TLS_CLIENT_CERT {}: {e}",
                         key_path.display(),
