@@ -118,23 +118,32 @@ impl Algorithm {
         Algorithm::TokenBucket,
     ];
 
-    pub fn name(self) -> &'static str {
+    /// Every name an algorithm goes by, in one table: `(config name, code the Lua script
+    /// switches on, tag in Redis keys)`. The sliding_log tag is `slw` (one entry per charge);
+    /// the per-hit sets of earlier versions were `sl`, so they are never read with the new
+    /// layout and expire on their own.
+    const fn names(self) -> (&'static str, u8, &'static str) {
         match self {
-            Algorithm::FixedWindow => "fixed_window",
-            Algorithm::SlidingWindow => "sliding_window",
-            Algorithm::SlidingLog => "sliding_log",
-            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::FixedWindow => ("fixed_window", 0, "fw"),
+            Algorithm::SlidingWindow => ("sliding_window", 1, "sw"),
+            Algorithm::SlidingLog => ("sliding_log", 2, "slw"),
+            Algorithm::TokenBucket => ("token_bucket", 3, "tb"),
         }
     }
 
-    /// Short tag used in Redis keys and the Lua script.
+    /// The name the config uses (`algorithm: token_bucket`).
+    pub fn name(self) -> &'static str {
+        self.names().0
+    }
+
+    /// The code the Lua script switches on.
     pub fn code(self) -> u8 {
-        match self {
-            Algorithm::FixedWindow => 0,
-            Algorithm::SlidingWindow => 1,
-            Algorithm::SlidingLog => 2,
-            Algorithm::TokenBucket => 3,
-        }
+        self.names().1
+    }
+
+    /// The tag in Redis keys, so two algorithms never share a counter.
+    pub fn key_tag(self) -> &'static str {
+        self.names().2
     }
 
     pub fn parse(s: &str) -> Option<Algorithm> {

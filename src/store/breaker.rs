@@ -254,16 +254,8 @@ impl CounterStore for CircuitBreaker {
         })
     }
 
-    fn call_shape(&self, checks: &[LimitCheck]) -> super::CallShape {
-        self.inner.call_shape(checks)
-    }
-
-    fn denial_is_final(&self, key: &super::CounterKey) -> bool {
-        self.inner.denial_is_final(key)
-    }
-
-    fn stats(&self) -> super::StoreStats {
-        self.inner.stats()
+    fn inner(&self) -> Option<&dyn CounterStore> {
+        Some(&*self.inner)
     }
 
     fn breaker_state(&self) -> Option<BreakerState> {

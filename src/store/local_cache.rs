@@ -263,28 +263,8 @@ impl CounterStore for LocalDenyCache {
         })
     }
 
-    fn healthy(&self) -> bool {
-        self.inner.healthy()
-    }
-
-    fn probe(&self) -> BoxFuture<'_, bool> {
-        self.inner.probe()
-    }
-
-    fn call_shape(&self, checks: &[LimitCheck]) -> super::CallShape {
-        self.inner.call_shape(checks)
-    }
-
-    fn denial_is_final(&self, key: &super::CounterKey) -> bool {
-        self.inner.denial_is_final(key)
-    }
-
-    fn stats(&self) -> super::StoreStats {
-        self.inner.stats()
-    }
-
-    fn breaker_state(&self) -> Option<super::breaker::BreakerState> {
-        self.inner.breaker_state()
+    fn inner(&self) -> Option<&dyn CounterStore> {
+        Some(&*self.inner)
     }
 }
 

@@ -143,7 +143,10 @@ pub enum StoreError {
     Permanent(String),
 }
 
-/// A place where counters live.
+/// A place where counters live: a backend (memory, Redis), or a layer wrapping another store
+/// (the circuit breaker, the local deny cache). A layer names its inner store in
+/// [`CounterStore::inner`] and implements only what it changes: every other method passes
+/// through to the inner store by default, here, instead of being forwarded by hand.
 pub trait CounterStore: Send + Sync + std::fmt::Debug {
     /// Decides all `checks` of one request atomically: if [`Admission`] admits the request, every
     /// check that allowed it is charged; otherwise none is. Checks on the same counter see each
@@ -153,23 +156,34 @@ pub trait CounterStore: Send + Sync + std::fmt::Debug {
         checks: &'a [LimitCheck],
     ) -> BoxFuture<'a, Result<Decision, StoreError>>;
 
+    /// The store a layer wraps; `None` for a backend.
+    fn inner(&self) -> Option<&dyn CounterStore> {
+        None
+    }
+
     /// Whether the store could serve decisions at its last contact (health checks).
     fn healthy(&self) -> bool {
-        true
+        self.inner().is_none_or(|s| s.healthy())
     }
 
     /// Contacts the backend (one cheap round trip) and returns whether it answered; updates
     /// [`CounterStore::healthy`]. Called periodically by the health task.
     fn probe(&self) -> BoxFuture<'_, bool> {
-        Box::pin(async { self.healthy() })
+        match self.inner() {
+            Some(s) => s.probe(),
+            None => Box::pin(async { self.healthy() }),
+        }
     }
 
     /// How a call deciding `checks` will reach the backend (for traces; no I/O).
     fn call_shape(&self, checks: &[LimitCheck]) -> CallShape {
-        CallShape {
-            store: "memory",
-            groups: usize::from(!checks.is_empty()),
-            keys: checks.len(),
+        match self.inner() {
+            Some(s) => s.call_shape(checks),
+            None => CallShape {
+                store: "memory",
+                groups: usize::from(!checks.is_empty()),
+                keys: checks.len(),
+            },
         }
     }
 
@@ -177,17 +191,16 @@ pub trait CounterStore: Send + Sync + std::fmt::Debug {
     /// request spanning slots, charged in one slot and undone after another denied) can have
     /// caused it. The local deny cache caches only final denials.
     fn denial_is_final(&self, key: &CounterKey) -> bool {
-        let _ = key;
-        true
+        self.inner().is_none_or(|s| s.denial_is_final(key))
     }
 
-    /// Running totals for metrics (layers pass their inner store's through).
+    /// Running totals for metrics.
     fn stats(&self) -> StoreStats {
-        StoreStats::default()
+        self.inner().map(|s| s.stats()).unwrap_or_default()
     }
 
     /// The circuit breaker's state, if the chain has one (for metrics).
     fn breaker_state(&self) -> Option<breaker::BreakerState> {
-        None
+        self.inner().and_then(|s| s.breaker_state())
     }
 }

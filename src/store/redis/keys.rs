@@ -62,14 +62,7 @@ pub fn counter_key(prefix: &str, key: &CounterKey) -> String {
     // override. The period is written canonically (a unit name, else seconds or ms), so two
     // spellings of one period share a counter and different periods never do.
     let l = key.limit;
-    let alg = match l.algorithm {
-        Algorithm::FixedWindow => "fw",
-        Algorithm::SlidingWindow => "sw",
-        // `slw`: one entry per charge (running total, hits, id); the per-hit sets of earlier
-        // versions were `sl`, so they are never read with the new layout and expire on their own.
-        Algorithm::SlidingLog => "slw",
-        Algorithm::TokenBucket => "tb",
-    };
+    let alg = l.algorithm.key_tag();
     let _ = write!(
         out,
         ":{alg}:{}:{}",
