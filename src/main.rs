@@ -3,7 +3,7 @@
 //! reachable from tests through the library.
 #![forbid(unsafe_code)]
 
-use sluice::config::{load_path, LoadOptions};
+use sluice::config::load_path;
 use sluice::settings::{CheckArgs, Cli, Command, LogArgs, LogFormat, ServeArgs};
 use std::process::ExitCode;
 use tracing_subscriber::EnvFilter;
@@ -107,10 +107,7 @@ async fn bench(args: sluice::bench::BenchArgs) -> ExitCode {
 /// `sluice check PATH`: every error on its own line (`file:line: path: message`) on stdout and
 /// exit 1, or a short summary and exit 0.
 fn check(args: &CheckArgs) -> ExitCode {
-    let opts = LoadOptions {
-        ignore_dotfiles: args.ignore_dotfiles,
-        merge_domains: args.merge_domain_config,
-    };
+    let opts = args.load.options();
     match load_path(&args.path, &opts) {
         Ok(rules) => {
             let counts = rules.rule_counts();

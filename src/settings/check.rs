@@ -8,9 +8,19 @@ pub struct CheckArgs {
     /// Config file or directory to validate.
     pub path: PathBuf,
 
-    /// Skip files and directories whose name starts with `.`.
+    #[command(flatten)]
+    pub load: LoadFlags,
+}
+
+/// How a config tree is read: one set of flags for `serve` and `check`, so a check reads the
+/// tree exactly as the service will.
+#[derive(Debug, Clone, Args)]
+pub struct LoadFlags {
+    /// Skip files and directories whose name starts with `.` (Kubernetes ConfigMap mounts hold
+    /// `..data` symlinks).
     #[arg(
         long,
+        alias = "ignore-dotfiles",
         env = "RUNTIME_IGNOREDOTFILES",
         default_value = "false",
         value_parser = parse_go_bool,
@@ -18,9 +28,10 @@ pub struct CheckArgs {
         require_equals = true,
         default_missing_value = "true"
     )]
-    pub ignore_dotfiles: bool,
+    pub runtime_ignoredotfiles: bool,
 
-    /// Merge files with the same domain (as the service does with MERGE_DOMAIN_CONFIG=true).
+    /// Configs (files or xDS resources) with the same domain add their descriptors to it
+    /// instead of being refused.
     #[arg(
         long,
         env = "MERGE_DOMAIN_CONFIG",
@@ -31,4 +42,13 @@ pub struct CheckArgs {
         default_missing_value = "true"
     )]
     pub merge_domain_config: bool,
+}
+
+impl LoadFlags {
+    pub fn options(&self) -> LoadOptions {
+        LoadOptions {
+            ignore_dotfiles: self.runtime_ignoredotfiles,
+            merge_domains: self.merge_domain_config,
+        }
+    }
 }

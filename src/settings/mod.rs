@@ -190,6 +190,9 @@ pub struct ServeArgs {
     pub runtime: RuntimeArgs,
 
     #[command(flatten)]
+    pub load: LoadFlags,
+
+    #[command(flatten)]
     pub source: xds::ConfigSourceArgs,
 
     #[command(flatten)]
@@ -351,10 +354,7 @@ impl ServeArgs {
     }
 
     pub fn load_options(&self) -> LoadOptions {
-        LoadOptions {
-            ignore_dotfiles: self.runtime.runtime_ignoredotfiles,
-            merge_domains: self.source.merge_domain_config,
-        }
+        self.load.options()
     }
 
     /// The one place that decides which counter store `serve` uses: `None` for the memory

@@ -23,19 +23,6 @@ pub struct RuntimeArgs {
     #[arg(long, env = "RUNTIME_APPDIRECTORY", default_value = "config")]
     pub runtime_appdirectory: String,
 
-    /// Skip files and directories whose name starts with `.` (Kubernetes ConfigMap mounts hold
-    /// `..data` symlinks).
-    #[arg(
-        long,
-        env = "RUNTIME_IGNOREDOTFILES",
-        default_value = "false",
-        value_parser = parse_go_bool,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true"
-    )]
-    pub runtime_ignoredotfiles: bool,
-
     /// envoyproxy's switch between watching the runtime root (a swapped `RUNTIME_ROOT` symlink)
     /// or the config directory (a ConfigMap's `..data` swap). Accepted for compatibility: sluice
     /// re-reads the whole tree from `RUNTIME_ROOT` down, following symlinks, so it sees both.

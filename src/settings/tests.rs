@@ -206,7 +206,7 @@ fn defaults_match_envoyproxy() {
     assert_eq!(s.port, 8080);
     assert_eq!(s.config, None);
     assert!(!s.shadow_mode);
-    assert!(!s.runtime.runtime_ignoredotfiles);
+    assert!(!s.load.runtime_ignoredotfiles);
     assert_eq!(s.shutdown_grace, Duration::from_secs(15));
     assert_eq!(
         s.config_path(),
@@ -254,7 +254,7 @@ fn runtime_layout_and_values() {
     let s = serve_args(cli);
     assert!(s.shadow_mode);
     assert!(s.quota_mode);
-    assert!(s.runtime.runtime_ignoredotfiles);
+    assert!(s.load.runtime_ignoredotfiles);
     assert!(s.load_options().ignore_dotfiles);
     assert_eq!(s.shutdown_grace, Duration::from_millis(500));
     assert_eq!(s.config_path(), PathBuf::from("/data/ratelimit/rules"));
@@ -329,7 +329,7 @@ fn check_subcommand() {
     match cli.into_command().0 {
         Command::Check(c) => {
             assert_eq!(c.path, PathBuf::from("/etc/rl"));
-            assert!(c.ignore_dotfiles);
+            assert!(c.load.runtime_ignoredotfiles);
         }
         other => panic!("expected check, got {other:?}"),
     }

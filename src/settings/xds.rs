@@ -45,13 +45,6 @@ pub struct ConfigSourceArgs {
           default_missing_value = "true")]
     pub healthy_with_at_least_one_config_loaded: bool,
 
-    /// Configs (files or xDS resources) with the same domain add their descriptors to it
-    /// instead of being refused.
-    #[arg(long, env = "MERGE_DOMAIN_CONFIG", default_value = "false",
-          value_parser = parse_go_bool, num_args = 0..=1, require_equals = true,
-          default_missing_value = "true")]
-    pub merge_domain_config: bool,
-
     /// The node id sent to the xDS server.
     #[arg(long, env = "CONFIG_GRPC_XDS_NODE_ID", default_value = "default")]
     pub config_grpc_xds_node_id: String,
@@ -141,7 +134,7 @@ fn parse_factor(s: &str) -> Result<f64, String> {
 
 impl ConfigSourceArgs {
     /// The xDS client settings, or `None` for config files.
-    pub fn xds(&self) -> Result<Option<XdsSettings>, SettingsError> {
+    pub fn xds(&self, merge_domains: bool) -> Result<Option<XdsSettings>, SettingsError> {
         if self.config_type == ConfigType::File {
             return Ok(None);
         }
@@ -196,7 +189,7 @@ impl ConfigSourceArgs {
                 jitter: self.xds_client_backoff_jitter,
             },
             max_message_bytes: self.xds_client_max_msg_size_in_bytes.map(|n| n as usize),
-            merge_domains: self.merge_domain_config,
+            merge_domains,
         }))
     }
 
