@@ -3,7 +3,7 @@
 //! key has a TTL, and Redis faults answer UNAVAILABLE and heal without a restart.
 
 use super::store::{redis_settings, redis_store, server_on_redis_settings};
-use crate::support::redis::{RedisCluster, RedisServer};
+use crate::support::redis::{start_cluster, start_redis};
 use crate::support::*;
 use sluice::clock::ManualClock;
 use sluice::proto::rate_limit_response::Code;
@@ -25,18 +25,6 @@ descriptors:
     value: small
     rate_limit: {unit: hour, requests_per_unit: 5}
 "#;
-
-async fn start_redis() -> RedisServer {
-    tokio::task::spawn_blocking(RedisServer::start)
-        .await
-        .expect("start redis")
-}
-
-pub(super) async fn start_cluster() -> RedisCluster {
-    tokio::task::spawn_blocking(RedisCluster::start)
-        .await
-        .expect("start cluster")
-}
 
 /// One sluice on the CALC config with a Redis store on a manual clock at T0.
 async fn sluice_on(urls: Vec<String>, kind: RedisKind) -> TestServer {
@@ -113,7 +101,7 @@ async fn exactness(urls: Vec<String>, kind: RedisKind) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_instances_on_one_redis_admit_exactly_the_limit() {
-    let redis = start_redis().await;
+    let redis = start_redis(&[]).await;
     exactness(vec![redis.url()], RedisKind::Single).await;
 }
 
@@ -136,7 +124,7 @@ fn count_in(
 
 #[tokio::test]
 async fn a_denied_resource_plus_consumer_request_charges_neither_key() {
-    let redis = start_redis().await;
+    let redis = start_redis(&[]).await;
     let s = sluice_on(vec![redis.url()], RedisKind::Single).await;
     // [resource=calc] (50/h) and [resource=calc, consumer=alice] (5/h) in one request.
     let both = request(
@@ -168,7 +156,7 @@ async fn a_denied_resource_plus_consumer_request_charges_neither_key() {
 
 #[tokio::test]
 async fn one_evalsha_per_decision_and_every_key_has_a_ttl() {
-    let redis = start_redis().await;
+    let redis = start_redis(&[]).await;
     let s = sluice_on(vec![redis.url()], RedisKind::Single).await;
     // Warm up: the first call may SCRIPT LOAD after NOSCRIPT.
     s.call(one("calc", &[("resource", "calc"), ("consumer", "warm")]))
@@ -219,7 +207,7 @@ async fn every_key_written_on_a_cluster_has_a_ttl_and_odd_values_work() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_answers_unavailable_then_recovers_without_restart() {
-    let mut redis = start_redis().await;
+    let mut redis = start_redis(&[]).await;
     let settings = sluice::store::redis::RedisSettings {
         timeout: std::time::Duration::from_secs(2),
         ..redis_settings(vec![redis.url()], RedisKind::Single)
@@ -251,7 +239,7 @@ async fn redis_down_answers_unavailable_then_recovers_without_restart() {
 
 #[tokio::test]
 async fn script_flush_does_not_break_the_next_call() {
-    let redis = start_redis().await;
+    let redis = start_redis(&[]).await;
     let s = sluice_on(vec![redis.url()], RedisKind::Single).await;
     let req = one("calc", &[("resource", "small")]);
     assert_eq!(code(&s.call(req.clone()).await), Code::Ok);
@@ -371,7 +359,7 @@ async fn decide_as_acl_user(urls: Vec<String>, kind: RedisKind) {
 
 #[tokio::test]
 async fn the_documented_minimal_acl_is_enough_on_redis() {
-    let redis = start_redis().await;
+    let redis = start_redis(&[]).await;
     assert_eq!(redis.cli(ACL).trim(), "OK");
     decide_as_acl_user(vec![redis.url()], RedisKind::Single).await;
 }
@@ -387,7 +375,7 @@ async fn the_documented_minimal_acl_is_enough_on_cluster() {
 
 #[tokio::test]
 async fn a_wrong_password_is_an_unavailable_answer_not_a_crash() {
-    let redis = start_redis().await;
+    let redis = start_redis(&[]).await;
     assert_eq!(redis.cli(ACL).trim(), "OK");
     let settings = sluice::store::redis::RedisSettings {
         auth: Some("sluice:wrong".into()),
@@ -416,7 +404,7 @@ async fn a_wrong_password_is_an_unavailable_answer_not_a_crash() {
 #[tokio::test]
 async fn expiration_jitter_spreads_expiry_without_outliving_the_window_twice() {
     const YAML: &str = "domain: jit\ndescriptors:\n  - key: hour\n    rate_limit: {unit: hour, requests_per_unit: 9}\n  - key: sec\n    rate_limit: {unit: second, requests_per_unit: 9}\n";
-    let redis = start_redis().await;
+    let redis = start_redis(&[]).await;
     let mut expiries = Vec::new();
     for (prefix, jitter) in [("plain:", 0), ("jit:", 300)] {
         let settings = sluice::store::redis::RedisSettings {

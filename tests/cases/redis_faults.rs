@@ -3,7 +3,7 @@
 //! start, failure modes, and the local deny cache answering without any Redis call.
 
 use super::store::{redis_settings, redis_store, server_on_redis_settings};
-use crate::support::redis::RedisServer;
+use crate::support::redis::start_redis;
 use crate::support::*;
 use sluice::clock::{ManualClock, SystemClock};
 use sluice::proto::rate_limit_response::Code;
@@ -26,12 +26,6 @@ descriptors:
   - key: k
     rate_limit: {unit: hour, requests_per_unit: 5}
 "#;
-
-async fn start_redis() -> RedisServer {
-    tokio::task::spawn_blocking(RedisServer::start)
-        .await
-        .expect("start redis")
-}
 
 /// A sluice whose store is the production chain on `url` (Redis server clock), probing health
 /// every 20 ms so recovery is quick; `failure_mode` as given.
@@ -104,7 +98,7 @@ async fn call(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_stopped_mid_test_then_back_heals_without_restart() {
-    let mut redis = start_redis().await;
+    let mut redis = start_redis(&[]).await;
     let s = sluice_with_chain(redis.url(), None).await;
     let req = one("f", &[("k", "v")]);
     assert_eq!(
@@ -131,7 +125,7 @@ async fn redis_stopped_mid_test_then_back_heals_without_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_at_start_serves_not_serving_then_recovers() {
-    let mut redis = start_redis().await;
+    let mut redis = start_redis(&[]).await;
     redis.stop(); // the port is known and nothing listens on it
     let s = sluice_with_chain(redis.url(), None).await;
     assert_eq!(
@@ -158,7 +152,7 @@ async fn unreachable_at_start_serves_not_serving_then_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failure_modes_answer_for_a_dead_redis() {
-    let mut redis = start_redis().await;
+    let mut redis = start_redis(&[]).await;
     redis.stop();
     let req = one("f", &[("k", "v")]);
 
@@ -181,7 +175,7 @@ async fn failure_modes_answer_for_a_dead_redis() {
 
 #[tokio::test]
 async fn the_local_deny_cache_answers_without_any_redis_call() {
-    let redis = start_redis().await;
+    let redis = start_redis(&[]).await;
     let clock = ManualClock::new(T0);
     let inner = redis_store(vec![redis.url()], RedisKind::Single, &clock);
     let cache = Arc::new(LocalDenyCache::new(inner, 1 << 20, Arc::new(clock.clone())));
@@ -227,7 +221,7 @@ async fn the_local_deny_cache_answers_without_any_redis_call() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_that_stops_answering_gives_unavailable_not_a_hang() {
-    let redis = start_redis().await;
+    let redis = start_redis(&[]).await;
     let settings = sluice::store::redis::RedisSettings {
         timeout: Duration::from_millis(300),
         ..redis_settings(vec![redis.url()], RedisKind::Single)

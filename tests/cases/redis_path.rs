@@ -3,10 +3,9 @@
 //! hash tags and replicas, exact Cluster undo (also across a window roll), bounded abuse with an
 //! empty SLOWLOG, recovery from a restart under load, and a slow Redis opening the breaker.
 
-use super::redis::start_cluster;
 use super::store::{redis_settings, redis_store};
 use crate::support::proxy::RedisProxy;
-use crate::support::redis::{RedisCluster, RedisServer};
+use crate::support::redis::{start_cluster, start_redis, RedisCluster};
 use crate::support::*;
 use sluice::clock::{Clock, ManualClock};
 use sluice::config::{Algorithm, Limit, Period};
@@ -17,12 +16,6 @@ use sluice::store::redis::{keys, RedisKind, RedisStore};
 use sluice::store::{CounterKey, CounterStore, LimitCheck};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-async fn start_redis(args: &'static [&'static str]) -> RedisServer {
-    tokio::task::spawn_blocking(move || RedisServer::start_with_args(args))
-        .await
-        .expect("start redis")
-}
 
 const ALGORITHMS: [&str; 4] = [
     "fixed_window",

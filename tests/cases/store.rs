@@ -2,7 +2,7 @@
 //! style of Limitador's `test_with_all_storage_impls!`): memory, real Redis and a real 3-master
 //! Redis Cluster. Each test receives a fresh store and the manual clock that drives it.
 
-use crate::support::redis::{RedisCluster, RedisServer};
+use crate::support::redis::{start_cluster, start_redis, RedisCluster, RedisServer};
 use sluice::clock::ManualClock;
 use sluice::config::Unit;
 use sluice::store::memory::MemoryStore;
@@ -31,16 +31,12 @@ pub async fn make_store(kind: &str) -> (Arc<dyn CounterStore>, ManualClock, Back
             Backend::Memory,
         ),
         "redis" => {
-            let server = tokio::task::spawn_blocking(RedisServer::start)
-                .await
-                .expect("start redis");
+            let server = start_redis(&[]).await;
             let store = redis_store(vec![server.url()], RedisKind::Single, &clock);
             (store, clock, Backend::Redis(server))
         }
         "cluster" => {
-            let cluster = tokio::task::spawn_blocking(RedisCluster::start)
-                .await
-                .expect("start cluster");
+            let cluster = start_cluster().await;
             let store = redis_store(cluster.seeds(), RedisKind::Cluster, &clock);
             (store, clock, Backend::Cluster(cluster))
         }

@@ -1075,3 +1075,18 @@ fn keys_with_ttl(port: u16) -> io::Result<Vec<(String, i64)>> {
     }
     Ok(out)
 }
+
+/// [`RedisServer::start_with_args`] from async code: the start blocks (it waits for the server
+/// to answer), so it runs on a blocking thread.
+pub async fn start_redis(args: &'static [&'static str]) -> RedisServer {
+    tokio::task::spawn_blocking(move || RedisServer::start_with_args(args))
+        .await
+        .expect("start redis")
+}
+
+/// [`RedisCluster::start`] from async code, on a blocking thread.
+pub async fn start_cluster() -> RedisCluster {
+    tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .expect("start cluster")
+}
