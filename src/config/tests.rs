@@ -883,7 +883,7 @@ fn errors_in_several_files_are_all_reported() {
     );
 }
 
-// ---- sluice extensions (DESIGN 3.2) ----
+// ---- sluice extensions (README "sluice extensions") ----
 
 /// A config with one `rate_limit` on bare key `a`; `lines` go inside it, from line 5 on.
 fn limit_config(lines: &[&str]) -> String {

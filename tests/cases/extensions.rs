@@ -11,8 +11,8 @@ use sluice::store::{CounterKey, LimitCheck};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// DESIGN 3.2's seed: resource `calc` 5 per 10 s for everyone together (a resource limit), each
-/// consumer 3 per 10 s, both sliding_log.
+/// The README's resource + consumer example: resource `calc` 5 per 10 s for everyone together
+/// (a resource limit), each consumer 3 per 10 s, both sliding_log.
 const SEED: &str = r#"
 domain: calc
 descriptors:
