@@ -268,7 +268,7 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::config::Unit;
-    use crate::store::{CounterKey, Outcome};
+    use crate::store::Outcome;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     /// A store whose answer the test sets: ok, transient or permanent; counts calls. Can also
@@ -348,19 +348,8 @@ mod tests {
     }
 
     fn checks() -> Vec<LimitCheck> {
-        vec![LimitCheck {
-            key: CounterKey {
-                domain: Arc::from("d"),
-                entries: vec![("k".into(), "v".into())],
-                limit: crate::config::Limit::fixed(5, Unit::Minute),
-                overridden: false,
-                domain_tag: false,
-            },
-            hits: 1,
-            refund: false,
-            shadow: false,
-            quota: false,
-        }]
+        let limit = crate::config::Limit::fixed(5, Unit::Minute);
+        vec![LimitCheck::for_tests("d", "v", limit, 1)]
     }
 
     fn setup(store: Scripted) -> (Arc<Scripted>, CircuitBreaker, ManualClock) {

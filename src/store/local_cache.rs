@@ -314,24 +314,17 @@ mod tests {
         (store, cache, clock)
     }
 
-    fn key(value: &str, limit: u32) -> CounterKey {
-        CounterKey {
-            domain: Arc::from("d"),
-            entries: vec![("k".into(), value.into())],
-            limit: crate::config::Limit::fixed(limit, Unit::Minute),
-            overridden: false,
-            domain_tag: false,
-        }
+    fn check(value: &str, limit: u32) -> LimitCheck {
+        LimitCheck::for_tests(
+            "d",
+            value,
+            crate::config::Limit::fixed(limit, Unit::Minute),
+            1,
+        )
     }
 
-    fn check(value: &str, limit: u32) -> LimitCheck {
-        LimitCheck {
-            key: key(value, limit),
-            hits: 1,
-            refund: false,
-            shadow: false,
-            quota: false,
-        }
+    fn key(value: &str, limit: u32) -> CounterKey {
+        check(value, limit).key
     }
 
     fn calls(s: &Counting) -> usize {

@@ -507,19 +507,7 @@ mod tests {
     use std::time::Duration;
 
     fn check(value: &str, limit: u32, unit: Unit) -> LimitCheck {
-        LimitCheck {
-            key: CounterKey {
-                domain: Arc::from("d"),
-                entries: vec![("k".into(), value.into())],
-                limit: crate::config::Limit::fixed(limit, unit),
-                overridden: false,
-                domain_tag: false,
-            },
-            hits: 1,
-            refund: false,
-            shadow: false,
-            quota: false,
-        }
+        LimitCheck::for_tests("d", value, crate::config::Limit::fixed(limit, unit), 1)
     }
 
     #[test]

@@ -143,6 +143,27 @@ pub enum StoreError {
     Permanent(String),
 }
 
+#[cfg(any(test, feature = "test-util"))]
+impl LimitCheck {
+    /// Tests only (`test-util`): `hits` on the counter `domain` / `k=value` under `limit`, with
+    /// no flags (not a refund, not shadow, not quota).
+    pub fn for_tests(domain: &str, value: &str, limit: Limit, hits: u64) -> Self {
+        LimitCheck {
+            key: CounterKey {
+                domain: Arc::from(domain),
+                entries: vec![("k".into(), value.into())],
+                limit,
+                overridden: false,
+                domain_tag: false,
+            },
+            hits,
+            refund: false,
+            shadow: false,
+            quota: false,
+        }
+    }
+}
+
 /// A place where counters live: a backend (memory, Redis), or a layer wrapping another store
 /// (the circuit breaker, the local deny cache). A layer names its inner store in
 /// [`CounterStore::inner`] and implements only what it changes: every other method passes

@@ -13,7 +13,7 @@ use sluice::proto::rate_limit_response::Code;
 use sluice::service::ServiceOptions;
 use sluice::store::breaker::{BreakerSettings, CircuitBreaker};
 use sluice::store::redis::{keys, RedisKind, RedisStore};
-use sluice::store::{CounterKey, CounterStore, LimitCheck};
+use sluice::store::{CounterStore, LimitCheck};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -164,19 +164,7 @@ fn limit(rpu: u32, period: &str, algorithm: Algorithm) -> Limit {
 }
 
 fn ck(value: &str, limit: Limit, hits: u64) -> LimitCheck {
-    LimitCheck {
-        key: CounterKey {
-            domain: Arc::from("undo"),
-            entries: vec![("k".into(), value.into())],
-            limit,
-            overridden: false,
-            domain_tag: false,
-        },
-        hits,
-        refund: false,
-        shadow: false,
-        quota: false,
-    }
+    LimitCheck::for_tests("undo", value, limit, hits)
 }
 
 /// The raw stored value of a key: a string, or a sorted set's members and scores.

@@ -7,7 +7,7 @@ use sluice::clock::ManualClock;
 use sluice::config::Unit;
 use sluice::store::memory::MemoryStore;
 use sluice::store::redis::{RedisKind, RedisSettings, RedisStore};
-use sluice::store::{CounterKey, CounterStore, LimitCheck};
+use sluice::store::{CounterStore, LimitCheck};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -88,19 +88,12 @@ pub async fn server_on_redis_settings(
 }
 
 fn check(value: &str, limit: u32, unit: Unit, hits: u64) -> LimitCheck {
-    LimitCheck {
-        key: CounterKey {
-            domain: Arc::from("store-test"),
-            entries: vec![("k".into(), value.into())],
-            limit: sluice::config::Limit::fixed(limit, unit),
-            overridden: false,
-            domain_tag: false,
-        },
+    LimitCheck::for_tests(
+        "store-test",
+        value,
+        sluice::config::Limit::fixed(limit, unit),
         hits,
-        refund: false,
-        shadow: false,
-        quota: false,
-    }
+    )
 }
 
 test_with_all_stores!(
