@@ -7,7 +7,7 @@ use super::*;
 #[derive(Debug, Clone, Args)]
 pub struct ObserveArgs {
     /// Share of a limit past which allowed hits count as `near_limit` in metrics (0..=1).
-    #[arg(long, env = "NEAR_LIMIT_RATIO", default_value = "0.8", value_parser = parse_ratio)]
+    #[arg(long, env = "NEAR_LIMIT_RATIO", default_value_t = crate::service::DEFAULT_NEAR_LIMIT_RATIO, value_parser = parse_ratio)]
     pub near_limit_ratio: f64,
 
     /// Add `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (and `Retry-After` on
@@ -55,12 +55,12 @@ pub struct ObserveArgs {
     #[arg(
         long,
         env = "OTEL_EXPORTER_OTLP_ENDPOINT",
-        default_value = "http://localhost:4317"
+        default_value = crate::telemetry::trace::DEFAULT_ENDPOINT
     )]
     pub otel_exporter_otlp_endpoint: String,
 
     /// `service.name` of the exported spans.
-    #[arg(long, env = "OTEL_SERVICE_NAME", default_value = "sluice")]
+    #[arg(long, env = "OTEL_SERVICE_NAME", default_value = crate::telemetry::trace::DEFAULT_SERVICE_NAME)]
     pub otel_service_name: String,
 
     /// Share of root traces sampled (0..=1); a sampled incoming `traceparent` is always followed.
