@@ -84,6 +84,8 @@ fn benches(c: &mut Criterion) {
                     refund: false,
                     shadow: false,
                     quota: false,
+                    record: false,
+                    stop_over: false,
                 },
                 LimitCheck {
                     key: counter(n),
@@ -91,6 +93,8 @@ fn benches(c: &mut Criterion) {
                     refund: false,
                     shadow: false,
                     quota: false,
+                    record: false,
+                    stop_over: false,
                 },
             ];
             rt.block_on(store.decide(black_box(&checks)))

@@ -112,6 +112,8 @@ fn service_options(args: &ServeArgs) -> ServiceOptions {
     ServiceOptions {
         global_shadow_mode: args.shadow_mode,
         global_quota_mode: args.quota_mode,
+        counting: args.load.counting,
+        stop_increment_when_over: args.stop_cache_key_increment_when_overlimit,
         failure_mode: args.failure_mode,
         near_limit_ratio: args.observe.near_limit_ratio,
         headers: args.observe.headers(),

@@ -39,6 +39,8 @@ fn check(domain: &Arc<str>, consumer: usize) -> LimitCheck {
         refund: false,
         shadow: false,
         quota: false,
+        record: false,
+        stop_over: false,
     }
 }
 

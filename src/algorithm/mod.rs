@@ -71,6 +71,25 @@ impl Log {
         self.total += hits;
     }
 
+    /// A recorded charge (`Mode::Record`), stamped no earlier than the newest entry. Once the
+    /// log holds as many entries as the limit (at least one), the charge joins the newest entry
+    /// instead, restamped: the count stays exact and the log never grows past the limit,
+    /// however many over-limit charges are recorded (those hits then count a little longer).
+    fn record(&mut self, now: u64, hits: u64, limit: u64) {
+        let t = self.entries.back().map_or(now, |&(t, _)| t.max(now));
+        let room = MAX_COUNT.saturating_sub(self.total);
+        let hits = hits.min(room);
+        let full = self.entries.len() as u64 >= limit.max(1);
+        match self.entries.back_mut() {
+            Some(last) if full => {
+                last.0 = t;
+                last.1 += hits;
+                self.total += hits;
+            }
+            _ => self.push(t, hits),
+        }
+    }
+
     /// Entries held (each a heap-allocated 16 bytes in the memory store).
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -95,11 +114,29 @@ pub struct Outcome {
     pub retry_after: Duration,
 }
 
-/// Whether to charge hits or give them back (Envoy's `is_negative_hits`).
+/// How a limit takes a request's hits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
+    /// Charge the hits only if they fit (a check, `hits == 0`, asks for room for one more).
     Charge,
+    /// Give the hits back (Envoy's `is_negative_hits`).
     Refund,
+    /// Record the hits whether or not they fit (envoyproxy's counting, and `record_usage`):
+    /// the state always takes them, and the limit allows the request while the count after
+    /// them is not above the limit (a check, `hits == 0`, passes at exactly the limit).
+    Record,
+}
+
+/// Largest `hits` one check charges: a larger `hits_addend` (Envoy's is a u64) counts as this
+/// many, which is more than any limit (a u32) admits. Keeps every sum exact in the Lua
+/// script's doubles.
+pub const MAX_HITS: u64 = 1 << 40;
+/// A recorded count saturates here instead of wrapping (and stays exact in Lua's doubles).
+pub const MAX_COUNT: u64 = 1 << 50;
+
+/// `used + hits`, saturating at [`MAX_COUNT`].
+fn add_count(used: u64, hits: u64) -> u64 {
+    used.saturating_add(hits).min(MAX_COUNT.max(used))
 }
 
 /// Microseconds as a duration; `u64::MAX` means "never" and becomes `Duration::MAX`.
@@ -170,6 +207,10 @@ pub fn fixed_window(
     let reset = start + p.period_us - now;
     let (allowed, after) = match mode {
         Mode::Refund => (true, current.saturating_sub(hits)),
+        Mode::Record => {
+            let after = add_count(current, hits);
+            (after <= limit, after)
+        }
         Mode::Charge if fits(current, hits, limit) => (true, current + hits),
         Mode::Charge => (false, current),
     };
@@ -235,6 +276,7 @@ pub fn sliding_window(
     let estimate = sliding_estimate(previous, current, elapsed, period);
     let (allowed, after) = match mode {
         Mode::Refund => (true, current.saturating_sub(hits)),
+        Mode::Record => (estimate + hits as f64 <= limit, add_count(current, hits)),
         Mode::Charge => {
             let ok = if hits == 0 {
                 estimate < limit
@@ -345,6 +387,17 @@ pub fn sliding_log_in(
                 touched += 1;
             }
             (true, log.total, log.entries.back().map(|&(t, _)| t))
+        }
+        Mode::Record => {
+            if hits > 0 && commit {
+                log.record(now, hits, limit);
+            }
+            let t = if hits > 0 {
+                Some(newest.map_or(now, |t| t.max(now)))
+            } else {
+                newest
+            };
+            (count.saturating_add(hits) <= limit, add_count(count, hits), t)
         }
         Mode::Charge if fits(count, hits, limit) => {
             if hits == 0 {
@@ -462,6 +515,25 @@ pub fn token_bucket(
         Mode::Refund => {
             let (c_us, c_f) = intervals(hits.min(slots), period, limit);
             (true, tat.sub(c_us, c_f, limit, now_f), None)
+        }
+        Mode::Record => {
+            // At most one bucket of debt: a recorded charge beyond that is dropped, so the key's
+            // lifetime stays bounded (two bucket times) whatever a report says.
+            let (c_us, c_f) = intervals(h.min(slots), period, limit);
+            let candidate = tat.add(c_us, c_f, limit);
+            let (ok, charged) = if hits == 0 {
+                (tat <= horizon, tat)
+            } else {
+                let cap = horizon.add(tau_us, tau_f, limit);
+                let debt = if h > slots {
+                    candidate.add(tau_us, tau_f, limit)
+                } else {
+                    candidate
+                };
+                (h <= slots && candidate <= horizon, debt.min(cap))
+            };
+            let candidate = (h <= slots).then_some(candidate);
+            (ok, charged, candidate)
         }
         Mode::Charge if h > slots => (false, tat, None),
         Mode::Charge => {

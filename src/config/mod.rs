@@ -257,6 +257,9 @@ pub struct RateLimitRule {
     /// A resource limit: also charged, on one counter keyed by the path down to its node, for
     /// every request that matches a node below it.
     pub applies_to_descendants: bool,
+    /// `record_usage: true`: always charged, also on a rejected request, and denies only when
+    /// its count is above the limit (what `all_or_nothing` domains use for reported usage).
+    pub record_usage: bool,
 }
 
 /// How a config node's `value` matches a request entry's value.
@@ -324,6 +327,51 @@ pub struct DomainRules {
     pub root: Level,
     /// `hash_tag: domain` (sluice extension): every counter of the domain in one Cluster slot.
     pub domain_tag: bool,
+    /// `counting:`; `None` means the global `COUNTING` (what an xDS-pushed domain gets).
+    pub counting: Option<Counting>,
+}
+
+/// How a domain's limits are charged (the domain's `counting`, else the global `COUNTING`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Counting {
+    /// As envoyproxy/ratelimit: every descriptor's hits are recorded, on a denied request too;
+    /// a limit denies when its count is above the limit. Usage Envoy reports after a response
+    /// (`apply_on_stream_done`) is never lost.
+    #[default]
+    Envoyproxy,
+    /// Only if every limit admits the request are all charged; a rejected request charges
+    /// nothing, except limits with `record_usage: true`.
+    AllOrNothing,
+}
+
+impl Counting {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Counting::Envoyproxy => "envoyproxy",
+            Counting::AllOrNothing => "all_or_nothing",
+        }
+    }
+}
+
+impl std::fmt::Display for Counting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Counting {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "envoyproxy" => Ok(Counting::Envoyproxy),
+            "all_or_nothing" => Ok(Counting::AllOrNothing),
+            _ => Err(format!(
+                "counting must be `envoyproxy` (record every hit, as envoyproxy/ratelimit) or \
+                 `all_or_nothing` (a rejected request charges nothing), got {s:?}"
+            )),
+        }
+    }
 }
 
 /// The loaded, validated configuration: one immutable snapshot.

@@ -26,7 +26,7 @@ pub use status::{ConfigStatus, ReloadOutcome};
 use crate::config::RuleSet;
 use crate::proto::rate_limit_response::Code;
 use crate::proto::{RateLimitRequest, RateLimitResponse};
-use crate::store::CounterStore;
+use crate::store::{CounterStore, LimitCheck};
 use crate::telemetry::metrics::RequestOutcome;
 use crate::telemetry::spans::{RequestSpan, StoreSpan};
 use crate::telemetry::Telemetry;
@@ -241,6 +241,29 @@ impl RateLimiter {
         result
     }
 
+    /// The store's decision on `checks`. Usage a request records (a report Envoy sends when a
+    /// response is done) must reach the store even if Envoy cancels the call at its timeout
+    /// (20 ms by default) and tonic drops this future. The memory store decides within the
+    /// first poll and standalone Redis's batcher runs a recording call whose caller left; a
+    /// Cluster call awaits connections and replies here, so it runs on its own task.
+    async fn decide_checks(
+        &self,
+        checks: &[LimitCheck],
+    ) -> Result<crate::store::Decision, crate::store::StoreError> {
+        let records = checks.iter().any(|c| c.record && c.hits > 0);
+        if !records || self.store.call_shape(checks).store != "redis-cluster" {
+            return self.store.decide(checks).await;
+        }
+        let store = Arc::clone(&self.store);
+        let owned = checks.to_vec();
+        let task = tokio::spawn(async move { store.decide(&owned).await });
+        task.await.unwrap_or_else(|e| {
+            Err(crate::store::StoreError::Permanent(format!(
+                "decision task failed: {e}"
+            )))
+        })
+    }
+
     /// validate -> plan -> store -> respond, with the store call wrapped in its span and
     /// latency metric.
     async fn decide(
@@ -261,7 +284,7 @@ impl RateLimiter {
         let span = StoreSpan::start(self.telemetry.tracer.as_ref(), cx, || {
             self.store.call_shape(&plan.checks)
         });
-        let result = self.store.decide(&plan.checks).await;
+        let result = self.decide_checks(&plan.checks).await;
         self.telemetry
             .metrics
             .store_call(started.elapsed(), result.as_ref().err());

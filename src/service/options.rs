@@ -12,6 +12,10 @@ pub struct ServiceOptions {
     /// `QUOTA_MODE`: every limit is a quota-mode limit, as if each descriptor set
     /// `quota_mode: true` (see [`crate::store::Admission`]).
     pub global_quota_mode: bool,
+    /// `COUNTING`: how a domain without its own `counting:` charges (xDS-pushed domains too).
+    pub counting: crate::config::Counting,
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (envoyproxy counting only).
+    pub stop_increment_when_over: bool,
     /// `FAILURE_MODE`: what to answer when the counter store fails. `None` (the default)
     /// answers gRPC UNAVAILABLE, leaving the choice to Envoy's `failure_mode_deny`.
     pub failure_mode: Option<FailureMode>,
@@ -66,6 +70,8 @@ impl Default for ServiceOptions {
         Self {
             global_shadow_mode: false,
             global_quota_mode: false,
+            counting: crate::config::Counting::default(),
+            stop_increment_when_over: false,
             failure_mode: None,
             near_limit_ratio: DEFAULT_NEAR_LIMIT_RATIO,
             headers: None,

@@ -3,7 +3,7 @@
 //! checks the store decides together. Pure: no I/O, no clock.
 
 use super::{RequestError, ServiceOptions};
-use crate::config::{DomainRules, Limit, Quota, RuleSet, Unit};
+use crate::config::{Counting, DomainRules, Limit, Quota, RuleSet, Unit};
 use crate::proto::envoy::r#type::v3::RateLimitUnit;
 use crate::proto::{rate_limit_descriptor, RateLimitDescriptor, RateLimitRequest};
 use crate::rules;
@@ -69,6 +69,7 @@ struct Candidate<'a> {
     quota: Quota,
     shadow: bool,
     quota_mode: bool,
+    record_usage: bool,
     overridden: bool,
     /// How many leading counter entries key the counter (all of them, except for a resource
     /// limit above the descriptor's last node).
@@ -117,7 +118,11 @@ pub(super) fn plan(
     // is checked once): a short list searched in place, no per-request map.
     let mut resource_checks: Vec<usize> = Vec::new();
     for (matching, d) in per_descriptor.into_iter().zip(&request.descriptors) {
-        let hits = d.hits_addend.unwrap_or(request_hits);
+        // A u64 from Envoy: beyond MAX_HITS (more than any limit) it saturates, never wraps.
+        let hits = d
+            .hits_addend
+            .unwrap_or(request_hits)
+            .min(crate::algorithm::MAX_HITS);
         let resolution = plan.add_descriptor(
             matching,
             &Charge {
@@ -183,6 +188,7 @@ fn override_matching<'a>(
         quota: Quota::Limited(Limit::fixed(o.requests_per_unit, unit)),
         shadow: false,
         quota_mode: false,
+        record_usage: false,
         overridden: true,
         depth,
         resource: false,
@@ -209,6 +215,7 @@ fn config_matching<'a>(domain: &'a DomainRules, d: &RateLimitDescriptor) -> Matc
             quota: r.quota,
             shadow: r.shadow_mode,
             quota_mode: r.quota_mode,
+            record_usage: r.record_usage,
             overridden: false,
             depth,
             resource,
@@ -245,6 +252,8 @@ impl Plan {
             return Resolution::NoLimit;
         }
         let mut indexes = Vec::new();
+        let envoyproxy = charge.domain.counting.unwrap_or(charge.options.counting)
+            == Counting::Envoyproxy;
         // The last limited candidate takes the entries instead of a copy.
         let last = live
             .iter()
@@ -287,6 +296,8 @@ impl Plan {
                 refund: charge.refund,
                 shadow: c.shadow || charge.options.global_shadow_mode,
                 quota: c.quota_mode || charge.options.global_quota_mode,
+                record: envoyproxy || c.record_usage,
+                stop_over: envoyproxy && charge.options.stop_increment_when_over,
             });
         }
         if indexes.is_empty() {

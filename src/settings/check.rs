@@ -42,6 +42,12 @@ pub struct LoadFlags {
         default_missing_value = "true"
     )]
     pub merge_domain_config: bool,
+
+    /// How a domain without its own `counting:` charges its limits (and every domain pushed
+    /// over xDS): `envoyproxy` records every hit, as envoyproxy/ratelimit; `all_or_nothing`
+    /// charges a request only if every limit admits it.
+    #[arg(long, env = "COUNTING", default_value = "envoyproxy")]
+    pub counting: crate::config::Counting,
 }
 
 impl LoadFlags {

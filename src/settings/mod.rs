@@ -223,6 +223,20 @@ pub struct ServeArgs {
     )]
     pub quota_mode: bool,
 
+    /// envoyproxy counting only: if one of a request's keys would exceed its limit, charge only
+    /// the keys that would (and nothing if one is in the local over-limit cache), as
+    /// envoyproxy/ratelimit's setting of the same name; sluice decides it atomically.
+    #[arg(
+        long,
+        env = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub stop_cache_key_increment_when_overlimit: bool,
+
     /// Fill the response's `dynamic_metadata` as envoyproxy does: the domain, the descriptors
     /// and the config `metadata` of the descriptors that passed.
     #[arg(

@@ -9,9 +9,12 @@
 //!   (`hits_addend` 0) asks for the counter's current state.
 //! - The key is the whole [`CounterKey`], limit included (requests_per_unit, unit, override), so
 //!   a changed limit or override is never answered from an entry kept for another one.
-//! - A locally answered request is denied and charges nothing (the store would have charged
-//!   nothing either: all or nothing). The other checks of that request were not read; they are
-//!   reported `allowed: true, remaining: 0, reset: 0` (see [`LocalDenyCache`]).
+//! - A locally answered request is denied and the cached counters are not charged. In an
+//!   all-or-nothing request nothing else is either (the store would have charged nothing); its
+//!   other checks were not read and are reported `allowed: true, remaining: 0, reset: 0` (see
+//!   [`LocalDenyCache`]). Recording checks (envoyproxy counting, `record_usage`) that are not
+//!   cached still go to the store and are charged, as envoyproxy/ratelimit charges every key
+//!   not in its cache; with `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` nothing is.
 //! - A refund seen here for a cached counter drops its entry (the counter has room again). A
 //!   refund made through another replica is not seen: that replica's entry lives until the
 //!   window resets, the same trade-off envoyproxy makes.
@@ -252,14 +255,31 @@ impl CounterStore for LocalDenyCache {
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(async move {
             let now = self.clock.now();
-            if let Some(local) = self.lookup(checks, now) {
+            let Some(mut local) = self.lookup(checks, now) else {
+                let decision = self.inner.decide(checks).await?;
+                self.remember(checks, &decision, now);
+                return Ok(decision);
+            };
+            // Recording checks not answered here are still charged (envoyproxy charges every
+            // key not in its over-limit cache), unless the request stops charging when a key
+            // is over (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT): then nothing is.
+            let stop = checks.iter().any(|c| c.stop_over);
+            let rest: Vec<usize> = (0..checks.len())
+                .filter(|&i| !stop && checks[i].record && local.outcomes[i].allowed)
+                .collect();
+            if rest.is_empty() {
                 #[cfg(any(test, feature = "test-util"))]
                 self.local_denials.fetch_add(1, Ordering::Relaxed);
                 return Ok(local);
             }
-            let decision = self.inner.decide(checks).await?;
-            self.remember(checks, &decision, now);
-            Ok(decision)
+            let sub: Vec<LimitCheck> = rest.iter().map(|&i| checks[i].clone()).collect();
+            let decision = self.inner.decide(&sub).await?;
+            self.remember(&sub, &decision, now);
+            for (&i, o) in rest.iter().zip(decision.outcomes) {
+                local.outcomes[i] = o;
+            }
+            local.local = false;
+            Ok(local)
         })
     }
 

@@ -15,7 +15,8 @@
 mod table;
 
 use super::{
-    Admission, BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, StoreError, StoreStats,
+    charged, Admission, BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, StoreError,
+    StoreStats,
 };
 use crate::algorithm::{self, LimitParams, Log, Mode, Outcome, State};
 use crate::clock::Clock;
@@ -340,24 +341,19 @@ fn decide_in_place(
         next.push(state);
     }
     let admitted = admission.admitted();
-    if !admitted {
-        // Nothing is charged, so report what each counter really has left, not what it would
-        // have had after this request.
-        for (i, check) in checks.iter().enumerate() {
-            outcomes[i].remaining =
-                remaining_now(guards[slot[i]].counters.get_mut(fps[i]), check, now);
-        }
-        let decision = Decision {
-            admitted,
-            outcomes,
-            local: false,
-        };
-        return (decision, 0);
-    }
+    let allowed: Vec<bool> = outcomes.iter().map(|o| o.allowed).collect();
+    let charge = charged(checks, &allowed, admitted);
     let mut evicted = 0;
     for (i, (check, state)) in checks.iter().zip(next).enumerate() {
-        // A check charges nothing; neither does a shadow or quota limit that would deny.
-        if check.hits == 0 || !outcomes[i].allowed {
+        if !charge[i] {
+            // Not charged: report what the counter really has left, not what it would have
+            // had after this request.
+            outcomes[i].remaining =
+                remaining_now(guards[slot[i]].counters.get_mut(fps[i]), check, now);
+            continue;
+        }
+        // A check charges nothing.
+        if check.hits == 0 {
             continue;
         }
         let p = check.params();
@@ -446,27 +442,47 @@ fn decide_on_copies(
         outcomes.push(outcome);
     }
     let admitted = admission.admitted();
-    let mut evicted = 0;
-    if !admitted {
+    let allowed: Vec<bool> = outcomes.iter().map(|o| o.allowed).collect();
+    let charge = charged(checks, &allowed, admitted);
+    if charge.iter().any(|c| !c) {
+        // Only some checks are written: replay just those on fresh copies, and report what the
+        // others' counters really have left.
+        pending.clear();
         for (i, check) in checks.iter().enumerate() {
             let stored = guards[slot[i]].counters.get(fps[i]).map(|c| &c.state);
-            outcomes[i].remaining = algorithm::decide(stored, now, check.params(), 0, Mode::Charge)
-                .0
-                .remaining;
-        }
-    } else {
-        // Each counter ends in the state its last check left.
-        for (i, check) in checks.iter().enumerate() {
-            let last = pending.iter().rposition(|(fp, _)| *fp == fps[i]);
-            let charged = checks
-                .iter()
-                .zip(fps)
-                .any(|(c, fp)| *fp == fps[i] && c.hits > 0);
-            if !charged || last != Some(i) {
+            if !charge[i] {
+                outcomes[i].remaining =
+                    algorithm::decide(stored, now, check.params(), 0, Mode::Charge)
+                        .0
+                        .remaining;
                 continue;
             }
-            let state = pending[i].1.clone();
-            evicted += u64::from(guards[slot[i]].write(fps[i], state, check.params(), now));
+            let current = pending
+                .iter()
+                .rev()
+                .find(|(fp, _)| *fp == fps[i])
+                .map(|(_, s)| s)
+                .or(stored);
+            let (_, next) =
+                algorithm::decide(current, now, check.params(), check.hits, check.mode());
+            pending.push((fps[i], next));
+        }
+    }
+    // Each counter ends in the state its last written check left.
+    let mut evicted = 0;
+    for (n, (fp, state)) in pending.iter().enumerate() {
+        if pending[n + 1..].iter().any(|(f, _)| f == fp) {
+            continue;
+        }
+        let i = fps.iter().position(|f| f == fp).unwrap_or(0);
+        let written = checks
+            .iter()
+            .zip(fps)
+            .zip(&charge)
+            .any(|((c, f), &w)| f == fp && w && c.hits > 0);
+        if written {
+            let p = checks[i].params();
+            evicted += u64::from(guards[slot[i]].write(*fp, state.clone(), p, now));
         }
     }
     let decision = Decision {

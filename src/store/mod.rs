@@ -49,8 +49,16 @@ pub struct LimitCheck {
     pub shadow: bool,
     /// A quota-mode limit (envoyproxy's `quota_mode`): its denial alone does not deny the
     /// request; the request is denied when every quota limit of it denies (see [`Admission`]).
-    /// A quota limit that denies is not charged, even when the request is admitted.
+    /// A quota limit that denies is not charged, even when the request is admitted (unless it
+    /// records usage).
     pub quota: bool,
+    /// Recorded whatever the verdict (envoyproxy counting, or `record_usage: true`): the hits
+    /// are charged even when they do not fit, on a denied request too, and the limit denies
+    /// only when its count after them is above the limit. See [`charged`].
+    pub record: bool,
+    /// envoyproxy's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (set on every check of such a
+    /// request): if any recording check would exceed its limit, only those are charged.
+    pub stop_over: bool,
 }
 
 impl LimitCheck {
@@ -67,10 +75,34 @@ impl LimitCheck {
     pub fn mode(&self) -> Mode {
         if self.refund {
             Mode::Refund
+        } else if self.record {
+            Mode::Record
         } else {
             Mode::Charge
         }
     }
+}
+
+/// The charging rule every store applies (the script mirrors it): which checks of a request
+/// are written, given each check's verdict and whether [`Admission`] admitted the request.
+/// - a recording check (`record`) is always charged;
+/// - any other check is charged only if the request is admitted and it allowed it (a shadow or
+///   quota limit that would deny is not);
+/// - with `stop_over`, if some recording check would exceed its limit, only those are.
+pub fn charged(checks: &[LimitCheck], allowed: &[bool], admitted: bool) -> Vec<bool> {
+    let stop = checks.iter().any(|c| c.stop_over)
+        && checks.iter().zip(allowed).any(|(c, &ok)| c.record && !ok);
+    checks
+        .iter()
+        .zip(allowed)
+        .map(|(c, &ok)| {
+            if stop {
+                c.record && !ok
+            } else {
+                c.record || (admitted && ok)
+            }
+        })
+        .collect()
 }
 
 /// The rule that admits a request, from its checks' verdicts (envoyproxy/ratelimit #1045/#1059):
@@ -160,6 +192,8 @@ impl LimitCheck {
             refund: false,
             shadow: false,
             quota: false,
+            record: false,
+            stop_over: false,
         }
     }
 }
@@ -169,9 +203,9 @@ impl LimitCheck {
 /// [`CounterStore::inner`] and implements only what it changes: every other method passes
 /// through to the inner store by default, here, instead of being forwarded by hand.
 pub trait CounterStore: Send + Sync + std::fmt::Debug {
-    /// Decides all `checks` of one request atomically: if [`Admission`] admits the request, every
-    /// check that allowed it is charged; otherwise none is. Checks on the same counter see each
-    /// other's hits.
+    /// Decides all `checks` of one request atomically: [`Admission`] says whether the request is
+    /// admitted and [`charged`] which checks are written (all or nothing, except recording
+    /// checks). Checks on the same counter see each other's hits.
     fn decide<'a>(
         &'a self,
         checks: &'a [LimitCheck],

@@ -215,9 +215,19 @@ async fn memory_and_redis_decide_identically_for_every_algorithm() {
     let mut steps = 0;
     // (admitted, denied) per algorithm: the sequences must exercise both sides.
     let mut seen = [(0u32, 0u32); 4];
-    for seed in 1..=24u64 {
+    for seed in 1..=32u64 {
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let alg = Algorithm::ALL[(seed % 4) as usize];
+        // The counting: all or nothing; envoyproxy (every check records); envoyproxy with
+        // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT; all or nothing with the shared limit
+        // recording usage (`record_usage`).
+        let counting = (seed / 4) % 4;
+        let (record_shared, record_consumer, stop) = match counting {
+            0 => (false, false, false),
+            1 => (true, true, false),
+            2 => (true, true, true),
+            _ => (true, false, false),
+        };
         // Two limits per request on the same resource (one per consumer, one shared), random
         // quotas and periods, so every path (admit, deny, window roll, refund) is hit.
         let shared = limit(
@@ -254,6 +264,8 @@ async fn memory_and_redis_decide_identically_for_every_algorithm() {
                     refund,
                     shadow: false,
                     quota: false,
+                    record: record_shared,
+                    stop_over: stop,
                 },
                 LimitCheck {
                     key: key(
@@ -267,13 +279,15 @@ async fn memory_and_redis_decide_identically_for_every_algorithm() {
                     refund,
                     shadow: rng.below(8) == 0,
                     quota: false,
+                    record: record_consumer,
+                    stop_over: stop,
                 },
             ];
             let m = memory.decide(&checks).await.expect("memory decides");
             let r = redis.decide(&checks).await.expect("redis decides");
             assert_eq!(
                 m, r,
-                "seed {seed} step {step} ({alg:?}, shared {shared:?}, consumer {per_consumer:?}, hits {hits}, refund {refund})"
+                "seed {seed} step {step} ({alg:?}, counting {counting}, shared {shared:?}, consumer {per_consumer:?}, hits {hits}, refund {refund})"
             );
             steps += 1;
             let tally = &mut seen[(seed % 4) as usize];
@@ -288,7 +302,7 @@ async fn memory_and_redis_decide_identically_for_every_algorithm() {
             memory_clock.advance(dt);
         }
     }
-    assert_eq!(steps, 24 * 40);
+    assert_eq!(steps, 32 * 40);
     for (i, (admitted, denied)) in seen.iter().enumerate() {
         assert!(
             *admitted > 20 && *denied > 20,
@@ -323,6 +337,8 @@ async fn measure_redis_memory_per_counter() {
                 domain_tag: false,
             },
             hits: 1,
+            record: false,
+            stop_over: false,
             refund: false,
             shadow: false,
             quota: false,

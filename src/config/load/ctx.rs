@@ -3,7 +3,7 @@
 //! Descriptors and limits are built in their own files.
 
 use super::super::yaml::{Node, Resolved, Value};
-use super::super::{DomainRules, Level, RateLimitRule, ValueMatch};
+use super::super::{Counting, DomainRules, Level, RateLimitRule, ValueMatch};
 use super::errors::ConfigError;
 use super::schema::{unknown_key_message, Scope};
 use std::collections::HashMap;
@@ -162,9 +162,11 @@ impl Ctx {
         let mut descriptors = None;
         let mut domain_seen = false;
         let mut domain_tag = false;
+        let mut counting = None;
         for (key, _, value) in self.entries(entries, "", Scope::Root) {
             match key {
                 "hash_tag" => domain_tag = self.hash_tag(value),
+                "counting" => counting = self.counting(value),
                 "domain" => {
                     domain_seen = true;
                     domain = self
@@ -208,10 +210,23 @@ impl Ctx {
                     file: self.file.clone(),
                     root: level,
                     domain_tag,
+                    counting,
                 },
                 line,
             )
         })
+    }
+
+    /// `counting`: `envoyproxy` or `all_or_nothing`; absent, the global `COUNTING` applies.
+    fn counting(&mut self, value: &Node) -> Option<Counting> {
+        let raw = self.string(value, "counting", "counting")?;
+        match raw.parse::<Counting>() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                self.err(value.line, "counting", e);
+                None
+            }
+        }
     }
 
     /// `hash_tag`: `descriptor` (the default) or `domain`, which puts a whole domain in one slot.

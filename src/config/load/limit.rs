@@ -24,6 +24,7 @@ struct LimitKeys {
     algorithm: (Option<usize>, Option<String>),
     burst: (Option<usize>, Option<u32>),
     descendants_line: Option<usize>,
+    record_usage: bool,
 }
 
 impl LimitKeys {
@@ -128,6 +129,7 @@ impl Ctx {
             name_line,
             replaces,
             descendants_line,
+            record_usage,
             ..
         } = keys;
         if !name.is_empty() {
@@ -151,6 +153,7 @@ impl Ctx {
                 shadow_mode: false,
                 quota_mode: false,
                 applies_to_descendants: descendants_line.is_some(),
+                record_usage,
             },
             descendants_line,
         })
@@ -188,6 +191,7 @@ impl Ctx {
                 "applies_to_descendants" => {
                     k.descendants_line = (self.flag(v, &p, key) == Some(true)).then_some(v.line);
                 }
+                "record_usage" => k.record_usage = self.flag(v, &p, key) == Some(true),
                 _ => {}
             }
         }

@@ -339,6 +339,13 @@ fn merge_domain(
         ));
         return;
     }
+    if into.counting != more.counting {
+        err(format!(
+            "counting differs from the other config of domain '{}' ({}): merged configs must agree",
+            into.domain, into.file
+        ));
+        return;
+    }
     let duplicate = |path: &str| {
         format!(
             "duplicate descriptor composite key '{path}' (domain '{}' is merged from several \

@@ -13,7 +13,7 @@ pub(super) enum Scope {
     Replaces,
 }
 
-const ROOT_KEYS: &[&str] = &["domain", "descriptors", "hash_tag"];
+const ROOT_KEYS: &[&str] = &["domain", "descriptors", "hash_tag", "counting"];
 const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
     "value",
@@ -38,6 +38,7 @@ const LIMIT_KEYS: &[&str] = &[
     "algorithm",
     "burst",
     "applies_to_descendants",
+    "record_usage",
 ];
 const REPLACES_KEYS: &[&str] = &["name"];
 

@@ -42,6 +42,7 @@ fn envoyproxy_config_keeps_its_exact_model() {
             shadow_mode: false,
             quota_mode: false,
             applies_to_descendants: false,
+            record_usage: false,
         }]
     );
     let Quota::Limited(l) = n.rate_limits[0].quota else {

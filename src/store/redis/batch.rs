@@ -12,6 +12,21 @@ pub(super) struct Call {
     pub(super) tokens: bool,
     /// Fixed windows only, no flags: 3 arguments per limit, the script's fast path.
     pub(super) plain: bool,
+    /// A plain call's counting `m` (decide.lua): 0 all or nothing, 1 record, 3 record + stop.
+    pub(super) counting: u64,
+}
+
+impl Call {
+    /// Whether the call records usage that must reach Redis even if its caller gave up.
+    pub(super) fn records(&self) -> bool {
+        if self.plain {
+            self.counting & 1 == 1
+        } else {
+            self.args
+                .chunks(self.per_key())
+                .any(|a| a.get(3).is_some_and(|m| m & (FLAG_RECORD << 2) != 0))
+        }
+    }
 }
 
 impl Call {
@@ -82,8 +97,12 @@ pub(super) async fn run_batch(
         .arg(if tokens { "1" } else { "0" })
         .arg(calls.len());
     for call in calls {
-        let n = i64::try_from(call.keys.len()).unwrap_or(i64::MAX);
-        inv.arg(if call.plain { -n } else { n });
+        let n = i64::try_from(call.keys.len()).unwrap_or(i64::MAX / 8);
+        inv.arg(if call.plain {
+            -(4 * n + call.counting as i64)
+        } else {
+            n
+        });
         for (key, args) in call.keys.iter().zip(call.args.chunks(call.per_key())) {
             inv.key(key.as_str());
             for a in args {
@@ -183,8 +202,9 @@ pub(super) async fn batcher(
             }
         }
         // A caller that gave up while queued (Envoy's deadline) is not decided: its request
-        // would be charged with nobody told.
-        jobs.retain(|j| !j.reply.is_closed());
+        // would be charged with nobody told. Usage it records is: Envoy reports the tokens a
+        // response used and cancels the call at its timeout, but the tokens are spent.
+        jobs.retain(|j| !j.reply.is_closed() || j.call.records());
         if jobs.is_empty() {
             continue;
         }

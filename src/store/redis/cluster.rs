@@ -90,6 +90,7 @@ fn undo_call(call: &Call, values: &[i64]) -> Call {
         args: Vec::new(),
         tokens: false,
         plain: false,
+        counting: 0,
     };
     for ((key, args), v) in call
         .keys
@@ -98,8 +99,10 @@ fn undo_call(call: &Call, values: &[i64]) -> Call {
         .zip(values[1..].chunks(call.width()))
     {
         let (hits, meta) = (args[2], args.get(3).copied().unwrap_or(0));
-        // Written: allowed, hits to charge, not a refund. A shadow denial wrote nothing.
-        if v[0] & 1 == 1 && hits > 0 && meta & (FLAG_REFUND << 2) == 0 {
+        // Written: allowed, hits to charge, not a refund. A shadow denial wrote nothing; a
+        // recorded charge stands whatever the other slots say.
+        let recorded = call.plain && call.counting & 1 == 1 || meta & (FLAG_RECORD << 2) != 0;
+        if v[0] & 1 == 1 && hits > 0 && meta & (FLAG_REFUND << 2) == 0 && !recorded {
             undo.keys.push(key.clone());
             undo.args.extend([
                 args[0],

@@ -12,12 +12,15 @@
 -- ARGV[2]   "1" to return each charge's undo token (a Cluster request spanning slots), "p" for
 --           the packed layout of plain requests (below, before the general path), else "0"
 -- ARGV[3]   the number of requests R; then, per request, its number of limits n followed by
---           K arguments per limit (K = 4, or 5 in an undo call), or -n followed by 3 per limit
---           (limit, period_us, hits) for a plain request (fixed windows only, no flags):
+--           K arguments per limit (K = 4, or 5 in an undo call), or -(4n + m) followed by 3 per
+--           limit (limit, period_us, hits) for a plain request (fixed windows only, no flags
+--           but the counting ones), m its counting: 0 all or nothing, 1 record, 3 record with
+--           stop (the flags 16 and 32 below, for the whole request):
 --   limit      requests admitted per period (0 blocks everything)
 --   period_us  period in microseconds (> 0); windows are aligned to the Unix epoch
---   hits       hits to charge (0 = check only: allowed while one more request would fit)
---   meta       algorithm + 4 * flags + 64 * burst, where
+--   hits       hits to charge (0 = check only: allowed while one more request would fit;
+--              with the record flag, while the count is not above the limit); at most 2^40
+--   meta       algorithm + 4 * flags + 256 * burst, where
 --              algorithm  0 fixed_window, 1 sliding_window, 2 sliding_log, 3 token_bucket
 --              flags      bit 0 (1): shadow, decided like an enforced limit, never denies
 --                         bit 1 (2): refund, gives `hits` back (Envoy's is_negative_hits)
@@ -28,6 +31,13 @@
 --                                    the request is denied if every quota limit of it denies
 --                                    (a Cluster request spanning slots sends its quota limits
 --                                    as shadow and applies that rule itself)
+--                         bit 4 (16): record: charged whatever the verdict, also on a denied
+--                                    request; allowed while the count after it is not above
+--                                    the limit (envoyproxy counting, `record_usage`). Counts
+--                                    saturate at 2^50.
+--                         bit 5 (32): stop (envoyproxy's STOP_CACHE_KEY_INCREMENT_WHEN_
+--                                    OVERLIMIT, on every limit of the request): if a record
+--                                    limit would exceed, only those are charged
 --              burst      token_bucket: requests allowed at once above the steady rate
 --   token      undo calls only: what the charge returned as its token
 -- (One number for algorithm, flags and burst: every argument is a Lua string to convert, and
@@ -37,7 +47,7 @@
 -- state_2, ...}:
 --   admitted    1 if every enforced limit allowed the request and, if it has quota limits, one
 --               of them did; only then is anything written (a shadow or quota limit that
---               denies is never written)
+--               denies is never written), record limits aside (see the flags)
 --   state_i     allowed_i + 2 * remaining_i: allowed_i is 1 if limit i alone allows it;
 --               remaining_i the hits left after this request if admitted, else as stored
 --   reset_us_i  microseconds until the counter is back to its full quota
@@ -80,6 +90,8 @@ end
 
 local call, find, sub, floor, max, min, fmt =
   redis.call, string.find, string.sub, math.floor, math.max, math.min, string.format
+-- Where a recorded count saturates (2^50; hits are at most 2^40): every sum stays exact.
+local MAXC = 1125899906842624
 
 -- EXPIRATION_JITTER_MAX_SECONDS in milliseconds: the store rewrites this line when it loads the
 -- script (0: no jitter). Every TTL gets up to that much more, and never more than doubles, so
@@ -97,7 +109,8 @@ end
 -- The packed layout (ARGV[2] = "p"): plain requests only, every distinct counter once.
 --   KEYS      the U distinct counter keys of the call
 --   ARGV[3]   U; then per key: limit, period_us
---   then R, the number of requests; then per request n followed by n codes, one per limit:
+--   then R, the number of requests; then per request 4n + m (m its counting, as for a plain
+--             request) followed by n codes, one per limit:
 --             hits * 64 + (index of its key in KEYS, from 0); U <= 64, and no request names a
 --             key twice
 -- Returns {now, stored_1 .. stored_U, after_1 .. after_U}: each counter as stored before the
@@ -127,23 +140,31 @@ if ARGV[2] == 'p' then
   end
   local p = 4 + 2 * U
   for _ = 1, tonumber(ARGV[p]) do
-    local n = tonumber(ARGV[p + 1])
-    local ok = true
+    local hdr = tonumber(ARGV[p + 1])
+    local m = hdr % 4
+    local n = (hdr - m) / 4
+    local ok, over = true, false
     for i = p + 2, p + 1 + n do
       local code = tonumber(ARGV[i])
       local u = code % 64 + 1
       local hits = (code - u + 1) / 64
-      if hits == 0 then
+      if m > 0 then
+        if min(count[u] + hits, MAXC) > limit[u] then over = true end
+      elseif hits == 0 then
         if count[u] >= limit[u] then ok = false end
       elseif count[u] + hits > limit[u] then
         ok = false
       end
     end
+    -- What is charged: all or nothing (m = 0); every limit (record), or with stop only the
+    -- limits that exceed if any does.
     if ok then
       for i = p + 2, p + 1 + n do
         local code = tonumber(ARGV[i])
         local u = code % 64 + 1
-        count[u] = count[u] + (code - u + 1) / 64
+        local hits = (code - u + 1) / 64
+        local after = min(count[u] + hits, MAXC)
+        if m < 2 or not over or after > limit[u] then count[u] = after end
       end
     end
     p = p + 1 + n
@@ -180,7 +201,8 @@ do
   for _ = 1, R do
     local n = tonumber(ARGV[p])
     if n < 0 then
-      p = p + 1 - 3 * n
+      local hn = -n
+      p = p + 1 + 3 * (hn - hn % 4) / 4
     else
       all_plain = false
       for i = 1, n do has[tonumber(ARGV[p + 4 + K * (i - 1)]) % 4] = true end
@@ -213,8 +235,9 @@ end
 -- closures built (see README "Performance": this script's cost is measured against a minimal
 -- check-and-charge script). One request: its keys are KEYS[KB + 1 .. KB + n], its arguments
 -- follow ARGV[AB]; its answer is appended to `out` from index `o0`.
-local function fast(KB, AB, n, out, o0)
+local function fast(KB, AB, n, m, out, o0)
   local count, stored, wkeys, admitted = {}, {}, {}, 1
+  local record, over = m % 2 == 1, false
   for i = 1, n do
     local key, b = KEYS[KB + i], AB + 1 + 3 * (i - 1)
     local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
@@ -233,11 +256,26 @@ local function fast(KB, AB, n, out, o0)
       if c < 0 then c = 0 end
     end
     local ok
-    if hits == 0 then ok = c < limit else ok = c + hits <= limit end
+    if record then
+      ok = min(c + hits, MAXC) <= limit
+    elseif hits == 0 then
+      ok = c < limit
+    else
+      ok = c + hits <= limit
+    end
     local o = o0 + 1 + W * (i - 1)
     local reset = start + period - now
     out[o + 1] = reset
-    if ok then
+    if record then
+      -- Charged whatever the verdict.
+      c = min(c + hits, MAXC)
+      count[key] = c
+      out[o] = 2 * max(limit - c, 0)
+      if ok then out[o] = out[o] + 1; out[o + 2] = 0 else
+        over, admitted = true, 0
+        if max(hits, 1) > limit then out[o + 2] = -1 else out[o + 2] = reset end
+      end
+    elseif ok then
       c = c + hits
       count[key] = c
       out[o] = 1 + 2 * max(limit - c, 0)
@@ -253,7 +291,22 @@ local function fast(KB, AB, n, out, o0)
     end
   end
   out[o0] = admitted
-  if admitted == 1 then
+  if record and over and m >= 2 then
+    -- Stop: only the limits that exceed are charged; the others keep what they had.
+    for key, _ in pairs(count) do count[key] = max(stored[key], 0) end
+    for i = 1, n do
+      local o = o0 + 1 + W * (i - 1)
+      local key, b = KEYS[KB + i], AB + 1 + 3 * (i - 1)
+      local limit, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 2])
+      if out[o] % 2 == 0 then count[key] = min(count[key] + hits, MAXC) end
+    end
+    for i = 1, n do
+      local o = o0 + 1 + W * (i - 1)
+      local limit = tonumber(ARGV[AB + 1 + 3 * (i - 1)])
+      out[o] = out[o] % 2 + 2 * max(limit - count[KEYS[KB + i]], 0)
+    end
+  end
+  if admitted == 1 or record then
     for key, c in pairs(count) do
       if c > stored[key] and c > 0 then cache[wkeys[key]] = c end
     end
@@ -276,8 +329,11 @@ local function run_all(general)
   for _ = 1, R do
     local n = tonumber(ARGV[p])
     if n < 0 then
-      next = fast(kb, p, -n, result, next)
-      p, kb = p + 1 - 3 * n, kb - n
+      local hn = -n
+      local m = hn % 4
+      n = (hn - m) / 4
+      next = fast(kb, p, n, m, result, next)
+      p, kb = p + 1 + 3 * n, kb + n
     else
       -- The general path reads and writes Redis directly: it must see the fast path's counts.
       flush()
@@ -337,7 +393,7 @@ if has[0] or has[1] then
   end
 
   -- fixed_window; s = {ws, a = count}
-  fixed = function(s, limit, period, hits, refund)
+  fixed = function(s, limit, period, hits, refund, record)
     local start = now - (now % period)
     local current = 0
     if s.ws == start then current = s.a end
@@ -345,6 +401,9 @@ if has[0] or has[1] then
     local allowed, after = true, current
     if refund then
       after = max(current - hits, 0)
+    elseif record then
+      after = min(current + hits, MAXC)
+      allowed = after <= limit
     elseif fits(current, hits, limit) then
       after = current + hits
     else
@@ -353,7 +412,8 @@ if has[0] or has[1] then
     local retry = 0
     if not allowed then
       if max(hits, 1) > limit then retry = -1 else retry = reset end
-    else
+    end
+    if allowed or record then
       s.ws, s.a = start, after
       if hits > 0 then s.dirty = true end
     end
@@ -366,7 +426,7 @@ if has[0] or has[1] then
   end
 
   -- sliding_window; s = {ws, a = previous, b = current}
-  sliding = function(s, limit, period, hits, refund)
+  sliding = function(s, limit, period, hits, refund, record)
     local start = now - (now % period)
     local prev, cur = 0, 0
     if s.ws >= start then
@@ -382,6 +442,8 @@ if has[0] or has[1] then
     local allowed, after
     if refund then
       allowed, after = true, max(cur - hits, 0)
+    elseif record then
+      allowed, after = est + hits <= limit, min(cur + hits, MAXC)
     else
       if hits == 0 then allowed = est < limit else allowed = est + hits <= limit end
       if allowed then after = cur + hits else after = cur end
@@ -402,7 +464,8 @@ if has[0] or has[1] then
         -- This window's hits slide out of the next one: cur * (period - x) / period + h <= limit.
         retry = period - elapsed + math.ceil((cur + h - limit) / cur * period)
       end
-    else
+    end
+    if allowed or record then
       s.ws, s.a, s.b = start, prev, after
       if hits > 0 then s.dirty = true end
     end
@@ -473,7 +536,7 @@ if has[2] then
     return stored + v.addsum
   end
 
-  sliding_log = function(key, v, limit, period, hits, refund, no_retry)
+  sliding_log = function(key, v, limit, period, hits, refund, no_retry, record)
     local count = log_count(v)
     local allowed = true
     local token = 0
@@ -508,6 +571,39 @@ if has[2] then
         touched = touched + 1
       end
       v.dirty = true
+    elseif record then
+      -- Charged whatever the verdict; once the log holds `limit` entries (at least one) a
+      -- charge joins the newest entry, restamped, so the set never grows past the limit.
+      allowed = count + hits <= limit
+      hits = min(hits, max(MAXC - count, 0))
+      if hits > 0 then
+        local t = now
+        local na = #v.adds
+        local r = newest_stored(v)
+        if na > 0 then
+          t = max(v.adds[na].t, now)
+        elseif r then
+          t = max(cached(key, v, r).t, now)
+        end
+        local entries = na
+        if r then entries = entries + r - v.e + 1 end
+        if entries >= max(limit, 1) then
+          if na > 0 then
+            v.adds[na].t, v.adds[na].h = t, v.adds[na].h + hits
+            v.addsum = v.addsum + hits
+          else
+            local en = cached(key, v, r)
+            local h = en.h - v.sr
+            v.sp, v.spsum, v.sr = v.sp + 1, v.spsum + en.h, 0
+            v.adds[1] = {t = t, h = h + hits}
+            v.addsum = v.addsum + h + hits
+          end
+        else
+          v.adds[na + 1] = {t = t, h = hits}
+          v.addsum = v.addsum + hits
+        end
+        v.dirty = true
+      end
     elseif fits(count, hits, limit) then
       if hits > 0 then
         local t = now
@@ -685,7 +781,7 @@ if has[3] then
     return {u = u, f = f}
   end
 
-  token_bucket = function(s, limit, period, hits, refund, burst)
+  token_bucket = function(s, limit, period, hits, refund, burst, record)
     if limit == 0 then
       local retry = -1
       if refund then retry = 0 end
@@ -703,6 +799,20 @@ if has[3] then
     if refund then
       local du, df = intervals(min(hits, slots), period, limit)
       nu, nf = fsub(tu, tf, du, df, limit)
+    elseif record then
+      -- Charged whatever the verdict, at most one bucket into debt (see src/algorithm).
+      local du, df = intervals(min(h, slots), period, limit)
+      local xu, xf = fadd(tu, tf, du, df, limit)
+      if hits == 0 then
+        allowed = le(tu, tf, hz_u, hz_f)
+      else
+        allowed = h <= slots and le(xu, xf, hz_u, hz_f)
+        local du2, df2 = xu, xf
+        if h > slots then du2, df2 = fadd(xu, xf, tau_u, tau_f, limit) end
+        local cap_u, cap_f = fadd(hz_u, hz_f, tau_u, tau_f, limit)
+        if le(du2, df2, cap_u, cap_f) then nu, nf = du2, df2 else nu, nf = cap_u, cap_f end
+      end
+      if h <= slots then cu, cf = xu, xf end
     elseif h > slots then
       allowed = false
     else
@@ -727,7 +837,7 @@ if has[3] then
     local used = (nu - now) * limit + nf
     local room = tau_u * limit + tau_f - used
     local remaining = max(floor(room / period), 0)
-    if allowed then
+    if allowed or record then
       s.u, s.f = nu, nf
       if hits > 0 then s.dirty = true end
     end
@@ -743,7 +853,7 @@ if undo then
     local key, b = KEYS[i], 5 + K * (i - 1)
     local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
     local meta, token = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
-    local alg, burst = meta % 4, floor(meta / 64)
+    local alg, burst = meta % 4, floor(meta / 256)
     local done = 1
     if alg == 2 then
       done = undo_log(key, token)
@@ -787,9 +897,58 @@ if undo then
   return out
 end
 
+-- Runs the algorithm of check i (0-based offset b into ARGV) on view v, as a recording charge
+-- (the re-run of a request of which only some checks are charged).
+local function record_on(key, v, b, meta)
+  local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+  local alg, refund = meta % 4, floor(meta / 8) % 2 == 1
+  if alg == 0 then
+    fixed(v, limit, period, hits, refund, not refund)
+  elseif alg == 1 then
+    sliding(v, limit, period, hits, refund, not refund)
+  elseif alg == 2 then
+    sliding_log(key, v, limit, period, hits, refund, true, not refund)
+  else
+    token_bucket(v, limit, period, hits, refund, floor(meta / 256), not refund)
+  end
+end
+
+local function load_view(key, alg, period)
+  if alg == 2 then return load_log(key, period) end
+  if alg == 3 then return load_bucket(key) end
+  return load_counter(key, alg, period)
+end
+
+-- Writes every view a check changed; returns the sliding logs' new entry ids by key.
+local function write_views(KB, AB, n, views)
+  local written = {}
+  for i = 1, n do
+    local key = KEYS[KB + i]
+    local v = views[key]
+    if v and v.dirty then
+      v.dirty = false
+      local b = AB + 1 + K * (i - 1)
+      local period, alg = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 3]) % 4
+      if alg == 0 then
+        call('SET', window_key(key, v.ws, period), v.a, 'PX', ttl_ms(v.ws + period - now))
+      elseif alg == 1 then
+        call('SET', key, fmt('%d:%d:%d', v.ws, v.a, v.b), 'PX', ttl_ms(v.ws + 2 * period - now))
+      elseif alg == 2 then
+        written[key] = commit_log(key, v, period)
+      else
+        local ceil_tat = v.u
+        if v.f > 0 then ceil_tat = v.u + 1 end
+        call('SET', key, fmt('%d:%d', v.u, v.f), 'PX', ttl_ms(ceil_tat - now))
+      end
+    end
+  end
+  return written
+end
+
 local function general(KB, AB, n)
   local out = {1}
   local views = {}
+  local recs, oks, touched, stop, over = {}, {}, {}, false, false
   local admitted = 1
   local quotas, quotas_allowed = 0, 0
   local logslot = {} -- check index -> position of its entry among its key's adds
@@ -798,9 +957,11 @@ local function general(KB, AB, n)
     local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
     local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
     local meta = tonumber(ARGV[b + 3])
-    local alg, flags = meta % 4, floor(meta / 4) % 16
+    local alg, flags = meta % 4, floor(meta / 4) % 64
     local refund = floor(flags / 2) % 2 == 1
-    local quota = flags >= 8
+    local quota = floor(flags / 8) % 2 == 1
+    local record = floor(flags / 16) % 2 == 1
+    if flags >= 32 then stop = true end
     local v = views[key]
     if not v then
       if alg == 2 then
@@ -814,17 +975,22 @@ local function general(KB, AB, n)
     end
     local allowed, remaining, reset, retry, token
     if alg == 0 then
-      allowed, remaining, reset, retry, token = fixed(v, limit, period, hits, refund)
+      allowed, remaining, reset, retry, token = fixed(v, limit, period, hits, refund, record)
     elseif alg == 1 then
-      allowed, remaining, reset, retry, token = sliding(v, limit, period, hits, refund)
+      allowed, remaining, reset, retry, token = sliding(v, limit, period, hits, refund, record)
     elseif alg == 2 then
       local before = #v.adds
-      allowed, remaining, reset, retry, token = sliding_log(key, v, limit, period, hits, refund)
+      allowed, remaining, reset, retry, token =
+        sliding_log(key, v, limit, period, hits, refund, false, record)
       if #v.adds > before then logslot[i] = #v.adds end
     else
       allowed, remaining, reset, retry, token =
-        token_bucket(v, limit, period, hits, refund, floor(meta / 64))
+        token_bucket(v, limit, period, hits, refund, floor(meta / 256), record)
     end
+    recs[i], oks[i] = record, allowed
+    -- What this check did to its view: a charge or refund that changes the counter.
+    touched[i] = (hits > 0) and (allowed or record)
+    if record and not allowed then over = true end
     if quota then quotas = quotas + 1 end
     local o = 2 + W * (i - 1)
     if allowed then
@@ -844,39 +1010,34 @@ local function general(KB, AB, n)
 
   if quotas > 0 and quotas_allowed == 0 then admitted = 0 end
   out[1] = admitted
-  if admitted == 1 then
-    local written = {}
-    for i = 1, n do
-      local key = KEYS[KB + i]
-      local v = views[key]
-      if v.dirty then
-        v.dirty = false
-        local b = AB + 1 + K * (i - 1)
-        local period, alg = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 3]) % 4
-        if alg == 0 then
-          call('SET', window_key(key, v.ws, period), v.a, 'PX', ttl_ms(v.ws + period - now))
-        elseif alg == 1 then
-          call('SET', key, fmt('%d:%d:%d', v.ws, v.a, v.b), 'PX', ttl_ms(v.ws + 2 * period - now))
-        elseif alg == 2 then
-          written[key] = commit_log(key, v, period)
-        else
-          local ceil_tat = v.u
-          if v.f > 0 then ceil_tat = v.u + 1 end
-          call('SET', key, fmt('%d:%d', v.u, v.f), 'PX', ttl_ms(ceil_tat - now))
-        end
-      end
+  -- The charging rule (src/store/mod.rs `charged`): a record check is always charged; any other
+  -- only on an admitted request that it allowed; with stop, if a record check exceeds, only
+  -- those. When that is exactly what the views hold, they are written as they are.
+  local charged, exact = {}, true
+  for i = 1, n do
+    if stop and over then
+      charged[i] = recs[i] and not oks[i]
+    else
+      charged[i] = recs[i] or (admitted == 1 and oks[i])
     end
+    if touched[i] and not charged[i] then exact = false end
+  end
+  if exact then
+    local written = write_views(KB, AB, n, views)
     if tokens_wanted then
       for i, pos in pairs(logslot) do
         local t = written[KEYS[KB + i]]
         if t and t[pos] then out[5 + W * (i - 1)] = t[pos] end
       end
     end
-  else
-    -- Nothing is charged: report what each counter really has left. A view no check of this
-    -- request changed is what Redis holds; one that was (tentatively) charged is read again.
-    -- A denial is the path an attacker drives, so it stays O(log n) too.
-    for i = 1, n do
+    return out
+  end
+  -- Some changes are not to be written: report what the counters that are not charged really
+  -- have left (a view no check changed is what Redis holds; a changed one is read again; a
+  -- denial is the path an attacker drives, so it stays O(log n) too), then charge only the
+  -- checks that are, on fresh views.
+  for i = 1, n do
+    if not charged[i] then
       local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
       local limit, period = tonumber(ARGV[b]), tonumber(ARGV[b + 1])
       local meta = tonumber(ARGV[b + 3])
@@ -887,7 +1048,7 @@ local function general(KB, AB, n)
       if alg == 2 then
         _, remaining = sliding_log(key, v or load_log(key, period), limit, period, 0, false, true)
       elseif alg == 3 then
-        _, remaining = token_bucket(v or load_bucket(key), limit, period, 0, false, floor(meta / 64))
+        _, remaining = token_bucket(v or load_bucket(key), limit, period, 0, false, floor(meta / 256))
       elseif alg == 0 then
         _, remaining = fixed(v or load_counter(key, 0, period), limit, period, 0, false)
       else
@@ -895,9 +1056,23 @@ local function general(KB, AB, n)
       end
       local o = 2 + W * (i - 1)
       out[o] = out[o] % 2 + 2 * remaining
-      if tokens_wanted then out[o + 3] = 0 end
+    end
+    if tokens_wanted then out[5 + W * (i - 1)] = 0 end
+  end
+  local fresh = {}
+  for i = 1, n do
+    if charged[i] and touched[i] then
+      local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
+      local meta = tonumber(ARGV[b + 3])
+      local v = fresh[key]
+      if not v then
+        v = load_view(key, meta % 4, tonumber(ARGV[b + 1]))
+        fresh[key] = v
+      end
+      record_on(key, v, b, meta)
     end
   end
+  write_views(KB, AB, n, fresh)
   return out
 end
 

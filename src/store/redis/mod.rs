@@ -240,13 +240,19 @@ impl RedisStore {
             let quota = if whole { FLAG_QUOTA } else { FLAG_SHADOW };
             let flags = if c.shadow { FLAG_SHADOW } else { 0 }
                 | if c.refund { FLAG_REFUND } else { 0 }
-                | if c.quota { quota } else { 0 };
+                | if c.quota { quota } else { 0 }
+                | if c.record { FLAG_RECORD } else { 0 }
+                | if c.stop_over && c.record { FLAG_STOP } else { 0 };
             u64::from(c.key.limit.algorithm.code())
                 | flags << 2
                 | u64::from(c.key.limit.burst) << META_BURST_SHIFT
         };
-        // Plain requests (fixed windows, no shadow, no refund: meta 0) skip the meta argument.
-        let plain = idx.iter().all(|&i| meta(&checks[i]) == 0);
+        // Plain requests (fixed windows, no flags but one counting for all) skip the meta
+        // argument; their counting goes once, in the request's header.
+        let counting = idx.first().map_or(0, |&i| meta(&checks[i]) & COUNTING_META);
+        let plain = idx
+            .iter()
+            .all(|&i| meta(&checks[i]) & !COUNTING_META == 0 && meta(&checks[i]) & COUNTING_META == counting);
         let per_key = if plain {
             ARGS_PER_KEY - 1
         } else {
@@ -268,6 +274,7 @@ impl RedisStore {
             args,
             tokens: false,
             plain,
+            counting: if plain { counting >> 6 } else { 0 },
         }
     }
 
@@ -458,7 +465,12 @@ const ARGS_PER_KEY: usize = 4;
 const FLAG_SHADOW: u64 = 1;
 const FLAG_REFUND: u64 = 2;
 const FLAG_QUOTA: u64 = 8;
-const META_BURST_SHIFT: u32 = 6;
+const FLAG_RECORD: u64 = 16;
+const FLAG_STOP: u64 = 32;
+const META_BURST_SHIFT: u32 = 8;
+/// The counting flags as placed in `meta`: what a plain request may carry (one value for all
+/// its limits), sent as its counting `m` instead.
+const COUNTING_META: u64 = (FLAG_RECORD | FLAG_STOP) << 2;
 /// The undo flag, as placed in `meta`.
 const UNDO: u64 = 4 << 2;
 /// Attempts at an undo before it is counted as failed.
@@ -576,7 +588,7 @@ fn give_back(
         for &i in g {
             let c = &checks[i];
             let o = &mut outcomes[i];
-            if o.allowed && c.hits > 0 && !c.refund {
+            if o.allowed && c.hits > 0 && !c.refund && !c.record {
                 o.remaining = o
                     .remaining
                     .saturating_add(u32::try_from(c.hits).unwrap_or(u32::MAX))

@@ -10,6 +10,7 @@
 //! request by request, and the replay must end where the script did.
 
 use super::Call;
+use crate::algorithm::MAX_COUNT;
 use crate::store::StoreError;
 use std::collections::HashMap;
 
@@ -24,6 +25,8 @@ pub(super) struct Packed<'a> {
     pub(super) counters: Vec<(&'a str, u64, u64)>,
     /// Per call, per limit: the counter's index and the hits.
     pub(super) limits: Vec<Vec<(usize, u64)>>,
+    /// Per call, its counting `m` (decide.lua): 0 all or nothing, 1 record, 3 record + stop.
+    pub(super) counting: Vec<u64>,
 }
 
 impl<'a> Packed<'a> {
@@ -34,6 +37,7 @@ impl<'a> Packed<'a> {
         let mut index: HashMap<&str, usize> = HashMap::with_capacity(MAX_KEYS);
         let mut counters: Vec<(&str, u64, u64)> = Vec::with_capacity(MAX_KEYS);
         let mut limits = Vec::with_capacity(calls.len());
+        let counting = calls.iter().map(|c| c.counting).collect();
         for call in calls {
             if !call.plain || call.tokens {
                 return None;
@@ -60,7 +64,11 @@ impl<'a> Packed<'a> {
             }
             limits.push(mine);
         }
-        (counters.len() <= MAX_KEYS).then_some(Packed { counters, limits })
+        (counters.len() <= MAX_KEYS).then_some(Packed {
+            counters,
+            limits,
+            counting,
+        })
     }
 
     /// The script arguments after ARGV[2], keys aside: U, the counters' limit and period, R, and
@@ -73,8 +81,8 @@ impl<'a> Packed<'a> {
             out.extend([limit, period]);
         }
         out.push(self.limits.len() as u64);
-        for l in &self.limits {
-            out.push(l.len() as u64);
+        for (l, m) in self.limits.iter().zip(&self.counting) {
+            out.push(4 * l.len() as u64 + m);
             out.extend(l.iter().map(|&(u, hits)| hits * MAX_KEYS as u64 + u as u64));
         }
         out
@@ -102,7 +110,11 @@ impl<'a> Packed<'a> {
             })
             .collect();
         let mut answers = Vec::with_capacity(self.limits.len());
-        for limits in &self.limits {
+        for (limits, &m) in self.limits.iter().zip(&self.counting) {
+            if m != 0 {
+                answers.push(self.record(limits, m, &mut count, &reset));
+                continue;
+            }
             let fits = |&(u, hits): &(usize, u64)| {
                 let limit = self.counters[u].1 as i64;
                 let hits = hits as i64;
@@ -144,5 +156,41 @@ impl<'a> Packed<'a> {
             ));
         }
         Ok(answers)
+    }
+
+    /// The replay of one recording request (`m` 1, or 3 with stop): every limit is charged,
+    /// saturating, whatever its verdict; with stop, if one exceeds, only those that exceed.
+    fn record(&self, limits: &[(usize, u64)], m: u64, count: &mut [i64], reset: &[i64]) -> Vec<i64> {
+        let max_count = MAX_COUNT as i64;
+        let limit_of = |u: usize| self.counters[u].1 as i64;
+        let after: Vec<i64> = limits
+            .iter()
+            .map(|&(u, hits)| (count[u] + hits as i64).min(max_count))
+            .collect();
+        let ok: Vec<bool> = limits
+            .iter()
+            .zip(&after)
+            .map(|(&(u, _), &a)| a <= limit_of(u))
+            .collect();
+        let over = ok.contains(&false);
+        let mut a = Vec::with_capacity(1 + 3 * limits.len());
+        a.push(i64::from(!over));
+        for (n, &(u, hits)) in limits.iter().enumerate() {
+            let charged = m < 2 || !over || !ok[n];
+            let left = if charged { after[n] } else { count[u] };
+            a.push(i64::from(ok[n]) + 2 * (limit_of(u) - left).max(0));
+            a.push(reset[u]);
+            a.push(match ok[n] {
+                true => 0,
+                false if (hits as i64).max(1) > limit_of(u) => -1,
+                false => reset[u],
+            });
+        }
+        for (n, &(u, _)) in limits.iter().enumerate() {
+            if m < 2 || !over || !ok[n] {
+                count[u] = after[n];
+            }
+        }
+        a
     }
 }
