@@ -110,6 +110,9 @@ fn check(args: &CheckArgs) -> ExitCode {
     let opts = args.load.options();
     match load_path(&args.path, &opts) {
         Ok(rules) => {
+            for warning in rules.counting_warnings(args.load.counting) {
+                eprintln!("warning: {warning}");
+            }
             let counts = rules.rule_counts();
             let total: usize = counts.iter().map(|(_, n)| n).sum();
             println!(

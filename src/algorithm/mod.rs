@@ -389,9 +389,7 @@ pub fn sliding_log_in(
             (true, log.total, log.entries.back().map(|&(t, _)| t))
         }
         Mode::Record => {
-            if hits > 0 && commit {
-                log.record(now, hits, limit);
-            }
+            // Written below, after the retry time is read off the log as it was.
             let t = if hits > 0 {
                 Some(newest.map_or(now, |t| t.max(now)))
             } else {
@@ -429,6 +427,9 @@ pub fn sliding_log_in(
             })
             .map_or(0, |&(t, _)| (t + p.period_us).saturating_sub(now))
     };
+    if mode == Mode::Record && hits > 0 && commit {
+        log.record(now, hits, limit);
+    }
     let reset = last.map_or(0, |t| (t + p.period_us).saturating_sub(now));
     Outcome {
         allowed,

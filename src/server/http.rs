@@ -137,7 +137,7 @@ async fn rlconfig(State(s): State<AdminState>) -> Response {
 fn rlconfig_text(limiter: &RateLimiter) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        limiter.rules().dump(),
+        limiter.rules().dump_with(limiter.options().counting),
     )
         .into_response()
 }

@@ -206,7 +206,7 @@ fn build_limiter(
         RateLimiter::awaiting_config(store, options, telemetry)
     } else {
         let rules = std::mem::replace(&mut config.rules, RuleSet::empty());
-        log_config_loaded(&rules, config.config_path.as_deref());
+        log_config_loaded(&rules, config.config_path.as_deref(), options.counting);
         RateLimiter::new(rules, store, options, telemetry)
     }))
 }
@@ -257,7 +257,15 @@ pub async fn run(
 }
 
 /// The info line written for every config load: where from, and the rate limits per domain.
-pub fn log_config_loaded(rules: &RuleSet, source: Option<&std::path::Path>) {
+/// Also warns, once per limit, where envoyproxy counting meets a resource limit.
+pub fn log_config_loaded(
+    rules: &RuleSet,
+    source: Option<&std::path::Path>,
+    counting: crate::config::Counting,
+) {
+    for warning in rules.counting_warnings(counting) {
+        tracing::warn!("{warning}");
+    }
     let counts = rules.rule_counts();
     let total: usize = counts.iter().map(|(_, n)| n).sum();
     let per_domain = counts

@@ -479,7 +479,7 @@ end
 -- A log view: what is stored (read with O(log n) commands) plus what this call changes at the
 -- newest end: stored entries popped or shrunk by refunds, and entries added.
 
-local parse_member, entry, load_log, cached, newest_stored, log_count, sliding_log, member, commit_log, undo_log
+local parse_member, entry, load_log, cached, newest_stored, log_count, log_retry, sliding_log, member, commit_log, undo_log
 if has[2] then
   -- "C:h:id" -> C, h, id
   parse_member = function(m)
@@ -536,10 +536,54 @@ if has[2] then
     return stored + v.addsum
   end
 
+  -- When a denied charge of `hits` on a view holding `count` would fit (-1: never).
+  log_retry = function(key, v, count, limit, period, hits)
+    local retry = 0
+    local h = max(hits, 1)
+    if h > limit then
+      retry = -1
+    else
+      -- The entry whose hits bring the total that left the window to count + h - limit.
+      local need = count + h - limit
+      local hi = newest_stored(v)
+      local stored = 0
+      if hi then stored = v.top - v.base - v.spsum - v.sr end
+      local t = nil
+      if hi and stored >= need then
+        -- The first rank whose running total (above base) reaches need. Interpolation
+        -- first (with one hit per entry the totals are linear in the rank: two or three
+        -- probes), then bisection, so it is O(log n) ZRANGE probes at worst.
+        local lo, vlo, vhi, steps = v.e, 0, v.top - v.spsum - v.base, 0
+        while lo < hi do
+          local mid
+          if steps < 3 and vhi > vlo then
+            mid = lo + floor((need - vlo - 1) * (hi - lo) / (vhi - vlo))
+            if mid < lo then mid = lo elseif mid >= hi then mid = hi - 1 end
+          else
+            mid = floor((lo + hi) / 2)
+          end
+          steps = steps + 1
+          local cm = cached(key, v, mid).c - v.base
+          if cm >= need then hi, vhi = mid, cm else lo, vlo = mid + 1, cm end
+        end
+        t = cached(key, v, lo).t
+      else
+        local acc = stored
+        for _, a in ipairs(v.adds) do
+          acc = acc + a.h
+          if acc >= need then t = a.t break end
+        end
+      end
+      if t then retry = max(t + period - now, 0) end
+    end
+    return retry
+  end
+
   sliding_log = function(key, v, limit, period, hits, refund, no_retry, record)
     local count = log_count(v)
     local allowed = true
     local token = 0
+    local pre_retry = nil
     if refund then
       local left, touched = hits, 0
       while left > 0 and touched < REFUND_ENTRIES do
@@ -575,6 +619,10 @@ if has[2] then
       -- Charged whatever the verdict; once the log holds `limit` entries (at least one) a
       -- charge joins the newest entry, restamped, so the set never grows past the limit.
       allowed = count + hits <= limit
+      if not allowed and not no_retry then
+        -- Read off the log as it was, before this charge joins it (as src/algorithm does).
+        pre_retry = log_retry(key, v, count, limit, period, hits)
+      end
       hits = min(hits, max(MAXC - count, 0))
       if hits > 0 then
         local t = now
@@ -622,45 +670,9 @@ if has[2] then
       allowed = false
     end
     local after = log_count(v)
-    local retry = 0
-    if not allowed and not no_retry then
-      local h = max(hits, 1)
-      if h > limit then
-        retry = -1
-      else
-        -- The entry whose hits bring the total that left the window to count + h - limit.
-        local need = count + h - limit
-        local hi = newest_stored(v)
-        local stored = 0
-        if hi then stored = v.top - v.base - v.spsum - v.sr end
-        local t = nil
-        if hi and stored >= need then
-          -- The first rank whose running total (above base) reaches need. Interpolation
-          -- first (with one hit per entry the totals are linear in the rank: two or three
-          -- probes), then bisection, so it is O(log n) ZRANGE probes at worst.
-          local lo, vlo, vhi, steps = v.e, 0, v.top - v.spsum - v.base, 0
-          while lo < hi do
-            local mid
-            if steps < 3 and vhi > vlo then
-              mid = lo + floor((need - vlo - 1) * (hi - lo) / (vhi - vlo))
-              if mid < lo then mid = lo elseif mid >= hi then mid = hi - 1 end
-            else
-              mid = floor((lo + hi) / 2)
-            end
-            steps = steps + 1
-            local cm = cached(key, v, mid).c - v.base
-            if cm >= need then hi, vhi = mid, cm else lo, vlo = mid + 1, cm end
-          end
-          t = cached(key, v, lo).t
-        else
-          local acc = stored
-          for _, a in ipairs(v.adds) do
-            acc = acc + a.h
-            if acc >= need then t = a.t break end
-          end
-        end
-        if t then retry = max(t + period - now, 0) end
-      end
+    local retry = pre_retry or 0
+    if not allowed and not no_retry and not pre_retry then
+      retry = log_retry(key, v, count, limit, period, hits)
     end
     local reset = 0
     local na = #v.adds
