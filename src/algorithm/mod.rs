@@ -395,7 +395,11 @@ pub fn sliding_log_in(
             } else {
                 newest
             };
-            (count.saturating_add(hits) <= limit, add_count(count, hits), t)
+            (
+                count.saturating_add(hits) <= limit,
+                add_count(count, hits),
+                t,
+            )
         }
         Mode::Charge if fits(count, hits, limit) => {
             if hits == 0 {

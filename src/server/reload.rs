@@ -53,11 +53,7 @@ pub(crate) async fn watch(limiter: Arc<RateLimiter>, settings: ReloadSettings, m
         loaded = digest;
         match result {
             Ok(rules) => {
-                super::log_config_loaded(
-                    &rules,
-                    Some(&settings.path),
-                    limiter.options().counting,
-                );
+                super::log_config_loaded(&rules, Some(&settings.path), limiter.options().counting);
                 limiter.replace_rules(rules);
             }
             Err(errors) => {

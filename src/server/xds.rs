@@ -266,11 +266,7 @@ async fn apply(
     match loaded {
         Ok(rules) => {
             let source = format!("xds version {version:?}");
-            super::log_config_loaded(
-                &rules,
-                Some(Path::new(&source)),
-                limiter.options().counting,
-            );
+            super::log_config_loaded(&rules, Some(Path::new(&source)), limiter.options().counting);
             limiter.replace_rules(rules);
             Ok(())
         }

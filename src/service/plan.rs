@@ -252,8 +252,8 @@ impl Plan {
             return Resolution::NoLimit;
         }
         let mut indexes = Vec::new();
-        let envoyproxy = charge.domain.counting.unwrap_or(charge.options.counting)
-            == Counting::Envoyproxy;
+        let envoyproxy =
+            charge.domain.counting.unwrap_or(charge.options.counting) == Counting::Envoyproxy;
         // The last limited candidate takes the entries instead of a copy.
         let last = live
             .iter()

@@ -243,6 +243,7 @@ descriptors:
 
 const QUOTA: &str = r#"
 domain: quota
+counting: all_or_nothing
 descriptors:
   - key: plan
     value: free

@@ -15,6 +15,7 @@ use std::time::Duration;
 /// (a resource limit), each consumer 3 per 10 s, both sliding_log.
 const SEED: &str = r#"
 domain: calc
+counting: all_or_nothing
 descriptors:
   - key: resource
     value: calc
@@ -105,6 +106,7 @@ test_with_all_stores!(seed_scenario_on, kind => seed_scenario);
 
 const TWO_LIMITS: &str = r#"
 domain: api
+counting: all_or_nothing
 descriptors:
   - key: client
     rate_limits:

@@ -48,6 +48,7 @@ macro_rules! test_with_stores {
 
 mod bench;
 mod compat;
+mod counting;
 mod dashboards;
 mod envoy_stats;
 mod extensions;

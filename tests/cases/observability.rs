@@ -308,7 +308,7 @@ fn with_headers(ietf: bool) -> ServiceOptions {
 /// returns the first response and the denial.
 async fn headers_for(algorithm: &str) -> (RateLimitResponse, RateLimitResponse) {
     let config = format!(
-        "domain: h\ndescriptors:\n  - key: k\n    rate_limit: {{name: per-k, unit: minute, requests_per_unit: 3, algorithm: {algorithm}}}\n"
+        "domain: h\ncounting: all_or_nothing\ndescriptors:\n  - key: k\n    rate_limit: {{name: per-k, unit: minute, requests_per_unit: 3, algorithm: {algorithm}}}\n"
     );
     let s = TestServer::start_with(&config, with_headers(true)).await;
     s.clock.set(T0 + Duration::from_secs(30));

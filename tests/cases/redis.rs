@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 const CALC: &str = r#"
 domain: calc
+counting: all_or_nothing
 descriptors:
   - key: resource
     value: calc
@@ -308,6 +309,7 @@ const ACL: &[&str] = &[
 /// Every algorithm under one resource, so the ACL test runs every command the script can issue.
 const ALL_ALGORITHMS: &str = r#"
 domain: calc
+counting: all_or_nothing
 descriptors:
   - key: resource
     value: calc

@@ -26,7 +26,7 @@ const ALGORITHMS: [&str; 4] = [
 
 /// Per algorithm: `r=<alg>` admits 50 an hour; `s=<alg>` (another hash tag) admits 1000.
 fn exact_config() -> String {
-    let mut y = String::from("domain: ex\ndescriptors:\n");
+    let mut y = String::from("domain: ex\ncounting: all_or_nothing\ndescriptors:\n");
     for key in ["r", "s"] {
         let rpu = if key == "r" { 50 } else { 1000 };
         for alg in ALGORITHMS {
@@ -43,6 +43,7 @@ async fn three_hash_tags_cost_one_evalsha_on_standalone() {
     let redis = start_redis(&[]).await;
     let yaml = r#"
 domain: tags
+counting: all_or_nothing
 descriptors:
   - key: a
     rate_limit: {unit: hour, requests_per_unit: 10}
@@ -244,6 +245,7 @@ async fn a_cluster_denial_leaves_every_counter_exactly_as_it_was() {
 
 const ABUSE: &str = r#"
 domain: abuse
+counting: all_or_nothing
 descriptors:
   - key: log
     rate_limit: {requests_per_unit: 100000, unit: hour, algorithm: sliding_log}

@@ -251,6 +251,7 @@ async fn requests_per_unit_zero_blocks_everything() {
 
 const SIMPLE: &str = r#"
 domain: d
+counting: all_or_nothing
 descriptors:
   - key: a
     rate_limit: {unit: minute, requests_per_unit: 3}

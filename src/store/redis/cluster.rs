@@ -100,9 +100,12 @@ fn undo_call(call: &Call, values: &[i64]) -> Call {
     {
         let (hits, meta) = (args[2], args.get(3).copied().unwrap_or(0));
         // Written: allowed, hits to charge, not a refund. A shadow denial wrote nothing; a
-        // recorded charge stands whatever the other slots say.
+        // recorded charge stands whatever the other slots say, unless the request stops
+        // charging when a key is over (then a slot with no key over, which charged all its
+        // keys, is taken back when another slot has one).
         let recorded = call.plain && call.counting & 1 == 1 || meta & (FLAG_RECORD << 2) != 0;
-        if v[0] & 1 == 1 && hits > 0 && meta & (FLAG_REFUND << 2) == 0 && !recorded {
+        let stop = call.plain && call.counting == 3 || meta & (FLAG_STOP << 2) != 0;
+        if v[0] & 1 == 1 && hits > 0 && meta & (FLAG_REFUND << 2) == 0 && (!recorded || stop) {
             undo.keys.push(key.clone());
             undo.args.extend([
                 args[0],

@@ -242,7 +242,11 @@ impl RedisStore {
                 | if c.refund { FLAG_REFUND } else { 0 }
                 | if c.quota { quota } else { 0 }
                 | if c.record { FLAG_RECORD } else { 0 }
-                | if c.stop_over && c.record { FLAG_STOP } else { 0 };
+                | if c.stop_over && c.record {
+                    FLAG_STOP
+                } else {
+                    0
+                };
             u64::from(c.key.limit.algorithm.code())
                 | flags << 2
                 | u64::from(c.key.limit.burst) << META_BURST_SHIFT
@@ -250,9 +254,9 @@ impl RedisStore {
         // Plain requests (fixed windows, no flags but one counting for all) skip the meta
         // argument; their counting goes once, in the request's header.
         let counting = idx.first().map_or(0, |&i| meta(&checks[i]) & COUNTING_META);
-        let plain = idx
-            .iter()
-            .all(|&i| meta(&checks[i]) & !COUNTING_META == 0 && meta(&checks[i]) & COUNTING_META == counting);
+        let plain = idx.iter().all(|&i| {
+            meta(&checks[i]) & !COUNTING_META == 0 && meta(&checks[i]) & COUNTING_META == counting
+        });
         let per_key = if plain {
             ARGS_PER_KEY - 1
         } else {
@@ -588,7 +592,7 @@ fn give_back(
         for &i in g {
             let c = &checks[i];
             let o = &mut outcomes[i];
-            if o.allowed && c.hits > 0 && !c.refund && !c.record {
+            if o.allowed && c.hits > 0 && !c.refund && (!c.record || c.stop_over) {
                 o.remaining = o
                     .remaining
                     .saturating_add(u32::try_from(c.hits).unwrap_or(u32::MAX))

@@ -160,7 +160,13 @@ impl<'a> Packed<'a> {
 
     /// The replay of one recording request (`m` 1, or 3 with stop): every limit is charged,
     /// saturating, whatever its verdict; with stop, if one exceeds, only those that exceed.
-    fn record(&self, limits: &[(usize, u64)], m: u64, count: &mut [i64], reset: &[i64]) -> Vec<i64> {
+    fn record(
+        &self,
+        limits: &[(usize, u64)],
+        m: u64,
+        count: &mut [i64],
+        reset: &[i64],
+    ) -> Vec<i64> {
         let max_count = MAX_COUNT as i64;
         let limit_of = |u: usize| self.counters[u].1 as i64;
         let after: Vec<i64> = limits
