@@ -8,7 +8,8 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::io::DuplexStream;
+use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio_stream::Stream;
 
 /// A listening socket the loop accepts from.
@@ -30,9 +31,12 @@ impl Accept for TcpListener {
 }
 
 impl Accept for UnixListener {
-    type Conn = UnixStream;
-    fn poll_accept_conn(&self, cx: &mut Context<'_>) -> Poll<io::Result<UnixStream>> {
-        self.poll_accept(cx).map_ok(|(stream, _peer)| stream)
+    type Conn = DuplexStream;
+    /// Each connection goes through the relay that makes a socket-path `:authority` valid
+    /// (grpc-go and gRPC-core clients send one; see `uds_authority`).
+    fn poll_accept_conn(&self, cx: &mut Context<'_>) -> Poll<io::Result<DuplexStream>> {
+        self.poll_accept(cx)
+            .map_ok(|(stream, _peer)| super::uds_authority::relay(stream))
     }
 }
 

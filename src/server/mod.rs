@@ -32,6 +32,7 @@ mod config;
 mod health;
 mod serve;
 mod supervise;
+mod uds_authority;
 
 use background::Background;
 pub use config::*;

@@ -81,14 +81,23 @@ async fn grpc_uds_serves_on_a_unix_socket() {
     };
     let s = TestServer::start_config(config, clock).await;
     let sock_arg = sock.to_str().expect("utf-8 path").to_string();
+    // grpc-go (grpcurl) sends the socket path as :authority; sluice accepts it (uds_authority).
+    let list_arg = sock_arg.clone();
+    let target = format!("unix://{sock_arg}");
+    let (ok, out, err) =
+        tokio::task::spawn_blocking(move || grpcurl(&["-plaintext", "-unix", &list_arg, "list"]))
+            .await
+            .expect("grpcurl");
+    assert!(ok, "grpcurl list over the socket: {err}");
+    assert!(
+        out.lines()
+            .any(|l| l.trim() == "envoy.service.ratelimit.v3.RateLimitService"),
+        "{out}"
+    );
     let call = move || {
         grpcurl(&[
             "-plaintext",
             "-unix",
-            // Without it grpcurl's :authority is the socket path, and the HTTP/2 server resets
-            // the stream (Envoy sends its cluster name).
-            "-authority",
-            "localhost",
             "-d",
             r#"{"domain":"uds","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#,
             &sock_arg,
@@ -105,6 +114,31 @@ async fn grpc_uds_serves_on_a_unix_socket() {
         second.1.contains("\"overallCode\": \"OVER_LIMIT\""),
         "{}",
         second.1
+    );
+    // gRPC-core (Python grpcio, Envoy's generated stubs) over `unix://`: its :authority is the
+    // %-encoded path, also accepted.
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/rls_client.py");
+    let out = tokio::task::spawn_blocking(move || {
+        let mut child = std::process::Command::new("python3")
+            .args([script, &target])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 (scripts/test.sh installs xds-protos and grpcio)");
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        writeln!(stdin, r#"{{"domain":"uds","descriptors":[[["k","w"]]]}}"#).expect("write");
+        drop(stdin);
+        child.wait_with_output().expect("the client ran")
+    })
+    .await
+    .expect("join");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("\"code\": \"OK\""),
+        "python over the socket: {stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
     );
     s.stop().await;
     assert!(!sock.exists(), "the socket file is removed at a clean stop");
