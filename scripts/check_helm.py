@@ -282,13 +282,14 @@ def check_common(values: dict[str, Any], docs: list[tuple[str, dict[str, Any]]],
     }.items():
         C.equal(env_value(env, name), want, f"env {name}")
     for name in ("LOG_LEVEL", "LOG_FORMAT", "SHADOW_MODE", "NEAR_LIMIT_RATIO", "LIMIT_RESPONSE_HEADERS_ENABLED",
-                 "LOCAL_CACHE_SIZE_IN_BYTES", "TRACING_ENABLED", "SHUTDOWN_GRACE_PERIOD"):
+                 "LOCAL_CACHE_SIZE_IN_BYTES", "TRACING_ENABLED", "SHUTDOWN_GRACE_PERIOD", "SHUTDOWN_DRAIN_DELAY"):
         C.expect(isinstance(env_value(env, name), str), f"env {name} is set (a string)")
     for name, var in env.items():
         C.expect(isinstance(var.get("value"), str) or "valueFrom" in var, f"env {name} has a string value or valueFrom")
     grace = seconds(env_value(env, "SHUTDOWN_GRACE_PERIOD") or "0s")
-    C.expect(pod["terminationGracePeriodSeconds"] > grace,
-             f"terminationGracePeriodSeconds {pod['terminationGracePeriodSeconds']} > SHUTDOWN_GRACE_PERIOD {grace}s")
+    delay = seconds(env_value(env, "SHUTDOWN_DRAIN_DELAY") or "0s")
+    C.expect(pod["terminationGracePeriodSeconds"] > grace + delay,
+             f"terminationGracePeriodSeconds {pod['terminationGracePeriodSeconds']} > SHUTDOWN_DRAIN_DELAY {delay}s + SHUTDOWN_GRACE_PERIOD {grace}s")
 
     # Probes.
     probes = values.get("probes", {})
@@ -618,6 +619,7 @@ BAD_VALUES: list[tuple[str, dict[str, Any], list[str]]] = [
 # Values the templates must refuse (cross-field rules the schema cannot express).
 BAD_RENDER: list[tuple[str, dict[str, Any], str]] = [
     ("termination grace not above the drain", {"terminationGracePeriodSeconds": 15}, "must be greater than settings.shutdownGracePeriodSeconds"),
+    ("termination grace not above drain delay + drain", {"terminationGracePeriodSeconds": 20}, "shutdownDrainDelaySeconds"),
     ("one domain in two files", {"config": {"a": {"domain": "example"}}}, 'domain "example" is defined twice'),
 ]
 

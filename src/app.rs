@@ -50,6 +50,7 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, SettingsError> {
     });
     config.store = Some(store);
     config.shutdown_grace = args.shutdown_grace;
+    config.drain_delay = args.shutdown_drain_delay;
     config.connection_age =
         (!args.grpc_max_connection_age.is_zero()).then_some(crate::server::ConnectionAge {
             max: args.grpc_max_connection_age,

@@ -14,6 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 /// Default time in-flight requests get to finish after a shutdown starts.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
+/// How long sluice reports NOT_SERVING but still answers after SIGTERM (`SHUTDOWN_DRAIN_DELAY`):
+/// longer than the shipped Envoy health check's interval x unhealthy threshold (1 s x 2) and
+/// than an endpoint's removal usually takes to reach every Envoy in Kubernetes.
+pub const DEFAULT_DRAIN_DELAY: Duration = Duration::from_secs(5);
 
 /// Health-check service name envoyproxy/ratelimit registers, kept for existing probes.
 pub const HEALTH_SERVICE_NAME: &str = "ratelimit";
@@ -51,6 +55,9 @@ pub struct ServerConfig {
     pub store: Option<Arc<dyn CounterStore>>,
     /// Upper bound on the drain after a shutdown starts; then remaining connections are dropped.
     pub shutdown_grace: Duration,
+    /// NOT_SERVING but still answering, between the shutdown trigger and the drain. The
+    /// library's default (and the tests') is zero; the binary's is [`DEFAULT_DRAIN_DELAY`].
+    pub drain_delay: Duration,
     /// Where `rules` came from, for logs (and later reloads); `None` for in-memory rules.
     pub config_path: Option<PathBuf>,
     /// How often the health task probes the store (one PING for Redis) and updates the gRPC
@@ -120,6 +127,7 @@ impl ServerConfig {
             clock: Arc::new(SystemClock),
             store: None,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            drain_delay: Duration::ZERO,
             config_path: None,
             health_interval: DEFAULT_HEALTH_INTERVAL,
             tracing: None,

@@ -162,7 +162,8 @@ pub async fn start(mut config: ServerConfig) -> Result<Running, ServerError> {
     let (shutdown, trigger) = signal::channel();
     let (drain, draining) = signal::channel();
     let (grpc_task, workers) = grpc.spawn(&limiter, config.connection_age, &draining);
-    let app = http::router(Arc::clone(&limiter), transcoder, draining.clone());
+    // /healthcheck fails from the trigger on (the drain delay included), not from the drain.
+    let app = http::router(Arc::clone(&limiter), transcoder, trigger.clone());
     let http_server = axum::serve(listeners.http, app).with_graceful_shutdown(draining.triggered());
     let http_task = tokio::spawn(async move { http_server.await });
 
@@ -173,6 +174,7 @@ pub async fn start(mut config: ServerConfig) -> Result<Running, ServerError> {
         health,
         background,
         grace: config.shutdown_grace,
+        drain_delay: config.drain_delay,
         workers,
         grpc_socket,
         tracing,

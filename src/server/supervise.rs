@@ -18,6 +18,7 @@ pub(super) struct Supervised {
     pub(super) health: tonic_health::server::HealthReporter,
     pub(super) background: Vec<JoinHandle<()>>,
     pub(super) grace: Duration,
+    pub(super) drain_delay: Duration,
     pub(super) workers: Workers,
     pub(super) grpc_socket: Option<PathBuf>,
     pub(super) tracing: Option<Tracing>,
@@ -36,12 +37,18 @@ impl Supervised {
                 health,
                 background,
                 grace,
+                drain_delay,
                 workers,
                 grpc_socket,
                 tracing,
             } = self;
             let result = supervise(
-                trigger, drain, health, background, grpc_task, http_task, grace,
+                trigger,
+                drain,
+                health,
+                background,
+                (grpc_task, http_task),
+                Timing { grace, drain_delay },
             )
             .await;
             // The serving threads stop once their servers have drained (or the grace ran out).
@@ -59,17 +66,29 @@ impl Supervised {
     }
 }
 
+/// How the end unfolds: NOT_SERVING while still answering for `drain_delay`, then the drain,
+/// bounded by `grace`.
+struct Timing {
+    grace: Duration,
+    drain_delay: Duration,
+}
+
+type ServerTasks = (
+    JoinHandle<Result<(), ServerError>>,
+    JoinHandle<std::io::Result<()>>,
+);
+
 /// Owns both server tasks: waits for the shutdown trigger (or a server dying early), stops the
-/// store health task, turns health to NOT_SERVING, lets the servers drain, and bounds the drain
-/// by `grace`.
+/// store health task, turns health to NOT_SERVING and keeps answering for the drain delay (so
+/// load balancers and Envoy's health checks take the instance out before it stops accepting),
+/// then lets the servers drain, bounded by the grace period.
 async fn supervise(
     trigger: ShutdownWatch,
     drain: ShutdownHandle,
     health: tonic_health::server::HealthReporter,
     background: Vec<JoinHandle<()>>,
-    mut grpc_task: JoinHandle<Result<(), ServerError>>,
-    mut http_task: JoinHandle<std::io::Result<()>>,
-    grace: Duration,
+    (mut grpc_task, mut http_task): ServerTasks,
+    Timing { grace, drain_delay }: Timing,
 ) -> Result<(), ServerError> {
     let grpc_abort = grpc_task.abort_handle();
     let http_abort = http_task.abort_handle();
@@ -90,9 +109,19 @@ async fn supervise(
         task.abort();
         let _ = task.await;
     }
-    // Probes see NOT_SERVING for the whole drain (the HTTP /healthcheck reads the trigger).
+    // Probes see NOT_SERVING from now on (the HTTP /healthcheck reads the trigger).
     set_health(&health, false).await;
-    // Stop accepting on both listeners; in-flight calls continue.
+    if grpc_done.is_none() && http_done.is_none() && !drain_delay.is_zero() {
+        // Still accepting and answering: Envoy's active health checks and the endpoint's
+        // removal (Kubernetes) take this replica out first, so no call finds it gone.
+        tracing::info!(delay = ?drain_delay, "reporting NOT_SERVING; still serving until the drain delay ends");
+        tokio::select! {
+            () = tokio::time::sleep(drain_delay) => {}
+            r = &mut grpc_task => grpc_done = Some(grpc_result(r, true)),
+            r = &mut http_task => http_done = Some(http_result(r, true)),
+        }
+    }
+    // Stop accepting on both listeners (HTTP/2 GOAWAY); in-flight calls continue.
     drain.shutdown();
 
     let drain = async {

@@ -281,6 +281,17 @@ pub struct ServeArgs {
     )]
     pub shutdown_grace: Duration,
 
+    /// After SIGTERM, how long sluice reports NOT_SERVING (gRPC health, `/healthcheck`) while
+    /// still accepting and answering, before it sends GOAWAY and drains: time for Envoy's health
+    /// checks and Kubernetes' endpoint removal to take it out, so a rolling restart fails no call.
+    #[arg(
+        long,
+        env = "SHUTDOWN_DRAIN_DELAY",
+        default_value = format_go(crate::server::DEFAULT_DRAIN_DELAY),
+        value_parser = parse_duration
+    )]
+    pub shutdown_drain_delay: Duration,
+
     /// How long a gRPC connection may live before the server asks the client to reconnect (an
     /// HTTP/2 GOAWAY), so clients spread over new replicas; ±10% jitter; `0` never ages one.
     #[arg(

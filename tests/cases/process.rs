@@ -194,3 +194,80 @@ async fn json_logs_say_what_was_loaded_and_when_the_store_changes_state_without_
         "a secret leaked into the logs:\n{all}"
     );
 }
+
+/// SIGTERM with `SHUTDOWN_DRAIN_DELAY`: sluice reports NOT_SERVING (gRPC health for "" and
+/// "ratelimit", `/healthcheck` 500) while it still accepts NEW connections and answers on them
+/// and on the old ones, so Envoy's health checks and Kubernetes take it out before it goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_reports_not_serving_but_keeps_answering_during_the_drain_delay() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("d.yaml");
+    std::fs::write(
+        &file,
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n",
+    )
+    .expect("write config");
+    let mut cmd = binary::serve(&file);
+    // Long enough that the test never races its end; the test kills the process afterwards.
+    cmd.env("SHUTDOWN_DRAIN_DELAY", "10m");
+    let mut sluice = SluiceProcess::spawn(cmd).await;
+    let url = sluice.grpc_url();
+    let old = tonic::transport::Channel::from_shared(url.clone())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    let mut client =
+        sluice::proto::rate_limit_service_client::RateLimitServiceClient::new(old.clone());
+    let req = one("d", &[("k", "v")]);
+    client.should_rate_limit(req.clone()).await.expect("before");
+    sluice.sigterm();
+    let health = |service: &'static str| {
+        let old = old.clone();
+        async move {
+            HealthClient::new(old)
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .map(|r| r.into_inner().status)
+                .map_err(|e| e.to_string())
+        }
+    };
+    eventually("health turns NOT_SERVING after SIGTERM", || async {
+        health("").await == Ok(ServingStatus::NotServing as i32)
+    })
+    .await;
+    assert_eq!(
+        health("ratelimit").await,
+        Ok(ServingStatus::NotServing as i32)
+    );
+    let (status, body) = http(sluice.http, "GET", "/healthcheck", "").await;
+    assert_eq!(status, 500, "{body}");
+    // Still answering: on the old connection, and on a brand-new one.
+    let r = client
+        .should_rate_limit(req.clone())
+        .await
+        .expect("old connection");
+    assert_eq!(code(&r.into_inner()), Code::Ok);
+    let fresh = tonic::transport::Channel::from_shared(url)
+        .expect("url")
+        .connect()
+        .await
+        .expect("a new connection is still accepted");
+    let r = sluice::proto::rate_limit_service_client::RateLimitServiceClient::new(fresh)
+        .should_rate_limit(req)
+        .await
+        .expect("new connection");
+    assert_eq!(code(&r.into_inner()), Code::Ok);
+    let log = sluice.log();
+    assert!(
+        log.contains("still serving until the drain delay ends"),
+        "{log}"
+    );
+    sluice.child.start_kill().expect("kill");
+    let _ = sluice.exit().await;
+}

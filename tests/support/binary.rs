@@ -46,7 +46,9 @@ pub fn serve(config: impl AsRef<std::ffi::OsStr>) -> Command {
         .env("GRPC_PORT", "0")
         .env("HOST", "127.0.0.1")
         .env("PORT", "0")
-        .env("LOG_LEVEL", "info");
+        .env("LOG_LEVEL", "info")
+        // Tests that stop the binary drain at once unless they test the delay itself.
+        .env("SHUTDOWN_DRAIN_DELAY", "0s");
     command
 }
 

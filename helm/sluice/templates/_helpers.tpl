@@ -126,8 +126,8 @@ REDIS_URL for the selected store; empty for the memory store.
 Cross-value checks the JSON schema cannot express. Included by the Deployment.
 */}}
 {{- define "sluice.validate" -}}
-{{- if le (int .Values.terminationGracePeriodSeconds) (int .Values.settings.shutdownGracePeriodSeconds) }}
-{{- fail (printf "terminationGracePeriodSeconds (%d) must be greater than settings.shutdownGracePeriodSeconds (%d), or Kubernetes kills sluice before it has drained" (int .Values.terminationGracePeriodSeconds) (int .Values.settings.shutdownGracePeriodSeconds)) }}
+{{- if le (int .Values.terminationGracePeriodSeconds) (add (int .Values.settings.shutdownGracePeriodSeconds) (int .Values.settings.shutdownDrainDelaySeconds)) }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must be greater than settings.shutdownGracePeriodSeconds (%d) + settings.shutdownDrainDelaySeconds (%d), or Kubernetes kills sluice before it has drained" (int .Values.terminationGracePeriodSeconds) (int .Values.settings.shutdownGracePeriodSeconds) (int .Values.settings.shutdownDrainDelaySeconds)) }}
 {{- end }}
 {{- if and .Values.autoscaling.enabled (lt (int .Values.autoscaling.maxReplicas) (int .Values.autoscaling.minReplicas)) }}
 {{- fail (printf "autoscaling.maxReplicas (%d) must be at least autoscaling.minReplicas (%d)" (int .Values.autoscaling.maxReplicas) (int .Values.autoscaling.minReplicas)) }}
