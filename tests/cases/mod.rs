@@ -50,6 +50,7 @@ mod bench;
 mod compat;
 mod counting;
 mod dashboards;
+mod envoy;
 mod envoy_stats;
 mod extensions;
 mod grpcurl;

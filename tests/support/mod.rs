@@ -5,6 +5,7 @@
 pub mod ads;
 pub mod binary;
 pub mod certs;
+pub mod envoy;
 pub mod otlp;
 pub mod proxy;
 pub mod redis;
@@ -197,12 +198,27 @@ pub async fn http_with_head(
     path: &str,
     body: &str,
 ) -> (u16, String, String) {
+    http_request(addr, method, path, &[], body).await
+}
+
+/// [`http_with_head`] with extra request headers (requests through Envoy).
+pub async fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr)
         .await
         .expect("HTTP connect");
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(req.as_bytes()).await.expect("HTTP write");
