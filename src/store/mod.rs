@@ -1,5 +1,7 @@
 //! Counter stores. One async [`CounterStore`] trait decides a whole request at once (every limit
-//! that applies to it), all or nothing: a request one limit denies charges no counter. The memory
+//! that applies to it), atomically, by one charging rule ([`charged`]): all or nothing, except
+//! checks that record usage (envoyproxy counting, `record_usage`), charged whatever the verdict.
+//! The memory
 //! store (`memory`) and the Redis store (`redis`) implement it with the same algorithm math; the
 //! circuit breaker (`breaker`) and the deny cache (`local_cache`) wrap a store as layers.
 

@@ -234,6 +234,11 @@ async fn exactly_five(envs: &[(&str, &str)]) {
     let b = sluice(envs).await;
     let e = front(&backend, a.grpc, b.grpc).await;
     wait_healthy(&e, 2).await;
+    // Both replicas decide on their store (a Cluster client connects on first use) before the
+    // burst, so the burst measures decisions, not connection set-up.
+    for s in [&a, &b] {
+        decides(s).await;
+    }
     let mut tasks = Vec::new();
     for _ in 0..120 {
         let front = e.front;
@@ -250,8 +255,27 @@ async fn exactly_five(envs: &[(&str, &str)]) {
             other => panic!("unexpected status {other}"),
         }
     }
-    assert_eq!((ok, denied), (5, 115));
     assert_eq!(e.stat("cluster.backend.ratelimit.error").await, 0);
+    assert_eq!((ok, denied), (5, 115));
+}
+
+/// Polls until `s` answers a decision (on the never-denying `load` key).
+async fn decides(s: &SluiceProcess) {
+    let url = s.grpc_url();
+    poll_until("sluice decides on its store", || {
+        let url = url.clone();
+        async move {
+            let mut c =
+                sluice::proto::rate_limit_service_client::RateLimitServiceClient::connect(url)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            c.should_rate_limit(one("edge", &[("load", "warm-up")]))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -332,6 +356,7 @@ async fn failure_modes_and_recovery_without_restarting_envoy() {
 
 /// h2load through Envoy (h2c, many streams): every request reaches a decision, none fails.
 async fn burst(s: &SluiceProcess, requests: usize) {
+    decides(s).await;
     let backend = Backend::start().await;
     let e = front(&backend, s.grpc, s.grpc).await;
     let url = format!("http://{}/load", e.front);
@@ -401,6 +426,9 @@ async fn one_replica_restarted_under_load_gives_no_rate_limit_errors() {
     let backend = Backend::start().await;
     let e = front(&backend, a.grpc, b.grpc).await;
     wait_healthy(&e, 2).await;
+    for s in [&a, &b] {
+        decides(s).await;
+    }
 
     // Load in the background until told to stop: h2load runs back to back.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -271,3 +271,57 @@ async fn sigterm_reports_not_serving_but_keeps_answering_during_the_drain_delay(
     sluice.child.start_kill().expect("kill");
     let _ = sluice.exit().await;
 }
+
+/// `sluice check` warns where a resource limit runs under envoyproxy counting (denied consumers
+/// burn the resource's budget), and not for the shipped hierarchy, which asks for
+/// all_or_nothing.
+#[test]
+fn check_warns_about_resource_limits_under_envoyproxy_counting() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("h.yaml");
+    std::fs::write(
+        &file,
+        "domain: h\ndescriptors:\n  - key: r\n    value: x\n    rate_limit: {unit: hour, requests_per_unit: 5, applies_to_descendants: true}\n    descriptors:\n      - key: c\n        rate_limit: {unit: hour, requests_per_unit: 1}\n",
+    )
+    .expect("write");
+    let out = Command::new(BIN)
+        .args(["check", file.to_str().expect("utf-8")])
+        .env_remove("COUNTING")
+        .output()
+        .expect("run sluice check");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("warning: ")
+            && err.contains("applies_to_descendants under envoyproxy counting"),
+        "{err}"
+    );
+    let out = Command::new(BIN)
+        .args([
+            "check",
+            "--counting",
+            "all_or_nothing",
+            file.to_str().expect("utf-8"),
+        ])
+        .output()
+        .expect("run sluice check");
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("warning"),
+        "COUNTING=all_or_nothing"
+    );
+    let shipped = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/examples/hierarchy.yaml"
+    );
+    let out = Command::new(BIN)
+        .args(["check", shipped])
+        .env_remove("COUNTING")
+        .output()
+        .expect("run sluice check");
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("warning"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -144,3 +144,38 @@ async fn a_demoted_master_is_left_for_the_promoted_one() {
     assert_eq!(codes(&s, "c", 8).await, (6, 2));
     s.stop().await;
 }
+
+/// Counting on Sentinel (the standalone path behind another connector): a token budget's report
+/// past the limit is recorded (envoyproxy counting), and a rejected request charges nothing in
+/// an all_or_nothing domain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counting_follows_the_domain_on_sentinel() {
+    let setup = SentinelSetup::start();
+    let clock = ManualClock::new(T0);
+    let store = sentinel_store(&setup, &clock, None);
+    let rules = r#"
+domain: s
+descriptors:
+  - key: budget
+    rate_limit: {unit: hour, requests_per_unit: 1000}
+"#;
+    let s = TestServer::start_on(rules, ServiceOptions::default(), Some(store), clock).await;
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let mut check = desc(&[("budget", "u")]);
+        check.hits_addend = Some(0);
+        let denied = code(&s.call(request("s", vec![check])).await) == Code::OverLimit;
+        statuses.push(denied);
+        if !denied {
+            let mut report = desc(&[("budget", "u")]);
+            report.hits_addend = Some(400);
+            s.call(request("s", vec![report])).await;
+        }
+    }
+    assert_eq!(
+        statuses,
+        [false, false, false, true, true],
+        "400, 800, 1200: the 4th is denied"
+    );
+    s.stop().await;
+}

@@ -788,3 +788,68 @@ fn token_bucket_that_cannot_be_exact_is_refused() {
     load("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1000000, algorithm: token_bucket, burst: 4000000000}\n")
         .expect("exact");
 }
+
+#[test]
+fn counting_is_read_per_domain_and_a_bad_value_names_its_line() {
+    let rs = load("domain: d\ncounting: all_or_nothing\ndescriptors: []\n").unwrap();
+    assert_eq!(domain(&rs, "d").counting, Some(Counting::AllOrNothing));
+    let rs = load("domain: d\ncounting: EnvoyProxy\ndescriptors: []\n").unwrap();
+    assert_eq!(domain(&rs, "d").counting, Some(Counting::Envoyproxy));
+    let rs = load("domain: d\ndescriptors: []\n").unwrap();
+    assert_eq!(
+        domain(&rs, "d").counting,
+        None,
+        "absent: the global COUNTING"
+    );
+    one_error(
+        "domain: d\ncounting: sometimes\ndescriptors: []\n",
+        2,
+        "counting",
+        "counting must be `envoyproxy`",
+    );
+}
+
+#[test]
+fn record_usage_is_read_on_a_limit() {
+    let text = limit_config(&[
+        "unit: hour",
+        "requests_per_unit: 1000",
+        "record_usage: true",
+    ]);
+    let rs = load(&text).unwrap();
+    assert!(only_limit(&domain(&rs, "d").root.bare["a"]).record_usage);
+    one_error(
+        &limit_config(&["unit: hour", "requests_per_unit: 1", "record_usage: often"]),
+        7,
+        "descriptors[0].rate_limit.record_usage",
+        "must be a boolean",
+    );
+}
+
+#[test]
+fn resource_limits_under_envoyproxy_counting_are_warned_about_and_rlconfig_shows_counting() {
+    let tree = "descriptors:\n  - key: r\n    value: x\n    rate_limit: {unit: hour, requests_per_unit: 5, applies_to_descendants: true}\n    descriptors:\n      - key: c\n        rate_limit: {unit: hour, requests_per_unit: 1}\n";
+    let plain = load(&format!("domain: d\n{tree}")).unwrap();
+    let warnings = plain.counting_warnings(Counting::Envoyproxy);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains(":3: d.r_x: applies_to_descendants under envoyproxy counting"),
+        "{}",
+        warnings[0]
+    );
+    assert!(
+        plain.counting_warnings(Counting::AllOrNothing).is_empty(),
+        "global all_or_nothing"
+    );
+    let aon = load(&format!("domain: d\ncounting: all_or_nothing\n{tree}")).unwrap();
+    assert!(
+        aon.counting_warnings(Counting::Envoyproxy).is_empty(),
+        "the domain asks for it"
+    );
+    assert!(plain
+        .dump_with(Counting::Envoyproxy)
+        .starts_with("d: counting=envoyproxy (COUNTING)\n"));
+    assert!(aon
+        .dump_with(Counting::Envoyproxy)
+        .starts_with("d: counting=all_or_nothing\n"));
+}

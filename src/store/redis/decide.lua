@@ -1,7 +1,8 @@
 -- sluice: atomic rate-limit decisions for one or more requests (standalone Redis: concurrent
 -- requests are sent together, in one call), or for one request's keys of one slot (Redis
--- Cluster). Each request is decided all or nothing, in order, seeing the writes of the ones
--- before it; the whole call is atomic.
+-- Cluster). Each request is decided in order, seeing the writes of the ones before it, by the
+-- charging rule of src/store/mod.rs (`charged`: all or nothing, except limits flagged record,
+-- charged whatever the verdict); the whole call is atomic.
 --
 -- KEYS      the counter keys of every request, request after request. On Cluster all keys of
 --           one call share a slot.
