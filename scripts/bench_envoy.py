@@ -177,7 +177,11 @@ def envoy_stats(admin):
 
 
 def to_ms(value):
-    m = re.match(r"([\d.]+)(us|ms|s)", value)
+    m = re.match(r"([\d.]+)(us|ms|s|m)$", value)
+    if m is None:
+        sys.exit(f"cannot read wrk's latency {value!r}")
+    if m.group(2) == "m":
+        return float(m.group(1)) * 60000
     n, unit = float(m.group(1)), m.group(2)
     return n / 1000 if unit == "us" else n * 1000 if unit == "s" else n
 
@@ -200,9 +204,11 @@ def run(envoy_bin, setup, args, tmp):
         subprocess.run(["wrk", "-t1", "-c4", "-d1s", *hdr, url], capture_output=True)  # warm up
         out = subprocess.run(["wrk", "-t2", f"-c{args.connections}", f"-d{args.duration}s",
                               "--latency", *hdr, url], capture_output=True, text=True).stdout
+        if "Requests/sec" not in out:
+            sys.exit(f"wrk failed for {setup}:\n{out}")
         rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
-        p50 = to_ms(re.search(r"50%\s+(\S+)", out).group(1))
-        p99 = to_ms(re.search(r"99%\s+(\S+)", out).group(1))
+        p50 = to_ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))
+        p99 = to_ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))
         stats = envoy_stats(admin)
         return {"rps": rps, "p50": p50, "p99": p99,
                 "error": stats.get("cluster.backend.ratelimit.error", 0),
