@@ -619,3 +619,83 @@ async fn batched_requests_answer_as_if_decided_one_by_one() {
         assert_eq!(stored.trim(), left.len().to_string(), "consumer {c}");
     }
 }
+
+/// A usage report (envoyproxy counting records it) that Envoy cancels at its deadline while the
+/// call waits for Redis is still recorded: the tokens are spent whether or not Envoy waited for
+/// the answer. The proxy holds Redis's script calls, so the report queues behind an outstanding
+/// call (one connection) until the caller's 50 ms deadline has cut it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_report_cut_by_the_callers_deadline_is_still_recorded() {
+    let redis = start_redis(&[]).await;
+    let proxy = RedisProxy::start(
+        format!("127.0.0.1:{}", redis.port())
+            .parse()
+            .expect("address"),
+    )
+    .await;
+    let settings = sluice::store::redis::RedisSettings {
+        timeout: Duration::from_secs(30),
+        pool_size: 1,
+        ..redis_settings(vec![proxy.url()], RedisKind::Single)
+    };
+    let clock = ManualClock::new(T0);
+    let store: Arc<dyn CounterStore> = Arc::new(
+        RedisStore::new(&settings)
+            .expect("store")
+            .with_test_clock(Arc::new(clock.clone())),
+    );
+    let rules = "domain: tokens\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
+    let s = TestServer::start_on(rules, ServiceOptions::default(), Some(store), clock).await;
+    assert_eq!(
+        code(&s.call(one("tokens", &[("user", "warm")])).await),
+        Code::Ok
+    );
+
+    proxy.hold();
+    // An outstanding call takes the one connection.
+    let first = {
+        let mut c = s.client().await;
+        tokio::spawn(async move {
+            c.should_rate_limit(one("tokens", &[("user", "other")]))
+                .await
+        })
+    };
+    proxy
+        .wait_for("the first call is held", Duration::from_secs(30), |st| {
+            st.scripts_held == 1
+        })
+        .await;
+    // The report: 400 tokens, cut by its caller's deadline while it waits.
+    let mut report = desc(&[("user", "u")]);
+    report.hits_addend = Some(400);
+    let mut r = tonic::Request::new(request("tokens", vec![report]));
+    r.set_timeout(Duration::from_millis(50));
+    let e = s
+        .client()
+        .await
+        .should_rate_limit(r)
+        .await
+        .expect_err("cut by the deadline");
+    assert!(
+        matches!(
+            e.code(),
+            tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+        ),
+        "{e:?}"
+    );
+    proxy.release();
+    first
+        .await
+        .expect("join")
+        .expect("the first call is answered");
+    // Recorded: a check on the counter sees 400 used.
+    let mut peek = desc(&[("user", "u")]);
+    peek.hits_addend = Some(0);
+    eventually("the cut report is recorded", || {
+        let peek = peek.clone();
+        let s = &s;
+        async move { s.call(request("tokens", vec![peek])).await.statuses[0].limit_remaining == 600 }
+    })
+    .await;
+    s.stop().await;
+}
