@@ -179,3 +179,42 @@ descriptors:
     );
     s.stop().await;
 }
+
+/// A two-descriptor request with one descriptor over its limit, on Sentinel: envoyproxy
+/// counting charges the other; STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT and all_or_nothing do not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_descriptor_and_the_other_one_on_sentinel() {
+    let setup = SentinelSetup::start();
+    let rules = "domain: two\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+    let aon = rules.replace("domain: two\n", "domain: two\ncounting: all_or_nothing\n");
+    let stop = ServiceOptions {
+        stop_increment_when_over: true,
+        ..ServiceOptions::default()
+    };
+    for (n, (yaml, options, left)) in [
+        (rules.to_string(), ServiceOptions::default(), 9),
+        (rules.to_string(), stop, 10),
+        (aon, ServiceOptions::default(), 10),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let clock = ManualClock::new(T0);
+        let store = sentinel_store(&setup, &clock, None);
+        let s = TestServer::start_on(&yaml, options, Some(store), clock).await;
+        let (a, b) = (format!("a{n}"), format!("b{n}"));
+        let b_req = one("two", &[("b", b.as_str())]);
+        s.call(b_req.clone()).await;
+        assert_eq!(code(&s.call(b_req).await), Code::OverLimit);
+        let both = request(
+            "two",
+            vec![desc(&[("a", a.as_str())]), desc(&[("b", b.as_str())])],
+        );
+        assert_eq!(code(&s.call(both).await), Code::OverLimit);
+        let mut peek = desc(&[("a", a.as_str())]);
+        peek.hits_addend = Some(0);
+        let r = s.call(request("two", vec![peek])).await;
+        assert_eq!(r.statuses[0].limit_remaining, left, "case {n}");
+        s.stop().await;
+    }
+}
