@@ -280,3 +280,26 @@ fn expiry_follows_each_algorithm() {
     let (_, s) = decide(None, T0 + S, tb, 1, Mode::Charge);
     assert_eq!(expires_at(&s, tb), T0 + 61 * S);
 }
+
+#[test]
+fn a_recorded_sliding_log_never_holds_more_entries_than_its_limit() {
+    let p = LimitParams {
+        limit: 5,
+        period_us: 3_600_000_000,
+        algorithm: Algorithm::SlidingLog,
+        burst: 0,
+    };
+    let mut log = Log::default();
+    let mut total = 0u64;
+    for i in 0..1000u64 {
+        let hits = if i % 100 == 0 { MAX_HITS } else { 1 };
+        let o = sliding_log_in(&mut log, 1_000_000 + i, p, hits, Mode::Record, true);
+        total = (total + hits).min(MAX_COUNT);
+        assert_eq!(o.allowed, total <= 5);
+    }
+    assert!(log.len() <= 5, "{} entries", log.len());
+    // The count stayed exact (saturated at MAX_COUNT at most).
+    let o = sliding_log_in(&mut log, 1_000_000 + 1000, p, 0, Mode::Record, false);
+    assert!(!o.allowed);
+    assert_eq!(o.remaining, 0);
+}

@@ -239,3 +239,51 @@ descriptors:
 }
 
 test_with_all_stores!(quota_limits_and_huge_hits_are_recorded_on, kind => quota_and_huge_hits);
+
+/// Recording past the limit cannot grow a sliding_log without bound: once the log holds as many
+/// entries as the limit, a recorded charge joins the newest entry. 200 recorded requests (and
+/// huge hits) on a limit of 5 leave at most 5 entries in the Redis sorted set.
+async fn sliding_log_stays_bounded(kind: &str) {
+    let (store, clock, backend) = make_store(kind).await;
+    let yaml = r#"
+domain: logs
+descriptors:
+  - key: k
+    rate_limit: {requests_per_unit: 5, period: 1h, algorithm: sliding_log}
+"#;
+    let s = TestServer::start_on(yaml, ServiceOptions::default(), Some(store), clock.clone()).await;
+    for i in 0..200u64 {
+        let mut d = desc(&[("k", "flood")]);
+        d.hits_addend = Some(if i % 50 == 0 { u64::MAX } else { 1 });
+        s.call(request("logs", vec![d])).await;
+        clock.advance(std::time::Duration::from_millis(3));
+    }
+    let mut peek = desc(&[("k", "flood")]);
+    peek.hits_addend = Some(0);
+    let r = s.call(request("logs", vec![peek])).await;
+    assert_eq!(code(&r), Code::OverLimit, "{kind}");
+    let cards: Vec<u64> = match &backend {
+        super::store::Backend::Memory => vec![],
+        super::store::Backend::Redis(r) => r
+            .keys_with_ttl()
+            .into_iter()
+            .map(|(k, _)| r.cli(&["ZCARD", &k]).trim().parse().unwrap_or(0))
+            .collect(),
+        super::store::Backend::Cluster(c) => c
+            .keys_with_ttl()
+            .into_iter()
+            .map(|(k, _)| c.cli_cluster(&["ZCARD", &k]).trim().parse().unwrap_or(0))
+            .collect(),
+    };
+    if kind != "memory" {
+        assert_eq!(cards.len(), 1, "{kind}: one sorted set");
+        assert!(
+            cards[0] <= 5,
+            "{kind}: {} entries for a limit of 5",
+            cards[0]
+        );
+    }
+    s.stop().await;
+}
+
+test_with_all_stores!(a_recorded_sliding_log_stays_within_its_limit_on, kind => sliding_log_stays_bounded);
