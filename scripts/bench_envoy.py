@@ -15,20 +15,18 @@ Needs: Envoy (ENVOY_BIN, or scripts/test.sh's pinned install), wrk (Debian `wrk`
 ../shared/peers/limitador-server.gz. Not part of the test suite: it times things.
 """
 import argparse
-import gzip
 import os
 import re
-import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench import cpu_seconds, free_port, limitador_binary, wait_port  # noqa: E402  (shared with bench.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLUICE = os.path.join(ROOT, "target", "release", "sluice")
-PEERS = os.path.join(ROOT, "..", "shared", "peers")
 DEFAULT_ENVOY = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
                              "sluice", "envoy-1.40.0", "envoy", "_bin", "envoy")
 
@@ -110,34 +108,6 @@ FILTER = """                  - name: envoy.filters.http.ratelimit
                         grpc_service: {{ envoy_grpc: {{ cluster_name: rls }} }}"""
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port, proc, what):
-    for _ in range(300):
-        if proc.poll() is not None:
-            sys.exit(f"{what} exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    sys.exit(f"{what} did not listen on {port}")
-
-
-def limitador_binary():
-    out = os.path.join(ROOT, "target", "peers", "limitador-server")
-    if not os.path.exists(out):
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        with gzip.open(os.path.join(PEERS, "limitador-server.gz")) as src, open(out, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        os.chmod(out, 0o755)
-    return out
-
-
 def start_rls(system, store, tmp):
     """The RLS under test (and its redis-server): returns (processes, gRPC port)."""
     procs = []
@@ -202,6 +172,9 @@ def run(envoy_bin, setup, args, tmp):
         url = f"http://127.0.0.1:{front}/api"
         hdr = ["-H", "x-consumer: c1"]
         subprocess.run(["wrk", "-t1", "-c4", "-d1s", *hdr, url], capture_output=True)  # warm up
+        watched = [envoy] + procs  # Envoy, then (redis-server,) the RLS
+        before = [cpu_seconds(p.pid) for p in watched]
+        ok_before = envoy_stats(admin).get("cluster.backend.ratelimit.ok", 0)
         out = subprocess.run(["wrk", "-t2", f"-c{args.connections}", f"-d{args.duration}s",
                               "--latency", *hdr, url], capture_output=True, text=True).stdout
         if "Requests/sec" not in out:
@@ -209,8 +182,14 @@ def run(envoy_bin, setup, args, tmp):
         rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
         p50 = to_ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))
         p99 = to_ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))
+        after = [cpu_seconds(p.pid) for p in watched]
         stats = envoy_stats(admin)
-        return {"rps": rps, "p50": p50, "p99": p99,
+        requests = rps * args.duration
+        cpu = [(a - b) * 1e6 / max(requests, 1) for a, b in zip(after, before)]
+        rls_cpu = cpu[-1] if len(cpu) > 1 else 0.0
+        decisions = stats.get("cluster.backend.ratelimit.ok", 0) - ok_before
+        return {"rps": rps, "p50": p50, "p99": p99, "envoy_cpu": cpu[0], "rls_cpu": rls_cpu,
+                "rls_cpu_per_decision": (after[-1] - before[-1]) * 1e6 / max(decisions, 1) if procs else 0.0,
                 "error": stats.get("cluster.backend.ratelimit.error", 0),
                 "allowed": stats.get("cluster.backend.ratelimit.failure_mode_allowed", 0),
                 "ok": stats.get("cluster.backend.ratelimit.ok", 0)}
@@ -246,23 +225,27 @@ def main():
                 res = run(envoy_bin, s, args, tmp)
                 results[s].append(res)
                 print(f"round {r + 1} {s[0]:>9}/{s[1]:<6} {res['rps']:9.0f} req/s  p50 {res['p50']:.3f} ms"
-                      f"  p99 {res['p99']:.3f} ms  ratelimit ok={res['ok']} error={res['error']}"
+                      f"  p99 {res['p99']:.3f} ms  Envoy CPU {res['envoy_cpu']:.1f} us/req"
+                      f"  RLS CPU {res['rls_cpu_per_decision']:.1f} us/decision"
+                      f"  ratelimit ok={res['ok']} error={res['error']}"
                       f" failure_mode_allowed={res['allowed']}", flush=True)
     mean = {s: {k: sum(x[k] for x in v) / len(v) for k in v[0]} for s, v in results.items()}
     base = mean[("none", "-")]
     print(f"\nEnvoy {args.envoy_threads} worker(s), wrk -c{args.connections}, {args.duration} s x "
           f"{args.rounds} rounds, rate-limit timeout {args.timeout}; mean of rounds")
-    print("| setup | req/s | p50 ms | p99 ms | p50 added | p99 added | ratelimit.error | failure_mode_allowed |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| setup | req/s | p50 ms | p99 ms | p50 added | p99 added | Envoy CPU us/req | RLS CPU us/decision | ratelimit.error | failure_mode_allowed |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for s in setups:
         m = mean[s]
         name = "Envoy, no rate-limit filter" if s[0] == "none" else f"Envoy + {s[0]} ({s[1]})"
         print(f"| {name} | {m['rps']:.0f} | {m['p50']:.3f} | {m['p99']:.3f} | "
               f"{m['p50'] - base['p50']:+.3f} | {m['p99'] - base['p99']:+.3f} | "
+              f"{m['envoy_cpu']:.1f} | {m['rls_cpu_per_decision']:.1f} | "
               f"{m['error']:.0f} | {m['allowed']:.0f} |")
     for store in ("memory", "redis"):
         sl, li = mean[("sluice", store)], mean[("limitador", store)]
-        print(f"sluice / Limitador ({store}): req/s {sl['rps'] / li['rps']:.2f}x, "
+        print(f"sluice / Limitador ({store}): req/s {sl['rps'] / li['rps']:.2f}x, RLS CPU per decision "
+              f"{sl['rls_cpu_per_decision'] / max(li['rls_cpu_per_decision'], 1e-9):.2f}x, "
               f"p50 added {(sl['p50'] - base['p50']):.3f} vs {(li['p50'] - base['p50']):.3f} ms, "
               f"p99 added {(sl['p99'] - base['p99']):.3f} vs {(li['p99'] - base['p99']):.3f} ms")
 

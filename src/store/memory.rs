@@ -415,6 +415,11 @@ fn remaining_now(counter: Option<&mut Counter>, check: &LimitCheck, now: u64) ->
     }
 }
 
+/// The state this request's earlier checks left for `fp`, if any.
+fn latest(pending: &[(Fingerprint, State)], fp: Fingerprint) -> Option<&State> {
+    pending.iter().rev().find(|(f, _)| *f == fp).map(|(_, s)| s)
+}
+
 /// A request naming one counter twice: its checks see each other's hits, so each decides on a
 /// tentative copy of the state (rare; the copies are dropped on a denial).
 fn decide_on_copies(
@@ -429,12 +434,7 @@ fn decide_on_copies(
     let mut admission = Admission::default();
     for (i, check) in checks.iter().enumerate() {
         let stored = guards[slot[i]].counters.get(fps[i]).map(|c| &c.state);
-        let current = pending
-            .iter()
-            .rev()
-            .find(|(fp, _)| *fp == fps[i])
-            .map(|(_, s)| s)
-            .or(stored);
+        let current = latest(&pending, fps[i]).or(stored);
         let (outcome, next) =
             algorithm::decide(current, now, check.params(), check.hits, check.mode());
         admission.add(check, outcome.allowed);
@@ -457,12 +457,7 @@ fn decide_on_copies(
                         .remaining;
                 continue;
             }
-            let current = pending
-                .iter()
-                .rev()
-                .find(|(fp, _)| *fp == fps[i])
-                .map(|(_, s)| s)
-                .or(stored);
+            let current = latest(&pending, fps[i]).or(stored);
             let (_, next) =
                 algorithm::decide(current, now, check.params(), check.hits, check.mode());
             pending.push((fps[i], next));
