@@ -281,7 +281,7 @@ def check_common(values: dict[str, Any], docs: list[tuple[str, dict[str, Any]]],
         "RUNTIME_APPDIRECTORY": "config", "RUNTIME_IGNOREDOTFILES": "true", "RUNTIME_WATCH_ROOT": "false",
     }.items():
         C.equal(env_value(env, name), want, f"env {name}")
-    for name in ("LOG_LEVEL", "LOG_FORMAT", "SHADOW_MODE", "NEAR_LIMIT_RATIO", "LIMIT_RESPONSE_HEADERS_ENABLED",
+    for name in ("LOG_LEVEL", "LOG_FORMAT", "SHADOW_MODE", "COUNTING", "NEAR_LIMIT_RATIO", "LIMIT_RESPONSE_HEADERS_ENABLED",
                  "LOCAL_CACHE_SIZE_IN_BYTES", "TRACING_ENABLED", "SHUTDOWN_GRACE_PERIOD", "SHUTDOWN_DRAIN_DELAY"):
         C.expect(isinstance(env_value(env, name), str), f"env {name} is set (a string)")
     for name, var in env.items():
