@@ -181,22 +181,6 @@ descriptors:
 
 // ---- parity: memory store vs the Lua script on real Redis ---------------------------------
 
-/// A tiny deterministic generator (xorshift64*), so a failing sequence is reproducible from its
-/// seed, printed on failure.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 fn limit(alg: Algorithm, rpu: u32, period_ms: u64, burst: u32) -> Limit {
     Limit {
         requests_per_unit: rpu,
@@ -218,7 +202,7 @@ async fn memory_and_redis_decide_identically_for_every_algorithm() {
     // (admitted, denied) per algorithm: the sequences must exercise both sides.
     let mut seen = [(0u32, 0u32); 4];
     for seed in 1..=32u64 {
-        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut rng = Rng::new(seed);
         let alg = Algorithm::ALL[(seed % 4) as usize];
         // The counting: all or nothing; envoyproxy (every check records); envoyproxy with
         // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT; all or nothing with the shared limit

@@ -36,6 +36,39 @@ pub fn rules(yaml: &str) -> RuleSet {
     }
 }
 
+/// Several config files (one domain each), as a directory would hold them.
+pub fn rules_of(files: &[(&str, &str)]) -> RuleSet {
+    let sources: Vec<(String, String)> = files
+        .iter()
+        .map(|(n, t)| (n.to_string(), t.to_string()))
+        .collect();
+    match load_sources(&sources) {
+        Ok(r) => r,
+        Err(e) => panic!("test config does not load:\n{e}"),
+    }
+}
+
+/// A tiny deterministic generator (xorshift64*), so a failing random sequence is reproducible
+/// from its seed.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
 pub struct TestServer {
     pub running: Option<Running>,
     pub clock: ManualClock,
