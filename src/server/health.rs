@@ -1,7 +1,7 @@
 //! gRPC health: the statuses sluice reports (the server, envoyproxy's `ratelimit` name and the
 //! RLS), and the task that probes the store and mirrors readiness in them.
 
-use super::HEALTH_SERVICES;
+use super::config::HEALTH_SERVICES;
 use crate::service::RateLimiter;
 use std::sync::Arc;
 use std::time::Duration;

@@ -35,7 +35,10 @@ mod supervise;
 mod uds_authority;
 
 use background::Background;
-pub use config::*;
+pub use config::{
+    ConnectionAge, EnvoyStatsSettings, ServerConfig, ServerError, DEFAULT_DRAIN_DELAY,
+    DEFAULT_HEALTH_INTERVAL, DEFAULT_SHUTDOWN_GRACE, HEALTH_SERVICE_NAME,
+};
 use health::start_health;
 use listener::Listeners;
 use serve::GrpcServing;

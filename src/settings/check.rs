@@ -1,7 +1,9 @@
 //! `sluice check PATH`: validate a config without serving it.
 
-use super::*;
-
+use super::parse_go_bool;
+use crate::config::LoadOptions;
+use clap::Args;
+use std::path::PathBuf;
 /// `sluice check PATH`.
 #[derive(Debug, Clone, Args)]
 pub struct CheckArgs {

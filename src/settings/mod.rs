@@ -4,22 +4,11 @@
 
 use crate::config::{ConfigErrors, LoadOptions};
 use crate::duration::format_go;
-use crate::server::tls::TlsSettings;
-use crate::service::headers::HeaderOptions;
 use crate::service::{FailureMode, RequestCaps};
-use crate::store::breaker::{BreakerSettings, DEFAULT_FAILURE_THRESHOLD};
-use crate::store::redis::{
-    redact_url, RedisKind, RedisSettings, RedisTlsSettings, SentinelSettings, DEFAULT_POOL_SIZE,
-};
 use crate::store::StoreChain;
 use crate::store::StoreError;
-use crate::telemetry::trace::TraceSettings;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
-use std::ffi::OsStr;
-use std::fmt;
-use std::net::{SocketAddr, ToSocketAddrs};
-use std::path::{Path, PathBuf};
-use std::str::FromStr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 mod check;
@@ -31,12 +20,15 @@ pub mod stats;
 mod tls;
 pub mod xds;
 
-pub use check::*;
-pub use observe::*;
-pub use parse::*;
-pub use redis::*;
-pub use runtime::*;
-pub use tls::*;
+pub use check::{CheckArgs, LoadFlags};
+pub use observe::{
+    parse_exporter_protocol, parse_header_name, parse_ratio, HeadersDraft, ObserveArgs,
+};
+pub(crate) use parse::{key_value_list, parse_max_counters, resolve};
+pub use parse::{parse_duration, parse_go_bool, Secret};
+pub use redis::{normalize_redis_urls, parse_failure_mode, RedisArgs, RedisType};
+pub use runtime::{ignore_empty_env, RuntimeArgs};
+pub use tls::TlsArgs;
 
 /// `sluice`: with no subcommand it serves, reading the same environment as envoyproxy/ratelimit.
 #[derive(Debug, Parser)]

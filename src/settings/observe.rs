@@ -1,8 +1,10 @@
 //! Metrics, response headers and traces: `NEAR_LIMIT_RATIO`, `LIMIT_RESPONSE_HEADERS_ENABLED`,
 //! the header names and the OpenTelemetry settings.
 
-use super::*;
-
+use super::parse_go_bool;
+use crate::service::headers::HeaderOptions;
+use crate::telemetry::trace::TraceSettings;
+use clap::{Args, ValueEnum};
 /// Metrics, response headers and traces.
 #[derive(Debug, Clone, Args)]
 pub struct ObserveArgs {

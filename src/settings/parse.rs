@@ -1,8 +1,12 @@
 //! The value grammars settings share: Go's booleans and durations as envoyproxy/ratelimit reads
 //! them, envconfig's `key:value` lists, counts with a floor, and secrets that never print.
 
-use super::*;
+use super::SettingsError;
 
+use std::fmt;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::str::FromStr;
+use std::time::Duration;
 /// A setting that may carry credentials (a Redis URL with a password, later tokens): `Debug`
 /// never shows its value, so logging the settings can never leak it.
 #[derive(Clone, PartialEq, Eq)]

@@ -1,8 +1,16 @@
 //! The Redis store's settings (`REDIS_*`, `FAILURE_MODE`'s parser, the breaker) and the URL
 //! forms envoyproxy/ratelimit accepts, normalised to redis-rs URLs.
 
-use super::*;
-
+use super::{parse_duration, parse_go_bool, Secret, SettingsError};
+use crate::duration::format_go;
+use crate::service::FailureMode;
+use crate::store::breaker::{BreakerSettings, DEFAULT_FAILURE_THRESHOLD};
+use crate::store::redis::{
+    redact_url, RedisKind, RedisSettings, RedisTlsSettings, SentinelSettings, DEFAULT_POOL_SIZE,
+};
+use clap::{Args, ValueEnum};
+use std::path::PathBuf;
+use std::time::Duration;
 /// The Redis store. Without `REDIS_URL`, counters live in process memory.
 #[derive(Debug, Clone, Args)]
 pub struct RedisArgs {

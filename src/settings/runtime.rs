@@ -1,8 +1,12 @@
 //! envoyproxy/ratelimit's runtime directory layout (`RUNTIME_ROOT`, `RUNTIME_SUBDIRECTORY`, ...)
 //! and how an empty env var counts as unset.
 
-use super::*;
-
+use super::{parse_duration, parse_go_bool};
+use crate::duration::format_go;
+use clap::Args;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 /// The envoyproxy/ratelimit runtime directory layout.
 #[derive(Debug, Clone, Args)]
 pub struct RuntimeArgs {

@@ -1,5 +1,11 @@
 use super::*;
 use crate::app::server_config;
+use crate::server::tls::TlsSettings;
+use crate::service::headers::HeaderOptions;
+use crate::store::breaker::BreakerSettings;
+use crate::store::redis::{RedisKind, RedisSettings, RedisTlsSettings, DEFAULT_POOL_SIZE};
+use crate::telemetry::trace::TraceSettings;
+use std::net::SocketAddr;
 
 #[test]
 fn memory_max_counters_must_keep_at_least_one() {

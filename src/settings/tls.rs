@@ -1,7 +1,9 @@
 //! `GRPC_SERVER_USE_TLS` and its certificate settings, with envoyproxy/ratelimit's names.
 
-use super::*;
-
+use super::{parse_go_bool, SettingsError};
+use crate::server::tls::TlsSettings;
+use clap::Args;
+use std::path::PathBuf;
 /// TLS on the gRPC port, with envoyproxy/ratelimit's names. The HTTP admin port stays plaintext.
 #[derive(Debug, Clone, Args)]
 pub struct TlsArgs {

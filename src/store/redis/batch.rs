@@ -1,60 +1,13 @@
 //! Script calls: how a call is laid out ([`Call`]), run with its timeout, and how concurrent
 //! standalone decisions are batched into one EVALSHA by the batcher task.
 
-use super::*;
-
-/// One script call: its keys and the numeric arguments after ARGV[2].
-#[derive(Debug, Clone)]
-pub(super) struct Call {
-    pub(super) keys: Vec<String>,
-    pub(super) args: Vec<u64>,
-    /// Ask for undo tokens (ARGV[2]).
-    pub(super) tokens: bool,
-    /// Fixed windows only, no flags: 3 arguments per limit, the script's fast path.
-    pub(super) plain: bool,
-    /// A plain call's counting `m` (decide.lua): 0 all or nothing, 1 record, 3 record + stop.
-    pub(super) counting: u64,
-}
-
-impl Call {
-    /// Whether the call records usage that must reach Redis even if its caller gave up.
-    pub(super) fn records(&self) -> bool {
-        if self.plain {
-            self.counting & 1 == 1
-        } else {
-            self.args
-                .chunks(self.per_key())
-                .any(|a| a.get(3).is_some_and(|m| m & (FLAG_RECORD << 2) != 0))
-        }
-    }
-}
-
-impl Call {
-    /// Values per limit in the reply.
-    pub(super) fn width(&self) -> usize {
-        if self.is_undo() {
-            1
-        } else if self.tokens {
-            4
-        } else {
-            3
-        }
-    }
-
-    pub(super) fn per_key(&self) -> usize {
-        if self.plain {
-            ARGS_PER_KEY - 1
-        } else if self.is_undo() {
-            ARGS_PER_KEY + 1
-        } else {
-            ARGS_PER_KEY
-        }
-    }
-
-    pub(super) fn is_undo(&self) -> bool {
-        !self.plain && self.args.get(3).is_some_and(|meta| meta & UNDO != 0)
-    }
-}
+use super::codec::{self, Call};
+use super::conn::{Conn, Manager};
+use super::{classify, ScriptTime};
+use crate::store::StoreError;
+use redis::Script;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// One EVALSHA (plus SCRIPT LOAD after NOSCRIPT), bounded by `timeout`.
 pub(super) async fn run(
@@ -79,56 +32,9 @@ pub(super) async fn run_batch(
     calls: &[&Call],
     timeout: Duration,
 ) -> Result<Vec<Vec<i64>>, StoreError> {
-    if let Some(packed) = packed::Packed::new(calls) {
-        let mut inv = script.prepare_invoke();
-        inv.arg(now).arg("p");
-        for &(key, _, _) in &packed.counters {
-            inv.key(key);
-        }
-        for a in packed.args() {
-            inv.arg(a);
-        }
-        let reply = invoke(&mut conn, &inv, timeout).await?;
-        return packed.answers(&reply);
-    }
-    let tokens = calls.first().is_some_and(|c| c.tokens);
-    let mut inv = script.prepare_invoke();
-    inv.arg(now)
-        .arg(if tokens { "1" } else { "0" })
-        .arg(calls.len());
-    for call in calls {
-        let n = i64::try_from(call.keys.len()).unwrap_or(i64::MAX / 8);
-        inv.arg(if call.plain {
-            -(4 * n + call.counting as i64)
-        } else {
-            n
-        });
-        for (key, args) in call.keys.iter().zip(call.args.chunks(call.per_key())) {
-            inv.key(key.as_str());
-            for a in args {
-                inv.arg(*a);
-            }
-        }
-    }
-    let values = invoke(&mut conn, &inv, timeout).await?;
-    let expected: usize = calls.iter().map(|c| 1 + c.width() * c.keys.len()).sum();
-    if values.len() != expected {
-        return Err(StoreError::Permanent(format!(
-            "decide.lua returned {} values for {} requests of {} limits",
-            values.len(),
-            calls.len(),
-            calls.iter().map(|c| c.keys.len()).sum::<usize>()
-        )));
-    }
-    let mut rest = values.as_slice();
-    Ok(calls
-        .iter()
-        .map(|c| {
-            let (one, tail) = rest.split_at(1 + c.width() * c.keys.len());
-            rest = tail;
-            one.to_vec()
-        })
-        .collect())
+    let batch = codec::Batch::new(calls);
+    let values = invoke(&mut conn, &batch.invocation(script, now), timeout).await?;
+    batch.replies(&values)
 }
 
 /// One EVALSHA (plus SCRIPT LOAD after NOSCRIPT), bounded by `timeout`.

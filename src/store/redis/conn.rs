@@ -1,7 +1,16 @@
 //! Connections: bb8 manages a few multiplexed connections (replaced when a call finds one
 //! broken), and [`Conn`] is the handle one call runs on, standalone or Cluster.
 
-use super::*;
+use super::sentinel;
+use super::settings::{with_auth, RedisSettings};
+use super::{classify, is_transport};
+use crate::store::StoreError;
+use redis::aio::MultiplexedConnection;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// A multiplexed connection shared by every in-flight call, and a flag set when a call on it
 /// fails at the transport level, so the pool replaces it (after a Redis restart, say).

@@ -7,29 +7,31 @@
 
 mod batch;
 mod cluster;
+mod codec;
 mod conn;
 pub mod keys;
-mod packed;
 mod sentinel;
 mod settings;
 
-use batch::*;
-use cluster::*;
-use conn::*;
-pub use settings::*;
+use batch::{batcher, run, single_connection, Job, BATCH_QUEUE};
+use cluster::charge_or_undo;
+use codec::Call;
+use conn::{sentinels, Backend, Conn, ConnectErrors, Manager, Target};
+use settings::{is_tls, tls_client};
+pub use settings::{
+    redact_url, RedisKind, RedisSettings, RedisTlsSettings, SentinelSettings, DEFAULT_POOL_SIZE,
+    DEFAULT_TIMEOUT,
+};
 
 use super::{
     BoxFuture, CallShape, CounterKey, CounterStore, Decision, LimitCheck, Outcome, StoreError,
 };
 #[cfg(any(test, feature = "test-util"))]
 use crate::clock::Clock;
-use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 use std::fmt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -232,54 +234,9 @@ impl RedisStore {
         }
     }
 
-    /// The script call deciding `idx` of `checks`, owned so it can run on a spawned task.
-    /// `whole`: the call decides the whole request, so the script applies the quota-mode rule;
-    /// otherwise (one slot of several) quota limits go as shadow and the caller applies it.
+    /// The script call deciding `idx` of `checks` (see [`codec::encode`]).
     fn call_for(&self, checks: &[LimitCheck], idx: &[usize], whole: bool) -> Call {
-        let meta = |c: &LimitCheck| {
-            let quota = if whole { FLAG_QUOTA } else { FLAG_SHADOW };
-            let flags = if c.shadow { FLAG_SHADOW } else { 0 }
-                | if c.refund { FLAG_REFUND } else { 0 }
-                | if c.quota { quota } else { 0 }
-                | if c.record { FLAG_RECORD } else { 0 }
-                | if c.stop_over && c.record {
-                    FLAG_STOP
-                } else {
-                    0
-                };
-            u64::from(c.key.limit.algorithm.code())
-                | flags << 2
-                | u64::from(c.key.limit.burst) << META_BURST_SHIFT
-        };
-        // Plain requests (fixed windows, no flags but one counting for all) skip the meta
-        // argument; their counting goes once, in the request's header.
-        let counting = idx.first().map_or(0, |&i| meta(&checks[i]) & COUNTING_META);
-        let plain = idx.iter().all(|&i| {
-            meta(&checks[i]) & !COUNTING_META == 0 && meta(&checks[i]) & COUNTING_META == counting
-        });
-        let per_key = if plain {
-            ARGS_PER_KEY - 1
-        } else {
-            ARGS_PER_KEY
-        };
-        let mut keys = Vec::with_capacity(idx.len());
-        let mut args = Vec::with_capacity(idx.len() * per_key);
-        for &i in idx {
-            let c = &checks[i];
-            let p = c.params();
-            keys.push(self.key_of(&c.key));
-            args.extend([u64::from(p.limit), p.period_us, c.hits]);
-            if !plain {
-                args.push(meta(c));
-            }
-        }
-        Call {
-            keys,
-            args,
-            tokens: false,
-            plain,
-            counting: if plain { counting >> 6 } else { 0 },
-        }
+        codec::encode(checks, idx, whole, |k| self.key_of(k))
     }
 
     fn now_arg(&self) -> String {
@@ -351,7 +308,7 @@ impl RedisStore {
         };
         self.record_health(&r);
         let mut outcomes = vec![DENIED; checks.len()];
-        let admitted = parse(&r?, all, false, &mut outcomes)?;
+        let admitted = codec::decode(&r?, all, false, &mut outcomes)?;
         Ok(Decision {
             admitted,
             outcomes,
@@ -373,7 +330,7 @@ impl RedisStore {
             let r = run(&self.script, conn, &self.now_arg(), &call, self.timeout).await;
             self.record_health(&r);
             let mut outcomes = vec![DENIED; checks.len()];
-            let admitted = parse(&r?, only, false, &mut outcomes)?;
+            let admitted = codec::decode(&r?, only, false, &mut outcomes)?;
             return Ok(Decision {
                 admitted,
                 outcomes,
@@ -415,7 +372,7 @@ impl RedisStore {
         let mut first_error = None;
         for (g, r) in groups.iter().zip(results) {
             self.record_health(&r);
-            if let Err(e) = r.and_then(|values| parse(&values, g, true, &mut outcomes)) {
+            if let Err(e) = r.and_then(|values| codec::decode(&values, g, true, &mut outcomes)) {
                 first_error.get_or_insert(e);
             }
         }
@@ -462,21 +419,6 @@ impl RedisStore {
     }
 }
 
-/// Script arguments per limit (see the top of `decide.lua`); an undo call adds the token.
-const ARGS_PER_KEY: usize = 4;
-/// The flags of `decide.lua`'s `meta` argument (shifted left by 2 into it), and where its
-/// burst starts.
-const FLAG_SHADOW: u64 = 1;
-const FLAG_REFUND: u64 = 2;
-const FLAG_QUOTA: u64 = 8;
-const FLAG_RECORD: u64 = 16;
-const FLAG_STOP: u64 = 32;
-const META_BURST_SHIFT: u32 = 8;
-/// The counting flags as placed in `meta`: what a plain request may carry (one value for all
-/// its limits), sent as its counting `m` instead.
-const COUNTING_META: u64 = (FLAG_RECORD | FLAG_STOP) << 2;
-/// The undo flag, as placed in `meta`.
-const UNDO: u64 = 4 << 2;
 /// Attempts at an undo before it is counted as failed.
 const UNDO_ATTEMPTS: usize = 3;
 
@@ -546,10 +488,6 @@ impl CounterStore for RedisStore {
             keys: checks.len(),
         }
     }
-}
-
-fn micros(v: i64) -> Duration {
-    Duration::from_micros(u64::try_from(v).unwrap_or(0))
 }
 
 /// A failure of the connection itself (not an error reply): the connection must be replaced.

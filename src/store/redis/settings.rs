@@ -1,7 +1,10 @@
 //! What the Redis store connects to and how: `REDIS_TYPE`, URLs (with secrets redacted in
 //! `Debug`), Sentinel, TLS certificates, timeouts and the pool size.
 
-use super::*;
+use crate::store::StoreError;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Default bound on one Redis round trip (`REDIS_TIMEOUT`). Envoy gives up on the rate-limit call
 /// after 20 ms by default and sluice stops waiting at the caller's deadline anyway, so this only

@@ -1,0 +1,515 @@
+//! The one place that knows `decide.lua`'s KEYS, ARGV and reply layout (documented at the top
+//! of the script, next to which this file is kept in step): encoding a whole request, one slot
+//! of a request, an undo, and a batch of requests (the general and the packed layouts), and
+//! decoding the replies. The rest of the Redis store speaks in `LimitCheck`s and `Outcome`s.
+
+use crate::algorithm::MAX_COUNT;
+use crate::store::{CounterKey, LimitCheck, Outcome, StoreError};
+use redis::{Script, ScriptInvocation};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Script arguments per limit (see the top of `decide.lua`); an undo call adds the token.
+pub(super) const ARGS_PER_KEY: usize = 4;
+/// The flags of `decide.lua`'s `meta` argument (shifted left by 2 into it), and where its
+/// burst starts.
+pub(super) const FLAG_SHADOW: u64 = 1;
+pub(super) const FLAG_REFUND: u64 = 2;
+pub(super) const FLAG_QUOTA: u64 = 8;
+pub(super) const FLAG_RECORD: u64 = 16;
+pub(super) const FLAG_STOP: u64 = 32;
+pub(super) const META_BURST_SHIFT: u32 = 8;
+/// The counting flags as placed in `meta`: what a plain request may carry (one value for all
+/// its limits), sent as its counting `m` instead.
+pub(super) const COUNTING_META: u64 = (FLAG_RECORD | FLAG_STOP) << 2;
+/// The undo flag, as placed in `meta`.
+pub(super) const UNDO: u64 = 4 << 2;
+
+/// One script call: its keys and the numeric arguments after ARGV[2].
+#[derive(Debug, Clone)]
+pub(super) struct Call {
+    pub(super) keys: Vec<String>,
+    pub(super) args: Vec<u64>,
+    /// Ask for undo tokens (ARGV[2]).
+    pub(super) tokens: bool,
+    /// Fixed windows only, no flags: 3 arguments per limit, the script's fast path.
+    pub(super) plain: bool,
+    /// A plain call's counting `m` (decide.lua): 0 all or nothing, 1 record, 3 record + stop.
+    pub(super) counting: u64,
+}
+
+impl Call {
+    /// Whether the call records usage that must reach Redis even if its caller gave up.
+    pub(super) fn records(&self) -> bool {
+        if self.plain {
+            self.counting & 1 == 1
+        } else {
+            self.args
+                .chunks(self.per_key())
+                .any(|a| a.get(3).is_some_and(|m| m & (FLAG_RECORD << 2) != 0))
+        }
+    }
+}
+
+impl Call {
+    /// Values per limit in the reply.
+    pub(super) fn width(&self) -> usize {
+        if self.is_undo() {
+            1
+        } else if self.tokens {
+            4
+        } else {
+            3
+        }
+    }
+
+    pub(super) fn per_key(&self) -> usize {
+        if self.plain {
+            ARGS_PER_KEY - 1
+        } else if self.is_undo() {
+            ARGS_PER_KEY + 1
+        } else {
+            ARGS_PER_KEY
+        }
+    }
+
+    pub(super) fn is_undo(&self) -> bool {
+        !self.plain && self.args.get(3).is_some_and(|meta| meta & UNDO != 0)
+    }
+}
+
+/// The script call deciding `idx` of `checks`, owned so it can run on a spawned task; `key_of`
+/// names each counter's Redis key. `whole`: the call decides the whole request, so the script
+/// applies the quota-mode rule; otherwise (one slot of several) quota limits go as shadow and
+/// the caller applies it ([`quota_rule_holds`]).
+pub(super) fn encode(
+    checks: &[LimitCheck],
+    idx: &[usize],
+    whole: bool,
+    key_of: impl Fn(&CounterKey) -> String,
+) -> Call {
+    let meta = |c: &LimitCheck| {
+        let quota = if whole { FLAG_QUOTA } else { FLAG_SHADOW };
+        let flags = if c.shadow { FLAG_SHADOW } else { 0 }
+            | if c.refund { FLAG_REFUND } else { 0 }
+            | if c.quota { quota } else { 0 }
+            | if c.record { FLAG_RECORD } else { 0 }
+            | if c.stop_over && c.record {
+                FLAG_STOP
+            } else {
+                0
+            };
+        u64::from(c.key.limit.algorithm.code())
+            | flags << 2
+            | u64::from(c.key.limit.burst) << META_BURST_SHIFT
+    };
+    // Plain requests (fixed windows, no flags but one counting for all) skip the meta
+    // argument; their counting goes once, in the request's header.
+    let counting = idx.first().map_or(0, |&i| meta(&checks[i]) & COUNTING_META);
+    let plain = idx.iter().all(|&i| {
+        meta(&checks[i]) & !COUNTING_META == 0 && meta(&checks[i]) & COUNTING_META == counting
+    });
+    let per_key = if plain {
+        ARGS_PER_KEY - 1
+    } else {
+        ARGS_PER_KEY
+    };
+    let mut keys = Vec::with_capacity(idx.len());
+    let mut args = Vec::with_capacity(idx.len() * per_key);
+    for &i in idx {
+        let c = &checks[i];
+        let p = c.params();
+        keys.push(key_of(&c.key));
+        args.extend([u64::from(p.limit), p.period_us, c.hits]);
+        if !plain {
+            args.push(meta(c));
+        }
+    }
+    Call {
+        keys,
+        args,
+        tokens: false,
+        plain,
+        counting: if plain { counting >> 6 } else { 0 },
+    }
+}
+
+/// The call that takes back what `call` charged, given its reply `values`: the same window,
+/// the same sorted-set entry, only the limits that were written.
+pub(super) fn encode_undo(call: &Call, values: &[i64]) -> Call {
+    let mut undo = Call {
+        keys: Vec::new(),
+        args: Vec::new(),
+        tokens: false,
+        plain: false,
+        counting: 0,
+    };
+    for ((key, args), v) in call
+        .keys
+        .iter()
+        .zip(call.args.chunks(call.per_key()))
+        .zip(values[1..].chunks(call.width()))
+    {
+        let (hits, meta) = (args[2], args.get(3).copied().unwrap_or(0));
+        // Written: allowed, hits to charge, not a refund. A shadow denial wrote nothing; a
+        // recorded charge stands whatever the other slots say, unless the request stops
+        // charging when a key is over (then a slot with no key over, which charged all its
+        // keys, is taken back when another slot has one).
+        let recorded = call.plain && call.counting & 1 == 1 || meta & (FLAG_RECORD << 2) != 0;
+        let stop = call.plain && call.counting == 3 || meta & (FLAG_STOP << 2) != 0;
+        if v[0] & 1 == 1 && hits > 0 && meta & (FLAG_REFUND << 2) == 0 && (!recorded || stop) {
+            undo.keys.push(key.clone());
+            undo.args.extend([
+                args[0],
+                args[1],
+                hits,
+                meta | UNDO,
+                u64::try_from(v[3]).unwrap_or(0),
+            ]);
+            // (A plain call's limits are fixed windows with no flags: meta 0.)
+        }
+    }
+    undo
+}
+
+/// Folds one call's reply into `outcomes` (at `idx`); returns whether the call admitted.
+pub(super) fn decode(
+    values: &[i64],
+    idx: &[usize],
+    tokens: bool,
+    outcomes: &mut [Outcome],
+) -> Result<bool, StoreError> {
+    let width = if tokens { 4 } else { 3 };
+    if values.len() != 1 + width * idx.len() {
+        return Err(StoreError::Permanent(format!(
+            "decide.lua returned {} values for {} limits",
+            values.len(),
+            idx.len()
+        )));
+    }
+    for (v, &i) in values[1..].chunks(width).zip(idx) {
+        outcomes[i] = Outcome {
+            allowed: v[0] & 1 == 1,
+            remaining: u32::try_from((v[0] >> 1).max(0)).unwrap_or(u32::MAX),
+            reset: micros(v[1]),
+            retry_after: if v[2] < 0 {
+                Duration::MAX
+            } else {
+                micros(v[2])
+            },
+        };
+    }
+    Ok(values[0] == 1)
+}
+
+/// The quota-mode half of [`crate::store::Admission`] across slots: with quota limits, at
+/// least one of them allowed the request (their calls sent them as shadow, so each call's
+/// `admitted` covers only the enforced limits).
+pub(super) fn quota_rule_holds(
+    calls: &[Call],
+    results: &[Result<Vec<i64>, StoreError>],
+    quota: &[Vec<bool>],
+) -> bool {
+    if quota.iter().all(|q| !q.contains(&true)) {
+        return true;
+    }
+    calls.iter().zip(results).zip(quota).any(|((call, r), q)| {
+        let Ok(values) = r else { return false };
+        values
+            .get(1..)
+            .unwrap_or_default()
+            .chunks(call.width())
+            .zip(q)
+            .any(|(v, &is_quota)| is_quota && v.first().is_some_and(|s| s & 1 == 1))
+    })
+}
+
+/// A batch of calls for ONE `EVALSHA`: the packed layout when every call fits it, else the
+/// general one (each request after the other, each decided by the charging rule in order).
+pub(super) enum Batch<'a> {
+    Packed(Packed<'a>),
+    General(&'a [&'a Call]),
+}
+
+impl<'a> Batch<'a> {
+    /// All calls must agree on `tokens`.
+    pub(super) fn new(calls: &'a [&'a Call]) -> Self {
+        match Packed::new(calls) {
+            Some(p) => Batch::Packed(p),
+            None => Batch::General(calls),
+        }
+    }
+
+    /// The script invocation: KEYS and ARGV (ARGV[1] is `now`, the time override or "").
+    pub(super) fn invocation(&self, script: &'a Script, now: &str) -> ScriptInvocation<'a> {
+        let mut inv = script.prepare_invoke();
+        match self {
+            Batch::Packed(packed) => {
+                inv.arg(now).arg("p");
+                for &(key, _, _) in &packed.counters {
+                    inv.key(key);
+                }
+                for a in packed.args() {
+                    inv.arg(a);
+                }
+            }
+            Batch::General(calls) => {
+                let tokens = calls.first().is_some_and(|c| c.tokens);
+                inv.arg(now)
+                    .arg(if tokens { "1" } else { "0" })
+                    .arg(calls.len());
+                for call in calls.iter() {
+                    let n = i64::try_from(call.keys.len()).unwrap_or(i64::MAX / 8);
+                    inv.arg(if call.plain {
+                        -(4 * n + call.counting as i64)
+                    } else {
+                        n
+                    });
+                    for (key, args) in call.keys.iter().zip(call.args.chunks(call.per_key())) {
+                        inv.key(key.as_str());
+                        for a in args {
+                            inv.arg(*a);
+                        }
+                    }
+                }
+            }
+        }
+        inv
+    }
+
+    /// The script's reply split per call, each in the general layout (`admitted`, then per
+    /// limit state, reset, retry and, with tokens, the undo token).
+    pub(super) fn replies(&self, values: &[i64]) -> Result<Vec<Vec<i64>>, StoreError> {
+        let calls = match self {
+            Batch::Packed(packed) => return packed.answers(values),
+            Batch::General(calls) => calls,
+        };
+        let expected: usize = calls.iter().map(|c| 1 + c.width() * c.keys.len()).sum();
+        if values.len() != expected {
+            return Err(StoreError::Permanent(format!(
+                "decide.lua returned {} values for {} requests of {} limits",
+                values.len(),
+                calls.len(),
+                calls.iter().map(|c| c.keys.len()).sum::<usize>()
+            )));
+        }
+        let mut rest = values;
+        Ok(calls
+            .iter()
+            .map(|c| {
+                let (one, tail) = rest.split_at(1 + c.width() * c.keys.len());
+                rest = tail;
+                one.to_vec()
+            })
+            .collect())
+    }
+}
+
+/// Whether an undo call's reply says every charge was taken back.
+pub(super) fn undo_done(values: &[i64]) -> bool {
+    values
+        .get(1..)
+        .unwrap_or_default()
+        .iter()
+        .all(|&done| done == 1)
+}
+
+fn micros(v: i64) -> Duration {
+    Duration::from_micros(u64::try_from(v).unwrap_or(0))
+}
+
+// ---- the packed layout (ARGV[2] = "p"): a batch of plain requests with every distinct counter
+// sent, keyed, read and written once. Under load most requests of a batch share their resource
+// counter and each adds one consumer counter, so the script's work per request shrinks to a few
+// additions and comparisons: this is what keeps Redis CPU per decision below a minimal
+// check-and-charge script's (README "Performance"). The script returns only the clock and each
+// counter before and after the call; the answers (remaining, reset, retry of every limit) are
+// computed here by replaying the same arithmetic request by request, and the replay must end
+// where the script did.
+
+/// Distinct counters one packed call may hold: the key index lives in the low 6 bits of a code.
+const MAX_KEYS: usize = 64;
+/// Largest `hits` packed into a code (`hits * 64 + index` stays an exact Lua number).
+const MAX_HITS: u64 = 1 << 40;
+
+/// A batch of plain calls in the packed layout.
+pub(super) struct Packed<'a> {
+    /// Distinct counters: key, limit, period in microseconds.
+    pub(super) counters: Vec<(&'a str, u64, u64)>,
+    /// Per call, per limit: the counter's index and the hits.
+    pub(super) limits: Vec<Vec<(usize, u64)>>,
+    /// Per call, its counting `m` (decide.lua): 0 all or nothing, 1 record, 3 record + stop.
+    pub(super) counting: Vec<u64>,
+}
+
+impl<'a> Packed<'a> {
+    /// The packed form of `calls`, or `None` when they do not fit it (a non-plain call, undo
+    /// tokens wanted, a key named twice by one request, more than 64 counters, huge hits, or one
+    /// key with two different limits during a reload).
+    pub(super) fn new(calls: &[&'a Call]) -> Option<Self> {
+        let mut index: HashMap<&str, usize> = HashMap::with_capacity(MAX_KEYS);
+        let mut counters: Vec<(&str, u64, u64)> = Vec::with_capacity(MAX_KEYS);
+        let mut limits = Vec::with_capacity(calls.len());
+        let counting = calls.iter().map(|c| c.counting).collect();
+        for call in calls {
+            if !call.plain || call.tokens {
+                return None;
+            }
+            let mut mine: Vec<(usize, u64)> = Vec::with_capacity(call.keys.len());
+            for (key, a) in call.keys.iter().zip(call.args.chunks(3)) {
+                let [limit, period, hits] = *a else {
+                    return None;
+                };
+                if hits > MAX_HITS {
+                    return None;
+                }
+                let u = *index.entry(key.as_str()).or_insert_with(|| {
+                    counters.push((key.as_str(), limit, period));
+                    counters.len() - 1
+                });
+                if counters[u].1 != limit
+                    || counters[u].2 != period
+                    || mine.iter().any(|m| m.0 == u)
+                {
+                    return None;
+                }
+                mine.push((u, hits));
+            }
+            limits.push(mine);
+        }
+        (counters.len() <= MAX_KEYS).then_some(Packed {
+            counters,
+            limits,
+            counting,
+        })
+    }
+
+    /// The script arguments after ARGV[2], keys aside: U, the counters' limit and period, R, and
+    /// each request's codes.
+    pub(super) fn args(&self) -> Vec<u64> {
+        let n: usize = self.limits.iter().map(|l| 1 + l.len()).sum();
+        let mut out = Vec::with_capacity(2 + 2 * self.counters.len() + n);
+        out.push(self.counters.len() as u64);
+        for &(_, limit, period) in &self.counters {
+            out.extend([limit, period]);
+        }
+        out.push(self.limits.len() as u64);
+        for (l, m) in self.limits.iter().zip(&self.counting) {
+            out.push(4 * l.len() as u64 + m);
+            out.extend(l.iter().map(|&(u, hits)| hits * MAX_KEYS as u64 + u as u64));
+        }
+        out
+    }
+
+    /// Replays the script's decisions from its reply and answers each call as the general
+    /// layout would (`1 + 3 * n` values: admitted, then state, reset, retry per limit).
+    pub(super) fn answers(&self, reply: &[i64]) -> Result<Vec<Vec<i64>>, StoreError> {
+        let u_len = self.counters.len();
+        if reply.len() != 1 + 2 * u_len {
+            return Err(StoreError::Permanent(format!(
+                "decide.lua returned {} values for {u_len} packed counters",
+                reply.len()
+            )));
+        }
+        let now = reply[0];
+        let mut count: Vec<i64> = reply[1..=u_len].iter().map(|&c| c.max(0)).collect();
+        // Reset of each counter's window: the window is aligned to the epoch, as in the script.
+        let reset: Vec<i64> = self
+            .counters
+            .iter()
+            .map(|&(_, _, period)| {
+                let p = i64::try_from(period).unwrap_or(i64::MAX).max(1);
+                p - now.rem_euclid(p)
+            })
+            .collect();
+        let mut answers = Vec::with_capacity(self.limits.len());
+        for (limits, &m) in self.limits.iter().zip(&self.counting) {
+            if m != 0 {
+                answers.push(self.record(limits, m, &mut count, &reset));
+                continue;
+            }
+            let fits = |&(u, hits): &(usize, u64)| {
+                let limit = self.counters[u].1 as i64;
+                let hits = hits as i64;
+                if hits == 0 {
+                    count[u] < limit
+                } else {
+                    count[u] + hits <= limit
+                }
+            };
+            let admitted = limits.iter().all(fits);
+            let mut a = Vec::with_capacity(1 + 3 * limits.len());
+            a.push(i64::from(admitted));
+            for l @ &(u, hits) in limits {
+                let limit = self.counters[u].1 as i64;
+                let ok = fits(l);
+                let after = if admitted {
+                    count[u] + hits as i64
+                } else {
+                    count[u]
+                };
+                a.push(i64::from(ok) + 2 * (limit - after).max(0));
+                a.push(reset[u]);
+                a.push(match ok {
+                    true => 0,
+                    false if (hits as i64).max(1) > limit => -1,
+                    false => reset[u],
+                });
+            }
+            if admitted {
+                for &(u, hits) in limits {
+                    count[u] += hits as i64;
+                }
+            }
+            answers.push(a);
+        }
+        if count[..] != reply[1 + u_len..] {
+            return Err(StoreError::Permanent(
+                "decide.lua's packed counts differ from their replay".into(),
+            ));
+        }
+        Ok(answers)
+    }
+
+    /// The replay of one recording request (`m` 1, or 3 with stop): every limit is charged,
+    /// saturating, whatever its verdict; with stop, if one exceeds, only those that exceed.
+    fn record(
+        &self,
+        limits: &[(usize, u64)],
+        m: u64,
+        count: &mut [i64],
+        reset: &[i64],
+    ) -> Vec<i64> {
+        let max_count = MAX_COUNT as i64;
+        let limit_of = |u: usize| self.counters[u].1 as i64;
+        let after: Vec<i64> = limits
+            .iter()
+            .map(|&(u, hits)| (count[u] + hits as i64).min(max_count))
+            .collect();
+        let ok: Vec<bool> = limits
+            .iter()
+            .zip(&after)
+            .map(|(&(u, _), &a)| a <= limit_of(u))
+            .collect();
+        let over = ok.contains(&false);
+        let mut a = Vec::with_capacity(1 + 3 * limits.len());
+        a.push(i64::from(!over));
+        for (n, &(u, hits)) in limits.iter().enumerate() {
+            let charged = m < 2 || !over || !ok[n];
+            let left = if charged { after[n] } else { count[u] };
+            a.push(i64::from(ok[n]) + 2 * (limit_of(u) - left).max(0));
+            a.push(reset[u]);
+            a.push(match ok[n] {
+                true => 0,
+                false if (hits as i64).max(1) > limit_of(u) => -1,
+                false => reset[u],
+            });
+        }
+        for (n, &(u, _)) in limits.iter().enumerate() {
+            if m < 2 || !over || !ok[n] {
+                count[u] = after[n];
+            }
+        }
+        a
+    }
+}
