@@ -39,7 +39,8 @@ pub struct EnvoyStatsSettings {
     pub tags: Vec<(String, String)>,
 }
 
-/// Everything [`start`] needs. Fields are public so tests and `settings` fill them directly.
+/// Everything [`start`] needs. Fields are public so `app.rs` (from the settings) and the tests
+/// fill them directly.
 #[derive(Debug)]
 pub struct ServerConfig {
     /// gRPC listen address; port 0 picks a free port (see [`Running::grpc_addr`]).

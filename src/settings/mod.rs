@@ -1,6 +1,7 @@
 //! Command line and environment settings. Every flag falls back to the environment variable that
 //! envoyproxy/ratelimit reads, so sluice runs as a drop-in for `/bin/ratelimit` configured by env
-//! vars only; this module turns those raw values into a [`ServerConfig`] and nothing else.
+//! vars only. This module parses and checks those raw values, and nothing else; `app.rs` builds
+//! the parts (store, options, the `ServerConfig`) from them.
 
 use crate::config::{ConfigErrors, LoadOptions};
 use crate::duration::format_go;
@@ -26,7 +27,7 @@ pub use observe::{
 };
 pub(crate) use parse::{key_value_list, parse_max_counters, resolve};
 pub use parse::{parse_duration, parse_go_bool, Secret};
-pub use redis::{normalize_redis_urls, parse_failure_mode, RedisArgs, RedisType};
+pub use redis::{normalize_redis_urls, parse_failure_mode, RedisArgs};
 pub use runtime::{ignore_empty_env, RuntimeArgs};
 pub use tls::TlsArgs;
 

@@ -8,7 +8,7 @@ use crate::store::breaker::{BreakerSettings, DEFAULT_FAILURE_THRESHOLD};
 use crate::store::redis::{
     redact_url, RedisKind, RedisSettings, RedisTlsSettings, SentinelSettings, DEFAULT_POOL_SIZE,
 };
-use clap::{Args, ValueEnum};
+use clap::Args;
 use std::path::PathBuf;
 use std::time::Duration;
 /// The Redis store. Without `REDIS_URL`, counters live in process memory.
@@ -30,7 +30,7 @@ pub struct RedisArgs {
         value_enum,
         ignore_case = true
     )]
-    pub redis_type: RedisType,
+    pub redis_type: RedisKind,
 
     /// Redis password, or `user:password` for an ACL user.
     #[arg(long, env = "REDIS_AUTH", hide_env_values = true)]
@@ -119,14 +119,6 @@ pub struct RedisArgs {
     pub redis_breaker_open: Duration,
 }
 
-/// `REDIS_TYPE`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum RedisType {
-    Single,
-    Cluster,
-    Sentinel,
-}
-
 /// `FAILURE_MODE`: `allow` or `deny`, case-insensitive.
 pub fn parse_failure_mode(s: &str) -> Result<FailureMode, String> {
     s.parse()
@@ -143,7 +135,7 @@ impl RedisArgs {
             return Ok(None);
         }
         let (raw, sentinel) = match self.redis_type {
-            RedisType::Sentinel => {
+            RedisKind::Sentinel => {
                 let (name, rest) = raw.split_once(',').unwrap_or((raw, ""));
                 let name = name.trim();
                 if name.is_empty() || name.contains(':') || name.contains('/') {
@@ -172,11 +164,7 @@ impl RedisArgs {
             _ => (raw, None),
         };
         let urls = normalize_redis_urls(raw, self.redis_tls)?;
-        let kind = match self.redis_type {
-            RedisType::Single => RedisKind::Single,
-            RedisType::Cluster => RedisKind::Cluster,
-            RedisType::Sentinel => RedisKind::Sentinel,
-        };
+        let kind = self.redis_type;
 
         if kind == RedisKind::Single && urls.len() > 1 {
             return Err(SettingsError::Redis(format!(

@@ -221,7 +221,7 @@ fn defaults_match_envoyproxy() {
     // No REDIS_URL: the memory store.
     assert!(s.store_chain().unwrap().is_none());
     let r = &s.redis;
-    assert_eq!(r.redis_type, RedisType::Single);
+    assert_eq!(r.redis_type, RedisKind::Single);
     assert!(!r.redis_tls);
     assert_eq!(r.redis_tls_cacert, None);
     assert_eq!(r.redis_tls_client_cert, None);

@@ -18,8 +18,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 /// less Redis CPU per decision. One measured best on a 2-core pod (README "Performance").
 pub const DEFAULT_POOL_SIZE: u32 = 1;
 
-/// Standalone or Cluster (`REDIS_TYPE`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Standalone, Cluster or Sentinel: `REDIS_TYPE` as the settings read it (any case) and as the
+/// store is built for it; the one enum for the Redis kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum RedisKind {
     Single,
     Cluster,
