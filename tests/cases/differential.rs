@@ -86,6 +86,10 @@ descriptors:
 
 /// Fixed seeds whose answers are golden.
 const GOLDEN_SEEDS: [u64; 3] = [1, 2, 3];
+/// Seeds that once found a difference between the stores (compared with each other only):
+/// 1795489182115476029, two checks of one request on one counter in a Cluster slot whose charge
+/// was undone reported different `remaining` than memory.
+const REGRESSION_SEEDS: [u64; 1] = [1_795_489_182_115_476_029];
 /// Requests per sequence.
 const STEPS: usize = 120;
 
@@ -261,7 +265,8 @@ async fn stores_agree_on_fresh_random_sequences() {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_nanos() as u64)
                 .unwrap_or(7);
-            (0..2).map(|i| base.wrapping_add(i) | 1 << 40).collect()
+            let fresh = (0..2).map(|i| base.wrapping_add(i) | 1 << 40);
+            REGRESSION_SEEDS.into_iter().chain(fresh).collect()
         }
     };
     for seed in seeds {

@@ -9,8 +9,8 @@ use std::collections::hash_map::RandomState;
 use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
 use std::hash::BuildHasher;
-use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{self, Read, Seek, SeekFrom};
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -484,9 +484,8 @@ impl RedisCluster {
         loop {
             let mut all_ok = true;
             for port in self.ports() {
-                match resp_call(port, &[b"CLUSTER", b"INFO"]) {
-                    Ok(Resp::Bulk(Some(info))) => {
-                        let info = String::from_utf8_lossy(&info).to_string();
+                match query::<String>(port, redis::cmd("CLUSTER").arg("INFO")) {
+                    Ok(info) => {
                         let field = |name: &str| {
                             info.lines()
                                 .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
@@ -754,14 +753,9 @@ impl Listen {
                 if !ping(port) {
                     return None;
                 }
-                match resp_call(port, &[b"CONFIG", b"GET", b"dir"]) {
-                    Ok(Resp::Array(Some(items))) => match items.get(1) {
-                        Some(Resp::Bulk(Some(served))) => {
-                            Some(PathBuf::from(String::from_utf8_lossy(served).to_string()))
-                        }
-                        _ => None,
-                    },
-                    _ => None,
+                match query::<Vec<String>>(port, redis::cmd("CONFIG").arg("GET").arg("dir")) {
+                    Ok(items) => items.get(1).map(PathBuf::from),
+                    Err(_) => None,
                 }
             }),
             Listen::Tls => {
@@ -929,7 +923,22 @@ fn run(cmd: &mut Command, deadline: Instant) -> io::Result<Output> {
     })
 }
 
+/// `redis-cli` with `connection` then `args`. A connection the server resets or closes mid-call
+/// (a master turning replica closes its clients) is tried again, up to three times.
 pub(super) fn redis_cli(connection: &[&str], args: &[&str]) -> Result<String, String> {
+    let mut last = String::new();
+    for _ in 0..3 {
+        match redis_cli_once(connection, args) {
+            Err(e) if e.contains("reset by peer") || e.contains("closed the connection") => {
+                last = e
+            }
+            other => return other,
+        }
+    }
+    Err(last)
+}
+
+fn redis_cli_once(connection: &[&str], args: &[&str]) -> Result<String, String> {
     let out = run(
         Command::new("redis-cli").args(connection).args(args),
         Instant::now() + CLI_DEADLINE,
@@ -946,131 +955,45 @@ pub(super) fn redis_cli(connection: &[&str], args: &[&str]) -> Result<String, St
 }
 
 // ---------------------------------------------------------------------------------------------
-// A minimal RESP client (readiness checks and key scans, without spawning redis-cli each time)
+// Queries through the `redis` crate (readiness checks and key scans, without spawning redis-cli)
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Debug)]
-enum Resp {
-    Simple(String),
-    Error(String),
-    Int(i64),
-    Bulk(Option<Vec<u8>>),
-    Array(Option<Vec<Resp>>),
+/// A connection to the plaintext server on `port`, bounded so a broken setup cannot hang.
+fn connect(port: u16) -> redis::RedisResult<redis::Connection> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
+    let conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    conn.set_write_timeout(Some(Duration::from_secs(10)))?;
+    Ok(conn)
 }
 
-struct Conn {
-    reader: BufReader<TcpStream>,
-}
-
-impl Conn {
-    fn open(port: u16) -> io::Result<Self> {
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        stream.set_write_timeout(Some(Duration::from_secs(10)))?;
-        Ok(Self {
-            reader: BufReader::new(stream),
-        })
-    }
-
-    fn call(&mut self, args: &[&[u8]]) -> io::Result<Resp> {
-        let mut request = format!("*{}\r\n", args.len()).into_bytes();
-        for arg in args {
-            request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-            request.extend_from_slice(arg);
-            request.extend_from_slice(b"\r\n");
-        }
-        self.reader.get_mut().write_all(&request)?;
-        read_resp(&mut self.reader)
-    }
-}
-
-fn bad(what: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, what)
-}
-
-fn read_resp(reader: &mut impl BufRead) -> io::Result<Resp> {
-    let mut line = Vec::new();
-    reader.read_until(b'\n', &mut line)?;
-    if line.len() < 3 || !line.ends_with(b"\r\n") {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "connection closed mid-reply",
-        ));
-    }
-    let body = String::from_utf8_lossy(&line[1..line.len() - 2]).to_string();
-    let number = || {
-        body.parse::<i64>()
-            .map_err(|_| bad(format!("bad RESP number {body:?}")))
-    };
-    Ok(match line[0] {
-        b'+' => Resp::Simple(body.clone()),
-        b'-' => Resp::Error(body.clone()),
-        b':' => Resp::Int(number()?),
-        b'$' => match usize::try_from(number()?) {
-            Ok(len) => {
-                let mut data = vec![0; len + 2];
-                reader.read_exact(&mut data)?;
-                data.truncate(len);
-                Resp::Bulk(Some(data))
-            }
-            Err(_) => Resp::Bulk(None),
-        },
-        b'*' => match usize::try_from(number()?) {
-            Ok(len) => Resp::Array(Some(
-                (0..len)
-                    .map(|_| read_resp(reader))
-                    .collect::<io::Result<_>>()?,
-            )),
-            Err(_) => Resp::Array(None),
-        },
-        other => return Err(bad(format!("unexpected RESP type byte {other:#x}"))),
-    })
-}
-
-fn resp_call(port: u16, args: &[&[u8]]) -> io::Result<Resp> {
-    Conn::open(port)?.call(args)
+/// One command on a fresh connection.
+fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+    cmd.query(&mut connect(port)?)
 }
 
 pub(super) fn ping(port: u16) -> bool {
-    matches!(resp_call(port, &[b"PING"]), Ok(Resp::Simple(s)) if s == "PONG")
+    matches!(query::<String>(port, &redis::cmd("PING")), Ok(s) if s == "PONG")
 }
 
 /// `SCAN` the whole keyspace of one node, then `TTL` every key, on one connection.
-fn keys_with_ttl(port: u16) -> io::Result<Vec<(String, i64)>> {
-    let mut conn = Conn::open(port)?;
-    let mut keys: Vec<Vec<u8>> = Vec::new();
-    let mut cursor = b"0".to_vec();
-    loop {
-        let reply = conn.call(&[b"SCAN", &cursor, b"COUNT", b"1000"])?;
-        let Resp::Array(Some(mut parts)) = reply else {
-            return Err(bad(format!("SCAN answered {reply:?}")));
-        };
-        match (parts.pop(), parts.pop()) {
-            (Some(Resp::Array(Some(batch))), Some(Resp::Bulk(Some(next)))) => {
-                for key in batch {
-                    match key {
-                        Resp::Bulk(Some(k)) => keys.push(k),
-                        other => return Err(bad(format!("SCAN returned key {other:?}"))),
-                    }
-                }
-                cursor = next;
-            }
-            other => return Err(bad(format!("SCAN answered {other:?}"))),
-        }
-        if cursor == b"0" {
-            break;
-        }
-    }
+fn keys_with_ttl(port: u16) -> redis::RedisResult<Vec<(String, i64)>> {
+    let mut conn = connect(port)?;
+    let mut keys: Vec<String> = redis::cmd("SCAN")
+        .cursor_arg(0)
+        .arg("COUNT")
+        .arg(1000)
+        .clone()
+        .iter::<String>(&mut conn)?
+        .collect::<Result<_, _>>()?;
     keys.sort();
     keys.dedup(); // SCAN may return a key more than once
     let mut out = Vec::with_capacity(keys.len());
     for key in keys {
-        match conn.call(&[b"TTL", &key])? {
+        match redis::cmd("TTL").arg(&key).query::<i64>(&mut conn)? {
             // -2: expired or deleted between SCAN and TTL; it is not there any more.
-            Resp::Int(-2) => {}
-            Resp::Int(ttl) => out.push((String::from_utf8_lossy(&key).to_string(), ttl)),
-            other => return Err(bad(format!("TTL answered {other:?}"))),
+            -2 => {}
+            ttl => out.push((key, ttl)),
         }
     }
     Ok(out)

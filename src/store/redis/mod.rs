@@ -526,19 +526,42 @@ fn give_back(
     undone: &[bool],
     outcomes: &mut [Outcome],
 ) {
+    let undone_charge = |c: &LimitCheck, o: &Outcome| {
+        o.allowed && c.hits > 0 && !c.refund && (!c.record || c.stop_over)
+    };
     for (g, _) in groups.iter().zip(undone).filter(|(_, done)| **done) {
-        for &i in g {
-            let c = &checks[i];
-            let o = &mut outcomes[i];
-            if o.allowed && c.hits > 0 && !c.refund && (!c.record || c.stop_over) {
-                o.remaining = o
-                    .remaining
-                    .saturating_add(u32::try_from(c.hits).unwrap_or(u32::MAX))
-                    .min(c.key.limit.requests_per_unit);
+        // Per counter: what its last check reported plus every hit the undo gave back. Two
+        // checks of one request on one counter see each other's hits, so the last one holds
+        // the lowest figure, and after the undo every check on it has that much more.
+        for (n, &i) in g.iter().enumerate() {
+            let key = &checks[i].key;
+            if g[..n].iter().any(|&j| checks[j].key == *key) {
+                continue;
+            }
+            let on_key: Vec<usize> = g[n..]
+                .iter()
+                .copied()
+                .filter(|&j| checks[j].key == *key)
+                .collect();
+            let given: u64 = on_key
+                .iter()
+                .filter(|&&j| undone_charge(&checks[j], &outcomes[j]))
+                .map(|&j| checks[j].hits)
+                .sum();
+            if given == 0 {
+                continue;
+            }
+            let last = on_key.last().map_or(0, |&j| outcomes[j].remaining);
+            let remaining = last
+                .saturating_add(u32::try_from(given).unwrap_or(u32::MAX))
+                .min(key.limit.requests_per_unit);
+            for j in on_key {
+                outcomes[j].remaining = remaining;
             }
         }
     }
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
