@@ -6,8 +6,10 @@
 //! both IEEE-754 doubles, so both stores agree to the bit.
 
 use crate::config::Algorithm;
-use std::collections::VecDeque;
 use std::time::Duration;
+
+mod log;
+pub use log::Log;
 
 /// A limit as the math sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,66 +40,6 @@ pub enum State {
     /// token_bucket: the theoretical arrival time (GCRA's TAT), `tat + frac / limit`
     /// microseconds, so `period / limit` is added exactly whatever the rate.
     Bucket { tat: u64, frac: u64 },
-}
-
-/// sliding_log's admitted charges, oldest first, as (time, hits), and their running total. One
-/// entry per charge, not per hit, so a `hits_addend` of 60 000 is one entry.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Log {
-    entries: VecDeque<(u64, u64)>,
-    total: u64,
-}
-
-impl Log {
-    pub fn from_entries(entries: impl IntoIterator<Item = (u64, u64)>) -> Self {
-        let entries: VecDeque<(u64, u64)> = entries.into_iter().collect();
-        let total = entries.iter().map(|&(_, h)| h).sum();
-        Log { entries, total }
-    }
-
-    /// Drops the charges at or before `horizon`: they no longer count.
-    fn trim(&mut self, horizon: u64) {
-        while let Some(&(t, h)) = self.entries.front() {
-            if t > horizon {
-                break;
-            }
-            self.total -= h;
-            self.entries.pop_front();
-        }
-    }
-
-    fn push(&mut self, t: u64, hits: u64) {
-        self.entries.push_back((t, hits));
-        self.total += hits;
-    }
-
-    /// A recorded charge (`Mode::Record`), stamped no earlier than the newest entry. Once the
-    /// log holds as many entries as the limit (at least one), the charge joins the newest entry
-    /// instead, restamped: the count stays exact and the log never grows past the limit,
-    /// however many over-limit charges are recorded (those hits then count a little longer).
-    fn record(&mut self, now: u64, hits: u64, limit: u64) {
-        let t = self.entries.back().map_or(now, |&(t, _)| t.max(now));
-        let room = MAX_COUNT.saturating_sub(self.total);
-        let hits = hits.min(room);
-        let full = self.entries.len() as u64 >= limit.max(1);
-        match self.entries.back_mut() {
-            Some(last) if full => {
-                last.0 = t;
-                last.1 += hits;
-                self.total += hits;
-            }
-            _ => self.push(t, hits),
-        }
-    }
-
-    /// Entries held (each a heap-allocated 16 bytes in the memory store).
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
 }
 
 /// What one limit says about one request.
@@ -369,23 +311,7 @@ pub fn sliding_log_in(
     let newest = log.entries.back().map(|&(t, _)| t);
     let (allowed, total, last) = match mode {
         Mode::Refund => {
-            let mut left = hits;
-            let mut touched = 0;
-            while left > 0 && touched < LOG_REFUND_ENTRIES {
-                let Some(last) = log.entries.back_mut() else {
-                    break;
-                };
-                if last.1 <= left {
-                    left -= last.1;
-                    log.total -= last.1;
-                    log.entries.pop_back();
-                } else {
-                    last.1 -= left;
-                    log.total -= left;
-                    left = 0;
-                }
-                touched += 1;
-            }
+            log.refund(hits, LOG_REFUND_ENTRIES);
             (true, log.total, log.entries.back().map(|&(t, _)| t))
         }
         Mode::Record => {
@@ -419,17 +345,7 @@ pub fn sliding_log_in(
     } else if hits.max(1) > limit {
         u64::MAX
     } else {
-        // The oldest hits must leave until `hits` fit: the entry whose hits bring the total
-        // that left to `count + hits - limit`.
-        let need = count + hits.max(1) - limit;
-        let mut left = 0;
-        log.entries
-            .iter()
-            .find(|&&(_, h)| {
-                left += h;
-                left >= need
-            })
-            .map_or(0, |&(t, _)| (t + p.period_us).saturating_sub(now))
+        log.retry_after(count + hits.max(1) - limit, p.period_us, now)
     };
     if mode == Mode::Record && hits > 0 && commit {
         log.record(now, hits, limit);
@@ -522,23 +438,15 @@ pub fn token_bucket(
             (true, tat.sub(c_us, c_f, limit, now_f), None)
         }
         Mode::Record => {
-            // At most one bucket of debt: a recorded charge beyond that is dropped, so the key's
-            // lifetime stays bounded (two bucket times) whatever a report says.
-            let (c_us, c_f) = intervals(h.min(slots), period, limit);
-            let candidate = tat.add(c_us, c_f, limit);
-            let (ok, charged) = if hits == 0 {
-                (tat <= horizon, tat)
-            } else {
-                let cap = horizon.add(tau_us, tau_f, limit);
-                let debt = if h > slots {
-                    candidate.add(tau_us, tau_f, limit)
-                } else {
-                    candidate
-                };
-                (h <= slots && candidate <= horizon, debt.min(cap))
+            let bucket = Bucket {
+                tat,
+                horizon,
+                tau: (tau_us, tau_f),
+                slots,
+                period,
+                limit,
             };
-            let candidate = (h <= slots).then_some(candidate);
-            (ok, charged, candidate)
+            bucket.record(hits)
         }
         Mode::Charge if h > slots => (false, tat, None),
         Mode::Charge => {
@@ -576,6 +484,42 @@ pub fn token_bucket(
             frac: new_tat.frac,
         },
     )
+}
+
+/// A token bucket as one decision sees it.
+struct Bucket {
+    /// max(stored TAT, now).
+    tat: Fine,
+    /// now + tau: the latest TAT that still conforms.
+    horizon: Fine,
+    tau: (u64, u64),
+    slots: u64,
+    period: u64,
+    limit: u64,
+}
+
+impl Bucket {
+    /// A recorded charge (`Mode::Record`): (allowed, the new TAT, the candidate TAT a retry is
+    /// computed from). At most one bucket of debt: a recorded charge beyond that is dropped, so
+    /// the key's lifetime stays bounded (two bucket times) whatever a report says.
+    fn record(&self, hits: u64) -> (bool, Fine, Option<Fine>) {
+        let (tau_us, tau_f) = self.tau;
+        let h = hits.max(1);
+        let (c_us, c_f) = intervals(h.min(self.slots), self.period, self.limit);
+        let candidate = self.tat.add(c_us, c_f, self.limit);
+        let (ok, charged) = if hits == 0 {
+            (self.tat <= self.horizon, self.tat)
+        } else {
+            let cap = self.horizon.add(tau_us, tau_f, self.limit);
+            let debt = if h > self.slots {
+                candidate.add(tau_us, tau_f, self.limit)
+            } else {
+                candidate
+            };
+            (h <= self.slots && candidate <= self.horizon, debt.min(cap))
+        };
+        (ok, charged, (h <= self.slots).then_some(candidate))
+    }
 }
 
 /// A bucket of zero tokens: every charge is denied for good, a refund changes nothing.

@@ -1,0 +1,100 @@
+//! sliding_log's state: the charges within the period, oldest first, with their running total.
+//! The decision math is in the parent module; this is the log's own bookkeeping (trim, push,
+//! record, refund, and the walk to a denial's retry time).
+
+use super::MAX_COUNT;
+use std::collections::VecDeque;
+
+/// sliding_log's admitted charges, oldest first, as (time, hits), and their running total. One
+/// entry per charge, not per hit, so a `hits_addend` of 60 000 is one entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Log {
+    pub(super) entries: VecDeque<(u64, u64)>,
+    pub(super) total: u64,
+}
+
+impl Log {
+    pub fn from_entries(entries: impl IntoIterator<Item = (u64, u64)>) -> Self {
+        let entries: VecDeque<(u64, u64)> = entries.into_iter().collect();
+        let total = entries.iter().map(|&(_, h)| h).sum();
+        Log { entries, total }
+    }
+
+    /// Drops the charges at or before `horizon`: they no longer count.
+    pub(super) fn trim(&mut self, horizon: u64) {
+        while let Some(&(t, h)) = self.entries.front() {
+            if t > horizon {
+                break;
+            }
+            self.total -= h;
+            self.entries.pop_front();
+        }
+    }
+
+    pub(super) fn push(&mut self, t: u64, hits: u64) {
+        self.entries.push_back((t, hits));
+        self.total += hits;
+    }
+
+    /// A recorded charge (`Mode::Record`), stamped no earlier than the newest entry. Once the
+    /// log holds as many entries as the limit (at least one), the charge joins the newest entry
+    /// instead, restamped: the count stays exact and the log never grows past the limit,
+    /// however many over-limit charges are recorded (those hits then count a little longer).
+    pub(super) fn record(&mut self, now: u64, hits: u64, limit: u64) {
+        let t = self.entries.back().map_or(now, |&(t, _)| t.max(now));
+        let room = MAX_COUNT.saturating_sub(self.total);
+        let hits = hits.min(room);
+        let full = self.entries.len() as u64 >= limit.max(1);
+        match self.entries.back_mut() {
+            Some(last) if full => {
+                last.0 = t;
+                last.1 += hits;
+                self.total += hits;
+            }
+            _ => self.push(t, hits),
+        }
+    }
+
+    /// Entries held (each a heap-allocated 16 bytes in the memory store).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Gives `hits` back, newest charges first, touching at most `max_entries` entries.
+    pub(super) fn refund(&mut self, hits: u64, max_entries: usize) {
+        let mut left = hits;
+        let mut touched = 0;
+        while left > 0 && touched < max_entries {
+            let Some(last) = self.entries.back_mut() else {
+                break;
+            };
+            if last.1 <= left {
+                left -= last.1;
+                self.total -= last.1;
+                self.entries.pop_back();
+            } else {
+                last.1 -= left;
+                self.total -= left;
+                left = 0;
+            }
+            touched += 1;
+        }
+    }
+
+    /// When `need` of the oldest hits have left the period (a denial's retry time): the entry
+    /// whose hits bring the total that left to `need`.
+    pub(super) fn retry_after(&self, need: u64, period_us: u64, now: u64) -> u64 {
+        let mut left = 0;
+        self.entries
+            .iter()
+            .find(|&&(_, h)| {
+                left += h;
+                left >= need
+            })
+            .map_or(0, |&(t, _)| (t + period_us).saturating_sub(now))
+    }
+}
