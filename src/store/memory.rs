@@ -444,7 +444,14 @@ fn decide_on_copies(
     let admitted = admission.admitted();
     let allowed: Vec<bool> = outcomes.iter().map(|o| o.allowed).collect();
     let charge = charged(checks, &allowed, admitted);
-    if charge.iter().any(|c| !c) {
+    // Exact: every check that changed its copy is charged, so the copies are what to write
+    // (and each check reports what it saw, as the script does).
+    let exact = checks
+        .iter()
+        .zip(&allowed)
+        .zip(&charge)
+        .all(|((c, &ok), &w)| w || c.hits == 0 || !(ok || c.record));
+    if !exact {
         // Only some checks are written: replay just those on fresh copies, and report what the
         // others' counters really have left.
         pending.clear();

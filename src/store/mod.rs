@@ -90,7 +90,8 @@ impl LimitCheck {
 /// - a recording check (`record`) is always charged;
 /// - any other check is charged only if the request is admitted and it allowed it (a shadow or
 ///   quota limit that would deny is not);
-/// - with `stop_over`, if some recording check would exceed its limit, only those are.
+/// - with `stop_over`, if some recording check would exceed its limit, only those are (and
+///   recording refunds, which give quota back whatever the others say).
 pub fn charged(checks: &[LimitCheck], allowed: &[bool], admitted: bool) -> Vec<bool> {
     let stop = checks.iter().any(|c| c.stop_over)
         && checks.iter().zip(allowed).any(|(c, &ok)| c.record && !ok);
@@ -99,7 +100,7 @@ pub fn charged(checks: &[LimitCheck], allowed: &[bool], admitted: bool) -> Vec<b
         .zip(allowed)
         .map(|(c, &ok)| {
             if stop {
-                c.record && !ok
+                c.record && (!ok || c.refund)
             } else {
                 c.record || (admitted && ok)
             }

@@ -37,12 +37,28 @@ pub(super) async fn charge_or_undo(
         .all(|r| r.as_ref().is_ok_and(|v| v.first() == Some(&1)))
         && codec::quota_rule_holds(&calls, &results, &quota);
     let mut undone = vec![false; calls.len()];
-    if admitted {
+    // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: each slot applied the rule to its own keys; if a
+    // key is over in any slot, the slots with none over (which charged every key) are undone,
+    // whether or not the request is admitted (a shadow limit over its limit admits it).
+    let stop = calls.iter().any(codec::is_stop);
+    let over: Vec<bool> = calls
+        .iter()
+        .zip(&results)
+        .map(|(c, r)| r.as_ref().is_ok_and(|v| codec::any_denied(c, v)))
+        .collect();
+    let undo_all_of_slot = |i: usize, values: &[i64]| {
+        if stop {
+            over.contains(&true) && !over[i]
+        } else {
+            !admitted && values.first() == Some(&1)
+        }
+    };
+    if admitted && !(stop && over.contains(&true)) {
         return (results, undone, true);
     }
-    for ((call, r), undone) in calls.iter().zip(&results).zip(&mut undone) {
+    for (i, ((call, r), undone)) in calls.iter().zip(&results).zip(&mut undone).enumerate() {
         let Ok(values) = r else { continue };
-        if values.first() != Some(&1) {
+        if !undo_all_of_slot(i, values) {
             continue;
         }
         let undo = codec::encode_undo(call, values);
@@ -57,7 +73,7 @@ pub(super) async fn charge_or_undo(
             }
         }
     }
-    (results, undone, false)
+    (results, undone, admitted)
 }
 
 /// Runs an undo, retrying a failed call up to [`UNDO_ATTEMPTS`] times; an undo the script

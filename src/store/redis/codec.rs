@@ -305,6 +305,26 @@ impl<'a> Batch<'a> {
     }
 }
 
+/// Whether `call` carries envoyproxy's stop rule (on every limit of its request).
+pub(super) fn is_stop(call: &Call) -> bool {
+    if call.plain {
+        call.counting == 3
+    } else {
+        call.args
+            .chunks(call.per_key())
+            .any(|a| a.get(3).is_some_and(|m| m & (FLAG_STOP << 2) != 0))
+    }
+}
+
+/// Whether any limit of `call` was denied in its reply `values` (a key over its limit).
+pub(super) fn any_denied(call: &Call, values: &[i64]) -> bool {
+    values
+        .get(1..)
+        .unwrap_or_default()
+        .chunks(call.width())
+        .any(|v| v.first().is_some_and(|s| s & 1 == 0))
+}
+
 /// Whether an undo call's reply says every charge was taken back.
 pub(super) fn undo_done(values: &[i64]) -> bool {
     values

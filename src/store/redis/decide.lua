@@ -961,7 +961,7 @@ end
 local function general(KB, AB, n)
   local out = {1}
   local views = {}
-  local recs, oks, touched, stop, over = {}, {}, {}, false, false
+  local recs, oks, refs, touched, stop, over = {}, {}, {}, {}, false, false
   local admitted = 1
   local quotas, quotas_allowed = 0, 0
   local logslot = {} -- check index -> position of its entry among its key's adds
@@ -1000,7 +1000,7 @@ local function general(KB, AB, n)
       allowed, remaining, reset, retry, token =
         token_bucket(v, limit, period, hits, refund, floor(meta / 256), record)
     end
-    recs[i], oks[i] = record, allowed
+    recs[i], oks[i], refs[i] = record, allowed, refund
     -- What this check did to its view: a charge or refund that changes the counter.
     touched[i] = (hits > 0) and (allowed or record)
     if record and not allowed then over = true end
@@ -1029,7 +1029,7 @@ local function general(KB, AB, n)
   local charged, exact = {}, true
   for i = 1, n do
     if stop and over then
-      charged[i] = recs[i] and not oks[i]
+      charged[i] = recs[i] and (refs[i] or not oks[i])
     else
       charged[i] = recs[i] or (admitted == 1 and oks[i])
     end

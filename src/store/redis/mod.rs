@@ -337,9 +337,14 @@ impl RedisStore {
                 local: false,
             });
         }
-        // Cluster, several slots: the charges and, if one slot denies, the undo of the others
-        // run on their own task, so a caller that gives up (Envoy's deadline) cannot leave a
-        // charge without its undo.
+        // Cluster, several slots. A refund (all or nothing) applies only if the request is
+        // admitted, and one applied in a slot could not be taken back exactly when another slot
+        // denies: so refunds wait for the verdict.
+        if checks.iter().any(|c| c.refund && !c.record && c.hits > 0) {
+            return self.refunds_after_the_verdict(checks).await;
+        }
+        // The charges and, if one slot denies, the undo of the others run on their own task, so
+        // a caller that gives up (Envoy's deadline) cannot leave a charge without its undo.
         let calls: Vec<Call> = groups
             .iter()
             .map(|g| Call {
@@ -385,6 +390,46 @@ impl RedisStore {
             outcomes,
             local: false,
         })
+    }
+
+    /// A Cluster request spanning slots with all-or-nothing refunds: decided first with each
+    /// refund as a shadow check (it reads its counter and never denies), then, if admitted, the
+    /// refunds are applied (a refund always admits). Two round trips, only for such requests.
+    async fn refunds_after_the_verdict(
+        &self,
+        checks: &[LimitCheck],
+    ) -> Result<Decision, StoreError> {
+        let late = |c: &LimitCheck| c.refund && !c.record && c.hits > 0;
+        let first: Vec<LimitCheck> = checks
+            .iter()
+            .map(|c| {
+                if late(c) {
+                    LimitCheck {
+                        hits: 0,
+                        refund: false,
+                        shadow: true,
+                        ..c.clone()
+                    }
+                } else {
+                    c.clone()
+                }
+            })
+            .collect();
+        let mut decision = Box::pin(self.decide_all(&first)).await?;
+        let idx: Vec<usize> = (0..checks.len()).filter(|&i| late(&checks[i])).collect();
+        for &i in &idx {
+            // As a refund reports itself: allowed, nothing to wait for.
+            decision.outcomes[i].allowed = true;
+            decision.outcomes[i].retry_after = Duration::ZERO;
+        }
+        if decision.admitted {
+            let refunds: Vec<LimitCheck> = idx.iter().map(|&i| checks[i].clone()).collect();
+            let applied = Box::pin(self.decide_all(&refunds)).await?;
+            for (k, &i) in idx.iter().enumerate() {
+                decision.outcomes[i] = applied.outcomes[k];
+            }
+        }
+        Ok(decision)
     }
 
     /// A handle on a live connection: a clone of a pooled multiplexed connection (checked out
