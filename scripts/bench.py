@@ -30,6 +30,10 @@ SLUICE = os.path.join(ROOT, "target", "release", "sluice")
 PEERS = os.path.join(ROOT, "..", "shared", "peers")
 TICK = os.sysconf("SC_CLK_TCK")
 
+# The sluice rules every sluice variant serves (`--config` changes it, e.g. for an older build
+# that does not know a newer key).
+CONFIG_DIR = [os.path.join(ROOT, "config", "bench", "sluice")]
+
 WORKLOADS = {
     # name: (domain, descriptor templates)
     "resource+consumer": ("bench", ["resource=api,consumer={id}"]),
@@ -91,7 +95,7 @@ def start_server(system, store, redis_port, variants):
         if store == "redis":
             env["REDIS_URL"] = f"127.0.0.1:{redis_port}"
         binary = variants.get(system, SLUICE)
-        cmd = [binary, "serve", "--config", os.path.join(ROOT, "config", "bench", "sluice")]
+        cmd = [binary, "serve", "--config", CONFIG_DIR[0]]
     elif system == "limitador":
         cmd = [limitador_binary(), "-b", "127.0.0.1", "-p", str(port), "-B", "127.0.0.1",
                "-P", str(http), os.path.join(ROOT, "config", "bench", "limitador.yaml")]
@@ -156,10 +160,13 @@ def main():
     p.add_argument("--connections", type=int, default=4)
     p.add_argument("--consumers", type=int, default=10000)
     p.add_argument("--json", help="also write every run to this file")
+    p.add_argument("--config", help="sluice rules directory for every sluice variant")
     p.add_argument("--variant", action="append", default=[],
                    help="NAME=PATH: another sluice binary to run as system NAME (list it in --systems)")
     args = p.parse_args()
     args.variant_map = dict(v.split("=", 1) for v in args.variant)
+    if args.config:
+        CONFIG_DIR[0] = args.config
     systems = args.systems.split(",")
     runs = []
     with tempfile.TemporaryDirectory() as tmp:

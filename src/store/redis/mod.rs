@@ -523,13 +523,14 @@ impl CounterStore for RedisStore {
     }
 
     fn call_shape(&self, checks: &[LimitCheck]) -> CallShape {
-        let groups = self.groups(checks);
+        let (store, groups) = match self.backend {
+            // Standalone: one call whatever the keys (no grouping to compute).
+            Backend::Single(_) => ("redis", usize::from(!checks.is_empty())),
+            Backend::Cluster { .. } => ("redis-cluster", self.groups(checks).len()),
+        };
         CallShape {
-            store: match self.backend {
-                Backend::Single(_) => "redis",
-                Backend::Cluster { .. } => "redis-cluster",
-            },
-            groups: groups.len(),
+            store,
+            groups,
             keys: checks.len(),
         }
     }
