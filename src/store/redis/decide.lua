@@ -972,7 +972,8 @@ local function general(KB, AB, n)
     local meta = tonumber(ARGV[b + 3])
     local alg, flags = meta % 4, floor(meta / 4) % 64
     local refund = floor(flags / 2) % 2 == 1
-    local quota = floor(flags / 8) % 2 == 1
+    -- As the Rust `Admission`: a shadow limit or a refund never takes part in the quota rule.
+    local quota = floor(flags / 8) % 2 == 1 and flags % 2 == 0 and not refund
     local record = floor(flags / 16) % 2 == 1
     if flags >= 32 then stop = true end
     local v = views[key]

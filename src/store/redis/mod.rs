@@ -353,10 +353,12 @@ impl RedisStore {
             })
             .collect();
         // Which limits of each call are quota-mode (sent as shadow): the rule is applied here.
-        let quota: Vec<Vec<bool>> = if checks.iter().any(|c| c.quota) {
+        // As `Admission`: a shadow limit or a refund never takes part in the quota rule.
+        let in_quota_rule = |c: &LimitCheck| c.quota && !c.shadow && !c.refund;
+        let quota: Vec<Vec<bool>> = if checks.iter().any(in_quota_rule) {
             groups
                 .iter()
-                .map(|g| g.iter().map(|&i| checks[i].quota).collect())
+                .map(|g| g.iter().map(|&i| in_quota_rule(&checks[i])).collect())
                 .collect()
         } else {
             Vec::new()
