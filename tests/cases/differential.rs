@@ -22,10 +22,9 @@ use sluice::service::ServiceOptions;
 use std::fmt::Write;
 use std::time::Duration;
 
-const ENV: &str = r#"
-domain: env
-descriptors:
-  - key: api
+/// The limits both domains have (every algorithm, shadow, quota mode), then each domain's own,
+/// then the resource + consumer hierarchy.
+const COMMON: &str = r#"  - key: api
     rate_limits:
       - {requests_per_unit: 4, unit: second}
       - {requests_per_unit: 9, period: 10s, algorithm: sliding_window}
@@ -39,7 +38,18 @@ descriptors:
   - key: quota
     quota_mode: true
     rate_limit: {requests_per_unit: 6, unit: minute}
-  - key: path
+"#;
+const HIERARCHY: &str = r#"  - key: resource
+    value: r
+    rate_limit: {requests_per_unit: 7, period: 3s, algorithm: sliding_log, applies_to_descendants: true}
+    descriptors:
+      - key: consumer
+        rate_limits:
+          - {requests_per_unit: 3, period: 3s}
+          - {requests_per_unit: 20, unit: minute, algorithm: token_bucket}
+"#;
+/// envoyproxy counting: wildcards, `replaces`, `unlimited`.
+const ENV_OWN: &str = r#"  - key: path
     value: /api/*
     rate_limit: {requests_per_unit: 3, unit: second, name: prefix}
   - key: path
@@ -47,45 +57,15 @@ descriptors:
     rate_limit: {requests_per_unit: 1, unit: second, name: admin, replaces: [{name: prefix}]}
   - key: free
     rate_limit: {unlimited: true}
-  - key: resource
-    value: r
-    rate_limit: {requests_per_unit: 7, period: 3s, algorithm: sliding_log, applies_to_descendants: true}
-    descriptors:
-      - key: consumer
-        rate_limits:
-          - {requests_per_unit: 3, period: 3s}
-          - {requests_per_unit: 20, unit: minute, algorithm: token_bucket}
+"#;
+/// all_or_nothing: a limit that records usage.
+const AON_OWN: &str = r#"  - key: budget
+    rate_limit: {requests_per_unit: 30, unit: minute, record_usage: true}
 "#;
 
-const AON: &str = r#"
-domain: aon
-counting: all_or_nothing
-descriptors:
-  - key: api
-    rate_limits:
-      - {requests_per_unit: 4, unit: second}
-      - {requests_per_unit: 9, period: 10s, algorithm: sliding_window}
-  - key: log
-    rate_limit: {requests_per_unit: 3, period: 2s, algorithm: sliding_log}
-  - key: bucket
-    rate_limit: {requests_per_unit: 5, period: 5s, algorithm: token_bucket, burst: 2}
-  - key: shadow
-    shadow_mode: true
-    rate_limit: {requests_per_unit: 2, unit: second}
-  - key: quota
-    quota_mode: true
-    rate_limit: {requests_per_unit: 6, unit: minute}
-  - key: budget
-    rate_limit: {requests_per_unit: 30, unit: minute, record_usage: true}
-  - key: resource
-    value: r
-    rate_limit: {requests_per_unit: 7, period: 3s, algorithm: sliding_log, applies_to_descendants: true}
-    descriptors:
-      - key: consumer
-        rate_limits:
-          - {requests_per_unit: 3, period: 3s}
-          - {requests_per_unit: 20, unit: minute, algorithm: token_bucket}
-"#;
+fn domain_file(head: &str, own: &str) -> String {
+    format!("{head}descriptors:\n{COMMON}{own}{HIERARCHY}")
+}
 
 /// Fixed seeds whose answers are golden.
 const GOLDEN_SEEDS: [u64; 3] = [1, 2, 3];
@@ -191,7 +171,13 @@ async fn run(kind: &str, seed: u64, options: ServiceOptions) -> Vec<String> {
         store: Some(store),
         options,
         ..sluice::server::ServerConfig::for_tests(
-            rules_of(&[("env.yaml", ENV), ("aon.yaml", AON)]),
+            rules_of(&[
+                ("env.yaml", &domain_file("domain: env\n", ENV_OWN)),
+                (
+                    "aon.yaml",
+                    &domain_file("domain: aon\ncounting: all_or_nothing\n", AON_OWN),
+                ),
+            ]),
             std::sync::Arc::new(clock.clone()),
         )
     };

@@ -448,8 +448,8 @@ async fn decisions_resume_after_a_redis_restart_under_load() {
     drop(redis);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_redis_slower_than_the_callers_deadline_opens_the_breaker() {
+/// A real redis-server behind the test's holding proxy (sluice connects to the proxy).
+async fn proxied_redis() -> (crate::support::redis::RedisServer, RedisProxy) {
     let redis = start_redis(&[]).await;
     let proxy = RedisProxy::start(
         format!("127.0.0.1:{}", redis.port())
@@ -457,6 +457,12 @@ async fn a_redis_slower_than_the_callers_deadline_opens_the_breaker() {
             .expect("address"),
     )
     .await;
+    (redis, proxy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redis_slower_than_the_callers_deadline_opens_the_breaker() {
+    let (_redis, proxy) = proxied_redis().await;
     // REDIS_TIMEOUT far above the caller's deadline: only the deadline cuts the calls.
     let settings = sluice::store::redis::RedisSettings {
         timeout: Duration::from_secs(30),
@@ -626,13 +632,7 @@ async fn batched_requests_answer_as_if_decided_one_by_one() {
 /// call (one connection) until the caller's 50 ms deadline has cut it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_report_cut_by_the_callers_deadline_is_still_recorded() {
-    let redis = start_redis(&[]).await;
-    let proxy = RedisProxy::start(
-        format!("127.0.0.1:{}", redis.port())
-            .parse()
-            .expect("address"),
-    )
-    .await;
+    let (_redis, proxy) = proxied_redis().await;
     let settings = sluice::store::redis::RedisSettings {
         timeout: Duration::from_secs(30),
         pool_size: 1,
