@@ -13,6 +13,7 @@ use sluice::proto::{RateLimitDescriptor, RateLimitRequest};
 use sluice::service::{RateLimiter, ServiceOptions};
 use sluice::store::memory::MemoryStore;
 use sluice::store::redis::keys;
+use sluice::store::StoreStack;
 use sluice::store::{CounterKey, CounterStore, LimitCheck};
 use sluice::telemetry::Telemetry;
 use std::hint::black_box;
@@ -104,7 +105,7 @@ fn benches(c: &mut Criterion) {
     let rules = load_sources(&[("bench.yaml".into(), CONFIG.into())]).expect("config");
     let limiter = RateLimiter::new(
         rules,
-        Arc::new(MemoryStore::new(clock.clone())),
+        StoreStack::memory(clock.clone(), 500_000),
         ServiceOptions::default(),
         Telemetry::new(clock).expect("telemetry"),
     );

@@ -1,18 +1,90 @@
 //! The composition root: turns parsed [`ServeArgs`] into the [`ServerConfig`] `serve` starts
-//! from. This is where settings meet the world: names are resolved, the config tree is read,
-//! and the store chain is built (which needs a Tokio runtime for the Redis connections).
-//! Parsing itself (`settings`) stays free of I/O.
+//! from, and builds every part the server serves ([`assemble`]: the store stack, the telemetry,
+//! the decision engine, the trace export). This is where settings meet the world: names are
+//! resolved, the config tree is read, and the store chain is built (which needs a Tokio runtime
+//! for the Redis connections). Parsing itself (`settings`) stays free of I/O, and `server`
+//! receives built parts and builds none.
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::{load_path, LoadOptions, RuleSet};
 use crate::server::reload::ReloadSettings;
-use crate::server::ServerConfig;
-use crate::service::{RequestCaps, ServiceOptions};
+use crate::server::{Parts, ServerConfig, ServerError};
+use crate::service::{RateLimiter, RequestCaps, ServiceOptions};
 use crate::settings::{resolve, ServeArgs, SettingsError};
 use crate::store::redis::redact_url;
-use crate::store::{CounterStore, StoreChain};
-use std::path::Path;
+use crate::store::{StoreChain, StoreStack};
+use crate::telemetry::trace::{TraceSettings, Tracing};
+use crate::telemetry::Telemetry;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// What the served parts are built from.
+#[derive(Debug)]
+pub struct Ingredients {
+    /// The initial rules; `None` waits for the management server's first push (xDS).
+    pub rules: Option<RuleSet>,
+    pub store: StoreStack,
+    pub options: ServiceOptions,
+    /// The service's time source (the memory store and the deny cache read it too).
+    pub clock: Arc<dyn Clock>,
+    /// `TRACING_ENABLED`: export spans over OTLP with these settings.
+    pub tracing: Option<TraceSettings>,
+    /// Where `rules` came from, for the load log line.
+    pub config_path: Option<PathBuf>,
+}
+
+impl Ingredients {
+    /// Tests only (`test-util`): `rules` on a memory store on `clock`, default options, no
+    /// tracing; override fields with struct update syntax.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn for_tests(rules: RuleSet, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            rules: Some(rules),
+            store: StoreStack::memory(
+                Arc::clone(&clock),
+                crate::store::memory::DEFAULT_MAX_COUNTERS,
+            ),
+            options: ServiceOptions::default(),
+            clock,
+            tracing: None,
+            config_path: None,
+        }
+    }
+}
+
+/// Builds the parts a server serves: the trace export (when configured), the telemetry on the
+/// store's signals, and the decision engine with the rules loaded or awaiting the first push.
+pub fn assemble(i: Ingredients) -> Result<Parts, ServerError> {
+    let tracing = start_tracing(i.tracing)?;
+    let mut telemetry = Telemetry::new(i.clock)?;
+    telemetry.tracer = tracing.as_ref().map(Tracing::tracer);
+    let limiter = match i.rules {
+        None => RateLimiter::awaiting_config(i.store, i.options, telemetry),
+        Some(rules) => {
+            crate::server::log_config_loaded(&rules, i.config_path.as_deref(), i.options.counting);
+            RateLimiter::new(rules, i.store, i.options, telemetry)
+        }
+    };
+    Ok(Parts {
+        limiter: Arc::new(limiter),
+        tracing,
+    })
+}
+
+/// Starts the OTLP trace export when configured.
+fn start_tracing(settings: Option<TraceSettings>) -> Result<Option<Tracing>, ServerError> {
+    let Some(settings) = settings else {
+        return Ok(None);
+    };
+    let t = Tracing::start(&settings)?;
+    tracing::info!(
+        endpoint = %settings.endpoint,
+        service_name = %settings.service_name,
+        sampling_rate = settings.sampling_rate,
+        "exporting traces over OTLP"
+    );
+    Ok(Some(t))
+}
 
 /// Resolves addresses, builds the store and loads the config: everything `serve` needs
 /// before it binds. Fails before any port is opened.
@@ -29,17 +101,24 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, SettingsError> {
         Some(_) => 0,
     };
     let rules = match xds {
-        None => load_rules(&path, &args.load_options())?,
+        None => Some(load_rules(&path, &args.load_options())?),
         // The management server brings the rules.
-        Some(_) => RuleSet::empty(),
+        Some(_) => None,
     };
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = build_store(args, chain.as_ref(), &clock)?;
-    let mut config = ServerConfig::new(rules).with_clock(clock);
+    let parts = assemble(Ingredients {
+        rules,
+        store,
+        options: service_options(args),
+        clock,
+        tracing: args.observe.tracing(),
+        config_path: xds.is_none().then(|| path.clone()),
+    })
+    .map_err(|e| SettingsError::Start(e.to_string()))?;
+    let mut config = ServerConfig::new(parts);
     config.grpc_addr = grpc_addr;
     config.http_addr = http_addr;
-    config.options = service_options(args);
-    config.tracing = args.observe.tracing();
     config.grpc_tls = grpc_tls;
     config.loaded_fingerprint = loaded_fingerprint;
     let interval = args.runtime.config_reload_interval;
@@ -48,7 +127,6 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, SettingsError> {
         options: args.load_options(),
         interval,
     });
-    config.store = Some(store);
     config.shutdown_grace = args.shutdown_grace;
     config.drain_delay = args.shutdown_drain_delay;
     config.connection_age =
@@ -58,7 +136,6 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, SettingsError> {
     if let Some(n) = args.worker_threads {
         config.grpc_threads = usize::from(n);
     }
-    config.config_path = xds.is_none().then_some(path);
     config.xds = xds;
     config.envoy_stats = args.stats.settings()?;
     if args.grpc_uds.is_some() && config.grpc_tls.is_some() {
@@ -85,17 +162,15 @@ fn build_store(
     args: &ServeArgs,
     chain: Option<&StoreChain>,
     clock: &Arc<dyn Clock>,
-) -> Result<Arc<dyn CounterStore>, SettingsError> {
+) -> Result<StoreStack, SettingsError> {
     let Some(chain) = chain else {
         tracing::info!(
             max_counters = args.memory_max_counters,
             "using the in-memory store (counters are per process)"
         );
-        return Ok(Arc::new(
-            crate::store::memory::MemoryStore::with_max_counters(
-                Arc::clone(clock),
-                args.memory_max_counters,
-            ),
+        return Ok(StoreStack::memory(
+            Arc::clone(clock),
+            args.memory_max_counters,
         ));
     };
     tracing::info!(

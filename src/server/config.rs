@@ -1,13 +1,11 @@
-//! What [`start`](super::start) needs: the listen addresses, rules, store, service options,
-//! TLS, reload, tracing and drain settings as plain data (`app::server_config` fills them from
-//! the settings, tests fill them directly), and why a start can fail.
+//! What [`start`](super::start) needs: the built [`Parts`] it serves (from `app::assemble`),
+//! and the listen addresses, TLS, reload, xDS and drain settings as plain data
+//! (`app::server_config` fills them from the settings, tests fill them directly), and why a
+//! start can fail.
 
 use super::{grpc, http, reload, tls, workers, xds};
-use crate::clock::{Clock, SystemClock};
-use crate::config::RuleSet;
-use crate::service::ServiceOptions;
-use crate::store::CounterStore;
-use crate::telemetry::trace::TraceSettings;
+use crate::service::RateLimiter;
+use crate::telemetry::trace::Tracing;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -39,33 +37,32 @@ pub struct EnvoyStatsSettings {
     pub tags: Vec<(String, String)>,
 }
 
+/// The built parts a server serves: the decision engine (rules, store stack, options,
+/// telemetry) and the trace export to flush at the end. Built by `app::assemble`.
+#[derive(Debug)]
+pub struct Parts {
+    pub limiter: Arc<RateLimiter>,
+    pub tracing: Option<Tracing>,
+}
+
 /// Everything [`start`] needs. Fields are public so `app.rs` (from the settings) and the tests
 /// fill them directly.
 #[derive(Debug)]
 pub struct ServerConfig {
+    /// What is served.
+    pub parts: Parts,
     /// gRPC listen address; port 0 picks a free port (see [`Running::grpc_addr`]).
     pub grpc_addr: SocketAddr,
     /// HTTP admin listen address; port 0 picks a free port (see [`Running::http_addr`]).
     pub http_addr: SocketAddr,
-    /// The initial rules.
-    pub rules: RuleSet,
-    pub options: ServiceOptions,
-    /// Time source of the default memory store (a `ManualClock` in tests).
-    pub clock: Arc<dyn Clock>,
-    /// Counter store; `None` builds a [`MemoryStore`] on `clock`.
-    pub store: Option<Arc<dyn CounterStore>>,
     /// Upper bound on the drain after a shutdown starts; then remaining connections are dropped.
     pub shutdown_grace: Duration,
     /// NOT_SERVING but still answering, between the shutdown trigger and the drain. The
     /// library's default (and the tests') is zero; the binary's is [`DEFAULT_DRAIN_DELAY`].
     pub drain_delay: Duration,
-    /// Where `rules` came from, for logs (and later reloads); `None` for in-memory rules.
-    pub config_path: Option<PathBuf>,
     /// How often the health task probes the store (one PING for Redis) and updates the gRPC
     /// health status. The store is also probed once before [`start`] returns.
     pub health_interval: Duration,
-    /// `TRACING_ENABLED`: export spans over OTLP with these settings; `None` traces nothing.
-    pub tracing: Option<TraceSettings>,
     /// Live reload of the config; `None` keeps the initial rules for the process's life.
     pub reload: Option<reload::ReloadSettings>,
     /// Digest ([`crate::config::fingerprint`]) of the config tree taken just before `rules`
@@ -77,8 +74,8 @@ pub struct ServerConfig {
     /// Threads serving gRPC, each on its own single-threaded runtime (see `workers.rs`); the
     /// calling runtime is one of them. 0 counts as 1.
     pub grpc_threads: usize,
-    /// Config over xDS (`CONFIG_TYPE=GRPC_XDS_SOTW`): `rules` are then empty and requests get
-    /// UNAVAILABLE until the management server's first config is accepted.
+    /// Config over xDS (`CONFIG_TYPE=GRPC_XDS_SOTW`): the limiter then awaits its first config
+    /// (requests get UNAVAILABLE until the management server's first config is accepted).
     pub xds: Option<xds::XdsSettings>,
     /// envoyproxy's stats, besides sluice's own `/metrics`; `None` sends and serves none.
     pub envoy_stats: Option<EnvoyStatsSettings>,
@@ -116,22 +113,17 @@ impl ConnectionAge {
 }
 
 impl ServerConfig {
-    /// Loopback on free ports for both servers, the system clock, a memory store, the default
-    /// grace period: the usual starting point of a test, which then overrides fields.
-    pub fn new(rules: RuleSet) -> Self {
+    /// Serves `parts` on loopback on free ports for both servers, with the default grace period
+    /// and no drain delay: the usual starting point of a test, which then overrides fields.
+    pub fn new(parts: Parts) -> Self {
         let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
         Self {
+            parts,
             grpc_addr: loopback,
             http_addr: loopback,
-            rules,
-            options: ServiceOptions::default(),
-            clock: Arc::new(SystemClock),
-            store: None,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             drain_delay: Duration::ZERO,
-            config_path: None,
             health_interval: DEFAULT_HEALTH_INTERVAL,
-            tracing: None,
             reload: None,
             loaded_fingerprint: 0,
             grpc_tls: None,
@@ -144,23 +136,18 @@ impl ServerConfig {
         }
     }
 
+    /// Tests only (`test-util`): [`ServerConfig::new`] serving `rules` on a memory store on
+    /// `clock` (a `ManualClock`) with default options (`app::Ingredients::for_tests`).
     #[cfg(any(test, feature = "test-util"))]
-    /// [`ServerConfig::new`] with `clock` driving the memory store: what in-process tests use
-    /// (with a `ManualClock`), then override fields with struct update syntax.
-    pub fn for_tests(rules: RuleSet, clock: Arc<dyn Clock>) -> Self {
-        Self::new(rules).with_clock(clock)
+    pub fn for_tests(rules: crate::config::RuleSet, clock: Arc<dyn crate::clock::Clock>) -> Self {
+        Self::from_ingredients(crate::app::Ingredients::for_tests(rules, clock))
     }
 
-    /// Replaces the clock (the default memory store reads it).
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
-    }
-
-    /// Uses an explicit counter store instead of a memory store on `clock`.
-    pub fn with_store(mut self, store: Arc<dyn CounterStore>) -> Self {
-        self.store = Some(store);
-        self
+    /// Tests only (`test-util`): [`ServerConfig::new`] on the parts `app::assemble` builds
+    /// from `ingredients`.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn from_ingredients(ingredients: crate::app::Ingredients) -> Self {
+        Self::new(crate::app::assemble(ingredients).unwrap_or_else(|e| panic!("parts: {e}")))
     }
 }
 

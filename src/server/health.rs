@@ -38,7 +38,7 @@ pub(super) async fn watch_health(
     let mut config_ok = limiter.config_ready();
     loop {
         ticker.tick().await;
-        let ok = limiter.store().probe().await;
+        let ok = limiter.probe_store().await;
         let config_now = limiter.config_ready();
         if ok == store_ok && config_now == config_ok {
             continue;
@@ -82,7 +82,7 @@ pub(super) async fn start_health(
     tokio::task::JoinHandle<()>,
 ) {
     let (reporter, service) = tonic_health::server::health_reporter();
-    let store_ok = limiter.store().probe().await;
+    let store_ok = limiter.probe_store().await;
     if !store_ok {
         tracing::warn!(
             "counter store unreachable at start: health is NOT_SERVING until it answers"

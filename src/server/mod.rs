@@ -15,9 +15,6 @@ pub mod xds;
 
 use crate::config::RuleSet;
 use crate::service::RateLimiter;
-use crate::store::memory::MemoryStore;
-use crate::telemetry::trace::{TraceSettings, Tracing};
-use crate::telemetry::Telemetry;
 use signal::ShutdownHandle;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -36,7 +33,7 @@ mod uds_authority;
 
 use background::Background;
 pub use config::{
-    ConnectionAge, EnvoyStatsSettings, ServerConfig, ServerError, DEFAULT_DRAIN_DELAY,
+    ConnectionAge, EnvoyStatsSettings, Parts, ServerConfig, ServerError, DEFAULT_DRAIN_DELAY,
     DEFAULT_HEALTH_INTERVAL, DEFAULT_SHUTDOWN_GRACE, HEALTH_SERVICE_NAME,
 };
 use health::start_health;
@@ -127,7 +124,7 @@ impl Running {
 
 /// Binds both listeners, starts the gRPC and HTTP servers and returns once they accept
 /// connections. Fails without leaving anything running if either address cannot be bound.
-pub async fn start(mut config: ServerConfig) -> Result<Running, ServerError> {
+pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     let listeners = Listeners::bind(&config).await?;
     let (grpc_addr, http_addr) = (listeners.grpc_addr, listeners.http_addr);
     let grpc_socket = listeners.grpc.path();
@@ -139,8 +136,7 @@ pub async fn start(mut config: ServerConfig) -> Result<Running, ServerError> {
     let threads = config.grpc_threads;
     let tls = config.grpc_tls.as_ref();
     let mut grpc = GrpcServing::prepare(listeners.grpc, grpc_addr, tls, threads)?;
-    let tracing = start_tracing(config.tracing.take())?;
-    let limiter = build_limiter(&mut config, tracing.as_ref())?;
+    let Parts { limiter, tracing } = config.parts;
 
     let (health, health_service, health_watch) =
         start_health(&limiter, config.health_interval).await;
@@ -195,28 +191,6 @@ pub async fn start(mut config: ServerConfig) -> Result<Running, ServerError> {
     })
 }
 
-/// The decision engine on the configured store (the embedded one when none is given), with the
-/// rules loaded, or waiting for the first xDS push.
-fn build_limiter(
-    config: &mut ServerConfig,
-    tracing: Option<&Tracing>,
-) -> Result<Arc<RateLimiter>, ServerError> {
-    let mut telemetry = Telemetry::new(Arc::clone(&config.clock))?;
-    telemetry.tracer = tracing.map(Tracing::tracer);
-    let store = config
-        .store
-        .take()
-        .unwrap_or_else(|| Arc::new(MemoryStore::new(Arc::clone(&config.clock))));
-    let options = std::mem::take(&mut config.options);
-    Ok(Arc::new(if config.xds.is_some() {
-        RateLimiter::awaiting_config(store, options, telemetry)
-    } else {
-        let rules = std::mem::replace(&mut config.rules, RuleSet::empty());
-        log_config_loaded(&rules, config.config_path.as_deref(), options.counting);
-        RateLimiter::new(rules, store, options, telemetry)
-    }))
-}
-
 /// The line operators (and the tests' binary spawner) read the bound addresses from.
 fn log_listening(grpc: SocketAddr, http: SocketAddr, threads: usize, uds: Option<&Path>) {
     tracing::info!(
@@ -226,21 +200,6 @@ fn log_listening(grpc: SocketAddr, http: SocketAddr, threads: usize, uds: Option
         grpc_uds = ?uds,
         "sluice listening (gRPC: RLS, health, reflection; HTTP: /healthcheck /livez /rlconfig /json /metrics /debug/offenders)"
     );
-}
-
-/// Starts the OTLP trace export when configured.
-fn start_tracing(settings: Option<TraceSettings>) -> Result<Option<Tracing>, ServerError> {
-    let Some(settings) = settings else {
-        return Ok(None);
-    };
-    let t = Tracing::start(&settings)?;
-    tracing::info!(
-        endpoint = %settings.endpoint,
-        service_name = %settings.service_name,
-        sampling_rate = settings.sampling_rate,
-        "exporting traces over OTLP"
-    );
-    Ok(Some(t))
 }
 
 /// Starts the servers and runs them until `shutdown` resolves (usually [`shutdown_signal`]),
@@ -291,12 +250,13 @@ pub fn log_config_loaded(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::app::Ingredients;
     use crate::clock::ManualClock;
     use crate::clock::{Clock, SystemClock};
     use crate::store::breaker::BreakerSettings;
+    use crate::store::fake::FakeStore;
     use crate::store::redis::RedisSettings;
-    use crate::store::CounterStore;
-    use crate::store::{StoreChain, StoreError};
+    use crate::store::{StoreChain, StoreError, StoreSignals, StoreStack};
     use std::time::Duration;
     use tonic_health::pb::health_client::HealthClient;
     use tonic_health::pb::{health_check_response::ServingStatus as Status, HealthCheckRequest};
@@ -371,28 +331,6 @@ mod tests {
         run(config(), async {}).await.unwrap();
     }
 
-    /// A memory store that holds every decision until released, to keep calls in flight.
-    #[derive(Debug)]
-    struct GateStore {
-        inner: MemoryStore,
-        entered: tokio::sync::Notify,
-        release: tokio::sync::Semaphore,
-    }
-
-    impl CounterStore for GateStore {
-        fn decide<'a>(
-            &'a self,
-            checks: &'a [crate::store::LimitCheck],
-        ) -> crate::store::BoxFuture<'a, Result<crate::store::Decision, crate::store::StoreError>>
-        {
-            Box::pin(async move {
-                self.entered.notify_one();
-                let _permit = self.release.acquire().await;
-                self.inner.decide(checks).await
-            })
-        }
-    }
-
     const RULES: &str = concat!(
         "domain: d\n",
         "descriptors:\n",
@@ -400,16 +338,23 @@ mod tests {
         "    rate_limit: {unit: minute, requests_per_unit: 5}\n",
     );
 
-    fn gated(grace: Duration) -> (ServerConfig, Arc<GateStore>) {
+    /// RULES on `store` (a memory store on a manual clock unless given).
+    fn ingredients(store: Option<StoreStack>) -> Ingredients {
         let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(Duration::from_secs(1_000_000)));
         let rules = crate::config::load_sources(&[("t.yaml".into(), RULES.into())])
             .unwrap_or_else(|e| panic!("{e}"));
-        let store = Arc::new(GateStore {
-            inner: MemoryStore::new(Arc::clone(&clock)),
-            entered: tokio::sync::Notify::new(),
-            release: tokio::sync::Semaphore::new(0),
-        });
-        let mut config = ServerConfig::for_tests(rules, clock).with_store(store.clone());
+        let base = Ingredients::for_tests(rules, clock);
+        Ingredients {
+            store: store.unwrap_or(base.store.clone()),
+            ..base
+        }
+    }
+
+    /// A server on a store that holds every decision until the test opens its gate.
+    fn gated(grace: Duration) -> (ServerConfig, Arc<FakeStore>) {
+        let store = Arc::new(FakeStore::gated(Arc::new(ManualClock::default())));
+        let stack = StoreStack::new(store.clone(), StoreSignals::new("memory"));
+        let mut config = ServerConfig::from_ingredients(ingredients(Some(stack)));
         config.shutdown_grace = grace;
         (config, store)
     }
@@ -438,7 +383,7 @@ mod tests {
         .await
         .unwrap();
         let call = tokio::spawn(async move { client.should_rate_limit(request()).await });
-        store.entered.notified().await;
+        store.wait_calls(1).await;
         running.shutdown();
         // New connections are refused while the call is still held by the store.
         let refused = loop {
@@ -448,7 +393,7 @@ mod tests {
             }
         };
         assert!(refused);
-        store.release.add_permits(1);
+        store.open(1);
         let answer = call.await.unwrap().unwrap().into_inner();
         assert_eq!(
             answer.overall_code,
@@ -467,29 +412,9 @@ mod tests {
         .await
         .unwrap();
         let _call = tokio::spawn(async move { client.should_rate_limit(request()).await });
-        store.entered.notified().await;
+        store.wait_calls(1).await;
         // The store never answers; the drain still ends, cleanly, once the grace period is over.
         running.stop().await.unwrap();
-    }
-
-    /// A store whose probe answer the test sets.
-    #[derive(Debug)]
-    struct Toggle {
-        up: std::sync::atomic::AtomicBool,
-    }
-
-    impl CounterStore for Toggle {
-        fn decide<'a>(
-            &'a self,
-            _: &'a [crate::store::LimitCheck],
-        ) -> crate::store::BoxFuture<'a, Result<crate::store::Decision, crate::store::StoreError>>
-        {
-            Box::pin(async { Err(StoreError::Transient("down".into())) })
-        }
-
-        fn healthy(&self) -> bool {
-            self.up.load(std::sync::atomic::Ordering::SeqCst)
-        }
     }
 
     async fn check(health: &mut HealthClient<tonic::transport::Channel>, service: &str) -> i32 {
@@ -505,8 +430,9 @@ mod tests {
 
     #[tokio::test]
     async fn health_follows_the_store_probe() {
-        let store = Arc::new(Toggle { up: false.into() });
-        let mut config = config().with_store(store.clone());
+        let store = Arc::new(FakeStore::failing(StoreError::Transient("down".into())));
+        let stack = StoreStack::new(store.clone(), StoreSignals::new("redis"));
+        let mut config = ServerConfig::from_ingredients(ingredients(Some(stack)));
         config.health_interval = Duration::from_millis(5);
         let running = start(config).await.unwrap();
         let mut health = health_client(&running).await;
@@ -531,7 +457,7 @@ mod tests {
             Status::NotServing as i32
         );
         // The store comes back: the health task notices (waiting on the watch, not on time).
-        store.up.store(true, std::sync::atomic::Ordering::SeqCst);
+        store.set_probe(true);
         assert_eq!(
             watch.message().await.unwrap().unwrap().status,
             Status::Serving as i32
@@ -539,13 +465,13 @@ mod tests {
         assert_eq!(check(&mut health, "").await, Status::Serving as i32);
         assert_eq!(http_status(&http).await, 200);
         // And goes away again.
-        store.up.store(false, std::sync::atomic::Ordering::SeqCst);
+        store.set_probe(false);
         assert_eq!(
             watch.message().await.unwrap().unwrap().status,
             Status::NotServing as i32
         );
         assert_eq!(http_status(&http).await, 500);
-        store.up.store(true, std::sync::atomic::Ordering::SeqCst);
+        store.set_probe(true);
         assert_eq!(
             watch.message().await.unwrap().unwrap().status,
             Status::Serving as i32
@@ -610,11 +536,11 @@ mod tests {
 
     #[tokio::test]
     async fn starts_not_serving_when_redis_is_unreachable() {
-        let (mut config, _store) = gated(Duration::from_secs(1));
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        config.store = Some(redis_chain(closed_port(), 4096).build(clock).unwrap());
-        config.options.failure_mode = None;
-        let running = start(config).await.unwrap();
+        let store = redis_chain(closed_port(), 4096).build(clock).unwrap();
+        let mut i = ingredients(Some(store));
+        i.options.failure_mode = None;
+        let running = start(ServerConfig::from_ingredients(i)).await.unwrap();
         let mut health = health_client(&running).await;
         assert_eq!(check(&mut health, "").await, Status::NotServing as i32);
         assert_eq!(
@@ -637,11 +563,11 @@ mod tests {
     #[tokio::test]
     async fn liveness_ignores_redis_and_failure_mode_stays_ready() {
         for failure_mode in [None, Some(crate::service::FailureMode::Allow)] {
-            let (mut config, _store) = gated(Duration::from_secs(1));
             let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-            config.store = Some(redis_chain(closed_port(), 0).build(clock).unwrap());
-            config.options.failure_mode = failure_mode;
-            let running = start(config).await.unwrap();
+            let store = redis_chain(closed_port(), 0).build(clock).unwrap();
+            let mut i = ingredients(Some(store));
+            i.options.failure_mode = failure_mode;
+            let running = start(ServerConfig::from_ingredients(i)).await.unwrap();
             let mut health = health_client(&running).await;
             let http = running.http_url();
             assert_eq!(get_status(&http, "/livez").await, 200, "{failure_mode:?}");
@@ -662,12 +588,12 @@ mod tests {
         let clock: Arc<dyn Clock> = Arc::new(ManualClock::default());
         let with = format!(
             "{:?}",
-            redis_chain(1, 100).build(Arc::clone(&clock)).unwrap()
+            redis_chain(1, 100).build(Arc::clone(&clock)).unwrap().store
         );
         assert!(with.starts_with("LocalDenyCache"), "{with}");
         assert!(with.contains("CircuitBreaker"), "{with}");
         assert!(with.contains("RedisStore"), "{with}");
-        let without = format!("{:?}", redis_chain(1, 0).build(clock).unwrap());
+        let without = format!("{:?}", redis_chain(1, 0).build(clock).unwrap().store);
         assert!(without.starts_with("CircuitBreaker"), "{without}");
     }
 }

@@ -26,7 +26,7 @@ pub use status::{ConfigStatus, ReloadOutcome};
 use crate::config::RuleSet;
 use crate::proto::rate_limit_response::Code;
 use crate::proto::{RateLimitRequest, RateLimitResponse};
-use crate::store::{CounterStore, LimitCheck};
+use crate::store::{CounterStore, StoreSignals, StoreStack};
 use crate::telemetry::metrics::RequestOutcome;
 use crate::telemetry::spans::{RequestSpan, StoreSpan};
 use crate::telemetry::Telemetry;
@@ -46,6 +46,8 @@ use std::time::Instant;
 pub struct RateLimiter {
     rules: RwLock<Arc<RuleSet>>,
     store: Arc<dyn CounterStore>,
+    /// Readiness and the store's metrics (see [`StoreSignals`]).
+    signals: StoreSignals,
     options: ServiceOptions,
     store_errors: ErrorLog,
     telemetry: Telemetry,
@@ -58,7 +60,7 @@ pub struct RateLimiter {
 impl RateLimiter {
     pub fn new(
         rules: RuleSet,
-        store: Arc<dyn CounterStore>,
+        store: StoreStack,
         options: ServiceOptions,
         telemetry: Telemetry,
     ) -> Self {
@@ -70,7 +72,7 @@ impl RateLimiter {
     /// UNAVAILABLE until [`RateLimiter::replace_rules`] brings the first config, and nothing is
     /// counted as loaded meanwhile.
     pub fn awaiting_config(
-        store: Arc<dyn CounterStore>,
+        store: StoreStack,
         options: ServiceOptions,
         telemetry: Telemetry,
     ) -> Self {
@@ -79,7 +81,7 @@ impl RateLimiter {
 
     fn build(
         rules: RuleSet,
-        store: Arc<dyn CounterStore>,
+        store: StoreStack,
         options: ServiceOptions,
         telemetry: Telemetry,
         awaiting: bool,
@@ -87,7 +89,8 @@ impl RateLimiter {
         let (loaded_at, domains) = describe_rules(&rules);
         Self {
             rules: RwLock::new(Arc::new(rules)),
-            store,
+            store: store.store,
+            signals: store.signals,
             options,
             store_errors: ErrorLog::new(),
             telemetry,
@@ -126,12 +129,9 @@ impl RateLimiter {
 
     /// The Prometheus text exposition, with the store gauges read now.
     pub fn render_metrics(&self) -> String {
-        self.telemetry.metrics.render(
-            self.store.breaker_state(),
-            self.store.healthy(),
-            self.telemetry.offenders.dropped(),
-            self.store.stats(),
-        )
+        self.telemetry
+            .metrics
+            .render(&self.signals, self.telemetry.offenders.dropped())
     }
 
     /// Records a config reload that failed (`error` says why); the rules in force stay.
@@ -185,7 +185,7 @@ impl RateLimiter {
     /// answering every request during a store outage and stays ready); and a config is in
     /// when [`ServiceOptions::ready_needs_config`] asks for one.
     pub fn ready(&self) -> bool {
-        self.config_ready() && (self.options.failure_mode.is_some() || self.store.healthy())
+        self.config_ready() && (self.options.failure_mode.is_some() || self.signals.healthy())
     }
 
     /// The config part of [`RateLimiter::ready`].
@@ -197,8 +197,14 @@ impl RateLimiter {
         &self.store
     }
 
-    /// Decides one request: validate, resolve every descriptor on one config snapshot, let the
-    /// store decide all limits at once (all or nothing), and build the response.
+    /// Probes the store (the health task's periodic contact) and records the answer as the
+    /// store's health, which readiness reads.
+    pub async fn probe_store(&self) -> bool {
+        let ok = self.store.probe().await;
+        self.signals.set_health(ok);
+        ok
+    }
+
     /// Decides one request: validate, resolve every descriptor on one config snapshot, let the
     /// store decide all limits at once (all or nothing), and build the response.
     pub async fn should_rate_limit(
@@ -241,29 +247,6 @@ impl RateLimiter {
         result
     }
 
-    /// The store's decision on `checks`. Usage a request records (a report Envoy sends when a
-    /// response is done) must reach the store even if Envoy cancels the call at its timeout
-    /// (20 ms by default) and tonic drops this future. The memory store decides within the
-    /// first poll and standalone Redis's batcher runs a recording call whose caller left; a
-    /// Cluster call awaits connections and replies here, so it runs on its own task.
-    async fn decide_checks(
-        &self,
-        checks: &[LimitCheck],
-    ) -> Result<crate::store::Decision, crate::store::StoreError> {
-        let records = checks.iter().any(|c| c.record && c.hits > 0);
-        if !records || self.store.call_shape(checks).store != "redis-cluster" {
-            return self.store.decide(checks).await;
-        }
-        let store = Arc::clone(&self.store);
-        let owned = checks.to_vec();
-        let task = tokio::spawn(async move { store.decide(&owned).await });
-        task.await.unwrap_or_else(|e| {
-            Err(crate::store::StoreError::Permanent(format!(
-                "decision task failed: {e}"
-            )))
-        })
-    }
-
     /// validate -> plan -> store -> respond, with the store call wrapped in its span and
     /// latency metric.
     async fn decide(
@@ -281,15 +264,18 @@ impl RateLimiter {
             return Ok(self.answer(request, &plan, Verdict::NoChecks));
         }
         let started = Instant::now();
-        let span = StoreSpan::start(self.telemetry.tracer.as_ref(), cx, || {
-            self.store.call_shape(&plan.checks)
-        });
-        let result = self.decide_checks(&plan.checks).await;
+        let span = StoreSpan::start(
+            self.telemetry.tracer.as_ref(),
+            cx,
+            self.signals.backend,
+            plan.checks.len(),
+        );
+        let result = self.store.decide(&plan.checks).await;
         self.telemetry
             .metrics
             .store_call(started.elapsed(), result.as_ref().err());
         span.finish(match &result {
-            Ok(d) => Ok((d.admitted, d.local)),
+            Ok(d) => Ok(d),
             Err(e) => Err(e),
         });
         match result {
@@ -310,22 +296,8 @@ mod tests {
     use super::*;
     use crate::proto::rate_limit_response::rate_limit;
     use crate::proto::{rate_limit_descriptor::Entry, RateLimitDescriptor};
-    use crate::store::BoxFuture;
-    use crate::store::{Decision, LimitCheck, StoreError};
-
-    /// A store that always fails.
-    #[derive(Debug)]
-    struct Failing(fn() -> StoreError);
-
-    impl CounterStore for Failing {
-        fn decide<'a>(
-            &'a self,
-            _: &'a [LimitCheck],
-        ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-            let e = (self.0)();
-            Box::pin(async move { Err(e) })
-        }
-    }
+    use crate::store::fake::FakeStore;
+    use crate::store::StoreError;
 
     const RULES: &str = concat!(
         "domain: d\n",
@@ -344,9 +316,12 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         RateLimiter::new(
             rules,
-            Arc::new(Failing(|| {
-                StoreError::Transient("Redis: connection refused".into())
-            })),
+            StoreStack::new(
+                Arc::new(FakeStore::failing(StoreError::Transient(
+                    "Redis: connection refused".into(),
+                ))),
+                StoreSignals::new("redis"),
+            ),
             ServiceOptions {
                 global_shadow_mode: shadow,
                 failure_mode,

@@ -361,6 +361,9 @@ pub enum SettingsError {
     Xds(String),
     #[error("{0}")]
     Stats(String),
+    /// A part could not be built (the metrics registry, the trace export).
+    #[error("{0}")]
+    Start(String),
 }
 
 impl ServeArgs {

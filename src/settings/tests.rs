@@ -707,8 +707,9 @@ async fn an_unreachable_redis_still_gives_a_server_config() {
         .unwrap(),
     );
     let config = server_config(&s).unwrap();
-    assert!(config.store.is_some());
-    assert_eq!(config.options.failure_mode, Some(FailureMode::Allow));
+    let limiter = &config.parts.limiter;
+    assert!(format!("{:?}", limiter.store()).starts_with("LocalDenyCache"));
+    assert_eq!(limiter.options().failure_mode, Some(FailureMode::Allow));
 }
 
 #[test]

@@ -15,10 +15,11 @@
 //!
 //! Time comes from an injected [`Clock`], so tests drive the open timer with a `ManualClock`.
 
-use super::{BoxFuture, CounterStore, Decision, LimitCheck, StoreError};
+use super::{BoxFuture, CounterStore, Decision, LimitCheck, StoreError, StoreSignals};
 use crate::clock::Clock;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+use tokio::sync::watch;
 
 /// Default number of consecutive transient errors that opens the breaker.
 pub const DEFAULT_FAILURE_THRESHOLD: u32 = 3;
@@ -43,7 +44,7 @@ impl Default for BreakerSettings {
     }
 }
 
-/// The breaker's state, for health and metrics.
+/// The breaker's state as metrics and readiness see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BreakerState {
     Closed,
@@ -51,20 +52,44 @@ pub enum BreakerState {
     HalfOpen,
 }
 
+/// The breaker's state with what each state needs to know. Transitions:
+/// - `Closed { failures }` -> `Open` when `failures` reaches the threshold;
+/// - `Open { since }` -> `HalfOpen` when the first call after `open_for` becomes the trial;
+/// - `HalfOpen` -> `Closed` when the trial (or a probe) succeeds, -> `Open` when it fails;
+/// - `Open` -> `Closed` when a probe succeeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Consecutive transient errors while closed.
+    Closed {
+        failures: u32,
+    },
+    /// Opened at this clock time.
+    Open {
+        since: Duration,
+    },
+    HalfOpen,
+}
+
+impl State {
+    fn public(self) -> BreakerState {
+        match self {
+            Self::Closed { .. } => BreakerState::Closed,
+            Self::Open { .. } => BreakerState::Open,
+            Self::HalfOpen => BreakerState::HalfOpen,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
-    state: BreakerState,
-    /// Consecutive transient errors while closed.
-    failures: u32,
-    /// When the breaker last opened (clock time).
-    opened_at: Duration,
+    state: State,
     /// Bumped on every state change: a call that started under another generation (e.g. a slow
     /// call that was in flight when the breaker opened) does not move the state.
     generation: u64,
 }
 
 /// What a call is allowed to do.
-enum Admission {
+enum Permit {
     /// A normal call while closed, started under this generation.
     Normal(u64),
     /// The one half-open trial, started under this generation.
@@ -73,21 +98,19 @@ enum Admission {
     Reject,
 }
 
-/// A circuit breaker around any [`CounterStore`].
+/// A circuit breaker around a [`CounterStore`] `S`.
 #[derive(Debug)]
-pub struct CircuitBreaker {
-    inner: Arc<dyn CounterStore>,
+pub struct CircuitBreaker<S> {
+    inner: S,
     clock: Arc<dyn Clock>,
     settings: BreakerSettings,
     state: Mutex<Inner>,
+    /// Where state changes are published (metrics, readiness).
+    signal: Arc<watch::Sender<Option<BreakerState>>>,
 }
 
-impl CircuitBreaker {
-    pub fn new(
-        inner: Arc<dyn CounterStore>,
-        settings: BreakerSettings,
-        clock: Arc<dyn Clock>,
-    ) -> Self {
+impl<S: CounterStore> CircuitBreaker<S> {
+    pub fn new(inner: S, settings: BreakerSettings, clock: Arc<dyn Clock>) -> Self {
         Self {
             inner,
             clock,
@@ -96,18 +119,24 @@ impl CircuitBreaker {
                 open_for: settings.open_for,
             },
             state: Mutex::new(Inner {
-                state: BreakerState::Closed,
-                failures: 0,
-                opened_at: Duration::ZERO,
+                state: State::Closed { failures: 0 },
                 generation: 0,
             }),
+            signal: Arc::new(watch::Sender::new(Some(BreakerState::Closed))),
         }
+    }
+
+    /// Publishes the breaker's state on `signals` (for `/metrics` and readiness).
+    pub fn reporting_to(mut self, signals: &StoreSignals) -> Self {
+        self.signal = Arc::clone(&signals.breaker);
+        self.signal.send_replace(Some(self.state()));
+        self
     }
 
     /// The current state. An open breaker whose `open_for` has elapsed still reports `Open`
     /// until a call (the trial) or a successful probe moves it.
     pub fn state(&self) -> BreakerState {
-        self.lock().state
+        self.lock().state.public()
     }
 
     pub fn settings(&self) -> BreakerSettings {
@@ -120,20 +149,18 @@ impl CircuitBreaker {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn admit(&self) -> Admission {
+    fn admit(&self) -> Permit {
         let mut s = self.lock();
         match s.state {
-            BreakerState::Closed => Admission::Normal(s.generation),
-            BreakerState::HalfOpen => Admission::Reject,
-            BreakerState::Open => {
-                let now = self.clock.now();
-                if now.saturating_sub(s.opened_at) >= self.settings.open_for {
-                    s.state = BreakerState::HalfOpen;
-                    s.generation += 1;
+            State::Closed { .. } => Permit::Normal(s.generation),
+            State::HalfOpen => Permit::Reject,
+            State::Open { since } => {
+                if self.clock.now().saturating_sub(since) >= self.settings.open_for {
+                    self.move_to(&mut s, State::HalfOpen);
                     tracing::debug!("Redis circuit half-open: letting one request through");
-                    Admission::Trial(s.generation)
+                    Permit::Trial(s.generation)
                 } else {
-                    Admission::Reject
+                    Permit::Reject
                 }
             }
         }
@@ -146,13 +173,17 @@ impl CircuitBreaker {
             return;
         }
         match (trial, transient_failure) {
-            (false, false) => s.failures = 0,
+            (false, false) => s.state = State::Closed { failures: 0 },
             (false, true) => {
-                s.failures = s.failures.saturating_add(1);
-                if s.failures >= self.settings.failure_threshold {
+                let failures = match s.state {
+                    State::Closed { failures } => failures.saturating_add(1),
+                    _ => return,
+                };
+                s.state = State::Closed { failures };
+                if failures >= self.settings.failure_threshold {
                     self.open(&mut s);
                     tracing::warn!(
-                        failures = s.failures,
+                        failures,
                         open_for = ?self.settings.open_for,
                         "Redis circuit open: answering at once until Redis recovers"
                     );
@@ -167,19 +198,26 @@ impl CircuitBreaker {
         }
     }
 
-    fn open(&self, s: &mut Inner) {
-        s.state = BreakerState::Open;
-        s.opened_at = self.clock.now();
+    /// A state change: a new generation, published.
+    fn move_to(&self, s: &mut Inner, state: State) {
+        s.state = state;
         s.generation += 1;
+        self.signal.send_replace(Some(state.public()));
     }
 
+    fn open(&self, s: &mut Inner) {
+        let since = self.clock.now();
+        self.move_to(s, State::Open { since });
+    }
+
+    /// Closes the breaker. Closing a closed one keeps its generation but not its failures.
     fn close(&self, s: &mut Inner, why: &str) {
-        if s.state != BreakerState::Closed {
+        if let State::Closed { .. } = s.state {
+            s.state = State::Closed { failures: 0 };
+        } else {
             tracing::info!("Redis circuit closed: {why}");
-            s.state = BreakerState::Closed;
-            s.generation += 1;
+            self.move_to(s, State::Closed { failures: 0 });
         }
-        s.failures = 0;
     }
 
     fn reject(&self) -> StoreError {
@@ -194,14 +232,14 @@ impl CircuitBreaker {
 /// rate-limit call at its deadline (`grpc-timeout`, 20 ms by default) and tonic then drops the
 /// handler: without this, a Redis slower than every caller's deadline would never open the
 /// breaker while every request still waited on it. A dropped half-open trial re-opens it.
-struct CallGuard<'a> {
-    breaker: &'a CircuitBreaker,
+struct CallGuard<'a, S: CounterStore> {
+    breaker: &'a CircuitBreaker<S>,
     generation: u64,
     trial: bool,
     done: bool,
 }
 
-impl Drop for CallGuard<'_> {
+impl<S: CounterStore> Drop for CallGuard<'_, S> {
     fn drop(&mut self) {
         if !self.done {
             self.breaker.record(self.generation, self.trial, true);
@@ -209,16 +247,16 @@ impl Drop for CallGuard<'_> {
     }
 }
 
-impl CounterStore for CircuitBreaker {
+impl<S: CounterStore> CounterStore for CircuitBreaker<S> {
     fn decide<'a>(
         &'a self,
         checks: &'a [LimitCheck],
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(async move {
             let (generation, trial) = match self.admit() {
-                Admission::Reject => return Err(self.reject()),
-                Admission::Normal(g) => (g, false),
-                Admission::Trial(g) => (g, true),
+                Permit::Reject => return Err(self.reject()),
+                Permit::Normal(g) => (g, false),
+                Permit::Trial(g) => (g, true),
             };
             let mut guard = CallGuard {
                 breaker: self,
@@ -234,10 +272,6 @@ impl CounterStore for CircuitBreaker {
         })
     }
 
-    fn healthy(&self) -> bool {
-        self.state() == BreakerState::Closed && self.inner.healthy()
-    }
-
     fn probe(&self) -> BoxFuture<'_, bool> {
         Box::pin(async move {
             let ok = self.inner.probe().await;
@@ -246,20 +280,12 @@ impl CounterStore for CircuitBreaker {
                 // An answered PING closes an open breaker, but does not clear the failures
                 // counted while closed: a Redis that answers PING yet runs scripts slower than
                 // every caller's deadline must still open it.
-                if s.state != BreakerState::Closed {
+                if !matches!(s.state, State::Closed { .. }) {
                     self.close(&mut s, "Redis answered the health probe");
                 }
             }
             ok
         })
-    }
-
-    fn inner(&self) -> Option<&dyn CounterStore> {
-        Some(&*self.inner)
-    }
-
-    fn breaker_state(&self) -> Option<BreakerState> {
-        Some(self.state())
     }
 }
 
@@ -268,83 +294,32 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::config::Unit;
-    use crate::store::Outcome;
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use crate::store::fake::FakeStore;
 
-    /// A store whose answer the test sets: ok, transient or permanent; counts calls. Can also
-    /// hold calls until released, to keep a trial in flight.
-    #[derive(Debug, Default)]
-    struct Scripted {
-        mode: Mutex<Mode>,
-        calls: AtomicUsize,
-        probes_ok: AtomicBool,
-        gate: Option<tokio::sync::Semaphore>,
+    type Breaker = CircuitBreaker<Arc<FakeStore>>;
+
+    /// A gated store with one permit per call up to the threshold already given, so calls
+    /// until the breaker opens pass and the trial after that waits.
+    fn setup_open_gate() -> (Arc<FakeStore>, Breaker, ManualClock) {
+        let (store, breaker, clock) = setup(true);
+        store.open(DEFAULT_FAILURE_THRESHOLD as usize);
+        (store, breaker, clock)
     }
 
-    #[derive(Debug, Default, Clone, Copy)]
+    /// What the store answers from now on.
+    #[derive(Debug, Clone, Copy)]
     enum Mode {
-        #[default]
         Ok,
         Transient,
         Permanent,
     }
 
-    impl Scripted {
-        fn set(&self, m: Mode) {
-            *self.mode.lock().unwrap() = m;
-        }
-        fn calls(&self) -> usize {
-            self.calls.load(Ordering::SeqCst)
-        }
-        /// Waits (by yielding to the spawned caller) until `n` calls have reached the store.
-        async fn wait_calls(&self, n: usize) {
-            while self.calls() < n {
-                tokio::task::yield_now().await;
-            }
-        }
-    }
-
-    impl CounterStore for Scripted {
-        fn decide<'a>(
-            &'a self,
-            checks: &'a [LimitCheck],
-        ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-            Box::pin(async move {
-                self.calls.fetch_add(1, Ordering::SeqCst);
-                if let Some(g) = &self.gate {
-                    // One permit per call, consumed.
-                    if let Ok(p) = g.acquire().await {
-                        p.forget();
-                    }
-                }
-                let mode = *self.mode.lock().unwrap();
-                match mode {
-                    Mode::Ok => Ok(Decision {
-                        admitted: true,
-                        outcomes: checks
-                            .iter()
-                            .map(|_| Outcome {
-                                allowed: true,
-                                remaining: 1,
-                                reset: Duration::from_secs(1),
-                                retry_after: Duration::from_secs(1),
-                            })
-                            .collect(),
-                        local: false,
-                    }),
-                    Mode::Transient => Err(StoreError::Transient("down".into())),
-                    Mode::Permanent => Err(StoreError::Permanent("NOPERM".into())),
-                }
-            })
-        }
-
-        fn healthy(&self) -> bool {
-            self.probes_ok.load(Ordering::SeqCst)
-        }
-
-        fn probe(&self) -> BoxFuture<'_, bool> {
-            Box::pin(async move { self.probes_ok.load(Ordering::SeqCst) })
-        }
+    fn set(store: &FakeStore, m: Mode) {
+        store.fail_with(match m {
+            Mode::Ok => None,
+            Mode::Transient => Some(StoreError::Transient("down".into())),
+            Mode::Permanent => Some(StoreError::Permanent("NOPERM".into())),
+        });
     }
 
     fn checks() -> Vec<LimitCheck> {
@@ -352,20 +327,26 @@ mod tests {
         vec![LimitCheck::for_tests("d", "v", limit, 1)]
     }
 
-    fn setup(store: Scripted) -> (Arc<Scripted>, CircuitBreaker, ManualClock) {
-        let store = Arc::new(store);
-        store.probes_ok.store(true, Ordering::SeqCst);
+    /// A breaker reporting to `signals` around a fake store (held at its gate when `gated`).
+    fn setup_with(gated: bool, signals: &StoreSignals) -> (Arc<FakeStore>, Breaker, ManualClock) {
         let clock = ManualClock::new(Duration::from_secs(1_000));
-        let breaker = CircuitBreaker::new(
-            store.clone(),
-            BreakerSettings::default(),
-            Arc::new(clock.clone()),
-        );
+        let c: Arc<dyn Clock> = Arc::new(clock.clone());
+        let store = Arc::new(if gated {
+            FakeStore::gated(Arc::clone(&c))
+        } else {
+            FakeStore::new(Arc::clone(&c))
+        });
+        let breaker =
+            CircuitBreaker::new(store.clone(), BreakerSettings::default(), c).reporting_to(signals);
         (store, breaker, clock)
     }
 
-    async fn fail_until_open(store: &Scripted, breaker: &CircuitBreaker) {
-        store.set(Mode::Transient);
+    fn setup(gated: bool) -> (Arc<FakeStore>, Breaker, ManualClock) {
+        setup_with(gated, &StoreSignals::new("memory"))
+    }
+
+    async fn fail_until_open(store: &FakeStore, breaker: &Breaker) {
+        set(store, Mode::Transient);
         for _ in 0..DEFAULT_FAILURE_THRESHOLD {
             let r = breaker.decide(&checks()).await;
             assert!(
@@ -378,24 +359,23 @@ mod tests {
 
     #[tokio::test]
     async fn opens_after_threshold_consecutive_transient_errors() {
-        let (store, breaker, _clock) = setup(Scripted::default());
+        let (store, breaker, _clock) = setup(false);
         assert!(breaker.decide(&checks()).await.is_ok());
-        store.set(Mode::Transient);
+        set(&store, Mode::Transient);
         for _ in 0..DEFAULT_FAILURE_THRESHOLD - 1 {
             assert!(breaker.decide(&checks()).await.is_err());
             assert_eq!(breaker.state(), BreakerState::Closed);
         }
         // A success in between resets the count.
-        store.set(Mode::Ok);
+        set(&store, Mode::Ok);
         assert!(breaker.decide(&checks()).await.is_ok());
-        store.set(Mode::Transient);
+        set(&store, Mode::Transient);
         for _ in 0..DEFAULT_FAILURE_THRESHOLD - 1 {
             assert!(breaker.decide(&checks()).await.is_err());
         }
         assert_eq!(breaker.state(), BreakerState::Closed);
         assert!(breaker.decide(&checks()).await.is_err());
         assert_eq!(breaker.state(), BreakerState::Open);
-        assert!(!breaker.healthy());
 
         // Open: fails fast without calling the store.
         let before = store.calls();
@@ -410,8 +390,8 @@ mod tests {
 
     #[tokio::test]
     async fn permanent_errors_do_not_open_it() {
-        let (store, breaker, _clock) = setup(Scripted::default());
-        store.set(Mode::Permanent);
+        let (store, breaker, _clock) = setup(false);
+        set(&store, Mode::Permanent);
         for _ in 0..10 {
             assert!(matches!(
                 breaker.decide(&checks()).await,
@@ -420,13 +400,13 @@ mod tests {
         }
         assert_eq!(breaker.state(), BreakerState::Closed);
         // And they prove Redis is up: two transient errors, a permanent one, two more: closed.
-        store.set(Mode::Transient);
+        set(&store, Mode::Transient);
         for _ in 0..2 {
             let _ = breaker.decide(&checks()).await;
         }
-        store.set(Mode::Permanent);
+        set(&store, Mode::Permanent);
         let _ = breaker.decide(&checks()).await;
-        store.set(Mode::Transient);
+        set(&store, Mode::Transient);
         for _ in 0..2 {
             let _ = breaker.decide(&checks()).await;
         }
@@ -436,7 +416,7 @@ mod tests {
 
     #[tokio::test]
     async fn half_open_lets_one_call_through_then_closes_or_reopens() {
-        let (store, breaker, clock) = setup(Scripted::default());
+        let (store, breaker, clock) = setup(false);
         fail_until_open(&store, &breaker).await;
         let calls = store.calls();
 
@@ -458,26 +438,20 @@ mod tests {
         assert_eq!(store.calls(), calls + 1);
 
         // Redis is back: the next trial succeeds and closes the breaker.
-        store.set(Mode::Ok);
+        set(&store, Mode::Ok);
         clock.advance(DEFAULT_OPEN_FOR);
         assert!(breaker.decide(&checks()).await.is_ok());
         assert_eq!(breaker.state(), BreakerState::Closed);
-        assert!(breaker.healthy());
         assert!(breaker.decide(&checks()).await.is_ok());
         assert_eq!(store.calls(), calls + 3);
     }
 
     #[tokio::test]
     async fn concurrent_callers_fail_fast_while_the_trial_runs() {
-        let (store, breaker, clock) = setup(Scripted {
-            gate: Some(tokio::sync::Semaphore::new(
-                DEFAULT_FAILURE_THRESHOLD as usize,
-            )),
-            ..Default::default()
-        });
+        let (store, breaker, clock) = setup_open_gate();
         let breaker = Arc::new(breaker);
         fail_until_open(&store, &breaker).await;
-        store.set(Mode::Ok);
+        set(&store, Mode::Ok);
         clock.advance(DEFAULT_OPEN_FOR);
 
         let b = Arc::clone(&breaker);
@@ -491,19 +465,14 @@ mod tests {
         }
         assert_eq!(store.calls(), calls, "no second call while half-open");
 
-        store.gate.as_ref().unwrap().add_permits(1);
+        store.open(1);
         assert!(trial.await.unwrap().unwrap());
         assert_eq!(breaker.state(), BreakerState::Closed);
     }
 
     #[tokio::test]
     async fn a_dropped_trial_reopens_it() {
-        let (store, breaker, clock) = setup(Scripted {
-            gate: Some(tokio::sync::Semaphore::new(
-                DEFAULT_FAILURE_THRESHOLD as usize,
-            )),
-            ..Default::default()
-        });
+        let (store, breaker, clock) = setup_open_gate();
         let breaker = Arc::new(breaker);
         fail_until_open(&store, &breaker).await;
         clock.advance(DEFAULT_OPEN_FOR);
@@ -523,8 +492,8 @@ mod tests {
 
         // After it, the next call is a new trial.
         clock.advance(DEFAULT_OPEN_FOR);
-        store.set(Mode::Ok);
-        store.gate.as_ref().unwrap().add_permits(1);
+        set(&store, Mode::Ok);
+        store.open(1);
         assert!(breaker.decide(&checks()).await.is_ok());
         assert_eq!(breaker.state(), BreakerState::Closed);
     }
@@ -532,9 +501,9 @@ mod tests {
     #[tokio::test]
     async fn an_answered_probe_does_not_clear_failures_counted_while_closed() {
         // Redis answers PING but the scripts fail: the failures still add up to open it.
-        let (store, breaker, _clock) = setup(Scripted::default());
-        store.probes_ok.store(true, Ordering::SeqCst);
-        store.set(Mode::Transient);
+        let (store, breaker, _clock) = setup(false);
+        store.set_probe(true);
+        set(&store, Mode::Transient);
         for i in 0..DEFAULT_FAILURE_THRESHOLD {
             if i > 0 {
                 assert!(breaker.probe().await);
@@ -551,10 +520,7 @@ mod tests {
     #[tokio::test]
     async fn calls_dropped_unfinished_count_as_failures() {
         // A store that never answers: every call is cut by its caller (Envoy's deadline).
-        let (store, breaker, _clock) = setup(Scripted {
-            gate: Some(tokio::sync::Semaphore::new(0)),
-            ..Default::default()
-        });
+        let (store, breaker, _clock) = setup(true);
         let breaker = Arc::new(breaker);
         for i in 0..DEFAULT_FAILURE_THRESHOLD {
             assert_eq!(breaker.state(), BreakerState::Closed, "call {i}");
@@ -577,9 +543,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_slow_call_from_before_opening_does_not_close_it() {
-        let (store, breaker, _clock) = setup(Scripted::default());
+        let (store, breaker, _clock) = setup(false);
         // A call is admitted while closed...
-        let Admission::Normal(generation) = breaker.admit() else {
+        let Permit::Normal(generation) = breaker.admit() else {
             panic!("closed admits")
         };
         // ...others fail and open the breaker while it is still in flight...
@@ -593,28 +559,30 @@ mod tests {
 
     #[tokio::test]
     async fn a_successful_probe_closes_it_and_health_follows() {
-        let (store, breaker, _clock) = setup(Scripted::default());
-        assert!(breaker.healthy());
+        let signals = StoreSignals::new("redis");
+        let (store, breaker, _clock) = setup_with(false, &signals);
+        assert!(signals.healthy());
         fail_until_open(&store, &breaker).await;
-        assert!(!breaker.healthy());
+        assert_eq!(signals.breaker_state(), Some(BreakerState::Open));
+        assert!(!signals.healthy());
 
-        store.probes_ok.store(false, Ordering::SeqCst);
+        store.set_probe(false);
         assert!(!breaker.probe().await);
         assert_eq!(breaker.state(), BreakerState::Open);
 
-        store.probes_ok.store(true, Ordering::SeqCst);
+        store.set_probe(true);
         assert!(breaker.probe().await);
         assert_eq!(breaker.state(), BreakerState::Closed);
-        assert!(breaker.healthy());
+        assert!(signals.healthy());
 
-        // Closed but the store itself reports unhealthy: unhealthy.
-        store.probes_ok.store(false, Ordering::SeqCst);
-        assert!(!breaker.healthy());
+        // Closed but the backend reports unhealthy: unhealthy.
+        signals.set_health(false);
+        assert!(!signals.healthy());
     }
 
     #[test]
     fn a_zero_threshold_means_one() {
-        let store: Arc<dyn CounterStore> = Arc::new(Scripted::default());
+        let store = FakeStore::new(Arc::new(ManualClock::default()));
         let b = CircuitBreaker::new(
             store,
             BreakerSettings {

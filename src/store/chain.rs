@@ -1,10 +1,11 @@
 //! The store stack `serve` runs on Redis, built in one place: the Redis store, the circuit
-//! breaker in front of it and, when configured, the local deny cache in front of that.
+//! breaker in front of it and, when configured, the local deny cache in front of that, each
+//! reporting to the stack's [`StoreSignals`].
 
 use super::breaker::{BreakerSettings, CircuitBreaker};
 use super::local_cache::LocalDenyCache;
-use super::redis::{RedisSettings, RedisStore};
-use super::{CounterStore, StoreError};
+use super::redis::{RedisKind, RedisSettings, RedisStore};
+use super::{DenialFinality, StoreError, StoreSignals, StoreStack};
 use crate::clock::Clock;
 use std::sync::Arc;
 
@@ -24,17 +25,27 @@ impl StoreChain {
     /// Builds the stack without touching the network (Redis connects on first use). `clock`
     /// drives the breaker's open timer and the deny cache's expiry. Must run inside a Tokio
     /// runtime (the connection pool is created here).
-    pub fn build(&self, clock: Arc<dyn Clock>) -> Result<Arc<dyn CounterStore>, StoreError> {
-        let redis: Arc<dyn CounterStore> = Arc::new(RedisStore::new(&self.redis)?);
-        let breaker: Arc<dyn CounterStore> =
-            Arc::new(CircuitBreaker::new(redis, self.breaker, Arc::clone(&clock)));
+    pub fn build(&self, clock: Arc<dyn Clock>) -> Result<StoreStack, StoreError> {
+        let signals = StoreSignals::new(self.redis.kind.backend_name());
+        let redis = RedisStore::new(&self.redis)?.reporting_to(&signals);
+        let breaker =
+            CircuitBreaker::new(redis, self.breaker, Arc::clone(&clock)).reporting_to(&signals);
         if self.local_cache_bytes == 0 {
-            return Ok(breaker);
+            return Ok(StoreStack {
+                store: Arc::new(breaker),
+                signals,
+            });
         }
-        Ok(Arc::new(LocalDenyCache::new(
-            breaker,
-            self.local_cache_bytes,
-            clock,
-        )))
+        // A Cluster request spanning slots charges each slot and undoes the charges if one
+        // slot denies: only a domain kept in one slot has denials no such charge caused.
+        let finality = match self.redis.kind {
+            RedisKind::Cluster => DenialFinality::DomainTaggedOnly,
+            RedisKind::Single | RedisKind::Sentinel => DenialFinality::Always,
+        };
+        let cache = LocalDenyCache::new(breaker, self.local_cache_bytes, clock, finality);
+        Ok(StoreStack {
+            store: Arc::new(cache),
+            signals,
+        })
     }
 }

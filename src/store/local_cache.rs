@@ -26,7 +26,9 @@
 //!   [`ENTRY_OVERHEAD`] bytes; an insert that would exceed the budget first drops expired
 //!   entries, then is skipped. The cache never grows past its budget.
 
-use super::{BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, Outcome, StoreError};
+use super::{
+    BoxFuture, CounterKey, CounterStore, Decision, DenialFinality, LimitCheck, Outcome, StoreError,
+};
 use crate::clock::Clock;
 use std::collections::HashMap;
 #[cfg(any(test, feature = "test-util"))]
@@ -86,15 +88,17 @@ fn eligible(c: &LimitCheck) -> bool {
     !c.shadow && !c.refund && !c.quota && c.hits > 0
 }
 
-/// A deny cache in front of any [`CounterStore`].
+/// A deny cache in front of a [`CounterStore`] `S`.
 ///
 /// A request answered locally gets `Decision { admitted: false, outcomes }` where every check
 /// with a live entry is `allowed: false, remaining: 0, reset: <time until the entry expires>`
 /// and every other check is `allowed: true, remaining: 0, reset: 0`: the request is denied,
 /// nothing is charged, and the other counters were not read.
 #[derive(Debug)]
-pub struct LocalDenyCache {
-    inner: Arc<dyn CounterStore>,
+pub struct LocalDenyCache<S> {
+    inner: S,
+    /// Which of the inner store's denials may be cached.
+    finality: DenialFinality,
     clock: Arc<dyn Clock>,
     max_bytes: usize,
     entries: Mutex<Entries>,
@@ -102,11 +106,18 @@ pub struct LocalDenyCache {
     local_denials: AtomicU64,
 }
 
-impl LocalDenyCache {
-    /// A cache of at most `max_bytes` (accounted as in [`entry_bytes`]) in front of `inner`.
-    pub fn new(inner: Arc<dyn CounterStore>, max_bytes: usize, clock: Arc<dyn Clock>) -> Self {
+impl<S: CounterStore> LocalDenyCache<S> {
+    /// A cache of at most `max_bytes` (accounted as in [`entry_bytes`]) in front of `inner`,
+    /// caching the denials `finality` says are final.
+    pub fn new(
+        inner: S,
+        max_bytes: usize,
+        clock: Arc<dyn Clock>,
+        finality: DenialFinality,
+    ) -> Self {
         Self {
             inner,
+            finality,
             clock,
             max_bytes,
             entries: Mutex::new(Entries::default()),
@@ -195,6 +206,7 @@ impl LocalDenyCache {
             admitted: false,
             outcomes,
             local: true,
+            steps: 0,
         })
     }
 
@@ -215,7 +227,7 @@ impl LocalDenyCache {
             .filter(|(c, o)| eligible(c) && c.hits == 1 && !o.allowed && o.remaining == 0)
             // A counter another request holds a temporary charge on (a Cluster request spanning
             // slots, undone when another slot denies) may be free again a moment later.
-            .filter(|(c, _)| self.inner.denial_is_final(&c.key))
+            .filter(|(c, _)| self.finality.is_final(&c.key))
             .map(|(c, o)| {
                 let until = if o.retry_after == Duration::MAX {
                     o.reset
@@ -248,7 +260,7 @@ impl LocalDenyCache {
     }
 }
 
-impl CounterStore for LocalDenyCache {
+impl<S: CounterStore> CounterStore for LocalDenyCache<S> {
     fn decide<'a>(
         &'a self,
         checks: &'a [LimitCheck],
@@ -275,16 +287,17 @@ impl CounterStore for LocalDenyCache {
             let sub: Vec<LimitCheck> = rest.iter().map(|&i| checks[i].clone()).collect();
             let decision = self.inner.decide(&sub).await?;
             self.remember(&sub, &decision, now);
-            for (&i, o) in rest.iter().zip(decision.outcomes) {
-                local.outcomes[i] = o;
+            for (&i, o) in rest.iter().zip(&decision.outcomes) {
+                local.outcomes[i] = *o;
             }
             local.local = false;
+            local.steps = decision.steps;
             Ok(local)
         })
     }
 
-    fn inner(&self) -> Option<&dyn CounterStore> {
-        Some(&*self.inner)
+    fn probe(&self) -> BoxFuture<'_, bool> {
+        self.inner.probe()
     }
 }
 
@@ -293,45 +306,26 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::config::Unit;
-    use crate::store::memory::MemoryStore;
-    use std::sync::atomic::AtomicUsize;
-
-    /// Counts the calls that reach the memory store underneath.
-    #[derive(Debug)]
-    struct Counting {
-        inner: MemoryStore,
-        calls: AtomicUsize,
-        /// What a Redis Cluster says for descriptor-scoped keys: a denial may be another
-        /// request's temporary charge (domain-scoped keys stay final).
-        cluster_like: bool,
-    }
-
-    impl CounterStore for Counting {
-        fn decide<'a>(
-            &'a self,
-            checks: &'a [LimitCheck],
-        ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-            self.calls.fetch_add(1, Ordering::SeqCst);
-            self.inner.decide(checks)
-        }
-
-        fn denial_is_final(&self, key: &CounterKey) -> bool {
-            !self.cluster_like || key.domain_tag
-        }
-    }
+    use crate::store::fake::FakeStore;
 
     // A minute window starts at every multiple of 60 s; start 10 s into one.
     const T0: Duration = Duration::from_secs(60 * 1_000_000 + 10);
 
-    fn setup(max_bytes: usize) -> (Arc<Counting>, LocalDenyCache, ManualClock) {
+    type Cache = LocalDenyCache<Arc<FakeStore>>;
+
+    fn setup_with(
+        max_bytes: usize,
+        finality: DenialFinality,
+    ) -> (Arc<FakeStore>, Cache, ManualClock) {
         let clock = ManualClock::new(T0);
-        let store = Arc::new(Counting {
-            inner: MemoryStore::new(Arc::new(clock.clone())),
-            calls: AtomicUsize::new(0),
-            cluster_like: false,
-        });
-        let cache = LocalDenyCache::new(store.clone(), max_bytes, Arc::new(clock.clone()));
+        let store = Arc::new(FakeStore::new(Arc::new(clock.clone())));
+        let cache =
+            LocalDenyCache::new(store.clone(), max_bytes, Arc::new(clock.clone()), finality);
         (store, cache, clock)
+    }
+
+    fn setup(max_bytes: usize) -> (Arc<FakeStore>, Cache, ManualClock) {
+        setup_with(max_bytes, DenialFinality::Always)
     }
 
     fn check(value: &str, limit: u32) -> LimitCheck {
@@ -347,8 +341,8 @@ mod tests {
         check(value, limit).key
     }
 
-    fn calls(s: &Counting) -> usize {
-        s.calls.load(Ordering::SeqCst)
+    fn calls(s: &FakeStore) -> usize {
+        s.calls()
     }
 
     #[tokio::test]
@@ -379,6 +373,7 @@ mod tests {
                     retry_after: Duration::from_secs(30),
                 }],
                 local: true,
+                steps: 0,
             }
         );
 
@@ -392,13 +387,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_denial_a_temporary_charge_could_cause_is_never_cached() {
-        let clock = ManualClock::new(T0);
-        let store = Arc::new(Counting {
-            inner: MemoryStore::new(Arc::new(clock.clone())),
-            calls: AtomicUsize::new(0),
-            cluster_like: true,
-        });
-        let cache = LocalDenyCache::new(store.clone(), 1 << 20, Arc::new(clock.clone()));
+        let (store, cache, _clock) = setup_with(1 << 20, DenialFinality::DomainTaggedOnly);
         let c = [check("a", 1)];
         assert!(cache.decide(&c).await.unwrap().admitted);
         for n in 2..5 {
@@ -607,26 +596,18 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn errors_pass_through_and_health_delegates() {
-        #[derive(Debug)]
-        struct Down;
-        impl CounterStore for Down {
-            fn decide<'a>(
-                &'a self,
-                _: &'a [LimitCheck],
-            ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-                Box::pin(async { Err(StoreError::Transient("down".into())) })
-            }
-            fn healthy(&self) -> bool {
-                false
-            }
-        }
-        let cache = LocalDenyCache::new(Arc::new(Down), 1024, Arc::new(ManualClock::new(T0)));
+    async fn errors_and_probes_pass_through() {
+        let down = FakeStore::failing(StoreError::Transient("down".into()));
+        let cache = LocalDenyCache::new(
+            down,
+            1024,
+            Arc::new(ManualClock::new(T0)),
+            DenialFinality::Always,
+        );
         assert!(matches!(
             cache.decide(&[check("x", 1)]).await,
             Err(StoreError::Transient(_))
         ));
-        assert!(!cache.healthy());
         assert!(!cache.probe().await);
     }
 

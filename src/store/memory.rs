@@ -16,7 +16,7 @@ mod table;
 
 use super::{
     charged, Admission, BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, StoreError,
-    StoreStats,
+    StoreSignals, Tally,
 };
 use crate::algorithm::{self, LimitParams, Log, Mode, Outcome, State};
 use crate::clock::Clock;
@@ -24,7 +24,6 @@ use crate::config::Algorithm;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::hash::{BuildHasher, Hash};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use table::{Fingerprint, Table};
 
@@ -177,7 +176,7 @@ pub struct MemoryStore {
     clock: Arc<dyn Clock>,
     /// Two independent keyed hashes make a counter's 128-bit fingerprint.
     hashers: (std::hash::RandomState, std::hash::RandomState),
-    evictions: AtomicU64,
+    evictions: Tally,
 }
 
 impl MemoryStore {
@@ -200,7 +199,7 @@ impl MemoryStore {
                 .collect(),
             clock,
             hashers: Default::default(),
-            evictions: AtomicU64::new(0),
+            evictions: Tally::default(),
         }
     }
 
@@ -215,7 +214,13 @@ impl MemoryStore {
 
     /// Live counters evicted to make room (`sluice_memory_evictions_total`).
     pub fn evictions(&self) -> u64 {
-        self.evictions.load(Ordering::Relaxed)
+        self.evictions.get()
+    }
+
+    /// Counts evictions on `signals` (for `/metrics`) instead of a private total.
+    pub fn reporting_to(mut self, signals: &StoreSignals) -> Self {
+        self.evictions = signals.evictions.clone();
+        self
     }
 
     /// A 128-bit keyed fingerprint of the counter's identity: two different keys share one with
@@ -273,7 +278,7 @@ impl MemoryStore {
             decide_in_place(checks, &fps, &slot, &mut guards, now)
         };
         if evicted > 0 {
-            self.evictions.fetch_add(evicted, Ordering::Relaxed);
+            self.evictions.add(evicted);
         }
         for g in &mut guards {
             g.sweep(now, SWEEP_PER_CALL);
@@ -381,6 +386,7 @@ fn decide_in_place(
         admitted,
         outcomes,
         local: false,
+        steps: 1,
     };
     (decision, evicted)
 }
@@ -491,6 +497,7 @@ fn decide_on_copies(
         admitted,
         outcomes,
         local: false,
+        steps: 1,
     };
     (decision, evicted)
 }
@@ -509,11 +516,9 @@ impl CounterStore for MemoryStore {
         Box::pin(async move { Ok(self.decide_now(checks)) })
     }
 
-    fn stats(&self) -> StoreStats {
-        StoreStats {
-            evictions: self.evictions(),
-            ..StoreStats::default()
-        }
+    /// Nothing to contact: in-process counters are always there.
+    fn probe(&self) -> BoxFuture<'_, bool> {
+        Box::pin(async { true })
     }
 }
 

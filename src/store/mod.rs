@@ -3,13 +3,19 @@
 //! checks that record usage (envoyproxy counting, `record_usage`), charged whatever the verdict.
 //! The memory
 //! store (`memory`) and the Redis store (`redis`) implement it with the same algorithm math; the
-//! circuit breaker (`breaker`) and the deny cache (`local_cache`) wrap a store as layers.
+//! circuit breaker (`breaker`) and the deny cache (`local_cache`) are wrappers generic over the
+//! store they wrap. The contract is two methods; what the layers and the metrics need besides
+//! (health, breaker state, running totals, denial finality) is handed over when the stack is
+//! built ([`StoreSignals`], [`DenialFinality`]).
 
 pub mod breaker;
 mod chain;
+#[cfg(any(test, feature = "test-util"))]
+pub mod fake;
 pub mod local_cache;
 pub mod memory;
 pub mod redis;
+mod signals;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -19,6 +25,7 @@ pub use crate::algorithm::Outcome;
 use crate::algorithm::{LimitParams, Mode};
 use crate::config::Limit;
 pub use chain::StoreChain;
+pub use signals::{DenialFinality, StoreSignals, Tally};
 
 /// A boxed future, so the trait stays object safe (`Arc<dyn CounterStore>`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -145,26 +152,9 @@ pub struct Decision {
     pub outcomes: Vec<Outcome>,
     /// Answered by the local deny cache, without asking the backing store.
     pub local: bool,
-}
-
-/// What one store call costs the backend, for trace attributes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CallShape {
-    /// `memory`, `redis` or `redis-cluster`.
-    pub store: &'static str,
-    /// Atomic steps: one script call per hash-tag group on Redis; 1 in memory.
-    pub groups: usize,
-    /// Counters touched.
-    pub keys: usize,
-}
-
-/// Running totals a store keeps for metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StoreStats {
-    /// Cluster charges that could not be undone (`sluice_refund_failures_total`).
-    pub undo_failures: u64,
-    /// Live memory-store counters evicted to make room (`sluice_memory_evictions_total`).
-    pub evictions: u64,
+    /// Atomic steps the backend took: one script call per Cluster slot group, 1 on memory or
+    /// standalone Redis, 0 when answered locally (for the trace span).
+    pub steps: usize,
 }
 
 /// Why a store could not decide.
@@ -202,9 +192,7 @@ impl LimitCheck {
 }
 
 /// A place where counters live: a backend (memory, Redis), or a layer wrapping another store
-/// (the circuit breaker, the local deny cache). A layer names its inner store in
-/// [`CounterStore::inner`] and implements only what it changes: every other method passes
-/// through to the inner store by default, here, instead of being forwarded by hand.
+/// (the circuit breaker, the local deny cache). Two verbs: decide a request, probe the backend.
 pub trait CounterStore: Send + Sync + std::fmt::Debug {
     /// Decides all `checks` of one request atomically: [`Admission`] says whether the request is
     /// admitted and [`charged`] which checks are written (all or nothing, except recording
@@ -214,51 +202,45 @@ pub trait CounterStore: Send + Sync + std::fmt::Debug {
         checks: &'a [LimitCheck],
     ) -> BoxFuture<'a, Result<Decision, StoreError>>;
 
-    /// The store a layer wraps; `None` for a backend.
-    fn inner(&self) -> Option<&dyn CounterStore> {
-        None
+    /// Contacts the backend (one cheap round trip) and returns whether it answered; the result
+    /// also goes to the stack's health signal. Called periodically by the health task.
+    fn probe(&self) -> BoxFuture<'_, bool>;
+}
+
+impl<S: CounterStore + ?Sized> CounterStore for Arc<S> {
+    fn decide<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        (**self).decide(checks)
     }
 
-    /// Whether the store could serve decisions at its last contact (health checks).
-    fn healthy(&self) -> bool {
-        self.inner().is_none_or(|s| s.healthy())
-    }
-
-    /// Contacts the backend (one cheap round trip) and returns whether it answered; updates
-    /// [`CounterStore::healthy`]. Called periodically by the health task.
     fn probe(&self) -> BoxFuture<'_, bool> {
-        match self.inner() {
-            Some(s) => s.probe(),
-            None => Box::pin(async { self.healthy() }),
+        (**self).probe()
+    }
+}
+
+/// A built store stack: the store to decide with and the signals its parts report to.
+#[derive(Debug, Clone)]
+pub struct StoreStack {
+    pub store: Arc<dyn CounterStore>,
+    pub signals: StoreSignals,
+}
+
+impl StoreStack {
+    /// `store` reporting to `signals` (which its parts were built with).
+    pub fn new(store: Arc<dyn CounterStore>, signals: StoreSignals) -> Self {
+        Self { store, signals }
+    }
+
+    /// The embedded store on `clock`, holding at most `max_counters` counters.
+    pub fn memory(clock: Arc<dyn crate::clock::Clock>, max_counters: usize) -> Self {
+        let signals = StoreSignals::new("memory");
+        let store =
+            memory::MemoryStore::with_max_counters(clock, max_counters).reporting_to(&signals);
+        Self {
+            store: Arc::new(store),
+            signals,
         }
-    }
-
-    /// How a call deciding `checks` will reach the backend (for traces; no I/O).
-    fn call_shape(&self, checks: &[LimitCheck]) -> CallShape {
-        match self.inner() {
-            Some(s) => s.call_shape(checks),
-            None => CallShape {
-                store: "memory",
-                groups: usize::from(!checks.is_empty()),
-                keys: checks.len(),
-            },
-        }
-    }
-
-    /// Whether a denial of `key` is final: no other request's temporary charge (a Cluster
-    /// request spanning slots, charged in one slot and undone after another denied) can have
-    /// caused it. The local deny cache caches only final denials.
-    fn denial_is_final(&self, key: &CounterKey) -> bool {
-        self.inner().is_none_or(|s| s.denial_is_final(key))
-    }
-
-    /// Running totals for metrics.
-    fn stats(&self) -> StoreStats {
-        self.inner().map(|s| s.stats()).unwrap_or_default()
-    }
-
-    /// The circuit breaker's state, if the chain has one (for metrics).
-    fn breaker_state(&self) -> Option<breaker::BreakerState> {
-        self.inner().and_then(|s| s.breaker_state())
     }
 }

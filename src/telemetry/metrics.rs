@@ -4,7 +4,7 @@
 //! `value_to_metric`), so the number of series is bounded by the config, never by traffic.
 
 use crate::store::breaker::BreakerState;
-use crate::store::StoreStats;
+use crate::store::StoreSignals;
 use prometheus::{
     Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry, TextEncoder,
@@ -273,20 +273,17 @@ impl Metrics {
 
     /// The text exposition of every metric, with the gauges read now: the store's breaker and
     /// health, and the offenders tracker's running total of denials it could not record.
-    pub fn render(
-        &self,
-        breaker: Option<BreakerState>,
-        store_up: bool,
-        offenders_dropped: u64,
-        store: StoreStats,
-    ) -> String {
+    pub fn render(&self, store: &StoreSignals, offenders_dropped: u64) -> String {
+        let (breaker, store_up) = (store.breaker_state(), *store.health.borrow());
         let seen = self.undo_failures.get();
-        if store.undo_failures > seen {
-            self.undo_failures.inc_by(store.undo_failures - seen);
+        let total = store.undo_failures.get();
+        if total > seen {
+            self.undo_failures.inc_by(total - seen);
         }
         let seen = self.evictions.get();
-        if store.evictions > seen {
-            self.evictions.inc_by(store.evictions - seen);
+        let total = store.evictions.get();
+        if total > seen {
+            self.evictions.inc_by(total - seen);
         }
         let seen = self.offenders_dropped.get();
         if offenders_dropped > seen {

@@ -3,7 +3,6 @@
 //! store call, and hands each its outcome at the end. With tracing off (no tracer) every call
 //! here is a no-op that allocates nothing.
 
-use crate::store::CallShape;
 use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::{SdkTracer, Span};
@@ -78,15 +77,15 @@ impl RequestSpan {
 pub struct StoreSpan(Option<Span>);
 
 impl StoreSpan {
-    /// Starts the span below `cx`; `shape` says which store and how many calls and keys.
+    /// Starts the span below `cx`: `store` names the backend, `keys` the counters asked for.
     pub fn start(
         tracer: Option<&SdkTracer>,
         cx: Option<&Context>,
-        shape: impl FnOnce() -> CallShape,
+        store: &'static str,
+        keys: usize,
     ) -> Self {
         Self(cx.zip(tracer).map(|(cx, tracer)| {
-            let shape = shape();
-            let kind = if shape.store == "memory" {
+            let kind = if store == "memory" {
                 SpanKind::Internal
             } else {
                 SpanKind::Client
@@ -95,19 +94,21 @@ impl StoreSpan {
                 .span_builder("store.decide")
                 .with_kind(kind)
                 .with_attributes([
-                    KeyValue::new("sluice.store", shape.store),
-                    KeyValue::new("sluice.store.groups", count(shape.groups)),
-                    KeyValue::new("sluice.store.keys", count(shape.keys)),
+                    KeyValue::new("sluice.store", store),
+                    KeyValue::new("sluice.store.keys", count(keys)),
                 ])
                 .start_with_context(tracer, cx)
         }))
     }
 
-    /// Ends the span: `Ok((admitted, from the local deny cache))` or the store's error.
-    pub fn finish(self, result: Result<(bool, bool), &dyn std::fmt::Display>) {
+    /// Ends the span with the store's decision (how many atomic steps it took; admitted;
+    /// answered by the local deny cache) or its error.
+    pub fn finish(self, result: Result<&crate::store::Decision, &dyn std::fmt::Display>) {
         let Some(mut span) = self.0 else { return };
         match result {
-            Ok((admitted, local)) => {
+            Ok(d) => {
+                let (admitted, local) = (d.admitted, d.local);
+                span.set_attribute(KeyValue::new("sluice.store.groups", count(d.steps)));
                 let script = if admitted { "admitted" } else { "denied" };
                 span.set_attribute(KeyValue::new("sluice.store.script", script));
                 span.set_attribute(KeyValue::new("sluice.store.local_cache", local));

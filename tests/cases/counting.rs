@@ -8,6 +8,7 @@ use sluice::proto::rate_limit_response::Code;
 use sluice::service::ServiceOptions;
 use sluice::store::local_cache::LocalDenyCache;
 use sluice::store::CounterStore;
+use sluice::store::DenialFinality;
 use std::sync::Arc;
 
 /// A token budget of 1000 per hour, in an envoyproxy domain, and the same budget as a
@@ -156,7 +157,17 @@ test_with_all_stores!(a_denied_descriptor_charges_the_other_by_counting_on, kind
 /// keys are still charged under envoyproxy counting, and nothing is with STOP_CACHE_KEY_...
 async fn deny_cache_case(kind: &str, stop: bool) -> (u32, u64) {
     let (inner, clock, _backend) = make_store(kind).await;
-    let cache = Arc::new(LocalDenyCache::new(inner, 1 << 20, Arc::new(clock.clone())));
+    let finality = if kind == "cluster" {
+        DenialFinality::DomainTaggedOnly
+    } else {
+        DenialFinality::Always
+    };
+    let cache = Arc::new(LocalDenyCache::new(
+        inner,
+        1 << 20,
+        Arc::new(clock.clone()),
+        finality,
+    ));
     let store: Arc<dyn CounterStore> = cache.clone();
     let options = ServiceOptions {
         stop_increment_when_over: stop,

@@ -134,6 +134,7 @@ async fn every_dashboard_and_alert_query_parses_and_names_live_series() {
         Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
         1 << 20,
         Arc::new(clock.clone()),
+        sluice::store::DenialFinality::Always,
     ));
     let s = TestServer::start_on(CONFIG, ServiceOptions::default(), Some(store), clock).await;
     let tenant = one("dash", &[("tenant", "acme")]);

@@ -167,20 +167,21 @@ fn answer_line(r: &RateLimitResponse) -> String {
 /// Runs `seed`'s sequence on one store kind; returns one answer line per request.
 async fn run(kind: &str, seed: u64, options: ServiceOptions) -> Vec<String> {
     let (store, clock, _backend) = make_store(kind).await;
-    let config = sluice::server::ServerConfig {
-        store: Some(store),
+    let base = sluice::app::Ingredients::for_tests(
+        rules_of(&[
+            ("env.yaml", &domain_file("domain: env\n", ENV_OWN)),
+            (
+                "aon.yaml",
+                &domain_file("domain: aon\ncounting: all_or_nothing\n", AON_OWN),
+            ),
+        ]),
+        std::sync::Arc::new(clock.clone()),
+    );
+    let config = sluice::server::ServerConfig::from_ingredients(sluice::app::Ingredients {
+        store: crate::support::stack(store, "test"),
         options,
-        ..sluice::server::ServerConfig::for_tests(
-            rules_of(&[
-                ("env.yaml", &domain_file("domain: env\n", ENV_OWN)),
-                (
-                    "aon.yaml",
-                    &domain_file("domain: aon\ncounting: all_or_nothing\n", AON_OWN),
-                ),
-            ]),
-            std::sync::Arc::new(clock.clone()),
-        )
-    };
+        ..base
+    });
     let s = TestServer::start_config(config, clock.clone()).await;
     let mut rng = Rng::new(seed);
     let mut lines = Vec::with_capacity(STEPS);

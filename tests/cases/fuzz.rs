@@ -11,7 +11,7 @@ use sluice::config::load_sources;
 use sluice::proto::rate_limit_descriptor::{Entry, RateLimitOverride};
 use sluice::proto::{RateLimitDescriptor, RateLimitRequest};
 use sluice::service::{RateLimiter, RequestError, ServiceOptions};
-use sluice::store::memory::MemoryStore;
+use sluice::store::StoreStack;
 use sluice::telemetry::Telemetry;
 use std::sync::Arc;
 
@@ -189,7 +189,7 @@ proptest! {
     fn arbitrary_requests_are_decided_or_refused_clearly(reqs in prop::collection::vec(request_strategy(), 1..6)) {
         let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
         let clock = ManualClock::new(T0);
-        let store = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
+        let store = StoreStack::memory(Arc::new(clock.clone()), 1_000);
         let telemetry = Telemetry::new(Arc::new(clock)).expect("telemetry");
         let limiter = RateLimiter::new(rules(RULES), store, ServiceOptions::default(), telemetry);
         for req in reqs {

@@ -101,6 +101,7 @@ async fn metrics_count_a_scripted_sequence_exactly() {
         Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
         1 << 20,
         Arc::new(clock.clone()),
+        sluice::store::DenialFinality::Always,
     ));
     let s = TestServer::start_on(
         METRICS_CONFIG,

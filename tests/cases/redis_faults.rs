@@ -5,6 +5,7 @@
 use super::store::{redis_settings, redis_store, server_on_redis_settings};
 use crate::support::redis::start_redis;
 use crate::support::*;
+use sluice::app::Ingredients;
 use sluice::clock::{ManualClock, SystemClock};
 use sluice::proto::rate_limit_response::Code;
 use sluice::server::{self, ServerConfig};
@@ -13,7 +14,7 @@ use sluice::store::breaker::BreakerSettings;
 use sluice::store::local_cache::LocalDenyCache;
 use sluice::store::redis::RedisKind;
 use sluice::store::CounterStore;
-use sluice::store::StoreChain;
+use sluice::store::{DenialFinality, StoreChain};
 use std::sync::Arc;
 use std::time::Duration;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -40,13 +41,16 @@ async fn sluice_with_chain(url: String, failure_mode: Option<FailureMode>) -> se
     };
     let store = chain.build(Arc::new(SystemClock)).expect("store chain");
     let config = ServerConfig {
-        store: Some(store),
         health_interval: Duration::from_millis(20),
-        options: ServiceOptions {
-            failure_mode,
-            ..Default::default()
-        },
-        ..ServerConfig::new(rules(CONFIG))
+        ..ServerConfig::from_ingredients(Ingredients {
+            store,
+            options: ServiceOptions {
+                failure_mode,
+                ..Default::default()
+            },
+            clock: Arc::new(SystemClock),
+            ..Ingredients::for_tests(rules(CONFIG), Arc::new(SystemClock))
+        })
     };
     server::start(config)
         .await
@@ -178,7 +182,12 @@ async fn the_local_deny_cache_answers_without_any_redis_call() {
     let redis = start_redis(&[]).await;
     let clock = ManualClock::new(T0);
     let inner = redis_store(vec![redis.url()], RedisKind::Single, &clock);
-    let cache = Arc::new(LocalDenyCache::new(inner, 1 << 20, Arc::new(clock.clone())));
+    let cache = Arc::new(LocalDenyCache::new(
+        inner,
+        1 << 20,
+        Arc::new(clock.clone()),
+        DenialFinality::Always,
+    ));
     let store: Arc<dyn CounterStore> = cache.clone();
     let s = TestServer::start_on(
         CONFIG,

@@ -186,9 +186,11 @@ async fn a_cluster_denial_leaves_every_counter_exactly_as_it_was() {
                 now: Mutex::new(T0 + Duration::from_secs(7)),
                 step: Mutex::new(Duration::ZERO),
             });
+            let signals = sluice::store::StoreSignals::new("redis-cluster");
             let store = RedisStore::new(&redis_settings(cluster.seeds(), RedisKind::Cluster))
                 .expect("store")
-                .with_test_clock(clock.clone());
+                .with_test_clock(clock.clone())
+                .reporting_to(&signals);
             // A counter with room (10 a minute) and a full one in another slot.
             let roomy = limit(10, "1m", alg);
             let full = limit(1, "1m", Algorithm::FixedWindow);
@@ -238,7 +240,7 @@ async fn a_cluster_denial_leaves_every_counter_exactly_as_it_was() {
                 "{alg:?} roll={roll}: a exactly as before"
             );
             assert_eq!(raw(&cluster, &b_key), b_before, "{alg:?} roll={roll}");
-            assert_eq!(store.stats().undo_failures, 0);
+            assert_eq!(signals.undo_failures.get(), 0);
         }
     }
 }
@@ -469,12 +471,18 @@ async fn a_redis_slower_than_the_callers_deadline_opens_the_breaker() {
         ..redis_settings(vec![proxy.url()], RedisKind::Single)
     };
     let clock = ManualClock::new(T0);
-    let redis_store: Arc<dyn CounterStore> = Arc::new(RedisStore::new(&settings).expect("store"));
-    let breaker: Arc<dyn CounterStore> = Arc::new(CircuitBreaker::new(
-        redis_store,
-        BreakerSettings::default(),
-        Arc::new(clock.clone()),
-    ));
+    let signals = sluice::store::StoreSignals::new("redis");
+    let redis_store = RedisStore::new(&settings)
+        .expect("store")
+        .reporting_to(&signals);
+    let breaker: Arc<dyn CounterStore> = Arc::new(
+        CircuitBreaker::new(
+            redis_store,
+            BreakerSettings::default(),
+            Arc::new(clock.clone()),
+        )
+        .reporting_to(&signals),
+    );
     let s = TestServer::start_on(ABUSE, ServiceOptions::default(), Some(breaker), clock).await;
     let req = one("abuse", &[("probe", "slow")]);
     assert_eq!(code(&s.call(req.clone()).await), Code::Ok);
@@ -498,10 +506,9 @@ async fn a_redis_slower_than_the_callers_deadline_opens_the_breaker() {
     }
     // The server learns of each cut call when the client's RST_STREAM arrives, which can trail
     // the client's own deadline under load: wait until the fifth drop is recorded.
-    let store = Arc::clone(s.running.as_ref().expect("running").limiter().store());
     eventually("the breaker opens after five cut calls", || {
-        let store = Arc::clone(&store);
-        async move { store.breaker_state() == Some(sluice::store::breaker::BreakerState::Open) }
+        let signals = signals.clone();
+        async move { signals.breaker_state() == Some(sluice::store::breaker::BreakerState::Open) }
     })
     .await;
     // The breaker is open: the next call (no deadline) is answered at once, without Redis.
@@ -526,10 +533,16 @@ async fn the_deny_cache_keeps_only_final_denials_on_cluster() {
         (cluster.seeds(), RedisKind::Cluster, true, true),
         (vec![redis.url()], RedisKind::Single, false, true),
     ] {
+        // As the production chain picks it for the kind.
+        let finality = match kind {
+            RedisKind::Cluster => sluice::store::DenialFinality::DomainTaggedOnly,
+            _ => sluice::store::DenialFinality::Always,
+        };
         let cache = sluice::store::local_cache::LocalDenyCache::new(
             redis_store(urls, kind, &clock),
             1 << 20,
             Arc::new(clock.clone()),
+            finality,
         );
         let mut c = ck(&format!("deny-{kind:?}-{domain_tag}"), one_per_hour, 1);
         c.key.domain_tag = domain_tag;

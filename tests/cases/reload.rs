@@ -3,15 +3,16 @@
 //! reload, and in-flight requests that finish on the snapshot they started with.
 
 use crate::support::*;
+use sluice::app::Ingredients;
 use sluice::clock::ManualClock;
 use sluice::config::{fingerprint, load_path, LoadOptions};
 use sluice::proto::rate_limit_response::Code;
 use sluice::server::reload::ReloadSettings;
 use sluice::server::{self, ServerConfig};
-use sluice::store::memory::MemoryStore;
-use sluice::store::{BoxFuture, CounterStore, Decision, LimitCheck, StoreError};
+use sluice::store::fake::FakeStore;
+use sluice::store::CounterStore;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,15 +80,19 @@ const OPTIONS: LoadOptions = LoadOptions {
 async fn serve(dir: &Path, store: Option<Arc<dyn CounterStore>>) -> server::Running {
     let digest = fingerprint(dir, &OPTIONS);
     let rules = load_path(dir, &OPTIONS).expect("initial config loads");
+    let base = Ingredients::for_tests(rules, Arc::new(ManualClock::new(T0)));
+    let store = match store {
+        Some(s) => crate::support::stack(s, "test"),
+        None => base.store.clone(),
+    };
     let config = ServerConfig {
-        store,
         reload: Some(ReloadSettings {
             path: dir.to_path_buf(),
             options: OPTIONS,
             interval: Duration::from_millis(20),
         }),
         loaded_fingerprint: digest,
-        ..ServerConfig::for_tests(rules, Arc::new(ManualClock::new(T0)))
+        ..ServerConfig::from_ingredients(Ingredients { store, ..base })
     };
     server::start(config).await.expect("server starts")
 }
@@ -245,36 +250,10 @@ async fn counters_survive_a_reload_that_keeps_their_limit() {
     running.stop().await.expect("clean stop");
 }
 
-/// A memory store whose decisions wait at a gate the test opens.
-#[derive(Debug)]
-struct Gated {
-    inner: MemoryStore,
-    entered: AtomicUsize,
-    open: tokio::sync::Semaphore,
-}
-
-impl CounterStore for Gated {
-    fn decide<'a>(
-        &'a self,
-        checks: &'a [LimitCheck],
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(async move {
-            self.entered.fetch_add(1, Ordering::SeqCst);
-            let permit = self.open.acquire().await.expect("gate open");
-            permit.forget();
-            self.inner.decide(checks).await
-        })
-    }
-}
-
 #[tokio::test]
 async fn an_in_flight_request_finishes_on_the_rules_it_started_with() {
     let mut cm = ConfigMapDir::new(&config(7));
-    let store = Arc::new(Gated {
-        inner: MemoryStore::new(Arc::new(ManualClock::new(T0))),
-        entered: AtomicUsize::new(0),
-        open: tokio::sync::Semaphore::new(0),
-    });
+    let store = Arc::new(FakeStore::gated(Arc::new(ManualClock::new(T0))));
     let running = serve(cm.path(), Some(store.clone())).await;
     let url = running.grpc_url();
     let in_flight = tokio::spawn(async move {
@@ -287,7 +266,7 @@ async fn an_in_flight_request_finishes_on_the_rules_it_started_with() {
             .into_inner()
     });
     eventually("the request waits in the store", || async {
-        store.entered.load(Ordering::SeqCst) == 1
+        store.calls() == 1
     })
     .await;
     cm.swap(&config(70));
@@ -295,7 +274,7 @@ async fn an_in_flight_request_finishes_on_the_rules_it_started_with() {
         status(&running).await["reloads_ok"] == 1
     })
     .await;
-    store.open.add_permits(2);
+    store.open(2);
     let r = in_flight.await.expect("task");
     assert_eq!(limit(&r), 7, "answered on the snapshot it started with");
     let mut c = sluice::proto::rate_limit_service_client::RateLimitServiceClient::connect(

@@ -3,19 +3,20 @@
 //! span below it describes the store call (memory and a real redis-server), and sampling is
 //! parent-based.
 
-use super::store::redis_store;
+use super::store::redis_settings;
 use crate::support::otlp::{self, Collector};
 use crate::support::redis::RedisServer;
 use crate::support::*;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::Span;
+use sluice::app::Ingredients;
 use sluice::clock::ManualClock;
 use sluice::proto::rate_limit_response::Code;
 use sluice::proto::rate_limit_service_client::RateLimitServiceClient;
 use sluice::proto::{RateLimitRequest, RateLimitResponse};
 use sluice::server::{self, Running, ServerConfig};
-use sluice::store::redis::RedisKind;
-use sluice::store::CounterStore;
+use sluice::store::redis::{RedisKind, RedisStore};
+use sluice::store::StoreStack;
 use sluice::telemetry::trace::{parent_from_metadata, TraceSettings, Tracing};
 use std::sync::Arc;
 use tonic::transport::Channel;
@@ -44,18 +45,19 @@ async fn traced_server(
     collector: &Collector,
     service_name: &str,
     sampling_rate: f64,
-    store: Option<Arc<dyn CounterStore>>,
+    store: Option<StoreStack>,
     clock: ManualClock,
 ) -> Running {
-    let config = ServerConfig {
-        store,
+    let base = Ingredients::for_tests(rules(TRACED), Arc::new(clock));
+    let config = ServerConfig::from_ingredients(Ingredients {
+        store: store.unwrap_or(base.store.clone()),
         tracing: Some(TraceSettings {
             endpoint: collector.endpoint(),
             service_name: service_name.to_string(),
             sampling_rate,
         }),
-        ..ServerConfig::for_tests(rules(TRACED), Arc::new(clock))
-    };
+        ..base
+    });
     server::start(config).await.expect("server starts")
 }
 
@@ -185,7 +187,10 @@ async fn redis_store_span_counts_groups_keys_and_the_script_answer() {
         .await
         .expect("start redis");
     let clock = ManualClock::new(T0);
-    let store = redis_store(vec![redis.url()], RedisKind::Single, &clock);
+    let store = RedisStore::new(&redis_settings(vec![redis.url()], RedisKind::Single))
+        .expect("redis store")
+        .with_test_clock(Arc::new(clock.clone()))
+        .into_stack();
     let collector = Collector::start().await;
     let running = traced_server(&collector, "sluice-redis-test", 1.0, Some(store), clock).await;
     let mut c = client(&running).await;

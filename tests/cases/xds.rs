@@ -328,14 +328,17 @@ async fn before_the_first_push_requests_are_unavailable_and_readiness_follows_th
                 max_message_bytes: None,
                 merge_domains: false,
             }),
-            options: ServiceOptions {
-                ready_needs_config,
-                ..ServiceOptions::default()
-            },
-            ..ServerConfig::for_tests(
-                sluice::config::RuleSet::empty(),
-                std::sync::Arc::new(clock.clone()),
-            )
+            ..ServerConfig::from_ingredients(sluice::app::Ingredients {
+                rules: None,
+                options: ServiceOptions {
+                    ready_needs_config,
+                    ..ServiceOptions::default()
+                },
+                ..sluice::app::Ingredients::for_tests(
+                    sluice::config::RuleSet::empty(),
+                    std::sync::Arc::new(clock.clone()),
+                )
+            })
         };
         let s = crate::support::TestServer::start_config(config, clock).await;
         let e = s

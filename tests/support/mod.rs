@@ -11,6 +11,7 @@ pub mod proxy;
 pub mod redis;
 pub mod sentinel;
 
+use sluice::app::Ingredients;
 use sluice::clock::ManualClock;
 use sluice::config::{load_sources, RuleSet};
 use sluice::proto::rate_limit_descriptor::Entry;
@@ -19,6 +20,7 @@ use sluice::proto::rate_limit_service_client::RateLimitServiceClient;
 use sluice::proto::{RateLimitDescriptor, RateLimitRequest, RateLimitResponse};
 use sluice::server::{self, Running, ServerConfig};
 use sluice::service::ServiceOptions;
+use sluice::store::{StoreSignals, StoreStack};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,6 +71,11 @@ impl Rng {
     }
 }
 
+/// `store` with fresh signals naming its backend `backend` (for trace spans).
+pub fn stack(store: Arc<dyn sluice::store::CounterStore>, backend: &'static str) -> StoreStack {
+    StoreStack::new(store, StoreSignals::new(backend))
+}
+
 pub struct TestServer {
     pub running: Option<Running>,
     pub clock: ManualClock,
@@ -92,11 +99,15 @@ impl TestServer {
         store: Option<Arc<dyn sluice::store::CounterStore>>,
         clock: ManualClock,
     ) -> Self {
-        let config = ServerConfig {
+        let base = Ingredients::for_tests(rules(yaml), Arc::new(clock.clone()));
+        let config = ServerConfig::from_ingredients(Ingredients {
             options,
-            store,
-            ..ServerConfig::for_tests(rules(yaml), Arc::new(clock.clone()))
-        };
+            store: match store {
+                Some(s) => stack(s, "test"),
+                None => base.store.clone(),
+            },
+            ..base
+        });
         Self::start_config(config, clock).await
     }
 

@@ -1,42 +1,238 @@
-//! Replies and Cluster: parsing a script's reply into outcomes, and the per-slot calls of a
-//! Cluster request with the exact undo of what the other slots charged when one denies.
+//! The Cluster backend: one script call per slot (a script may only touch keys of one slot),
+//! concurrent; if the request is not admitted, what the admitting slots charged is undone
+//! exactly (the same window, the same sorted-set entry, only the limits that were written).
 
 use super::batch::run;
 use super::codec::{self, Call};
 use super::conn::Conn;
-use super::{ScriptTime, UNDO_ATTEMPTS};
-use crate::store::StoreError;
+use super::{classify, keys, Common, RedisSettings, ScriptTime, DENIED, UNDO_ATTEMPTS};
+use crate::store::{Admission, Decision, LimitCheck, Outcome, StoreError};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
 use redis::Script;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Runs every slot's call concurrently; if the request is not admitted (a slot denies or fails,
-/// or every quota-mode limit denied), undoes exactly what the admitting slots charged: the same
-/// window, the same sorted-set entry, only the checks that were written. `quota` says, per call
-/// and limit, which limits are quota-mode (empty: none). Returns each call's result, per call
-/// whether an undo was done, and whether the request was admitted.
-pub(super) async fn charge_or_undo(
-    script: Script,
+/// A Redis Cluster through the `redis` crate's async cluster client.
+pub(super) struct Cluster {
+    client: ClusterClient,
+    /// Connected lazily, so sluice starts (and reports NOT_SERVING) while Redis is down and
+    /// recovers without a restart.
+    conn: Mutex<Option<ClusterConnection>>,
+}
+
+impl Cluster {
+    /// The client for the seeds `infos`, connecting on first use.
+    pub(super) fn new(
+        settings: &RedisSettings,
+        infos: Vec<redis::ConnectionInfo>,
+        certs: Option<redis::TlsCertificates>,
+    ) -> Result<Self, StoreError> {
+        if infos.is_empty() {
+            return Err(StoreError::Permanent("no Redis Cluster seed given".into()));
+        }
+        let mut builder = ClusterClient::builder(infos);
+        if let Some(certs) = certs {
+            builder = builder
+                .certs(certs)
+                .danger_accept_invalid_hostnames(settings.tls.skip_hostname_verification);
+        }
+        let client = builder
+            .connection_timeout(settings.timeout)
+            .response_timeout(settings.timeout)
+            .retries(2)
+            .build()
+            .map_err(|e| StoreError::Permanent(format!("Redis Cluster client: {e}")))?;
+        Ok(Self {
+            client,
+            conn: Mutex::new(None),
+        })
+    }
+
+    /// The shared Cluster connection, connected on first use.
+    pub(super) async fn connection(&self) -> Result<Conn, StoreError> {
+        if let Some(c) = self.conn.lock().ok().and_then(|g| g.clone()) {
+            return Ok(Conn::Cluster(c));
+        }
+        // Two first calls may both connect; the later one's connection is kept.
+        let c = self.client.get_async_connection().await.map_err(classify)?;
+        if let Ok(mut g) = self.conn.lock() {
+            *g = Some(c.clone());
+        }
+        Ok(Conn::Cluster(c))
+    }
+
+    /// Decides a request. Usage a request records (a report Envoy sends when a response is
+    /// done) must reach Redis even if the caller gives up at its deadline and drops this
+    /// future: such a request runs on its own task.
+    pub(super) async fn decide(
+        self: &Arc<Self>,
+        common: &Arc<Common>,
+        checks: &[LimitCheck],
+    ) -> Result<Decision, StoreError> {
+        if !checks.iter().any(|c| c.record && c.hits > 0) {
+            return self.decide_all(common, checks).await;
+        }
+        let (me, common, owned) = (Arc::clone(self), Arc::clone(common), checks.to_vec());
+        let task = common
+            .runtime
+            .clone()
+            .spawn(async move { me.decide_all(&common, &owned).await });
+        task.await
+            .unwrap_or_else(|e| Err(StoreError::Permanent(format!("decision task failed: {e}"))))
+    }
+
+    async fn decide_all(
+        &self,
+        common: &Arc<Common>,
+        checks: &[LimitCheck],
+    ) -> Result<Decision, StoreError> {
+        let groups = groups(checks);
+        let conn = self.connection().await;
+        common.record_health(&conn);
+        let conn = conn?;
+        if let [only] = groups.as_slice() {
+            // One call decides everything: all or nothing inside the script, nothing to undo.
+            let call = common.call_for(checks, only, true);
+            let r = run(
+                &common.script,
+                conn,
+                &common.time.arg(),
+                &call,
+                common.timeout,
+            )
+            .await;
+            common.record_health(&r);
+            let mut outcomes = vec![DENIED; checks.len()];
+            let admitted = codec::decode(&r?, only, false, &mut outcomes)?;
+            return Ok(Decision {
+                admitted,
+                outcomes,
+                local: false,
+                steps: 1,
+            });
+        }
+        // Several slots. A refund (all or nothing) applies only if the request is admitted,
+        // and one applied in a slot could not be taken back exactly when another slot denies:
+        // so refunds wait for the verdict.
+        if checks.iter().any(|c| c.refund && !c.record && c.hits > 0) {
+            return Box::pin(self.refunds_after_the_verdict(common, checks)).await;
+        }
+        // The charges and, if the request is not admitted, the undo of the others run on
+        // their own task, so a caller that gives up (Envoy's deadline) cannot leave a charge
+        // without its undo.
+        let task = common.runtime.spawn(charge_or_undo(
+            Arc::clone(common),
+            conn,
+            checks.to_vec(),
+            groups,
+        ));
+        task.await
+            .map_err(|e| StoreError::Permanent(format!("decision task failed: {e}")))?
+    }
+
+    /// A request spanning slots with all-or-nothing refunds: decided first with each refund as
+    /// a shadow check (it reads its counter and never denies), then, if admitted, the refunds
+    /// are applied (a refund always admits). Two round trips, only for such requests.
+    async fn refunds_after_the_verdict(
+        &self,
+        common: &Arc<Common>,
+        checks: &[LimitCheck],
+    ) -> Result<Decision, StoreError> {
+        let late = |c: &LimitCheck| c.refund && !c.record && c.hits > 0;
+        let first: Vec<LimitCheck> = checks
+            .iter()
+            .map(|c| {
+                if late(c) {
+                    LimitCheck {
+                        hits: 0,
+                        refund: false,
+                        shadow: true,
+                        ..c.clone()
+                    }
+                } else {
+                    c.clone()
+                }
+            })
+            .collect();
+        let mut decision = Box::pin(self.decide_all(common, &first)).await?;
+        let idx: Vec<usize> = (0..checks.len()).filter(|&i| late(&checks[i])).collect();
+        for &i in &idx {
+            // As a refund reports itself: allowed, nothing to wait for.
+            decision.outcomes[i].allowed = true;
+            decision.outcomes[i].retry_after = Duration::ZERO;
+        }
+        if decision.admitted {
+            let refunds: Vec<LimitCheck> = idx.iter().map(|&i| checks[i].clone()).collect();
+            let applied = Box::pin(self.decide_all(common, &refunds)).await?;
+            for (k, &i) in idx.iter().enumerate() {
+                decision.outcomes[i] = applied.outcomes[k];
+            }
+            decision.steps += applied.steps;
+        }
+        Ok(decision)
+    }
+}
+
+/// The atomic steps of a request, as indexes into `checks`: one call per slot; keys of
+/// different tags that happen to share a slot still go together.
+pub(super) fn groups(checks: &[LimitCheck]) -> Vec<Vec<usize>> {
+    if checks.len() <= 1 {
+        return vec![(0..checks.len()).collect()];
+    }
+    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (i, c) in checks.iter().enumerate() {
+        let slot = keys::tag_slot(&keys::hash_tag(&c.key));
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, g)) => g.push(i),
+            None => groups.push((slot, vec![i])),
+        }
+    }
+    groups.into_iter().map(|(_, g)| g).collect()
+}
+
+/// Runs every slot's call concurrently and decides the request by [`Admission`] over every
+/// limit's verdict (quota-mode limits go to each slot as shadow, so a slot never applies the
+/// quota rule alone); if the request is not admitted (a slot denies or fails, or every
+/// quota-mode limit denied), undoes exactly what the admitting slots charged.
+async fn charge_or_undo(
+    common: Arc<Common>,
     conn: Conn,
-    time: ScriptTime,
-    calls: Vec<Call>,
-    quota: Vec<Vec<bool>>,
-    timeout: Duration,
-    failures: Arc<AtomicU64>,
-) -> (Vec<Result<Vec<i64>, StoreError>>, Vec<bool>, bool) {
+    checks: Vec<LimitCheck>,
+    groups: Vec<Vec<usize>>,
+) -> Result<Decision, StoreError> {
+    let calls: Vec<Call> = groups
+        .iter()
+        .map(|g| Call {
+            tokens: true,
+            ..common.call_for(&checks, g, false)
+        })
+        .collect();
+    let (script, time, timeout) = (&common.script, &common.time, common.timeout);
     let now = time.arg();
     let results = futures_util::future::join_all(
         calls
             .iter()
-            .map(|c| run(&script, conn.clone(), &now, c, timeout)),
+            .map(|c| run(script, conn.clone(), &now, c, timeout)),
     )
     .await;
-    let admitted = results
-        .iter()
-        .all(|r| r.as_ref().is_ok_and(|v| v.first() == Some(&1)))
-        && codec::quota_rule_holds(&calls, &results, &quota);
-    let mut undone = vec![false; calls.len()];
+    let mut outcomes = vec![DENIED; checks.len()];
+    let mut first_error = None;
+    for (g, r) in groups.iter().zip(&results) {
+        common.record_health(r);
+        let decoded = r
+            .as_ref()
+            .map_err(Clone::clone)
+            .and_then(|values| codec::decode(values, g, true, &mut outcomes));
+        if let Err(e) = decoded {
+            first_error.get_or_insert(e);
+        }
+    }
+    let mut admission = Admission::default();
+    for (c, o) in checks.iter().zip(&outcomes) {
+        admission.add(c, o.allowed);
+    }
+    let admitted = first_error.is_none() && admission.admitted();
     // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: each slot applied the rule to its own keys; if a
     // key is over in any slot, the slots with none over (which charged every key) are undone,
     // whether or not the request is admitted (a shadow limit over its limit admits it).
@@ -50,30 +246,40 @@ pub(super) async fn charge_or_undo(
         if stop {
             over.contains(&true) && !over[i]
         } else {
+            // A slot that admitted wrote its charges.
             !admitted && values.first() == Some(&1)
         }
     };
-    if admitted && !(stop && over.contains(&true)) {
-        return (results, undone, true);
-    }
-    for (i, ((call, r), undone)) in calls.iter().zip(&results).zip(&mut undone).enumerate() {
-        let Ok(values) = r else { continue };
-        if !undo_all_of_slot(i, values) {
-            continue;
-        }
-        let undo = codec::encode_undo(call, values);
-        if undo.keys.is_empty() {
-            continue;
-        }
-        match run_undo(&script, &conn, &time, &undo, timeout).await {
-            Ok(()) => *undone = true,
-            Err(e) => {
-                failures.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %e, keys = undo.keys.len(), "could not undo the charge of a request denied in another slot");
+    let mut undone = vec![false; calls.len()];
+    if !admitted || (stop && over.contains(&true)) {
+        for (i, ((call, r), undone)) in calls.iter().zip(&results).zip(&mut undone).enumerate() {
+            let Ok(values) = r else { continue };
+            if !undo_all_of_slot(i, values) {
+                continue;
+            }
+            let undo = codec::encode_undo(call, values);
+            if undo.keys.is_empty() {
+                continue;
+            }
+            match run_undo(script, &conn, time, &undo, timeout).await {
+                Ok(()) => *undone = true,
+                Err(e) => {
+                    common.signals.undo_failures.add(1);
+                    tracing::warn!(error = %e, keys = undo.keys.len(), "could not undo the charge of a request denied in another slot");
+                }
             }
         }
     }
-    (results, undone, admitted)
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    give_back(&checks, &groups, &undone, &mut outcomes);
+    Ok(Decision {
+        admitted,
+        outcomes,
+        local: false,
+        steps: groups.len(),
+    })
 }
 
 /// Runs an undo, retrying a failed call up to [`UNDO_ATTEMPTS`] times; an undo the script
@@ -101,4 +307,48 @@ async fn run_undo(
         }
     }
     Err(last.unwrap_or_else(|| StoreError::Permanent("no undo attempt was made".into())))
+}
+
+/// What an undone charge gave back is left again: the outcomes of the groups whose charges
+/// were undone report the hits as remaining.
+fn give_back(
+    checks: &[LimitCheck],
+    groups: &[Vec<usize>],
+    undone: &[bool],
+    outcomes: &mut [Outcome],
+) {
+    let undone_charge = |c: &LimitCheck, o: &Outcome| {
+        o.allowed && c.hits > 0 && !c.refund && (!c.record || c.stop_over)
+    };
+    for (g, _) in groups.iter().zip(undone).filter(|(_, done)| **done) {
+        // Per counter: what its last check reported plus every hit the undo gave back. Two
+        // checks of one request on one counter see each other's hits, so the last one holds
+        // the lowest figure, and after the undo every check on it has that much more.
+        for (n, &i) in g.iter().enumerate() {
+            let key = &checks[i].key;
+            if g[..n].iter().any(|&j| checks[j].key == *key) {
+                continue;
+            }
+            let on_key: Vec<usize> = g[n..]
+                .iter()
+                .copied()
+                .filter(|&j| checks[j].key == *key)
+                .collect();
+            let given: u64 = on_key
+                .iter()
+                .filter(|&&j| undone_charge(&checks[j], &outcomes[j]))
+                .map(|&j| checks[j].hits)
+                .sum();
+            if given == 0 {
+                continue;
+            }
+            let last = on_key.last().map_or(0, |&j| outcomes[j].remaining);
+            let remaining = last
+                .saturating_add(u32::try_from(given).unwrap_or(u32::MAX))
+                .min(key.limit.requests_per_unit);
+            for j in on_key {
+                outcomes[j].remaining = remaining;
+            }
+        }
+    }
 }

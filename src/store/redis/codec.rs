@@ -81,7 +81,7 @@ impl Call {
 /// The script call deciding `idx` of `checks`, owned so it can run on a spawned task; `key_of`
 /// names each counter's Redis key. `whole`: the call decides the whole request, so the script
 /// applies the quota-mode rule; otherwise (one slot of several) quota limits go as shadow and
-/// the caller applies it ([`quota_rule_holds`]).
+/// the caller applies [`crate::store::Admission`] across the slots.
 pub(super) fn encode(
     checks: &[LimitCheck],
     idx: &[usize],
@@ -200,28 +200,6 @@ pub(super) fn decode(
         };
     }
     Ok(values[0] == 1)
-}
-
-/// The quota-mode half of [`crate::store::Admission`] across slots: with quota limits, at
-/// least one of them allowed the request (their calls sent them as shadow, so each call's
-/// `admitted` covers only the enforced limits).
-pub(super) fn quota_rule_holds(
-    calls: &[Call],
-    results: &[Result<Vec<i64>, StoreError>],
-    quota: &[Vec<bool>],
-) -> bool {
-    if quota.iter().all(|q| !q.contains(&true)) {
-        return true;
-    }
-    calls.iter().zip(results).zip(quota).any(|((call, r), q)| {
-        let Ok(values) = r else { return false };
-        values
-            .get(1..)
-            .unwrap_or_default()
-            .chunks(call.width())
-            .zip(q)
-            .any(|(v, &is_quota)| is_quota && v.first().is_some_and(|s| s & 1 == 1))
-    })
 }
 
 /// A batch of calls for ONE `EVALSHA`: the packed layout when every call fits it, else the

@@ -6,7 +6,6 @@ use super::settings::{with_auth, RedisSettings};
 use super::{classify, is_transport};
 use crate::store::StoreError;
 use redis::aio::MultiplexedConnection;
-use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -165,18 +164,6 @@ impl bb8::ManageConnection for Manager {
     fn has_broken(&self, conn: &mut PooledConn) -> bool {
         conn.broken.is_set()
     }
-}
-
-// One Backend per store, built once: the size difference between variants costs nothing.
-#[allow(clippy::large_enum_variant)]
-pub(super) enum Backend {
-    Single(bb8::Pool<Manager>),
-    Cluster {
-        client: ClusterClient,
-        /// Connected lazily, so sluice starts (and reports NOT_SERVING) while Redis is down
-        /// and recovers without a restart.
-        conn: Mutex<Option<ClusterConnection>>,
-    },
 }
 
 /// A connection handle for one call.

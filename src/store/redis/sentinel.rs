@@ -122,7 +122,9 @@ fn client_for(
     tls: Option<&(redis::TlsCertificates, bool)>,
 ) -> RedisResult<redis::Client> {
     match tls {
-        Some((certs, skip)) if super::is_tls(&info) => super::tls_client(info, certs, *skip),
+        Some((certs, skip)) if super::is_tls(&info) => {
+            super::settings::tls_client(info, certs, *skip)
+        }
         _ => redis::Client::open(info),
     }
 }

@@ -28,6 +28,16 @@ pub enum RedisKind {
     Sentinel,
 }
 
+impl RedisKind {
+    /// The store name traces and logs give the backend of this kind.
+    pub fn backend_name(self) -> &'static str {
+        match self {
+            Self::Single | Self::Sentinel => "redis",
+            Self::Cluster => "redis-cluster",
+        }
+    }
+}
+
 /// `REDIS_TYPE=sentinel`: the monitored master's name (the first item of envoyproxy's
 /// `REDIS_URL`) and `REDIS_SENTINEL_AUTH`, the sentinels' own password (`REDIS_AUTH` stays the
 /// master's). `Debug` never prints the password.

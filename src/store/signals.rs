@@ -1,0 +1,91 @@
+//! What a store stack reports besides its decisions. The narrow [`CounterStore`] contract only
+//! decides and probes; health, the breaker's state and the running totals for metrics travel
+//! through the handles here instead, created once by the composition root and handed to each
+//! part of the stack as it is built (`reporting_to`). The service reads readiness from them and
+//! the metrics registry exports them; no layer forwards them through its inner store.
+//!
+//! [`CounterStore`]: super::CounterStore
+
+use super::breaker::BreakerState;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// The side channels of one store stack. Cloning shares them.
+#[derive(Debug, Clone)]
+pub struct StoreSignals {
+    /// Which backend decides (`memory`, `redis`, `redis-cluster`): the trace span's store name.
+    pub backend: &'static str,
+    /// Whether the backend answered its last contact (a decision or a probe).
+    pub health: Arc<watch::Sender<bool>>,
+    /// The circuit breaker's state; `None` while the stack has no breaker.
+    pub breaker: Arc<watch::Sender<Option<BreakerState>>>,
+    /// Cluster charges that could not be undone (`sluice_refund_failures_total`).
+    pub undo_failures: Tally,
+    /// Live memory-store counters evicted to make room (`sluice_memory_evictions_total`).
+    pub evictions: Tally,
+}
+
+impl StoreSignals {
+    /// Fresh handles for a stack on `backend`: healthy, no breaker, totals at zero.
+    pub fn new(backend: &'static str) -> Self {
+        Self {
+            backend,
+            health: Arc::new(watch::Sender::new(true)),
+            breaker: Arc::new(watch::Sender::new(None)),
+            undo_failures: Tally::default(),
+            evictions: Tally::default(),
+        }
+    }
+
+    /// Whether the stack can decide: the backend answered last and no breaker is open.
+    pub fn healthy(&self) -> bool {
+        *self.health.borrow() && matches!(*self.breaker.borrow(), None | Some(BreakerState::Closed))
+    }
+
+    /// The breaker's state now, if the stack has one.
+    pub fn breaker_state(&self) -> Option<BreakerState> {
+        *self.breaker.borrow()
+    }
+
+    /// Records whether the backend answered; returns whether that changed the health.
+    pub fn set_health(&self, ok: bool) -> bool {
+        self.health
+            .send_if_modified(|h| std::mem::replace(h, ok) != ok)
+    }
+}
+
+/// A running total a part of the stack adds to and the metrics read (a shared atomic).
+#[derive(Debug, Clone, Default)]
+pub struct Tally(Arc<AtomicU64>);
+
+impl Tally {
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Whether a denial the backend returns is final, for the local deny cache (which caches only
+/// final denials): on a Redis Cluster a request spanning slots charges each slot and undoes the
+/// charges if one slot denies, so a counter may look full while another request's temporary
+/// charge stands. The composition root picks the policy from the backend it builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DenialFinality {
+    /// Memory and standalone Redis decide each request in one atomic step: every denial is final.
+    Always,
+    /// Redis Cluster: only a counter of a domain kept in one slot (`hash_tag: domain`).
+    DomainTaggedOnly,
+}
+
+impl DenialFinality {
+    pub fn is_final(self, key: &super::CounterKey) -> bool {
+        match self {
+            Self::Always => true,
+            Self::DomainTaggedOnly => key.domain_tag,
+        }
+    }
+}
