@@ -1,4 +1,4 @@
-//! `sluice bench`: a load generator for any Envoy RLS v3 endpoint (sluice, envoyproxy/ratelimit,
+//! `sluice bench` (a module of the binary, not of the service library): a load generator for any Envoy RLS v3 endpoint (sluice, envoyproxy/ratelimit,
 //! Limitador, ...). It exists so speed claims are measured the same way for every system: the
 //! same descriptors, the same concurrency, the same latency accounting.
 //!
@@ -9,10 +9,10 @@
 //! `--consumers`. Latencies are kept in a fixed-size log-linear histogram (no per-request
 //! allocation, bounded memory whatever the duration).
 
-use crate::proto::rate_limit_descriptor::Entry;
-use crate::proto::rate_limit_response::Code;
-use crate::proto::rate_limit_service_client::RateLimitServiceClient;
-use crate::proto::{RateLimitDescriptor, RateLimitRequest};
+use sluice::proto::rate_limit_descriptor::Entry;
+use sluice::proto::rate_limit_response::Code;
+use sluice::proto::rate_limit_service_client::RateLimitServiceClient;
+use sluice::proto::{RateLimitDescriptor, RateLimitRequest};
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-/// `sluice bench`.
+/// Load generator for any RLS endpoint: decisions/s, OK / OVER_LIMIT / errors, latency.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     /// The RLS endpoint: `http://host:port` (h2c) or `https://host:port` (TLS).
@@ -47,13 +47,13 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0)]
     pub rate: u64,
     /// How long to send, e.g. `10s`, `1m`.
-    #[arg(long, default_value = "10s", value_parser = crate::duration::parse_go)]
+    #[arg(long, default_value = "10s", value_parser = sluice::parse_duration)]
     pub duration: Duration,
     /// Request-level `hits_addend` (0 = Envoy's default of 1).
     #[arg(long, default_value_t = 0)]
     pub hits_addend: u32,
     /// Per-call deadline sent as `grpc-timeout` (Envoy sends 20ms by default); 0 = none.
-    #[arg(long, default_value = "0s", value_parser = crate::duration::parse_go)]
+    #[arg(long, default_value = "0s", value_parser = sluice::parse_duration)]
     pub timeout: Duration,
     /// PEM CA certificate that signs the server's certificate (TLS).
     #[arg(long)]
@@ -288,7 +288,7 @@ impl Shared {
 
     fn record(
         &self,
-        result: Result<tonic::Response<crate::proto::RateLimitResponse>, tonic::Status>,
+        result: Result<tonic::Response<sluice::proto::RateLimitResponse>, tonic::Status>,
         latency: Duration,
         local: &mut Histogram,
     ) {

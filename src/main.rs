@@ -1,10 +1,14 @@
 //! The `sluice` binary: parses the command line, sets up logging and calls into the library
-//! (`server::run` for `serve`, the config loader for `check`). Kept thin so everything it does is
-//! reachable from tests through the library.
+//! (`server::run` for `serve`, the config loader for `check`). Kept thin so everything the
+//! service does is reachable from tests through the library; the one thing that lives here
+//! instead is `sluice bench` (`bench.rs`), a load generator and no part of the service.
 #![forbid(unsafe_code)]
 
+mod bench;
+
+use clap::{Args, FromArgMatches};
 use sluice::config::load_path;
-use sluice::settings::{CheckArgs, Cli, Command, LogArgs, LogFormat, ServeArgs};
+use sluice::settings::{CheckArgs, Cli, Command, LogArgs, LogFormat, Parsed, ServeArgs};
 use std::process::ExitCode;
 use tracing_subscriber::EnvFilter;
 
@@ -14,7 +18,17 @@ use tracing_subscriber::EnvFilter;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let (command, log) = Cli::parse_args().into_command();
+    let bench_command = bench::BenchArgs::augment_args(clap::Command::new("bench"));
+    let (command, log) = match Cli::parse_args_with([bench_command]) {
+        Parsed::Cli(cli) => cli.into_command(),
+        Parsed::Extra { matches, log, .. } => {
+            // `bench` is the only extra subcommand.
+            let args = bench::BenchArgs::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+            init_logging(&log);
+            // The load generator wants Tokio's work-stealing pool for its many clients.
+            return block_on(tokio::runtime::Builder::new_multi_thread(), run_bench(args));
+        }
+    };
     init_logging(&log);
     match command {
         Command::Check(args) => check(&args),
@@ -23,8 +37,6 @@ fn main() -> ExitCode {
         Command::Serve(args) => {
             block_on(tokio::runtime::Builder::new_current_thread(), serve(args))
         }
-        // The load generator wants Tokio's work-stealing pool for its many clients.
-        Command::Bench(args) => block_on(tokio::runtime::Builder::new_multi_thread(), bench(args)),
     }
 }
 
@@ -80,9 +92,9 @@ async fn serve(args: ServeArgs) -> ExitCode {
 }
 
 /// `sluice bench`: the summary on stdout (JSON with `--json`), progress on stderr.
-async fn bench(args: sluice::bench::BenchArgs) -> ExitCode {
+async fn run_bench(args: bench::BenchArgs) -> ExitCode {
     let json = args.json;
-    match sluice::bench::run(args).await {
+    match bench::run(args).await {
         Ok(summary) => {
             if json {
                 match serde_json::to_string(&summary) {
@@ -93,7 +105,7 @@ async fn bench(args: sluice::bench::BenchArgs) -> ExitCode {
                     }
                 }
             } else {
-                print!("{}", sluice::bench::render(&summary));
+                print!("{}", bench::render(&summary));
             }
             ExitCode::SUCCESS
         }

@@ -14,6 +14,7 @@ pub struct Log {
 }
 
 impl Log {
+    #[cfg(test)]
     pub fn from_entries(entries: impl IntoIterator<Item = (u64, u64)>) -> Self {
         let entries: VecDeque<(u64, u64)> = entries.into_iter().collect();
         let total = entries.iter().map(|&(_, h)| h).sum();
@@ -53,15 +54,6 @@ impl Log {
             }
             _ => self.push(t, hits),
         }
-    }
-
-    /// Entries held (each a heap-allocated 16 bytes in the memory store).
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
     }
 
     /// Gives `hits` back, newest charges first, touching at most `max_entries` entries.

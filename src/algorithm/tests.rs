@@ -297,7 +297,7 @@ fn a_recorded_sliding_log_never_holds_more_entries_than_its_limit() {
         total = (total + hits).min(MAX_COUNT);
         assert_eq!(o.allowed, total <= 5);
     }
-    assert!(log.len() <= 5, "{} entries", log.len());
+    assert!(log.entries.len() <= 5, "{} entries", log.entries.len());
     // The count stayed exact (saturated at MAX_COUNT at most).
     let o = sliding_log_in(&mut log, 1_000_000 + 1000, p, 0, Mode::Record, false);
     assert!(!o.allowed);

@@ -26,13 +26,6 @@ pub struct Matched<'a> {
     pub stat_key: String,
 }
 
-impl Matched<'_> {
-    /// Whether anything applies: the node's own limits or a resource limit above it.
-    pub fn has_limits(&self) -> bool {
-        !self.node.rate_limits.is_empty() || !self.ancestors.is_empty()
-    }
-}
-
 /// Finds the node for one level: exact, then the first wildcard (file order), then the bare key.
 pub fn find_in_level<'a>(level: &'a Level, key: &str, value: &str) -> Option<&'a DescriptorNode> {
     if let Some(n) = level.exact.get(key).and_then(|m| m.get(value)) {

@@ -58,12 +58,25 @@ impl Cli {
     /// Parses the process's arguments and environment, exiting with usage on error. An env var
     /// set to the empty string counts as unset (Kubernetes manifests often carry `value: ""`),
     /// so it falls back to the default instead of failing to parse.
-    pub fn parse_args() -> Self {
-        let cmd = ignore_empty_env(Cli::command(), &|name| {
+    ///
+    /// `extra` are subcommands the binary adds (its load generator, `bench`): one of them is
+    /// handed back by name with its matches, the logging flags parsed.
+    pub fn parse_args_with(extra: impl IntoIterator<Item = clap::Command>) -> Parsed {
+        let cmd = ignore_empty_env(Cli::command().subcommands(extra), &|name| {
             std::env::var_os(name).is_some_and(|v| v.is_empty())
         });
         let matches = cmd.get_matches();
-        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+        if let Some((name, sub)) = matches.subcommand() {
+            if !Command::has_subcommand(name) {
+                let log = LogArgs::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+                return Parsed::Extra {
+                    name: name.to_string(),
+                    matches: sub.clone(),
+                    log,
+                };
+            }
+        }
+        Parsed::Cli(Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()))
     }
 
     /// The command to run, with `serve` as the default.
@@ -71,6 +84,18 @@ impl Cli {
         let command = self.command.unwrap_or(Command::Serve(self.serve));
         (command, self.log)
     }
+}
+
+/// What the command line asked for (see [`Cli::parse_args_with`]).
+#[derive(Debug)]
+pub enum Parsed {
+    Cli(Cli),
+    /// A subcommand the binary added, by name, with its own matches.
+    Extra {
+        name: String,
+        matches: clap::ArgMatches,
+        log: LogArgs,
+    },
 }
 
 // Parsed once at start; boxing `ServeArgs` would buy nothing and cost every match a deref.
@@ -81,8 +106,6 @@ pub enum Command {
     Serve(ServeArgs),
     /// Validate a config file or directory: print every error, exit 1 if there is any.
     Check(CheckArgs),
-    /// Load generator for any RLS endpoint: decisions/s, OK / OVER_LIMIT / errors, latency.
-    Bench(crate::bench::BenchArgs),
 }
 
 /// Logging, shared by every command.

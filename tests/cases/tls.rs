@@ -677,41 +677,49 @@ async fn sluice_bench_speaks_mutual_tls() {
         TlsSettings::new(&files.server_cert, &files.server_key).with_client_ca(&files.ca_cert),
     )
     .await;
-    let args = sluice::bench::BenchArgs {
-        target: format!("https://127.0.0.1:{}", running.grpc_addr().port()),
-        domain: "tls".into(),
-        descriptors: vec!["k=v{id}".into()],
-        consumers: 10,
-        concurrency: 2,
-        connections: 1,
-        rate: 0,
-        duration: Duration::from_millis(200),
-        hits_addend: 0,
-        timeout: Duration::ZERO,
-        ca_cert: Some(files.ca_cert.clone()),
-        client_cert: Some(files.client_cert.clone()),
-        client_key: Some(files.client_key.clone()),
-        tls_server_name: Some("localhost".into()),
-        json: false,
-        seed: 1,
-    };
-    let summary = sluice::bench::run(args.clone()).await.expect("bench runs");
-    assert!(summary.decisions > 0, "{summary:?}");
-    assert_eq!(summary.errors, 0, "{summary:?}");
-    assert_eq!(
-        summary.ok, summary.decisions,
-        "1000 an hour: nothing denied"
-    );
+    let path = |p: &std::path::Path| p.display().to_string();
+    let mut args: Vec<String> = [
+        "--target",
+        &format!("https://127.0.0.1:{}", running.grpc_addr().port()),
+        "--domain",
+        "tls",
+        "--descriptor",
+        "k=v{id}",
+        "--consumers",
+        "10",
+        "--concurrency",
+        "2",
+        "--connections",
+        "1",
+        "--duration",
+        "200ms",
+        "--ca-cert",
+        &path(&files.ca_cert),
+        "--tls-server-name",
+        "localhost",
+        "--seed",
+        "1",
+    ]
+    .map(String::from)
+    .to_vec();
+    let without_client_cert = args.clone();
+    args.extend([
+        "--client-cert".into(),
+        path(&files.client_cert),
+        "--client-key".into(),
+        path(&files.client_key),
+    ]);
+    let summary = crate::support::binary::bench(&args)
+        .await
+        .expect("bench runs");
+    let decisions = summary["decisions"].as_u64().expect("decisions");
+    assert!(decisions > 0, "{summary}");
+    assert_eq!(summary["errors"], 0, "{summary}");
+    assert_eq!(summary["ok"], decisions, "1000 an hour: nothing denied");
     // Without its client certificate the server refuses it.
-    let refused = sluice::bench::run(sluice::bench::BenchArgs {
-        client_cert: None,
-        client_key: None,
-        ..args
-    })
-    .await;
-    match refused {
+    match crate::support::binary::bench(&without_client_cert).await {
         Err(e) => assert!(e.contains("cannot connect"), "{e}"),
-        Ok(s) => assert!(s.decisions == 0 && s.errors > 0, "{s:?}"),
+        Ok(s) => assert!(s["decisions"] == 0 && s["errors"] != 0, "{s}"),
     }
     running.stop().await.expect("stops");
 }

@@ -177,3 +177,26 @@ pub fn refused_addr() -> (tokio::net::TcpSocket, SocketAddr) {
     let addr = socket.local_addr().expect("local addr");
     (socket, addr)
 }
+
+/// `sluice bench --json ARGS` run to its end: the summary it printed, or (when it exits
+/// non-zero) its stderr.
+pub async fn bench(args: &[String]) -> Result<serde_json::Value, String> {
+    let mut command = Command::new(BIN);
+    command.arg("bench").arg("--json").args(args);
+    for var in STRAY_ENV {
+        command.env_remove(var);
+    }
+    let out = tokio::time::timeout(CAP, command.output())
+        .await
+        .expect("sluice bench finishes")
+        .expect("sluice bench runs");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| {
+        format!(
+            "bench printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}

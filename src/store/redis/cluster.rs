@@ -233,43 +233,7 @@ async fn charge_or_undo(
         admission.add(c, o.allowed);
     }
     let admitted = first_error.is_none() && admission.admitted();
-    // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: each slot applied the rule to its own keys; if a
-    // key is over in any slot, the slots with none over (which charged every key) are undone,
-    // whether or not the request is admitted (a shadow limit over its limit admits it).
-    let stop = calls.iter().any(codec::is_stop);
-    let over: Vec<bool> = calls
-        .iter()
-        .zip(&results)
-        .map(|(c, r)| r.as_ref().is_ok_and(|v| codec::any_denied(c, v)))
-        .collect();
-    let undo_all_of_slot = |i: usize, values: &[i64]| {
-        if stop {
-            over.contains(&true) && !over[i]
-        } else {
-            // A slot that admitted wrote its charges.
-            !admitted && values.first() == Some(&1)
-        }
-    };
-    let mut undone = vec![false; calls.len()];
-    if !admitted || (stop && over.contains(&true)) {
-        for (i, ((call, r), undone)) in calls.iter().zip(&results).zip(&mut undone).enumerate() {
-            let Ok(values) = r else { continue };
-            if !undo_all_of_slot(i, values) {
-                continue;
-            }
-            let undo = codec::encode_undo(call, values);
-            if undo.keys.is_empty() {
-                continue;
-            }
-            match run_undo(script, &conn, time, &undo, timeout).await {
-                Ok(()) => *undone = true,
-                Err(e) => {
-                    common.signals.undo_failures.add(1);
-                    tracing::warn!(error = %e, keys = undo.keys.len(), "could not undo the charge of a request denied in another slot");
-                }
-            }
-        }
-    }
+    let undone = undo(&common, &conn, &calls, &results, admitted).await;
     if let Some(e) = first_error {
         return Err(e);
     }
@@ -280,6 +244,55 @@ async fn charge_or_undo(
         local: false,
         steps: groups.len(),
     })
+}
+
+/// Undoes what the slots of a request charged that must not stand; returns, per call,
+/// whether it was undone. Not admitted: every slot that admitted (and so wrote its charges).
+/// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: each slot applied the rule to its own keys; if a key
+/// is over in any slot, the slots with none over (which charged every key) are undone, whether
+/// or not the request is admitted (a shadow limit over its limit admits it).
+async fn undo(
+    common: &Common,
+    conn: &Conn,
+    calls: &[Call],
+    results: &[Result<Vec<i64>, StoreError>],
+    admitted: bool,
+) -> Vec<bool> {
+    let stop = calls.iter().any(codec::is_stop);
+    let over: Vec<bool> = calls
+        .iter()
+        .zip(results)
+        .map(|(c, r)| r.as_ref().is_ok_and(|v| codec::any_denied(c, v)))
+        .collect();
+    let any_over = over.contains(&true);
+    let mut undone = vec![false; calls.len()];
+    if admitted && !(stop && any_over) {
+        return undone;
+    }
+    for (i, ((call, r), undone)) in calls.iter().zip(results).zip(&mut undone).enumerate() {
+        let Ok(values) = r else { continue };
+        let undo_slot = if stop {
+            any_over && !over[i]
+        } else {
+            // A slot that admitted wrote its charges.
+            !admitted && values.first() == Some(&1)
+        };
+        if !undo_slot {
+            continue;
+        }
+        let undo = codec::encode_undo(call, values);
+        if undo.keys.is_empty() {
+            continue;
+        }
+        match run_undo(&common.script, conn, &common.time, &undo, common.timeout).await {
+            Ok(()) => *undone = true,
+            Err(e) => {
+                common.signals.undo_failures.add(1);
+                tracing::warn!(error = %e, keys = undo.keys.len(), "could not undo the charge of a request denied in another slot");
+            }
+        }
+    }
+    undone
 }
 
 /// Runs an undo, retrying a failed call up to [`UNDO_ATTEMPTS`] times; an undo the script
