@@ -32,10 +32,10 @@ descriptors:
 fn counter(consumer: u64) -> CounterKey {
     CounterKey {
         domain: Arc::from("bench"),
-        entries: vec![
+        entries: Arc::from(vec![
             ("resource".into(), "api".into()),
             ("consumer".into(), consumer.to_string()),
-        ],
+        ]),
         limit: Limit::fixed(1_000_000_000, Unit::Minute),
         overridden: false,
         domain_tag: false,
@@ -50,10 +50,10 @@ fn request(consumer: u64) -> RateLimitRequest {
     RateLimitRequest {
         domain: "bench".into(),
         descriptors: vec![RateLimitDescriptor {
-            entries: vec![
+            entries: Arc::from(vec![
                 entry("resource", "api".into()),
                 entry("consumer", consumer.to_string()),
-            ],
+            ]),
             ..Default::default()
         }],
         hits_addend: 0,
@@ -78,7 +78,7 @@ fn benches(c: &mut Criterion) {
             let checks = [
                 LimitCheck {
                     key: CounterKey {
-                        entries: vec![("resource".into(), "api".into())],
+                        entries: Arc::from(vec![("resource".to_string(), "api".to_string())]),
                         ..counter(0)
                     },
                     hits: 1,

@@ -9,11 +9,11 @@
 //! `--consumers`. Latencies are kept in a fixed-size log-linear histogram (no per-request
 //! allocation, bounded memory whatever the duration).
 
+use clap::Args;
 use sluice::proto::rate_limit_descriptor::Entry;
 use sluice::proto::rate_limit_response::Code;
 use sluice::proto::rate_limit_service_client::RateLimitServiceClient;
 use sluice::proto::{RateLimitDescriptor, RateLimitRequest};
-use clap::Args;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

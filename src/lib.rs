@@ -63,7 +63,9 @@ pub use store::{
 };
 
 /// Envoy's RLS v3 messages and client, as generated from the vendored protos.
-pub use proto::{rate_limit_service_client::RateLimitServiceClient, RateLimitRequest, RateLimitResponse};
+pub use proto::{
+    rate_limit_service_client::RateLimitServiceClient, RateLimitRequest, RateLimitResponse,
+};
 
 /// Go-style durations (`10s`, `1m30s`), as envoyproxy's settings spell them.
 pub use duration::parse_go as parse_duration;

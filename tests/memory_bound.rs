@@ -27,10 +27,10 @@ fn check(domain: &Arc<str>, consumer: usize) -> LimitCheck {
         key: CounterKey {
             domain: Arc::clone(domain),
             // A realistic key: a resource and a consumer id as Envoy sends them.
-            entries: vec![
+            entries: Arc::from(vec![
                 ("resource".into(), "api".into()),
                 ("consumer".into(), format!("user-{consumer:07}")),
-            ],
+            ]),
             limit: Limit::fixed(1000, Unit::Day),
             overridden: false,
             domain_tag: false,

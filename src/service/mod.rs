@@ -260,7 +260,7 @@ impl RateLimiter {
         }
         let snapshot = self.rules();
         let plan = plan(&snapshot, request, &self.options)?;
-        if plan.checks.is_empty() {
+        if plan.limits.is_empty() {
             return Ok(self.answer(request, &plan, Verdict::NoChecks));
         }
         let started = Instant::now();
@@ -268,9 +268,9 @@ impl RateLimiter {
             self.telemetry.tracer.as_ref(),
             cx,
             self.signals.backend,
-            plan.checks.len(),
+            plan.limits.len(),
         );
-        let result = self.store.decide(&plan.checks).await;
+        let result = self.store.decide(&plan.checks()).await;
         self.telemetry
             .metrics
             .store_call(started.elapsed(), result.as_ref().err());

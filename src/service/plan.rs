@@ -17,22 +17,15 @@ pub(super) enum Resolution {
     NoLimit,
     /// Only `unlimited` limits apply.
     Unlimited,
-    /// Counted limits apply: indexes into `Plan::checks` and `Plan::limits`.
+    /// Counted limits apply: indexes into `Plan::limits`.
     Limited(Vec<usize>),
 }
 
-/// How a planned check is reported in a status.
+/// One descriptor of the request: how it resolved, and what its metrics and metadata need.
 #[derive(Debug)]
-pub(super) struct Reported {
-    pub(super) name: String,
-    pub(super) limit: Limit,
-    pub(super) shadow: bool,
-}
-
-/// What metrics need of one descriptor.
-#[derive(Debug)]
-pub(super) struct DescriptorInfo {
-    /// See [`rules::Matched::stat_key`].
+pub(super) struct PlannedDescriptor {
+    pub(super) resolution: Resolution,
+    /// See [`rules::Matched::stat_key`] (empty in an unknown domain).
     pub(super) stat_key: String,
     pub(super) hits: u64,
     pub(super) refund: bool,
@@ -40,27 +33,44 @@ pub(super) struct DescriptorInfo {
     pub(super) metadata: Option<Arc<prost_types::Struct>>,
 }
 
+/// One limit of the request: the check the store decides and how a status reports it. Which
+/// descriptors it speaks for is in their [`Resolution`]s (a resource limit that several
+/// descriptors pass below is planned once and serves them all).
 #[derive(Debug)]
-pub(super) struct Plan {
-    pub(super) resolutions: Vec<Resolution>,
-    /// Parallel to `resolutions` when the domain is known; empty otherwise.
-    pub(super) descriptors: Vec<DescriptorInfo>,
-    pub(super) checks: Vec<LimitCheck>,
-    /// Parallel to `checks`.
-    pub(super) limits: Vec<Reported>,
+pub(super) struct PlannedLimit {
+    pub(super) check: LimitCheck,
+    /// The limit's `name` (empty when unnamed).
+    pub(super) name: String,
+    /// Its configured `shadow_mode`: a status reports OK for it ([`LimitCheck::shadow`] also
+    /// carries the global `SHADOW_MODE`).
+    pub(super) shadow: bool,
 }
 
-/// The `(key, value)` pairs that key a descriptor's counters.
-type CounterEntries = Vec<(String, String)>;
+/// A request laid out for the store and the response: one row per descriptor, one per limit.
+#[derive(Debug)]
+pub(super) struct Plan {
+    pub(super) descriptors: Vec<PlannedDescriptor>,
+    pub(super) limits: Vec<PlannedLimit>,
+}
 
-/// What one descriptor matched: its counter entries, candidate limits, stat key and the node's
-/// config metadata.
-type Matching<'a> = (
-    CounterEntries,
-    Vec<Candidate<'a>>,
-    String,
-    Option<Arc<prost_types::Struct>>,
-);
+impl Plan {
+    /// What the store decides: every limit's check, in plan order (the outcomes come back in
+    /// the same order). A clone shares the counter keys' entries, so it allocates one vector.
+    pub(super) fn checks(&self) -> Vec<LimitCheck> {
+        self.limits.iter().map(|l| l.check.clone()).collect()
+    }
+}
+
+/// What one descriptor matched.
+struct Matching<'a> {
+    /// The `(key, value)` pairs that key its counters.
+    entries: Vec<(String, String)>,
+    candidates: Vec<Candidate<'a>>,
+    /// See [`rules::Matched::stat_key`].
+    stat_key: String,
+    /// The matched node's config `metadata`.
+    metadata: Option<Arc<prost_types::Struct>>,
+}
 
 /// A limit before `replaces` is applied.
 struct Candidate<'a> {
@@ -84,15 +94,19 @@ pub(super) fn plan(
     options: &ServiceOptions,
 ) -> Result<Plan, RequestError> {
     let mut plan = Plan {
-        resolutions: Vec::with_capacity(request.descriptors.len()),
         descriptors: Vec::with_capacity(request.descriptors.len()),
-        checks: Vec::new(),
         limits: Vec::new(),
     };
     let Some(domain) = rules.domains.get(&request.domain) else {
         // Unknown domain: every descriptor is OK with no limit, as envoyproxy/ratelimit answers.
-        plan.resolutions
-            .extend(request.descriptors.iter().map(|_| Resolution::NoLimit));
+        plan.descriptors
+            .extend(request.descriptors.iter().map(|d| PlannedDescriptor {
+                resolution: Resolution::NoLimit,
+                stat_key: String::new(),
+                hits: 0,
+                refund: d.is_negative_hits,
+                metadata: None,
+            }));
         return Ok(plan);
     };
     // The request's hits_addend: 0 (unset) means 1.
@@ -110,7 +124,7 @@ pub(super) fn plan(
     // `replaces`: a matched limit named in another matched limit's `replaces` is dropped.
     let replaced: Vec<&str> = per_descriptor
         .iter()
-        .flat_map(|(_, cs, _, _)| cs.iter())
+        .flat_map(|m| m.candidates.iter())
         .flat_map(|c| c.replaces.iter().map(String::as_str))
         .collect();
 
@@ -123,7 +137,7 @@ pub(super) fn plan(
             .hits_addend
             .unwrap_or(request_hits)
             .min(crate::algorithm::MAX_HITS);
-        let resolution = plan.add_descriptor(
+        plan.add_descriptor(
             matching,
             &Charge {
                 hits,
@@ -134,7 +148,6 @@ pub(super) fn plan(
             },
             &mut resource_checks,
         );
-        plan.resolutions.push(resolution);
     }
     Ok(plan)
 }
@@ -193,7 +206,12 @@ fn override_matching<'a>(
         depth,
         resource: false,
     };
-    Ok((entries, vec![candidate], stat_key, None))
+    Ok(Matching {
+        entries,
+        candidates: vec![candidate],
+        stat_key,
+        metadata: None,
+    })
 }
 
 /// The config's limits for a descriptor: its node's own, then the resource limits above it.
@@ -202,7 +220,12 @@ fn config_matching<'a>(domain: &'a DomainRules, d: &RateLimitDescriptor) -> Matc
         domain,
         d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
     ) else {
-        return (Vec::new(), Vec::new(), String::new(), None);
+        return Matching {
+            entries: Vec::new(),
+            candidates: Vec::new(),
+            stat_key: String::new(),
+            metadata: None,
+        };
     };
     let depth = m.counter_entries.len();
     let own = m.node.rate_limits.iter().map(|r| (r, depth, false));
@@ -221,52 +244,62 @@ fn config_matching<'a>(domain: &'a DomainRules, d: &RateLimitDescriptor) -> Matc
             resource,
         })
         .collect();
-    (
-        m.counter_entries,
+    Matching {
+        entries: m.counter_entries,
         candidates,
-        m.stat_key,
-        m.node.metadata.clone(),
-    )
+        stat_key: m.stat_key,
+        metadata: m.node.metadata.clone(),
+    }
 }
 
 impl Plan {
-    /// Adds one descriptor's live limits as checks (a resource limit already planned for an
-    /// earlier descriptor is shared, not checked twice) and says how it resolved.
+    /// Adds one descriptor's row and its live limits (a resource limit already planned for an
+    /// earlier descriptor is shared, not checked twice).
     fn add_descriptor(
         &mut self,
-        (mut entries, candidates, stat_key, metadata): Matching<'_>,
+        matching: Matching<'_>,
+        charge: &Charge<'_>,
+        resource_checks: &mut Vec<usize>,
+    ) {
+        let resolution = self.add_limits(&matching, charge, resource_checks);
+        self.descriptors.push(PlannedDescriptor {
+            resolution,
+            stat_key: matching.stat_key,
+            hits: charge.hits,
+            refund: charge.refund,
+            metadata: matching.metadata,
+        });
+    }
+
+    fn add_limits(
+        &mut self,
+        matching: &Matching<'_>,
         charge: &Charge<'_>,
         resource_checks: &mut Vec<usize>,
     ) -> Resolution {
-        self.descriptors.push(DescriptorInfo {
-            stat_key,
-            hits: charge.hits,
-            refund: charge.refund,
-            metadata,
-        });
-        let live: Vec<&Candidate<'_>> = candidates
+        let live: Vec<&Candidate<'_>> = matching
+            .candidates
             .iter()
             .filter(|c| !c.name.is_some_and(|n| charge.replaced.contains(&n)))
             .collect();
         if live.is_empty() {
             return Resolution::NoLimit;
         }
-        let mut indexes = Vec::new();
         let envoyproxy =
             charge.domain.counting.unwrap_or(charge.options.counting) == Counting::Envoyproxy;
-        // The last limited candidate takes the entries instead of a copy.
-        let last = live
-            .iter()
-            .rposition(|c| matches!(c.quota, Quota::Limited(_)));
-        for (n, c) in live.iter().enumerate() {
+        let entries = &matching.entries;
+        // The counters keyed by all of the descriptor's entries share one list.
+        let mut full: Option<Arc<[(String, String)]>> = None;
+        let mut indexes = Vec::new();
+        for c in live {
             let Quota::Limited(limit) = c.quota else {
                 continue;
             };
             let depth = c.depth.min(entries.len());
-            let key_entries = if Some(n) == last && depth == entries.len() {
-                std::mem::take(&mut entries)
+            let key_entries = if depth == entries.len() {
+                Arc::clone(full.get_or_insert_with(|| Arc::from(entries.as_slice())))
             } else {
-                entries[..depth].to_vec()
+                Arc::from(&entries[..depth])
             };
             let key = CounterKey {
                 domain: Arc::clone(&charge.domain.name),
@@ -276,28 +309,28 @@ impl Plan {
                 domain_tag: charge.domain.domain_tag,
             };
             if c.resource {
-                if let Some(&existing) =
-                    resource_checks.iter().find(|&&i| self.checks[i].key == key)
+                if let Some(&existing) = resource_checks
+                    .iter()
+                    .find(|&&i| self.limits[i].check.key == key)
                 {
                     indexes.push(existing);
                     continue;
                 }
-                resource_checks.push(self.checks.len());
+                resource_checks.push(self.limits.len());
             }
-            indexes.push(self.checks.len());
-            self.limits.push(Reported {
+            indexes.push(self.limits.len());
+            self.limits.push(PlannedLimit {
+                check: LimitCheck {
+                    key,
+                    hits: charge.hits,
+                    refund: charge.refund,
+                    shadow: c.shadow || charge.options.global_shadow_mode,
+                    quota: c.quota_mode || charge.options.global_quota_mode,
+                    record: envoyproxy || c.record_usage,
+                    stop_over: envoyproxy && charge.options.stop_increment_when_over,
+                },
                 name: c.name.unwrap_or_default().to_string(),
-                limit,
                 shadow: c.shadow,
-            });
-            self.checks.push(LimitCheck {
-                key,
-                hits: charge.hits,
-                refund: charge.refund,
-                shadow: c.shadow || charge.options.global_shadow_mode,
-                quota: c.quota_mode || charge.options.global_quota_mode,
-                record: envoyproxy || c.record_usage,
-                stop_over: envoyproxy && charge.options.stop_increment_when_over,
             });
         }
         if indexes.is_empty() {

@@ -1,11 +1,10 @@
-//! What a finished decision feeds besides the response: per-descriptor metrics, the offenders
-//! view, the rate-limit headers and the response's dynamic metadata. Runs after [`super::respond`]
-//! built the statuses, so the decision itself never waits on any of it.
+//! What a finished decision feeds besides the response: the per-descriptor metrics and the
+//! offenders view. Runs after [`super::respond`] built the response, so the decision itself
+//! never waits on any of it.
 
 use super::plan::Plan;
-use super::respond::{build_response, Judged, Verdict};
-use super::{dynamic_metadata, headers, RateLimiter};
-use crate::proto::rate_limit_response::Code;
+use super::respond::{respond, Judged, Verdict};
+use super::RateLimiter;
 use crate::proto::{RateLimitRequest, RateLimitResponse};
 use crate::store::Decision;
 use crate::telemetry::metrics::DescriptorHits;
@@ -18,50 +17,9 @@ impl RateLimiter {
         plan: &Plan,
         verdict: Verdict<'_>,
     ) -> RateLimitResponse {
-        let (mut response, judged) = build_response(plan, verdict, &self.options);
-        let decided = match verdict {
-            Verdict::Decided(d) => Some(d),
-            Verdict::NoChecks | Verdict::StoreFailed(_) => None,
-        };
-        if let Some(decision) = decided {
+        let (response, judged) = respond(request, plan, verdict, &self.options);
+        if let Verdict::Decided(decision) = verdict {
             self.count(request, plan, decision, &judged);
-        }
-        if let (Some(opts), Some(decision)) = (&self.options.headers, decided) {
-            let states: Vec<headers::LimitState<'_>> = plan
-                .limits
-                .iter()
-                .zip(&plan.checks)
-                .zip(&decision.outcomes)
-                .filter(|((_, c), _)| !c.shadow && !c.refund)
-                .map(|((r, _), o)| headers::LimitState {
-                    name: &r.name,
-                    limit: &r.limit,
-                    remaining: o.remaining,
-                    reset: o.reset,
-                    denied_retry_after: (!o.allowed).then_some(o.retry_after),
-                })
-                .collect();
-            let over = response.overall_code == Code::OverLimit as i32;
-            response.response_headers_to_add = headers::headers(opts, &states, over)
-                .into_iter()
-                .map(
-                    |(key, value)| crate::proto::envoy::config::core::v3::HeaderValue {
-                        key,
-                        value,
-                        ..Default::default()
-                    },
-                )
-                .collect();
-        }
-        if self.options.response_dynamic_metadata {
-            // Passed: answered OK under a limit (envoyproxy's "passed descriptors").
-            let passed = response
-                .statuses
-                .iter()
-                .zip(&plan.descriptors)
-                .filter(|(st, _)| st.code == Code::Ok as i32 && st.current_limit.is_some())
-                .filter_map(|(_, info)| info.metadata.as_deref());
-            response.dynamic_metadata = Some(dynamic_metadata::build(request, passed));
         }
         response
     }
@@ -84,7 +42,7 @@ impl RateLimiter {
             let reported = &plan.limits[j.index];
             let near = !j.over_limit
                 && j.outcome.is_some_and(|o| {
-                    let limit = u64::from(reported.limit.requests_per_unit);
+                    let limit = u64::from(reported.check.key.limit.requests_per_unit);
                     let used = limit.saturating_sub(u64::from(o.remaining));
                     // As envoyproxy/ratelimit: past floor(limit * ratio), strictly.
                     used as f64 > (limit as f64 * self.options.near_limit_ratio).floor()

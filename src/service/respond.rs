@@ -1,10 +1,14 @@
 //! The last step: fold the store's outcomes (or a failure mode's answer) into the
-//! `RateLimitResponse` Envoy reads. Pure: the same plan and verdict give the same response.
+//! `RateLimitResponse` Envoy reads, in one step from the plan's rows: statuses, the overall
+//! code, the rate-limit headers (`headers.rs` formats them) and the dynamic metadata
+//! (`dynamic_metadata.rs`). Pure: the same plan and verdict give the same response.
 
-use super::plan::{Plan, Resolution};
-use super::{FailureMode, ServiceOptions};
+use super::plan::{Plan, PlannedLimit, Resolution};
+use super::{dynamic_metadata, headers, FailureMode, ServiceOptions};
 use crate::config::{Limit, Unit};
+use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::rate_limit_response::{self, rate_limit, Code, DescriptorStatus};
+use crate::proto::RateLimitRequest;
 use crate::proto::RateLimitResponse;
 use crate::store::{Admission, Decision, Outcome};
 use std::time::Duration;
@@ -77,7 +81,7 @@ pub(super) enum Verdict<'a> {
 /// How a limited descriptor was judged, for metrics.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Judged {
-    /// Index of the limit that speaks for the descriptor (into `Plan::checks`).
+    /// Index of the limit that speaks for the descriptor (into `Plan::limits`).
     pub(super) index: usize,
     pub(super) outcome: Option<Outcome>,
     /// Some limit of the descriptor (enforced or shadow) denied it.
@@ -86,33 +90,76 @@ pub(super) struct Judged {
     pub(super) shadow: bool,
 }
 
-/// The response for `plan` under `verdict`, and how each limited descriptor was judged (for
-/// metrics).
-pub(super) fn build_response(
+/// The response to `request` for `plan` under `verdict`, and how each limited descriptor was
+/// judged (for metrics).
+pub(super) fn respond(
+    request: &RateLimitRequest,
     plan: &Plan,
     verdict: Verdict<'_>,
     options: &ServiceOptions,
 ) -> (RateLimitResponse, Vec<Option<Judged>>) {
-    let (statuses, judgements) = plan
-        .resolutions
+    let (statuses, judgements): (Vec<DescriptorStatus>, _) = plan
+        .descriptors
         .iter()
-        .map(|r| match r {
+        .map(|d| match &d.resolution {
             Resolution::NoLimit => (ok_status(0), None),
             Resolution::Unlimited => (ok_status(u32::MAX), None),
             Resolution::Limited(indexes) => limited_status(plan, indexes, verdict),
         })
         .unzip();
-    let overall = if !admitted(plan, verdict) && !options.global_shadow_mode {
-        Code::OverLimit
-    } else {
-        Code::Ok
+    let over = !admitted(plan, verdict) && !options.global_shadow_mode;
+    let overall = if over { Code::OverLimit } else { Code::Ok };
+    let response_headers_to_add = match (&options.headers, verdict) {
+        (Some(opts), Verdict::Decided(d)) => rate_limit_headers(opts, &plan.limits, d, over),
+        _ => Vec::new(),
     };
+    // Passed: answered OK under a limit (envoyproxy's "passed descriptors").
+    let dynamic_metadata = options.response_dynamic_metadata.then(|| {
+        let passed = statuses
+            .iter()
+            .zip(&plan.descriptors)
+            .filter(|(st, _)| st.code == Code::Ok as i32 && st.current_limit.is_some())
+            .filter_map(|(_, d)| d.metadata.as_deref());
+        dynamic_metadata::build(request, passed)
+    });
     let response = RateLimitResponse {
         overall_code: overall as i32,
         statuses,
+        response_headers_to_add,
+        dynamic_metadata,
         ..Default::default()
     };
     (response, judgements)
+}
+
+/// The rate-limit headers of a decided request, from its enforced limits (shadow limits and
+/// refunds say nothing about what the caller may send).
+fn rate_limit_headers(
+    opts: &headers::HeaderOptions,
+    limits: &[PlannedLimit],
+    decision: &Decision,
+    over: bool,
+) -> Vec<HeaderValue> {
+    let states: Vec<headers::LimitState<'_>> = limits
+        .iter()
+        .zip(&decision.outcomes)
+        .filter(|(l, _)| !l.check.shadow && !l.check.refund)
+        .map(|(l, o)| headers::LimitState {
+            name: &l.name,
+            limit: &l.check.key.limit,
+            remaining: o.remaining,
+            reset: o.reset,
+            denied_retry_after: (!o.allowed).then_some(o.retry_after),
+        })
+        .collect();
+    headers::headers(opts, &states, over)
+        .into_iter()
+        .map(|(key, value)| HeaderValue {
+            key,
+            value,
+            ..Default::default()
+        })
+        .collect()
 }
 
 /// OK with no limit attached (`remaining` is `u32::MAX` for an `unlimited` limit).
@@ -166,7 +213,7 @@ fn limited_status(
     let reported = &plan.limits[i];
     let status = DescriptorStatus {
         code: code as i32,
-        current_limit: Some(describe_limit(&reported.name, &reported.limit)),
+        current_limit: Some(describe_limit(&reported.name, &reported.check.key.limit)),
         limit_remaining: outcome.map_or(0, |o| o.remaining),
         duration_until_reset: outcome.map(|o| to_proto_duration(o.reset)),
         quota: None,
@@ -182,8 +229,8 @@ fn admitted(plan: &Plan, verdict: Verdict<'_>) -> bool {
         Verdict::NoChecks => true,
         Verdict::StoreFailed(mode) => {
             let mut admission = Admission::default();
-            for c in &plan.checks {
-                admission.add(c, mode == FailureMode::Allow);
+            for l in &plan.limits {
+                admission.add(&l.check, mode == FailureMode::Allow);
             }
             admission.admitted()
         }

@@ -615,7 +615,10 @@ mod tests {
     fn entry_size_counts_the_key_strings() {
         let k = CounterKey {
             domain: Arc::from("dom"),
-            entries: vec![("ab".into(), "cde".into()), ("f".into(), String::new())],
+            entries: Arc::from(vec![
+                ("ab".to_string(), "cde".to_string()),
+                ("f".to_string(), String::new()),
+            ]),
             limit: crate::config::Limit::fixed(1, Unit::Second),
             overridden: false,
             domain_tag: false,

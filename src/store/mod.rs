@@ -37,7 +37,9 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CounterKey {
     pub domain: Arc<str>,
-    pub entries: Vec<(String, String)>,
+    /// Shared: the checks of one descriptor share one list, and cloning a check (the plan
+    /// hands the store its own copy) costs no allocation.
+    pub entries: Arc<[(String, String)]>,
     pub limit: Limit,
     /// True when the limit came from the request's `limit` override.
     pub overridden: bool,
@@ -176,7 +178,7 @@ impl LimitCheck {
         LimitCheck {
             key: CounterKey {
                 domain: Arc::from(domain),
-                entries: vec![("k".into(), value.into())],
+                entries: Arc::from(vec![("k".to_string(), value.to_string())]),
                 limit,
                 overridden: false,
                 domain_tag: false,

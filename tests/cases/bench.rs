@@ -59,7 +59,11 @@ async fn bench_counts_every_answer_exactly() {
         let decisions = count(&summary, "decisions");
         assert_eq!(count(&summary, "errors"), 0, "{summary}");
         assert!(decisions >= 5, "{summary}");
-        assert_eq!(count(&summary, "ok"), 5, "exactly the limit admitted: {summary}");
+        assert_eq!(
+            count(&summary, "ok"),
+            5,
+            "exactly the limit admitted: {summary}"
+        );
         assert_eq!(count(&summary, "over_limit"), decisions - 5, "{summary}");
         let (p50, p99, max) = (
             count(&summary, "p50_us"),

@@ -238,7 +238,7 @@ async fn memory_and_redis_decide_identically_for_every_algorithm() {
             let refund = rng.below(10) == 0;
             let key = |entries: Vec<(String, String)>, l: Limit| CounterKey {
                 domain: Arc::clone(&domain),
-                entries,
+                entries: entries.into(),
                 limit: l,
                 overridden: false,
                 domain_tag: false,
@@ -314,10 +314,10 @@ async fn measure_redis_memory_per_counter() {
         let check = LimitCheck {
             key: CounterKey {
                 domain: Arc::from("mem"),
-                entries: vec![
+                entries: Arc::from(vec![
                     ("resource".into(), "calc".into()),
                     ("consumer".into(), "alice".into()),
-                ],
+                ]),
                 limit: l,
                 overridden: false,
                 domain_tag: false,

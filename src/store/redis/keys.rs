@@ -141,7 +141,8 @@ mod tests {
             entries: entries
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+                .collect::<Vec<_>>()
+                .into(),
             limit: Limit::fixed(rpu, unit),
             overridden: o,
             domain_tag: false,
@@ -227,7 +228,7 @@ mod tests {
             .prop_map(
                 |(d, entries, rpu, period, algorithm, burst, (o, domain_tag))| CounterKey {
                     domain: Arc::from(d.as_str()),
-                    entries,
+                    entries: entries.into(),
                     limit: Limit {
                         requests_per_unit: rpu,
                         period,
@@ -262,8 +263,10 @@ mod tests {
             rpu in 0u32..1000,
         ) {
             let mut other = base.clone();
-            other.entries.truncate(1);
-            other.entries.extend(extra);
+            let mut entries = other.entries.to_vec();
+            entries.truncate(1);
+            entries.extend(extra);
+            other.entries = entries.into();
             other.limit.requests_per_unit = rpu;
             prop_assert_eq!(slot(&counter_key("p:", &base)), slot(&counter_key("p:", &other)));
             // The tag Redis sees is exactly the encoded domain + first entry.
