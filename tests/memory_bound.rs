@@ -65,7 +65,8 @@ async fn a_flood_of_distinct_keys_stays_within_the_cap_and_its_bytes() {
     // One check, its consumer id rewritten in place: the loop allocates nothing of its own.
     let mut c = [check(&domain, 0)];
     for i in 0..KEYS {
-        let id = &mut c[0].key.entries[1].1;
+        let entries = Arc::get_mut(&mut c[0].key.entries).expect("the only copy");
+        let id = &mut entries[1].1;
         id.clear();
         write!(id, "user-{i:07}").expect("write");
         let d = store.decide(&c).await.expect("decide");

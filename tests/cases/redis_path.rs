@@ -578,10 +578,9 @@ async fn batched_requests_answer_as_if_decided_one_by_one() {
     let per_consumer = limit(8, "1h", Algorithm::FixedWindow);
     let checks = |i: usize| {
         let mut consumer = ck("shared", per_consumer, 1);
-        consumer
-            .key
-            .entries
-            .push(("c".into(), format!("{}", i % 10)));
+        let mut entries = consumer.key.entries.to_vec();
+        entries.push(("c".into(), format!("{}", i % 10)));
+        consumer.key.entries = entries.into();
         vec![ck("shared", shared, 1), consumer]
     };
     // Loads the script, on a counter of its own.

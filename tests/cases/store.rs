@@ -224,7 +224,9 @@ test_with_all_stores!(
         ];
         for v in values {
             let mut c = check(v, 1, Unit::Hour, 1);
-            c.key.entries.push(("consumer".into(), format!("{v}|{v}")));
+            let mut entries = c.key.entries.to_vec();
+            entries.push(("consumer".into(), format!("{v}|{v}")));
+            c.key.entries = entries.into();
             let d = store
                 .decide(std::slice::from_ref(&c))
                 .await
