@@ -50,10 +50,10 @@ fn request(consumer: u64) -> RateLimitRequest {
     RateLimitRequest {
         domain: "bench".into(),
         descriptors: vec![RateLimitDescriptor {
-            entries: Arc::from(vec![
+            entries: vec![
                 entry("resource", "api".into()),
                 entry("consumer", consumer.to_string()),
-            ]),
+            ],
             ..Default::default()
         }],
         hits_addend: 0,

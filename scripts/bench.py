@@ -148,6 +148,14 @@ def run_one(system, workload, args, tmp):
     return result
 
 
+def summarise(values, stat):
+    if stat == "median":
+        v = sorted(values)
+        n = len(v)
+        return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+    return sum(values) / len(values)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--store", choices=["redis", "memory"], default="redis")
@@ -160,6 +168,8 @@ def main():
     p.add_argument("--connections", type=int, default=4)
     p.add_argument("--consumers", type=int, default=10000)
     p.add_argument("--json", help="also write every run to this file")
+    p.add_argument("--stat", choices=["mean", "median"], default="mean",
+                   help="how the rounds of one system are summarised")
     p.add_argument("--config", help="sluice rules directory for every sluice variant")
     p.add_argument("--variant", action="append", default=[],
                    help="NAME=PATH: another sluice binary to run as system NAME (list it in --systems)")
@@ -183,21 +193,24 @@ def main():
                           f"slowlog {r.get('redis_slowlog', '-')}", flush=True)
     print()
     print(f"store={args.store}  concurrency={args.concurrency}  connections={args.connections}  "
-          f"consumers={args.consumers}  {args.duration}s x {args.rounds} rounds (means)")
+          f"consumers={args.consumers}  {args.duration}s x {args.rounds} rounds ({args.stat}s)")
     keys = [("decisions_per_s", "decisions/s"), ("p99_us", "p99 us"),
             ("server_cpu_us", "server CPU us/decision"), ("redis_cpu_us", "Redis CPU us/decision")]
     for workload in args.workloads.split(","):
         mean = {}
         for system in systems:
             rs = [r for r in runs if r["system"] == system and r["workload"] == workload]
-            mean[system] = {k: sum(r[k] for r in rs) / len(rs) for k, _ in keys}
+            mean[system] = {k: summarise([r[k] for r in rs], args.stat) for k, _ in keys}
+        # The ratio sluice / the second system named (Limitador by default, or a variant).
+        other = next((s for s in systems if s != "sluice"), None)
+        ratio = "sluice" in systems and other is not None
         print(f"\n{workload}")
         print(f"  {'figure':24}" + "".join(f"{s:>12}" for s in systems) +
-              ("   sluice/limitador" if {"sluice", "limitador"} <= set(systems) else ""))
+              (f"   sluice/{other}" if ratio else ""))
         for k, label in keys:
             line = f"  {label:24}" + "".join(f"{mean[s][k]:12.1f}" for s in systems)
-            if {"sluice", "limitador"} <= set(systems) and mean["limitador"][k]:
-                line += f"   {mean['sluice'][k] / mean['limitador'][k]:.2f}x"
+            if ratio and mean[other][k]:
+                line += f"   {mean['sluice'][k] / mean[other][k]:.3f}x"
             print(line)
     if args.json:
         with open(args.json, "w") as f:

@@ -261,24 +261,30 @@ impl Plan {
         charge: &Charge<'_>,
         resource_checks: &mut Vec<usize>,
     ) {
-        let resolution = self.add_limits(&matching, charge, resource_checks);
+        let Matching {
+            entries,
+            candidates,
+            stat_key,
+            metadata,
+        } = matching;
+        let resolution = self.add_limits(entries, &candidates, charge, resource_checks);
         self.descriptors.push(PlannedDescriptor {
             resolution,
-            stat_key: matching.stat_key,
+            stat_key,
             hits: charge.hits,
             refund: charge.refund,
-            metadata: matching.metadata,
+            metadata,
         });
     }
 
     fn add_limits(
         &mut self,
-        matching: &Matching<'_>,
+        entries: Vec<(String, String)>,
+        candidates: &[Candidate<'_>],
         charge: &Charge<'_>,
         resource_checks: &mut Vec<usize>,
     ) -> Resolution {
-        let live: Vec<&Candidate<'_>> = matching
-            .candidates
+        let live: Vec<&Candidate<'_>> = candidates
             .iter()
             .filter(|c| !c.name.is_some_and(|n| charge.replaced.contains(&n)))
             .collect();
@@ -287,19 +293,19 @@ impl Plan {
         }
         let envoyproxy =
             charge.domain.counting.unwrap_or(charge.options.counting) == Counting::Envoyproxy;
-        let entries = &matching.entries;
-        // The counters keyed by all of the descriptor's entries share one list.
-        let mut full: Option<Arc<[(String, String)]>> = None;
+        // The counters keyed by all of the descriptor's entries share one list (the entries
+        // moved in, not copied); a resource limit above the last node takes a copy of a prefix.
+        let full: Arc<[(String, String)]> = Arc::from(entries);
         let mut indexes = Vec::new();
         for c in live {
             let Quota::Limited(limit) = c.quota else {
                 continue;
             };
-            let depth = c.depth.min(entries.len());
-            let key_entries = if depth == entries.len() {
-                Arc::clone(full.get_or_insert_with(|| Arc::from(entries.as_slice())))
+            let depth = c.depth.min(full.len());
+            let key_entries = if depth == full.len() {
+                Arc::clone(&full)
             } else {
-                Arc::from(&entries[..depth])
+                Arc::from(&full[..depth])
             };
             let key = CounterKey {
                 domain: Arc::clone(&charge.domain.name),

@@ -76,7 +76,9 @@ impl Cli {
                 };
             }
         }
-        Parsed::Cli(Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()))
+        Parsed::Cli(Box::new(
+            Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()),
+        ))
     }
 
     /// The command to run, with `serve` as the default.
@@ -89,7 +91,7 @@ impl Cli {
 /// What the command line asked for (see [`Cli::parse_args_with`]).
 #[derive(Debug)]
 pub enum Parsed {
-    Cli(Cli),
+    Cli(Box<Cli>),
     /// A subcommand the binary added, by name, with its own matches.
     Extra {
         name: String,

@@ -85,17 +85,18 @@ const REGRESSION_SEEDS: [u64; 6] = [
     1_795_491_040_869_275_339,
     1_795_491_127_042_725_332,
 ];
-/// KNOWN differences between memory (and standalone Redis) and Cluster, all on requests that span
-/// slots, each a shape [`known_cluster_difference`] names:
-/// - an all_or_nothing request that refunds (not recording) and spans slots: the refund waits
-///   for the verdict (a refund applied in one slot could not be taken back exactly if another
-///   slot denied), so a later check of the request on the refunded counter does not see it
-///   (1795491180310110749: denied on Cluster, admitted elsewhere), and a denied request
-///   reports the refunded counter as it stands, not as the refund would leave it
-///   (1795491300476300946: a sliding_log's reset 1 s apart);
-/// - STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT with two checks of one request on one counter:
-///   Cluster reports what the counter holds after the request, memory and standalone Redis what
-///   each check saw (1795491385093329822: `remaining` 1 and 1 vs 3 and 0).
+// KNOWN differences between memory (and standalone Redis) and Cluster, all on requests that span
+// slots, each a shape [`known_cluster_difference`] names:
+// - an all_or_nothing request that refunds (not recording) and spans slots: the refund waits
+//   for the verdict (a refund applied in one slot could not be taken back exactly if another
+//   slot denied), so a later check of the request on the refunded counter does not see it
+//   (1795491180310110749: denied on Cluster, admitted elsewhere), and a denied request
+//   reports the refunded counter as it stands, not as the refund would leave it
+//   (1795491300476300946: a sliding_log's reset 1 s apart);
+// - STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT with two checks of one request on one counter:
+//   Cluster reports what the counter holds after the request, memory and standalone Redis what
+//   each check saw (1795491385093329822: `remaining` 1 and 1 vs 3 and 0).
+
 /// Requests per sequence.
 const STEPS: usize = 120;
 
