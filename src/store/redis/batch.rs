@@ -1,9 +1,9 @@
 //! Script calls: how a call is laid out ([`Call`]), run with its timeout, and how concurrent
 //! standalone decisions are batched into one EVALSHA by the batcher task.
 
-use super::codec::{self, Call};
+use super::classify;
+use super::codec::{self, Call, ScriptTime};
 use super::conn::{Conn, Manager};
-use super::{classify, ScriptTime};
 use crate::store::StoreError;
 use redis::Script;
 use std::sync::Arc;

@@ -3,9 +3,10 @@
 //! exactly (the same window, the same sorted-set entry, only the limits that were written).
 
 use super::batch::run;
+use super::codec::ScriptTime;
 use super::codec::{self, Call};
 use super::conn::Conn;
-use super::{classify, keys, Common, RedisSettings, ScriptTime, DENIED, UNDO_ATTEMPTS};
+use super::{classify, keys, Common, RedisSettings, DENIED, UNDO_ATTEMPTS};
 use crate::store::{Admission, Decision, LimitCheck, Outcome, StoreError};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -275,7 +276,7 @@ async fn undo(
             any_over && !over[i]
         } else {
             // A slot that admitted wrote its charges.
-            !admitted && values.first() == Some(&1)
+            !admitted && codec::admitted(values)
         };
         if !undo_slot {
             continue;

@@ -1,13 +1,59 @@
 //! The one place that knows `decide.lua`'s KEYS, ARGV and reply layout (documented at the top
-//! of the script, next to which this file is kept in step): encoding a whole request, one slot
-//! of a request, an undo, and a batch of requests (the general and the packed layouts), and
-//! decoding the replies. The rest of the Redis store speaks in `LimitCheck`s and `Outcome`s.
+//! of the script, next to which this file is kept in step): the script's text (its TTL jitter and
+//! test-only time line), the time argument, encoding a whole request, one slot of a request, an
+//! undo, and a batch of requests (the general and the packed layouts), and decoding the
+//! replies. The rest of the Redis store speaks in `LimitCheck`s and `Outcome`s.
 
 use crate::algorithm::MAX_COUNT;
 use crate::store::{CounterKey, LimitCheck, Outcome, StoreError};
 use redis::{Script, ScriptInvocation};
 use std::collections::HashMap;
 use std::time::Duration;
+#[cfg(any(test, feature = "test-util"))]
+use {crate::clock::Clock, std::sync::Arc};
+
+/// The decision script; KEYS/ARGV are documented at its top.
+pub(super) const DECIDE_LUA: &str = include_str!("decide.lua");
+
+/// `decide.lua` with its TTL jitter set (the script's `JITTER_MS` line).
+pub(super) fn decide_script(jitter: Duration) -> String {
+    let ms = u64::try_from(jitter.as_millis()).unwrap_or(u64::MAX);
+    let script = DECIDE_LUA.replacen(
+        "local JITTER_MS = 0\n",
+        &format!("local JITTER_MS = {ms}\n"),
+        1,
+    );
+    // Outside `test-util` builds the script has no time override: it always decides on the
+    // server's clock, whatever ARGV[1] holds.
+    #[cfg(not(any(test, feature = "test-util")))]
+    let script = script.replacen(TIME_OVERRIDE_LUA, "", 1);
+    script
+}
+
+/// decide.lua's test-only time override (ARGV[1]), one line so builds without `test-util` can
+/// drop it.
+#[cfg_attr(any(test, feature = "test-util"), allow(dead_code))]
+const TIME_OVERRIDE_LUA: &str =
+    "if ARGV[1] ~= '' then now = tonumber(ARGV[1]); slack = 3600000 end -- test-util\n";
+
+/// The time the script decides on: Redis `TIME`, always, outside `test-util` builds; a test's
+/// manual clock with it.
+#[derive(Debug, Clone, Default)]
+pub(super) struct ScriptTime {
+    #[cfg(any(test, feature = "test-util"))]
+    pub(super) clock: Option<Arc<dyn Clock>>,
+}
+
+impl ScriptTime {
+    /// ARGV[1]: "" (the script reads Redis `TIME`), or the test clock's time.
+    pub(super) fn arg(&self) -> String {
+        #[cfg(any(test, feature = "test-util"))]
+        if let Some(c) = &self.clock {
+            return c.now().as_micros().to_string();
+        }
+        String::new()
+    }
+}
 
 /// Script arguments per limit (see the top of `decide.lua`); an undo call adds the token.
 pub(super) const ARGS_PER_KEY: usize = 4;
@@ -170,6 +216,11 @@ pub(super) fn encode_undo(call: &Call, values: &[i64]) -> Call {
         }
     }
     undo
+}
+
+/// Whether a call's reply says it admitted (and so wrote its charges).
+pub(super) fn admitted(values: &[i64]) -> bool {
+    values.first() == Some(&1)
 }
 
 /// Folds one call's reply into `outcomes` (at `idx`); returns whether the call admitted.
@@ -509,5 +560,23 @@ impl<'a> Packed<'a> {
             }
         }
         a
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_time_override_is_one_line_a_release_build_removes() {
+        assert_eq!(DECIDE_LUA.matches(TIME_OVERRIDE_LUA).count(), 1);
+        let without = DECIDE_LUA.replacen(TIME_OVERRIDE_LUA, "", 1);
+        let reads = without
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("--"))
+            .filter(|l| l.contains("ARGV[1]"))
+            .count();
+        assert_eq!(reads, 0, "no other line reads the override");
+        assert!(without.contains("redis.call('TIME')"));
     }
 }

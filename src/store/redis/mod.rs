@@ -16,7 +16,7 @@ mod settings;
 mod standalone;
 
 use cluster::Cluster;
-use codec::Call;
+use codec::{decide_script, Call, ScriptTime};
 use conn::Conn;
 use settings::is_tls;
 pub use settings::{
@@ -34,30 +34,6 @@ use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// The decision script; KEYS/ARGV are documented at its top.
-pub const DECIDE_LUA: &str = include_str!("decide.lua");
-
-/// `decide.lua` with its TTL jitter set (the script's `JITTER_MS` line).
-fn decide_script(jitter: Duration) -> String {
-    let ms = u64::try_from(jitter.as_millis()).unwrap_or(u64::MAX);
-    let script = DECIDE_LUA.replacen(
-        "local JITTER_MS = 0\n",
-        &format!("local JITTER_MS = {ms}\n"),
-        1,
-    );
-    // Outside `test-util` builds the script has no time override: it always decides on the
-    // server's clock, whatever ARGV[1] holds.
-    #[cfg(not(any(test, feature = "test-util")))]
-    let script = script.replacen(TIME_OVERRIDE_LUA, "", 1);
-    script
-}
-
-/// decide.lua's test-only time override (ARGV[1]), one line so builds without `test-util` can
-/// drop it.
-#[cfg_attr(any(test, feature = "test-util"), allow(dead_code))]
-const TIME_OVERRIDE_LUA: &str =
-    "if ARGV[1] ~= '' then now = tonumber(ARGV[1]); slack = 3600000 end -- test-util\n";
 
 /// Counters in Redis: the backend for the settings' kind, and what both backends share.
 pub struct RedisStore {
@@ -222,25 +198,6 @@ const DENIED: Outcome = Outcome {
     retry_after: Duration::ZERO,
 };
 
-/// The time the script decides on: Redis `TIME`, always, outside `test-util` builds; a test's
-/// manual clock with it.
-#[derive(Debug, Clone, Default)]
-struct ScriptTime {
-    #[cfg(any(test, feature = "test-util"))]
-    clock: Option<Arc<dyn Clock>>,
-}
-
-impl ScriptTime {
-    /// ARGV[1]: "" (the script reads Redis `TIME`), or the test clock's time.
-    fn arg(&self) -> String {
-        #[cfg(any(test, feature = "test-util"))]
-        if let Some(c) = &self.clock {
-            return c.now().as_micros().to_string();
-        }
-        String::new()
-    }
-}
-
 impl CounterStore for RedisStore {
     fn decide<'a>(
         &'a self,
@@ -284,23 +241,5 @@ fn classify(e: RedisError) -> StoreError {
         StoreError::Transient(format!("Redis: {e}"))
     } else {
         StoreError::Permanent(format!("Redis: {e}"))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_time_override_is_one_line_a_release_build_removes() {
-        assert_eq!(DECIDE_LUA.matches(TIME_OVERRIDE_LUA).count(), 1);
-        let without = DECIDE_LUA.replacen(TIME_OVERRIDE_LUA, "", 1);
-        let reads = without
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("--"))
-            .filter(|l| l.contains("ARGV[1]"))
-            .count();
-        assert_eq!(reads, 0, "no other line reads the override");
-        assert!(without.contains("redis.call('TIME')"));
     }
 }
