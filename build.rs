@@ -7,15 +7,20 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
-    let rls = protox::compile(["envoy/service/ratelimit/v3/rls.proto"], ["proto"])?;
+    let served = [
+        "envoy/service/ratelimit/v3/rls.proto",
+        "envoy/service/rate_limit_quota/v3/rlqs.proto",
+    ];
+    let rls = protox::compile(served, ["proto"])?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
-    // Reflection and `/json` describe only the service sluice serves.
+    // Reflection and `/json` describe only the services sluice serves (RLS and RLQS).
     std::fs::write(out.join("rls_descriptor.bin"), rls.encode_to_vec())?;
     // The code: the rate-limit service, plus the ADS stream and envoyproxy/ratelimit's
     // `RateLimitConfig` that config over xDS (`CONFIG_TYPE=GRPC_XDS_SOTW`) speaks.
     let all = protox::compile(
         [
             "envoy/service/ratelimit/v3/rls.proto",
+            "envoy/service/rate_limit_quota/v3/rlqs.proto",
             "envoy/service/discovery/v3/ads.proto",
             "ratelimit/config/ratelimit/v3/rls_conf.proto",
         ],

@@ -35,6 +35,8 @@ mod duration;
 mod pem;
 #[doc(hidden)]
 pub mod proto;
+#[doc(hidden)]
+pub mod quota;
 mod rules;
 #[doc(hidden)]
 pub mod server;

@@ -5,6 +5,8 @@
 
 /// Full gRPC name of the RLS service, as health checks, reflection and spans name it.
 pub const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
+/// Full gRPC name of the Rate Limit Quota Service.
+pub const RLQS_SERVICE_NAME: &str = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService";
 
 /// Encoded `FileDescriptorSet` of `rls.proto` and its imports: feeds gRPC reflection and the
 /// protojson transcoding of `POST /json`.
@@ -45,6 +47,14 @@ pub mod envoy {
         pub mod ratelimit {
             pub mod v3 {
                 include!(concat!(env!("OUT_DIR"), "/envoy.service.ratelimit.v3.rs"));
+            }
+        }
+        pub mod rate_limit_quota {
+            pub mod v3 {
+                include!(concat!(
+                    env!("OUT_DIR"),
+                    "/envoy.service.rate_limit_quota.v3.rs"
+                ));
             }
         }
     }

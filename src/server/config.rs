@@ -23,8 +23,14 @@ pub const HEALTH_SERVICE_NAME: &str = "ratelimit";
 /// Default time between two probes of the counter store by the health task.
 pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 
-/// The gRPC health services sluice reports: the server (""), envoyproxy's name, and the RLS.
-pub(super) const HEALTH_SERVICES: [&str; 3] = ["", HEALTH_SERVICE_NAME, grpc::RLS_SERVICE_NAME];
+/// The gRPC health services sluice reports: the server (""), envoyproxy's name, the RLS and
+/// the RLQS.
+pub(super) const HEALTH_SERVICES: [&str; 4] = [
+    "",
+    HEALTH_SERVICE_NAME,
+    grpc::RLS_SERVICE_NAME,
+    crate::proto::RLQS_SERVICE_NAME,
+];
 
 /// envoyproxy's stats (`USE_STATSD`, `USE_PROMETHEUS`): see `telemetry/envoy_stats.rs`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,6 +15,7 @@ mod plan;
 mod report;
 mod respond;
 mod status;
+mod usage;
 mod validate;
 
 pub use crate::telemetry::spans::Edge;
@@ -22,6 +23,7 @@ pub use error::RequestError;
 pub use options::{FailureMode, RequestCaps, ServiceOptions, DEFAULT_NEAR_LIMIT_RATIO};
 pub use respond::{describe_limit, response_unit};
 pub use status::{ConfigStatus, ReloadOutcome};
+pub use usage::Recorded;
 
 use crate::config::RuleSet;
 use crate::proto::rate_limit_response::Code;
