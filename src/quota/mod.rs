@@ -58,6 +58,9 @@ impl Default for QuotaSettings {
 /// How recent a stream's demand must be to count in another stream's share.
 const DEMAND_FRESH: Duration = Duration::from_secs(15);
 
+/// Per stream id: its demand (requests per second; `None` until measured) and when it came.
+type StreamDemands = HashMap<u64, (Option<f64>, Instant)>;
+
 /// The RLQS gRPC service around the one `RateLimiter` (its rules and store).
 #[derive(Debug, Clone)]
 pub struct QuotaService {
@@ -70,7 +73,7 @@ struct Shared {
     settings: QuotaSettings,
     /// Per counter, per stream: the demand it measured (requests per second, `None` until a
     /// second report measures it) and when.
-    demand: Mutex<HashMap<CounterKey, HashMap<u64, (Option<f64>, Instant)>>>,
+    demand: Mutex<HashMap<CounterKey, StreamDemands>>,
     next_stream: AtomicU64,
 }
 

@@ -64,6 +64,7 @@ mod redis_faults;
 mod redis_path;
 mod redis_support;
 mod reload;
+mod rlqs;
 mod semantics;
 mod sentinel;
 mod shutdown;
