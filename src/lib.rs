@@ -9,7 +9,8 @@
 //!
 //! ```text
 //! app        composition root: settings -> store stack, telemetry, RateLimiter -> ServerConfig
-//! server     gRPC (RLS, health, reflection) and HTTP admin around one RateLimiter; drain
+//! server     gRPC (RLS, RLQS, health, reflection) and HTTP admin around one RateLimiter
+//! quota      the Rate Limit Quota Service: buckets -> descriptors, shares, assignments
 //! service    one request: validate -> plan (rules) -> store.decide -> respond
 //! rules      descriptors -> the limits that apply (hierarchy, wildcards)
 //! store      CounterStore (decide, probe): memory, Redis (standalone | Cluster), and the
