@@ -10,7 +10,8 @@
 //! - The token bucket refills every second (Envoy 1.40 rebuilds a bucket only when
 //!   `max_tokens`, `tokens_per_fill` or the nanos of `fill_interval` change, so the interval
 //!   stays fixed and the rate moves through `tokens_per_fill`), at least 1 token a second while
-//!   the window has any budget; `max_tokens` is one second of it (a fresh bucket starts full).
+//!   the window has any budget, rounded up; `max_tokens` is one second of it (a fresh bucket
+//!   starts full).
 //! - A spent budget is DENY_ALL until the window ends.
 
 use crate::proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
@@ -64,7 +65,10 @@ pub fn strategy(rate: f64, remaining: u64) -> RateLimitStrategy {
     if remaining == 0 {
         return blanket(BlanketRule::DenyAll);
     }
-    let per_second = (rate.round() as u64).clamp(1, u64::from(u32::MAX)) as u32;
+    // Rounded up: Envoy's reports lag up to a period behind, so the budget a window's counter
+    // shows at its start is already lower than what the window will see; erring up keeps the
+    // window near L (over-admission stays within the stated bound).
+    let per_second = (rate.ceil() as u64).clamp(1, u64::from(u32::MAX)) as u32;
     RateLimitStrategy {
         strategy: Some(Strategy::TokenBucket(TokenBucket {
             max_tokens: per_second,

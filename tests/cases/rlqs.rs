@@ -6,6 +6,9 @@
 
 use crate::support::binary::{self, SluiceProcess};
 use crate::support::envoy::{self, Backend, EnvoyProcess};
+use crate::support::redis::start_redis;
+use sluice::proto::rate_limit_response::Code;
+use sluice::RateLimitServiceClient;
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -15,6 +18,12 @@ const WINDOW: u64 = 60;
 
 async fn sluice() -> SluiceProcess {
     SluiceProcess::spawn(binary::serve(envoy::example("sluice"))).await
+}
+
+async fn sluice_on_redis(url: &str) -> SluiceProcess {
+    let mut cmd = binary::serve(envoy::example("sluice"));
+    cmd.env("REDIS_URL", url);
+    SluiceProcess::spawn(cmd).await
 }
 
 async fn front(backend: &Backend, sluice: &SluiceProcess) -> EnvoyProcess {
@@ -35,29 +44,77 @@ fn unix_secs() -> u64 {
         .unwrap_or(0)
 }
 
-/// Offers `rate` requests a second with `key` through `e` from now until the end of the first
-/// window that starts after `warmup` seconds, and returns (status -> count) for that window.
-async fn offer_one_window(
-    e: &EnvoyProcess,
-    key: &str,
-    rate: u64,
-    warmup: u64,
-) -> HashMap<u16, u64> {
-    let window = (unix_secs() + warmup) / WINDOW + 1;
+/// The first whole window that starts at least `warmup` seconds from now.
+fn window_after(warmup: u64) -> u64 {
+    (unix_secs() + warmup) / WINDOW + 1
+}
+
+/// Offers `per_10s` requests every 10 s (evenly spaced, each on its own task so a slow answer
+/// never delays the next) with `key` through `e` from now until `window` ends, and returns
+/// (status -> count) of the requests sent within `window`.
+async fn offer(e: &EnvoyProcess, key: &str, per_10s: u64, window: u64) -> HashMap<u16, u64> {
+    let front = e.front;
+    let mut sent = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_micros(10_000_000 / per_10s));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tick.tick().await;
+        let now = unix_secs() / WINDOW;
+        if now > window {
+            break;
+        }
+        let key = key.to_string();
+        sent.push((
+            now,
+            tokio::spawn(async move {
+                crate::support::http_request(front, "GET", "/", &[("x-api-key", &key)], "")
+                    .await
+                    .0
+            }),
+        ));
+    }
     let mut counts = HashMap::new();
-    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / rate));
+    for (at, answer) in sent {
+        let status = answer.await.expect("request task");
+        if at == window {
+            *counts.entry(status).or_default() += 1;
+        }
+    }
+    counts
+}
+
+/// The same through the RLS: `per_10s` `ShouldRateLimit` calls every 10 s for the descriptor a
+/// bucket `{x-api-key: key}` stands for; returns (admitted, denied) within `window`.
+async fn offer_rls(sluice: &SluiceProcess, key: &str, per_10s: u64, window: u64) -> (u64, u64) {
+    let mut client = RateLimitServiceClient::connect(sluice.grpc_url())
+        .await
+        .expect("RLS connect");
+    let (mut ok, mut over) = (0, 0);
+    let mut tick = tokio::time::interval(Duration::from_micros(10_000_000 / per_10s));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     loop {
         tick.tick().await;
         let now = unix_secs() / WINDOW;
         if now > window {
-            return counts;
+            return (ok, over);
         }
-        let (status, _) = e.get("/", &[("x-api-key", key)]).await;
+        let r = client
+            .should_rate_limit(crate::support::one("rlqs", &[("x-api-key", key)]))
+            .await
+            .expect("ShouldRateLimit")
+            .into_inner();
         if now == window {
-            *counts.entry(status).or_default() += 1;
+            if r.overall_code == Code::Ok as i32 {
+                ok += 1;
+            } else {
+                over += 1;
+            }
         }
     }
+}
+
+fn of(counts: &HashMap<u16, u64>, status: u16) -> u64 {
+    counts.get(&status).copied().unwrap_or(0)
 }
 
 /// Acceptance 1: one Envoy, one key, offered 15/s (1.5 L) for a whole window: admitted within
@@ -69,7 +126,7 @@ async fn one_envoy_one_key_is_admitted_about_the_limit_per_window() {
     let backend = Backend::start().await;
     let s = sluice().await;
     let e = front(&backend, &s).await;
-    let counts = offer_one_window(&e, "acceptance-1", 15, 12).await;
+    let counts = offer(&e, "acceptance-1", 150, window_after(12)).await;
     let admitted = counts.get(&200).copied().unwrap_or(0);
     let denied = counts.get(&429).copied().unwrap_or(0);
     let bound = 1 + 15 + 15 * 6;
@@ -83,5 +140,58 @@ async fn one_envoy_one_key_is_admitted_about_the_limit_per_window() {
         counts.keys().filter(|&&k| k != 200 && k != 429).count(),
         0,
         "only 200 and 429: {counts:?}"
+    );
+}
+
+/// Acceptance 2: two Envoys on one key through one sluice, offered 20/s and 2.5/s: together
+/// within [0.9 L, L + bound] (the bound of acceptance 1 for each), and the small one gets about
+/// its demand (>= 120 of its 150), the busy one the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_envoys_share_one_key_max_min_fairly() {
+    let backend = Backend::start().await;
+    let s = sluice().await;
+    let (busy, small) = (front(&backend, &s).await, front(&backend, &s).await);
+    let window = window_after(12);
+    let (b, m) = tokio::join!(
+        offer(&busy, "acceptance-2", 200, window),
+        offer(&small, "acceptance-2", 25, window)
+    );
+    let (b_ok, m_ok) = (of(&b, 200), of(&m, 200));
+    println!("RLQS two Envoys, L = {L}: busy admitted {b_ok} {b:?}, small admitted {m_ok} {m:?}");
+    let bound = 2 * (1 + 20 + 20 * 6);
+    let sum = b_ok + m_ok;
+    assert!(
+        sum * 10 >= L * 9 && sum <= L + bound,
+        "together {sum}: busy {b:?}, small {m:?}"
+    );
+    assert!(m_ok >= 120, "the small one gets about its demand: {m:?}");
+}
+
+/// Acceptance 3: a mixed fleet on one key on Redis with two sluice replicas: one side asks per
+/// request through the RLS (5/s, replica A), one Envoy enforces RLQS assignments (10/s, replica
+/// B): together within [0.9 L, L + bound].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixed_fleet_shares_one_budget_on_redis() {
+    let redis = start_redis(&[]).await;
+    let backend = Backend::start().await;
+    let (a, b) = (
+        sluice_on_redis(&redis.url()).await,
+        sluice_on_redis(&redis.url()).await,
+    );
+    let e = front(&backend, &b).await;
+    let window = window_after(12);
+    let ((rls_ok, rls_over), q) = tokio::join!(
+        offer_rls(&a, "acceptance-3", 50, window),
+        offer(&e, "acceptance-3", 100, window)
+    );
+    let q_ok = of(&q, 200);
+    println!(
+        "RLQS mixed fleet on Redis, L = {L}: RLS admitted {rls_ok} (denied {rls_over}), RLQS admitted {q_ok} {q:?}"
+    );
+    let bound = 1 + 10 + 10 * 6;
+    let sum = rls_ok + q_ok;
+    assert!(
+        sum * 10 >= L * 9 && sum <= L + bound,
+        "together {sum}: RLS {rls_ok} ok / {rls_over} over, RLQS {q:?}"
     );
 }
