@@ -81,6 +81,17 @@ pub fn strategy(rate: f64, remaining: u64) -> RateLimitStrategy {
     }
 }
 
+/// The requests per second a strategy's token bucket refills (0 for a blanket rule).
+pub fn token_rate(s: &RateLimitStrategy) -> f64 {
+    match &s.strategy {
+        Some(Strategy::TokenBucket(tb)) => {
+            let secs = tb.fill_interval.map_or(1, |d| d.seconds.max(1));
+            f64::from(tb.tokens_per_fill.unwrap_or(0)) / secs as f64
+        }
+        _ => 0.0,
+    }
+}
+
 pub fn blanket(rule: BlanketRule) -> RateLimitStrategy {
     RateLimitStrategy {
         strategy: Some(Strategy::BlanketRule(rule as i32)),

@@ -141,6 +141,7 @@ impl RateLimitQuotaService for QuotaService {
             limiter: Arc::clone(&self.limiter),
             shared: Arc::clone(&self.shared),
             domain: None,
+            label: None,
             buckets: HashMap::new(),
         };
         tokio::spawn(stream.run(request.into_inner(), tx));
@@ -156,6 +157,8 @@ struct Bucket {
     descriptor: Option<Vec<(String, String)>>,
     last_report: Option<Instant>,
     idle: u32,
+    /// The token rate it was last assigned (requests per second; 0 for a blanket rule).
+    rate: f64,
     /// The counter its assignment was paced on, and when that counter's window ends.
     tightest: Option<(CounterKey, Instant)>,
 }
@@ -165,6 +168,8 @@ struct QuotaStream {
     limiter: Arc<RateLimiter>,
     shared: Arc<Shared>,
     domain: Option<String>,
+    /// The domain as metrics label it (`unknown` for one the config does not have).
+    label: Option<String>,
     /// By the bucket's pairs, sorted.
     buckets: HashMap<Vec<(String, String)>, Bucket>,
 }
@@ -192,6 +197,39 @@ impl QuotaStream {
             }
         }
         self.shared.forget(self.id, None);
+        if let Some(label) = &self.label {
+            let m = &self.limiter.telemetry().metrics.quota;
+            m.streams.with_label_values(&[label]).dec();
+            m.buckets
+                .with_label_values(&[label])
+                .sub(i64::try_from(self.buckets.len()).unwrap_or(i64::MAX));
+            let rate: f64 = self.buckets.values().map(|b| b.rate).sum();
+            m.assigned_rate.with_label_values(&[label]).sub(rate);
+        }
+    }
+
+    fn metrics(&self) -> &crate::telemetry::metrics::QuotaMetrics {
+        &self.limiter.telemetry().metrics.quota
+    }
+
+    fn label(&self) -> &str {
+        self.label.as_deref().unwrap_or("unknown")
+    }
+
+    /// Moves the assigned-rate gauge by a bucket's change of rate.
+    fn set_rate(&mut self, pairs: &[(String, String)], rate: f64) {
+        let Some(old) = self
+            .buckets
+            .get_mut(pairs)
+            .map(|b| std::mem::replace(&mut b.rate, rate))
+        else {
+            return;
+        };
+        let label = self.label().to_string();
+        self.metrics()
+            .assigned_rate
+            .with_label_values(&[&label])
+            .add(rate - old);
     }
 
     /// The earliest end of a window an assignment of this stream was paced on.
@@ -204,21 +242,43 @@ impl QuotaStream {
 
     async fn on_report(&mut self, report: RateLimitQuotaUsageReports) -> Vec<BucketAction> {
         if self.domain.is_none() && !report.domain.is_empty() {
+            let known = self.limiter.rules().domains.contains_key(&report.domain);
+            let label = if known {
+                report.domain.as_str()
+            } else {
+                "unknown"
+            };
+            self.metrics().streams.with_label_values(&[label]).inc();
+            self.label = Some(label.to_string());
             self.domain = Some(report.domain.clone());
         }
         let caps = self.limiter.options().caps;
         let mut actions = Vec::new();
         for usage in report.bucket_quota_usages {
-            let Some(id) = usage.bucket_id else { continue };
-            if bucket::check(&id.bucket, &caps).is_err() {
+            let refused = &self.metrics().refused;
+            let Some(id) = usage.bucket_id else {
+                refused.with_label_values(&["empty"]).inc();
+                continue;
+            };
+            if let Err(why) = bucket::check(&id.bucket, &caps) {
+                refused.with_label_values(&[why.label()]).inc();
                 continue;
             }
             let used = usage
                 .num_requests_allowed
                 .saturating_add(usage.num_requests_denied);
             if usage.num_requests_allowed > crate::algorithm::MAX_HITS {
+                refused.with_label_values(&["absurd_count"]).inc();
                 continue;
             }
+            let label = self.label().to_string();
+            let reported = &self.metrics().reported;
+            reported
+                .with_label_values(&[&label, "allowed"])
+                .inc_by(usage.num_requests_allowed);
+            reported
+                .with_label_values(&[&label, "denied"])
+                .inc_by(usage.num_requests_denied);
             let mut pairs: Vec<(String, String)> = id
                 .bucket
                 .iter()
@@ -227,9 +287,11 @@ impl QuotaStream {
             pairs.sort();
             if !self.buckets.contains_key(&pairs) {
                 if self.buckets.len() >= self.shared.settings.max_buckets_per_stream {
+                    refused.with_label_values(&["over_bucket_cap"]).inc();
                     actions.push(assign(id, blanket(BlanketRule::AllowAll), ALLOW_TTL));
                     continue;
                 }
+                self.metrics().buckets.with_label_values(&[&label]).inc();
                 let descriptor = self.descriptor_of(&id);
                 self.buckets.insert(
                     pairs.clone(),
@@ -238,6 +300,7 @@ impl QuotaStream {
                         descriptor,
                         last_report: None,
                         idle: 0,
+                        rate: 0.0,
                         tightest: None,
                     },
                 );
@@ -273,7 +336,10 @@ impl QuotaStream {
         bucket.last_report = Some(now);
         bucket.idle = if used == 0 { bucket.idle + 1 } else { 0 };
         if bucket.idle >= idle_limit {
+            self.set_rate(pairs, 0.0);
             let gone = self.buckets.remove(pairs)?;
+            let label = self.label().to_string();
+            self.metrics().buckets.with_label_values(&[&label]).dec();
             self.shared
                 .forget(self.id, gone.tightest.as_ref().map(|(k, _)| k));
             return Some(BucketAction {
@@ -325,7 +391,9 @@ impl QuotaStream {
             b.tightest = Some((tightest.key, ends));
         }
         let ttl_for = if remaining == 0 { left } else { ASSIGNMENT_TTL };
-        Some(assign(id, strategy(share, remaining), ttl_for))
+        let strategy = strategy(share, remaining);
+        self.set_rate(pairs, allocate::token_rate(&strategy));
+        Some(assign(id, strategy, ttl_for))
     }
 
     /// At a window's end: every bucket that has a limit gets a fresh assignment.

@@ -82,6 +82,55 @@ pub struct Metrics {
     offenders_dropped: IntCounter,
     undo_failures: IntCounter,
     evictions: IntCounter,
+    /// The quota service's series.
+    pub quota: QuotaMetrics,
+}
+
+/// The Rate Limit Quota Service's series, per domain (a domain the config does not have is
+/// labelled `unknown`, so a client cannot grow the series).
+#[derive(Debug, Clone)]
+pub struct QuotaMetrics {
+    pub streams: IntGaugeVec,
+    pub buckets: IntGaugeVec,
+    pub reported: IntCounterVec,
+    pub assigned_rate: prometheus::GaugeVec,
+    pub refused: IntCounterVec,
+}
+
+impl QuotaMetrics {
+    fn register(r: &Registrar) -> Result<Self, MetricsError> {
+        let gauge =
+            |name: &str, help: &str| r.add(IntGaugeVec::new(Opts::new(name, help), &["domain"]));
+        Ok(Self {
+            streams: gauge("sluice_rlqs_streams", "Open RLQS streams, per domain.")?,
+            buckets: gauge(
+                "sluice_rlqs_buckets",
+                "Buckets the RLQS streams hold (assigned, not yet abandoned), per domain.",
+            )?,
+            reported: r.add(IntCounterVec::new(
+                Opts::new(
+                    "sluice_rlqs_reported_requests_total",
+                    "Requests Envoy reported over RLQS, per domain, allowed or denied by Envoy.",
+                ),
+                &["domain", "result"],
+            ))?,
+            assigned_rate: r.add(prometheus::GaugeVec::new(
+                Opts::new(
+                    "sluice_rlqs_assigned_rate",
+                    "Requests per second currently assigned as token buckets, per domain.",
+                ),
+                &["domain"],
+            ))?,
+            refused: r.counter_vec(
+                "sluice_rlqs_refused_total",
+                "Bucket reports ignored or not tracked, by reason.",
+                (
+                    "reason",
+                    &["empty", "too_large", "absurd_count", "over_bucket_cap"],
+                ),
+            )?,
+        })
+    }
 }
 
 /// Why the metric set could not be built (a programming error: a duplicate or invalid name).
@@ -201,6 +250,7 @@ impl Metrics {
                 "Live memory-store counters evicted to make room under MEMORY_MAX_COUNTERS (the \
                  closest to expiry first): each starts afresh, which can only admit more.",
             ))?,
+            quota: QuotaMetrics::register(&r)?,
             registry: r.0,
         })
     }

@@ -136,6 +136,23 @@ async fn one_envoy_one_key_is_admitted_about_the_limit_per_window() {
         "admitted {admitted} (denied {denied}) in one window of L = {L}: {counts:?}"
     );
     assert!(denied > 0, "1.5 L offered: some must be denied: {counts:?}");
+    // sluice's /metrics show the stream, its bucket, what Envoy reported and what is assigned.
+    let (_, metrics) = crate::support::http(s.http, "GET", "/metrics", "").await;
+    let value = |series: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in /metrics"))
+    };
+    assert_eq!(value("sluice_rlqs_streams{domain=\"rlqs\"}"), 1.0);
+    assert_eq!(value("sluice_rlqs_buckets{domain=\"rlqs\"}"), 1.0);
+    assert!(
+        value("sluice_rlqs_reported_requests_total{domain=\"rlqs\",result=\"allowed\"}")
+            >= admitted as f64 - 100.0
+    );
+    assert!(value("sluice_rlqs_reported_requests_total{domain=\"rlqs\",result=\"denied\"}") > 0.0);
+    assert!(value("sluice_rlqs_assigned_rate{domain=\"rlqs\"}") >= 1.0);
     assert_eq!(
         counts.keys().filter(|&&k| k != 200 && k != 429).count(),
         0,
