@@ -344,6 +344,43 @@ async fn a_request_over_the_caps_never_reaches_the_store() {
 // denies or if every quota limit denies; a quota limit that denies inside an admitted request
 // is not charged, and a denied request charges nothing (on a Cluster, the quota charge made in
 // one slot is undone when another slot's enforced limit denies).
+// Two all-or-nothing refunds of one request in two Cluster slots (with a charge that admits):
+// the refunds wait for the verdict, then both apply (a random differential seed found the
+// refund step deferring itself again, without end, when its refunds spanned slots).
+test_with_all_stores!(
+    refunds_in_two_slots_apply_once_the_request_is_admitted,
+    |store: Arc<dyn CounterStore>, _clock| async move {
+        let (qa, qb) = (check("qa", 5, Unit::Hour, 3), check("qb", 5, Unit::Hour, 3));
+        assert!(
+            store
+                .decide(&[qa.clone(), qb.clone()])
+                .await
+                .expect("charge")
+                .admitted
+        );
+        let refund = |c: &LimitCheck| LimitCheck {
+            hits: 2,
+            refund: true,
+            ..c.clone()
+        };
+        let other = check("qc", 5, Unit::Hour, 1);
+        let d = store
+            .decide(&[refund(&qa), refund(&qb), other])
+            .await
+            .expect("refunds");
+        assert!(d.admitted);
+        let read = store
+            .decide(&[check("qa", 5, Unit::Hour, 0), check("qb", 5, Unit::Hour, 0)])
+            .await
+            .expect("read");
+        assert_eq!(
+            (read.outcomes[0].remaining, read.outcomes[1].remaining),
+            (4, 4),
+            "3 charged, 2 given back, on each"
+        );
+    }
+);
+
 test_with_all_stores!(
     quota_mode_denies_only_when_every_quota_limit_does,
     |store: Arc<dyn CounterStore>, _clock| async move {

@@ -72,21 +72,25 @@ impl Cluster {
         checks: &[LimitCheck],
     ) -> Result<Decision, StoreError> {
         if !checks.iter().any(|c| c.record && c.hits > 0) {
-            return self.decide_all(common, checks).await;
+            return self.decide_all(common, checks, true).await;
         }
         let (me, common, owned) = (Arc::clone(self), Arc::clone(common), checks.to_vec());
         let task = common
             .runtime
             .clone()
-            .spawn(async move { me.decide_all(&common, &owned).await });
+            .spawn(async move { me.decide_all(&common, &owned, true).await });
         task.await
             .unwrap_or_else(|e| Err(StoreError::Permanent(format!("decision task failed: {e}"))))
     }
 
+    /// `defer_refunds`: all-or-nothing refunds spanning slots wait for the verdict (false for
+    /// the refunds themselves, once the verdict is in: they always admit, so applying them
+    /// needs no undo, and deferring them again would never end).
     async fn decide_all(
         &self,
         common: &Arc<Common>,
         checks: &[LimitCheck],
+        defer_refunds: bool,
     ) -> Result<Decision, StoreError> {
         let groups = groups(checks);
         let conn = self.connection().await;
@@ -116,7 +120,7 @@ impl Cluster {
         // Several slots. A refund (all or nothing) applies only if the request is admitted,
         // and one applied in a slot could not be taken back exactly when another slot denies:
         // so refunds wait for the verdict.
-        if checks.iter().any(|c| c.refund && !c.record && c.hits > 0) {
+        if defer_refunds && checks.iter().any(|c| c.refund && !c.record && c.hits > 0) {
             return Box::pin(self.refunds_after_the_verdict(common, checks)).await;
         }
         // The charges and, if the request is not admitted, the undo of the others run on
@@ -156,7 +160,7 @@ impl Cluster {
                 }
             })
             .collect();
-        let mut decision = Box::pin(self.decide_all(common, &first)).await?;
+        let mut decision = Box::pin(self.decide_all(common, &first, true)).await?;
         let idx: Vec<usize> = (0..checks.len()).filter(|&i| late(&checks[i])).collect();
         for &i in &idx {
             // As a refund reports itself: allowed, nothing to wait for.
@@ -165,7 +169,7 @@ impl Cluster {
         }
         if decision.admitted {
             let refunds: Vec<LimitCheck> = idx.iter().map(|&i| checks[i].clone()).collect();
-            let applied = Box::pin(self.decide_all(common, &refunds)).await?;
+            let applied = Box::pin(self.decide_all(common, &refunds, false)).await?;
             for (k, &i) in idx.iter().enumerate() {
                 decision.outcomes[i] = applied.outcomes[k];
             }
