@@ -33,6 +33,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -58,6 +59,10 @@ impl Default for QuotaSettings {
 /// How recent a stream's demand must be to count in another stream's share.
 const DEMAND_FRESH: Duration = Duration::from_secs(15);
 
+/// The TTL of the assignments re-sent when sluice drains: long enough for Envoy to reconnect
+/// (to another replica) and get fresh ones, so its buckets stay limited meanwhile.
+const RECONNECT_TTL: Duration = Duration::from_secs(60);
+
 /// Per stream id: its demand (requests per second; `None` until measured) and when it came.
 type StreamDemands = HashMap<u64, (Option<f64>, Instant)>;
 
@@ -66,6 +71,9 @@ type StreamDemands = HashMap<u64, (Option<f64>, Instant)>;
 pub struct QuotaService {
     limiter: Arc<RateLimiter>,
     shared: Arc<Shared>,
+    /// Turns true when the server drains: every stream re-sends its assignments with
+    /// [`RECONNECT_TTL`] and ends, so the drain does not wait on streams that never end.
+    closing: watch::Receiver<bool>,
 }
 
 #[derive(Debug)]
@@ -78,9 +86,14 @@ struct Shared {
 }
 
 impl QuotaService {
-    pub fn new(limiter: Arc<RateLimiter>, settings: QuotaSettings) -> Self {
+    pub fn new(
+        limiter: Arc<RateLimiter>,
+        settings: QuotaSettings,
+        closing: watch::Receiver<bool>,
+    ) -> Self {
         Self {
             limiter,
+            closing,
             shared: Arc::new(Shared {
                 settings,
                 demand: Mutex::new(HashMap::new()),
@@ -144,7 +157,7 @@ impl RateLimitQuotaService for QuotaService {
             label: None,
             buckets: HashMap::new(),
         };
-        tokio::spawn(stream.run(request.into_inner(), tx));
+        tokio::spawn(stream.run(request.into_inner(), tx, self.closing.clone()));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
@@ -177,7 +190,12 @@ struct QuotaStream {
 type Outbox = tokio::sync::mpsc::Sender<Result<RateLimitQuotaResponse, Status>>;
 
 impl QuotaStream {
-    async fn run(mut self, mut inbound: Streaming<RateLimitQuotaUsageReports>, tx: Outbox) {
+    async fn run(
+        mut self,
+        mut inbound: Streaming<RateLimitQuotaUsageReports>,
+        tx: Outbox,
+        mut closing: watch::Receiver<bool>,
+    ) {
         loop {
             let boundary = self.next_boundary();
             let actions = tokio::select! {
@@ -186,6 +204,13 @@ impl QuotaStream {
                     Ok(None) | Err(_) => break,
                 },
                 () = sleep_until(boundary) => self.refresh().await,
+                () = closed(&mut closing) => {
+                    let farewell = self.farewell().await;
+                    if !farewell.is_empty() {
+                        let _ = tx.send(Ok(RateLimitQuotaResponse { bucket_action: farewell })).await;
+                    }
+                    break;
+                }
             };
             if !actions.is_empty() {
                 let response = RateLimitQuotaResponse {
@@ -396,6 +421,29 @@ impl QuotaStream {
         Some(assign(id, strategy, ttl_for))
     }
 
+    /// When sluice drains: every bucket's assignment again, a token bucket's TTL stretched to
+    /// [`RECONNECT_TTL`] (a DENY_ALL keeps its TTL: the window's end).
+    async fn farewell(&mut self) -> Vec<BucketAction> {
+        let all: Vec<Vec<(String, String)>> = self.buckets.keys().cloned().collect();
+        let mut actions = Vec::new();
+        for pairs in all {
+            let Some(mut action) = self.assignment(&pairs, 0, None).await else {
+                continue;
+            };
+            if let Some(Action::QuotaAssignmentAction(a)) = &mut action.bucket_action {
+                let tokens = a
+                    .rate_limit_strategy
+                    .as_ref()
+                    .is_some_and(|s| allocate::token_rate(s) > 0.0);
+                if tokens {
+                    a.assignment_time_to_live = Some(ttl(RECONNECT_TTL));
+                }
+            }
+            actions.push(action);
+        }
+        actions
+    }
+
     /// At a window's end: every bucket that has a limit gets a fresh assignment.
     async fn refresh(&mut self) -> Vec<BucketAction> {
         let now = Instant::now();
@@ -414,6 +462,11 @@ impl QuotaStream {
         }
         actions
     }
+}
+
+/// Resolves once the server drains (or nobody can tell any more).
+async fn closed(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|c| *c).await;
 }
 
 async fn sleep_until(at: Option<Instant>) {

@@ -73,7 +73,12 @@ impl GrpcServing {
         let mut routes = self.routes;
         routes.add_service(grpc::RlsService::new(Arc::clone(limiter)).into_server());
         routes.add_service(
-            crate::quota::QuotaService::new(Arc::clone(limiter), Default::default()).into_server(),
+            crate::quota::QuotaService::new(
+                Arc::clone(limiter),
+                Default::default(),
+                draining.receiver(),
+            )
+            .into_server(),
         );
         let routes = routes.routes();
         // Each serving thread gets its own router: its own jittered connection age.

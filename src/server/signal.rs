@@ -79,6 +79,11 @@ impl ShutdownHandle {
 }
 
 impl ShutdownWatch {
+    /// The flag itself, for a task that selects on it.
+    pub(crate) fn receiver(&self) -> watch::Receiver<bool> {
+        self.rx.clone()
+    }
+
     pub(crate) fn is_shutting_down(&self) -> bool {
         *self.rx.borrow()
     }

@@ -212,3 +212,57 @@ async fn a_mixed_fleet_shares_one_budget_on_redis() {
         "together {sum}: RLS {rls_ok} ok / {rls_over} over, RLQS {q:?}"
     );
 }
+
+/// On SIGTERM sluice re-sends its assignments with a TTL that covers a reconnect and ends its
+/// streams, so its drain completes instead of waiting out the grace period on a stream that
+/// never ends; with sluice gone, Envoy keeps enforcing the last assignment (a burst on the key
+/// is partly denied) rather than falling back to its ALLOW_ALL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sigterm_streams_end_and_envoy_keeps_the_last_assignment() {
+    let backend = Backend::start().await;
+    let mut s = sluice().await;
+    let e = front(&backend, &s).await;
+    let (status, _) = e.get("/", &[("x-api-key", "sigterm")]).await;
+    assert_eq!(
+        status, 200,
+        "the first request of a bucket: no assignment yet"
+    );
+    let http = s.http;
+    crate::support::eventually("sluice assigned the bucket a token bucket", || async move {
+        let (_, m) = crate::support::http(http, "GET", "/metrics", "").await;
+        m.lines()
+            .find_map(|l| l.strip_prefix("sluice_rlqs_assigned_rate{domain=\"rlqs\"} "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .is_some_and(|r| r >= 1.0)
+    })
+    .await;
+    s.sigterm();
+    let (code, log) = s.exit().await;
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("shutdown complete"), "{log}");
+    assert!(!log.contains("grace period elapsed"), "{log}");
+    let front_addr = e.front;
+    let burst: Vec<_> = (0..40)
+        .map(|_| {
+            tokio::spawn(async move {
+                crate::support::http_request(
+                    front_addr,
+                    "GET",
+                    "/",
+                    &[("x-api-key", "sigterm")],
+                    "",
+                )
+                .await
+                .0
+            })
+        })
+        .collect();
+    let mut counts: HashMap<u16, u64> = HashMap::new();
+    for b in burst {
+        *counts.entry(b.await.expect("request")).or_default() += 1;
+    }
+    assert!(
+        of(&counts, 429) > 0 && of(&counts, 200) < 40,
+        "Envoy enforces the last assignment with sluice gone: {counts:?}"
+    );
+}
