@@ -174,6 +174,8 @@ struct Bucket {
     rate: f64,
     /// The counter its assignment was paced on, and when that counter's window ends.
     tightest: Option<(CounterKey, Instant)>,
+    /// The last window end that passed (see [`QuotaStream::account`]).
+    boundary: Option<Instant>,
 }
 
 struct QuotaStream {
@@ -327,6 +329,7 @@ impl QuotaStream {
                         idle: 0,
                         rate: 0.0,
                         tightest: None,
+                        boundary: None,
                     },
                 );
             }
@@ -358,6 +361,17 @@ impl QuotaStream {
             let secs = now.duration_since(at).as_secs_f64();
             (secs >= 0.5).then(|| used as f64 / secs)
         });
+        // A report straddling a window's end is split on sluice's clock: the part before the
+        // end was used in the window that closed (its counter decides nothing any more) and is
+        // not charged to the new one, which would otherwise start short by a report period.
+        let allowed = match (bucket.boundary.take(), bucket.last_report) {
+            (Some(end), Some(prev)) if prev < end && end <= now => {
+                let after = now.duration_since(end).as_secs_f64();
+                let span = now.duration_since(prev).as_secs_f64().max(f64::EPSILON);
+                (allowed as f64 * (after / span).min(1.0)).round() as u64
+            }
+            _ => allowed,
+        };
         bucket.last_report = Some(now);
         bucket.idle = if used == 0 { bucket.idle + 1 } else { 0 };
         if bucket.idle >= idle_limit {
@@ -456,7 +470,7 @@ impl QuotaStream {
         let mut actions = Vec::new();
         for pairs in due {
             if let Some(b) = self.buckets.get_mut(&pairs) {
-                b.tightest = None;
+                b.boundary = b.tightest.take().map(|(_, end)| end);
             }
             actions.extend(self.assignment(&pairs, 0, None).await);
         }
