@@ -80,6 +80,8 @@ pub struct ServerConfig {
     /// Threads serving gRPC, each on its own single-threaded runtime (see `workers.rs`); the
     /// calling runtime is one of them. 0 counts as 1.
     pub grpc_threads: usize,
+    /// The Rate Limit Quota Service's bounds (`RLQS_*`).
+    pub quota: crate::quota::QuotaSettings,
     /// Config over xDS (`CONFIG_TYPE=GRPC_XDS_SOTW`): the limiter then awaits its first config
     /// (requests get UNAVAILABLE until the management server's first config is accepted).
     pub xds: Option<xds::XdsSettings>,
@@ -134,6 +136,7 @@ impl ServerConfig {
             loaded_fingerprint: 0,
             grpc_tls: None,
             grpc_threads: workers::default_threads(),
+            quota: crate::quota::QuotaSettings::default(),
             xds: None,
             envoy_stats: None,
             grpc_uds: None,

@@ -77,6 +77,8 @@ struct AdminState {
     limiter: Arc<RateLimiter>,
     transcoder: Transcoder,
     shutdown: ShutdownWatch,
+    /// `RLQS_DEBUG_SHOW_VALUES`: `/debug/rlqs` shows bucket values.
+    show_bucket_values: bool,
 }
 
 /// The admin routes.
@@ -84,6 +86,7 @@ pub(crate) fn router(
     limiter: Arc<RateLimiter>,
     transcoder: Transcoder,
     shutdown: ShutdownWatch,
+    show_bucket_values: bool,
 ) -> Router {
     Router::new()
         .route("/healthcheck", get(healthcheck))
@@ -93,10 +96,12 @@ pub(crate) fn router(
         .route("/metrics", get(metrics))
         .route("/config/status", get(config_status))
         .route("/debug/offenders", get(offenders))
+        .route("/debug/rlqs", get(rlqs_assignments))
         .with_state(AdminState {
             limiter,
             transcoder,
             shutdown,
+            show_bucket_values,
         })
 }
 
@@ -202,6 +207,35 @@ async fn offenders(
             offenders: Vec::new(),
         }
     });
+    json_ok(&report)
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct RlqsQuery {
+    domain: Option<String>,
+    /// How many buckets to list in all (default 100, at most 10 000).
+    limit: Option<usize>,
+}
+
+/// `GET /debug/rlqs[?domain=D][&limit=N]`: the quota service's current assignments per open
+/// stream and bucket (token rate, TTL, reservation, measured demand), bucket values shown as
+/// their length unless `RLQS_DEBUG_SHOW_VALUES` is on (they are often API keys).
+async fn rlqs_assignments(
+    State(s): State<AdminState>,
+    query: Result<Query<RlqsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Ok(Query(q)) = query else {
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            "query must be [?domain=<domain>][&limit=<n>]",
+        );
+    };
+    let limit = q.limit.unwrap_or(100).min(10_000);
+    let report =
+        s.limiter
+            .telemetry()
+            .assignments
+            .report(q.domain.as_deref(), limit, s.show_bucket_values);
     json_ok(&report)
 }
 

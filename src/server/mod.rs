@@ -160,9 +160,14 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     // dropped `Running` alive).
     let (shutdown, trigger) = signal::channel();
     let (drain, draining) = signal::channel();
-    let (grpc_task, workers) = grpc.spawn(&limiter, config.connection_age, &draining);
+    let (grpc_task, workers) = grpc.spawn(&limiter, config.connection_age, config.quota, &draining);
     // /healthcheck fails from the trigger on (the drain delay included), not from the drain.
-    let app = http::router(Arc::clone(&limiter), transcoder, trigger.clone());
+    let app = http::router(
+        Arc::clone(&limiter),
+        transcoder,
+        trigger.clone(),
+        config.quota.show_values,
+    );
     let http_server = axum::serve(listeners.http, app).with_graceful_shutdown(draining.triggered());
     let http_task = tokio::spawn(async move { http_server.await });
 

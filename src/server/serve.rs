@@ -68,17 +68,14 @@ impl GrpcServing {
         self,
         limiter: &Arc<RateLimiter>,
         age: Option<ConnectionAge>,
+        quota: crate::quota::QuotaSettings,
         draining: &ShutdownWatch,
     ) -> (JoinHandle<Result<(), ServerError>>, Workers) {
         let mut routes = self.routes;
         routes.add_service(grpc::RlsService::new(Arc::clone(limiter)).into_server());
         routes.add_service(
-            crate::quota::QuotaService::new(
-                Arc::clone(limiter),
-                Default::default(),
-                draining.receiver(),
-            )
-            .into_server(),
+            crate::quota::QuotaService::new(Arc::clone(limiter), quota, draining.receiver())
+                .into_server(),
         );
         let routes = routes.routes();
         // Each serving thread gets its own router: its own jittered connection age.

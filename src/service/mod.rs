@@ -48,6 +48,8 @@ use std::time::Instant;
 pub struct RateLimiter {
     rules: RwLock<Arc<RuleSet>>,
     store: Arc<dyn CounterStore>,
+    /// The quota service's demand boards (beside the counters).
+    demand: Arc<dyn crate::store::demand::DemandBoard>,
     /// Readiness and the store's metrics (see [`StoreSignals`]).
     signals: StoreSignals,
     options: ServiceOptions,
@@ -92,6 +94,7 @@ impl RateLimiter {
         Self {
             rules: RwLock::new(Arc::new(rules)),
             store: store.store,
+            demand: store.demand,
             signals: store.signals,
             options,
             store_errors: ErrorLog::new(),
@@ -197,6 +200,10 @@ impl RateLimiter {
 
     pub fn store(&self) -> &Arc<dyn CounterStore> {
         &self.store
+    }
+
+    pub fn demand_board(&self) -> &Arc<dyn crate::store::demand::DemandBoard> {
+        &self.demand
     }
 
     /// Probes the store (the health task's periodic contact) and records the answer as the

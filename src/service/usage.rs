@@ -18,13 +18,15 @@ pub struct Recorded {
 
 impl RateLimiter {
     /// Records `hits` on every enforced limit the descriptor `entries` of `domain` resolves to
-    /// (0 hits only reads them) and returns each with its outcome; empty when no counted limit
-    /// applies. Shadow limits are recorded too but not returned: they never limit anything.
+    /// (0 hits only reads them; negative hits give back, as Envoy's `is_negative_hits`: the
+    /// quota service returning a reservation) and returns each with its outcome; empty when no
+    /// counted limit applies. Shadow limits are recorded too but not returned: they never limit
+    /// anything.
     pub async fn record_usage(
         &self,
         domain: &str,
         entries: &[(String, String)],
-        hits: u64,
+        hits: i64,
     ) -> Result<Vec<Recorded>, RequestError> {
         if self.has_no_config() {
             return Err(RequestError::NoConfig);
@@ -39,7 +41,8 @@ impl RateLimiter {
                         value: value.clone(),
                     })
                     .collect(),
-                hits_addend: Some(hits),
+                hits_addend: Some(hits.unsigned_abs()),
+                is_negative_hits: hits < 0,
                 ..Default::default()
             }],
             hits_addend: 0,

@@ -16,6 +16,7 @@ mod check;
 mod observe;
 mod parse;
 mod redis;
+mod rlqs;
 mod runtime;
 pub mod stats;
 mod tls;
@@ -339,6 +340,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub redis: RedisArgs,
+
+    #[command(flatten)]
+    pub rlqs: rlqs::RlqsArgs,
 
     /// Counters the in-memory store holds at most (used when no `REDIS_URL` is set): about 100
     /// bytes each when full. Past it, the counter closest to expiry is evicted (it starts

@@ -28,12 +28,14 @@ impl StoreChain {
     pub fn build(&self, clock: Arc<dyn Clock>) -> Result<StoreStack, StoreError> {
         let signals = StoreSignals::new(self.redis.kind.backend_name());
         let redis = RedisStore::new(&self.redis)?.reporting_to(&signals);
+        let board: Arc<dyn super::demand::DemandBoard> = Arc::new(redis.board());
         let breaker =
             CircuitBreaker::new(redis, self.breaker, Arc::clone(&clock)).reporting_to(&signals);
         if self.local_cache_bytes == 0 {
             return Ok(StoreStack {
                 store: Arc::new(breaker),
                 signals,
+                demand: board,
             });
         }
         // A Cluster request spanning slots charges each slot and undoes the charges if one
@@ -46,6 +48,7 @@ impl StoreChain {
         Ok(StoreStack {
             store: Arc::new(cache),
             signals,
+            demand: board,
         })
     }
 }

@@ -10,6 +10,7 @@
 
 pub mod breaker;
 mod chain;
+pub mod demand;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
 pub mod local_cache;
@@ -227,22 +228,37 @@ impl<S: CounterStore + ?Sized> CounterStore for Arc<S> {
 pub struct StoreStack {
     pub store: Arc<dyn CounterStore>,
     pub signals: StoreSignals,
+    /// The quota service's demand boards, in the same place as the counters.
+    pub demand: Arc<dyn demand::DemandBoard>,
 }
 
 impl StoreStack {
-    /// `store` reporting to `signals` (which its parts were built with).
+    /// `store` reporting to `signals` (which its parts were built with), with demand boards in
+    /// this process (right for one replica; a Redis stack is built with its own).
     pub fn new(store: Arc<dyn CounterStore>, signals: StoreSignals) -> Self {
-        Self { store, signals }
+        Self {
+            store,
+            signals,
+            demand: Arc::new(demand::MemoryBoard::default()),
+        }
+    }
+
+    /// The same stack with `board` for demand boards.
+    pub fn with_board(mut self, board: Arc<dyn demand::DemandBoard>) -> Self {
+        self.demand = board;
+        self
     }
 
     /// The embedded store on `clock`, holding at most `max_counters` counters.
     pub fn memory(clock: Arc<dyn crate::clock::Clock>, max_counters: usize) -> Self {
         let signals = StoreSignals::new("memory");
+        let board = demand::MemoryBoard::new(Arc::clone(&clock), demand::DEFAULT_MAX_POSTINGS);
         let store =
             memory::MemoryStore::with_max_counters(clock, max_counters).reporting_to(&signals);
         Self {
             store: Arc::new(store),
             signals,
+            demand: Arc::new(board),
         }
     }
 }

@@ -126,7 +126,14 @@ impl QuotaMetrics {
                 "Bucket reports ignored or not tracked, by reason.",
                 (
                     "reason",
-                    &["empty", "too_large", "absurd_count", "over_bucket_cap"],
+                    &[
+                        "empty",
+                        "too_large",
+                        "absurd_count",
+                        "over_bucket_cap",
+                        "over_total_bucket_cap",
+                        "board_full",
+                    ],
                 ),
             )?,
         })

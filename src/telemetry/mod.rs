@@ -2,6 +2,7 @@
 //! traces exported over OTLP, and the heavy-hitters view of who is being denied
 //! (`/debug/offenders`). Everything here has bounded memory and never sits on a Redis call.
 
+pub mod assignments;
 pub mod envoy_stats;
 pub mod metrics;
 pub mod offenders;
@@ -16,6 +17,8 @@ use std::sync::Arc;
 pub struct Telemetry {
     pub metrics: metrics::Metrics,
     pub offenders: offenders::Offenders,
+    /// The quota service's live assignments (`/debug/rlqs`).
+    pub assignments: assignments::Assignments,
     /// `Some` with `TRACING_ENABLED`: spans are started on it.
     pub tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
 }
@@ -26,6 +29,7 @@ impl Telemetry {
         Ok(Self {
             metrics: metrics::Metrics::new()?,
             offenders: offenders::Offenders::new(offenders::OffenderSettings::default(), clock),
+            assignments: assignments::Assignments::new(),
             tracer: None,
         })
     }

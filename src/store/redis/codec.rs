@@ -53,6 +53,16 @@ impl ScriptTime {
         }
         String::new()
     }
+
+    /// Now on the clock the quota service's demand boards use: the test clock in tests, the
+    /// process clock otherwise (replicas' clocks agree far closer than a posting's lifetime).
+    pub(super) fn now(&self) -> std::time::Duration {
+        #[cfg(any(test, feature = "test-util"))]
+        if let Some(c) = &self.clock {
+            return c.now();
+        }
+        crate::clock::Clock::now(&crate::clock::SystemClock)
+    }
 }
 
 /// Script arguments per limit (see the top of `decide.lua`); an undo call adds the token.

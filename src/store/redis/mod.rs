@@ -7,6 +7,7 @@
 //! Errors are classified transient/permanent here, where they are converted.
 
 mod batch;
+mod board;
 mod cluster;
 mod codec;
 mod conn;
@@ -15,6 +16,7 @@ mod sentinel;
 mod settings;
 mod standalone;
 
+pub use board::{board_key, RedisBoard};
 use cluster::Cluster;
 use codec::{decide_script, Call, ScriptTime};
 use conn::Conn;
@@ -153,7 +155,20 @@ impl RedisStore {
     /// The store alone as a stack, reporting to its own signals (named after its kind).
     pub fn into_stack(self) -> super::StoreStack {
         let signals = self.common.signals.clone();
-        super::StoreStack::new(Arc::new(self), signals)
+        let board = Arc::new(self.board());
+        super::StoreStack::new(Arc::new(self), signals).with_board(board)
+    }
+
+    /// The demand boards of the quota service in the same Redis, on the same connections.
+    pub fn board(&self) -> RedisBoard {
+        let source = match &self.backend {
+            Backend::Standalone(s) => board::Source::Pool(s.pool()),
+            Backend::Cluster(c) => board::Source::Cluster(Arc::clone(c)),
+        };
+        RedisBoard {
+            common: Arc::clone(&self.common),
+            source,
+        }
     }
 
     /// Tests only (`test-util`): decide on `clock` (passed to the script) instead of Redis

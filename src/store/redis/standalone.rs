@@ -70,6 +70,11 @@ impl Standalone {
         })
     }
 
+    /// The pool (shared: a clone is a handle), for the demand boards' calls.
+    pub(super) fn pool(&self) -> bb8::Pool<Manager> {
+        self.pool.clone()
+    }
+
     pub(super) async fn connection(&self) -> Result<Conn, StoreError> {
         single_connection(&self.pool).await
     }

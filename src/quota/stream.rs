@@ -1,0 +1,592 @@
+//! One RLQS stream: the buckets one Envoy reports on one domain, their reservations on the
+//! counters and their assignments.
+//!
+//! For each bucket in a report: the allowed count is recorded on the bucket's counters, less
+//! the tokens reserved for it at the previous report (so a report reconciles its reservation
+//! with the use; a negative difference is given back); the stream's demand is posted on the
+//! tightest counter's demand board and everyone's read back; the stream's max-min fair share
+//! of `(remaining + what the others hold reserved) / time left` is sent as a token bucket; and
+//! the tokens that bucket can hand out until the next report are reserved on the counter, so
+//! RLS requests and other streams cannot spend them twice.
+//!
+//! A report straddling a window's end is split on sluice's clock: the part before the end was
+//! used in the window that closed (and was reserved there) and is not charged to the new one.
+
+use super::allocate::{
+    available_rate, blanket, max_min_shares, strategy, token_rate, ttl, ALLOW_TTL, ASSIGNMENT_TTL,
+};
+use super::{bucket, Shared};
+use crate::proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use crate::proto::envoy::r#type::v3::RateLimitStrategy;
+use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
+    AbandonAction, BucketAction as Action, QuotaAssignmentAction,
+};
+use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
+use crate::proto::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use crate::service::{RateLimiter, Recorded};
+use crate::store::demand::Posting;
+use crate::store::CounterKey;
+use crate::telemetry::assignments::AssignmentView;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tonic::{Status, Streaming};
+
+/// How long a posting on a demand board counts: three report periods.
+const DEMAND_FRESH: Duration = Duration::from_secs(15);
+
+/// The TTL of the assignments re-sent when sluice drains: long enough for Envoy to reconnect
+/// (to another replica) and get fresh ones, so its buckets stay limited meanwhile.
+const RECONNECT_TTL: Duration = Duration::from_secs(60);
+
+/// What a reservation covers: Envoy's 5 s report period and the one second of tokens a token
+/// bucket holds when it starts full.
+const RESERVE_SECONDS: u64 = 6;
+
+/// A bucket a stream reports.
+#[derive(Debug)]
+struct Bucket {
+    id: BucketId,
+    /// The RLS descriptor it stands for; `None` when it names no limit.
+    descriptor: Option<Vec<(String, String)>>,
+    last_report: Option<Instant>,
+    idle: u32,
+    /// Requests per second this stream used, measured between its last two reports.
+    demand: Option<f64>,
+    /// The token rate it was last assigned (requests per second; 0 for a blanket rule).
+    rate: f64,
+    /// The counter its assignment was paced on, and when that counter's window ends.
+    tightest: Option<(CounterKey, Instant)>,
+    /// Tokens reserved on that counter until the next report, and the end of the window they
+    /// were reserved in (a reservation in a window that has closed is not given back).
+    reserved: Option<(u64, Instant)>,
+    /// The last window end that passed (see [`QuotaStream::account`]).
+    boundary: Option<Instant>,
+}
+
+pub(super) struct QuotaStream {
+    number: u64,
+    /// The stream's name on demand boards (unique across replicas).
+    name: Arc<str>,
+    limiter: Arc<RateLimiter>,
+    shared: Arc<Shared>,
+    domain: Option<String>,
+    /// The domain as metrics label it (`unknown` for one the config does not have).
+    label: Option<String>,
+    /// By the bucket's pairs, sorted.
+    buckets: HashMap<Vec<(String, String)>, Bucket>,
+}
+
+type Outbox = tokio::sync::mpsc::Sender<Result<RateLimitQuotaResponse, Status>>;
+
+/// Whether an assignment reserves the tokens it grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reserve {
+    Yes,
+    /// The last assignment of a draining stream: the bucket's next report goes elsewhere.
+    No,
+}
+
+impl QuotaStream {
+    pub(super) fn new(number: u64, limiter: Arc<RateLimiter>, shared: Arc<Shared>) -> Self {
+        Self {
+            number,
+            name: Arc::from(format!("{}-{number}", shared.nonce)),
+            limiter,
+            shared,
+            domain: None,
+            label: None,
+            buckets: HashMap::new(),
+        }
+    }
+
+    pub(super) async fn run(
+        mut self,
+        mut inbound: Streaming<RateLimitQuotaUsageReports>,
+        tx: Outbox,
+        mut closing: watch::Receiver<bool>,
+    ) {
+        loop {
+            let boundary = self.next_boundary();
+            let actions = tokio::select! {
+                m = inbound.message() => match m {
+                    Ok(Some(report)) => self.on_report(report).await,
+                    Ok(None) | Err(_) => break,
+                },
+                () = sleep_until(boundary) => self.refresh().await,
+                () = closed(&mut closing) => {
+                    let farewell = self.farewell().await;
+                    if !farewell.is_empty() {
+                        let _ = tx.send(Ok(RateLimitQuotaResponse { bucket_action: farewell })).await;
+                    }
+                    break;
+                }
+            };
+            if !actions.is_empty() {
+                let response = RateLimitQuotaResponse {
+                    bucket_action: actions,
+                };
+                if tx.send(Ok(response)).await.is_err() {
+                    break;
+                }
+            }
+        }
+        self.end().await;
+    }
+
+    /// The stream is over: its postings come off the boards, its gauges and views go. Its
+    /// reservations stay on the counters until their windows end: the Envoy may have used them.
+    async fn end(&mut self) {
+        let board = Arc::clone(self.limiter.demand_board());
+        for b in self.buckets.values() {
+            if let Some((key, _)) = &b.tightest {
+                let _ = board.withdraw(key, &self.name).await;
+            }
+        }
+        self.shared.streams.fetch_sub(1, Ordering::AcqRel);
+        self.shared
+            .buckets
+            .fetch_sub(self.buckets.len(), Ordering::AcqRel);
+        self.limiter
+            .telemetry()
+            .assignments
+            .remove_stream(self.number);
+        if let Some(label) = &self.label {
+            let m = &self.limiter.telemetry().metrics.quota;
+            m.streams.with_label_values(&[label]).dec();
+            m.buckets
+                .with_label_values(&[label])
+                .sub(i64::try_from(self.buckets.len()).unwrap_or(i64::MAX));
+            let rate: f64 = self.buckets.values().map(|b| b.rate).sum();
+            m.assigned_rate.with_label_values(&[label]).sub(rate);
+        }
+    }
+
+    fn metrics(&self) -> &crate::telemetry::metrics::QuotaMetrics {
+        &self.limiter.telemetry().metrics.quota
+    }
+
+    fn label(&self) -> &str {
+        self.label.as_deref().unwrap_or("unknown")
+    }
+
+    fn refuse(&self, reason: &str) {
+        self.metrics().refused.with_label_values(&[reason]).inc();
+    }
+
+    /// The earliest end of a window an assignment of this stream was paced on.
+    fn next_boundary(&self) -> Option<Instant> {
+        self.buckets
+            .values()
+            .filter_map(|b| b.tightest.as_ref().map(|(_, at)| *at))
+            .min()
+    }
+
+    async fn on_report(&mut self, report: RateLimitQuotaUsageReports) -> Vec<BucketAction> {
+        if self.domain.is_none() && !report.domain.is_empty() {
+            let known = self.limiter.rules().domains.contains_key(&report.domain);
+            let label = if known {
+                report.domain.as_str()
+            } else {
+                "unknown"
+            };
+            self.metrics().streams.with_label_values(&[label]).inc();
+            self.label = Some(label.to_string());
+            self.domain = Some(report.domain.clone());
+        }
+        let caps = self.limiter.options().caps;
+        let mut actions = Vec::new();
+        for usage in report.bucket_quota_usages {
+            let Some(id) = usage.bucket_id else {
+                self.refuse("empty");
+                continue;
+            };
+            if let Err(why) = bucket::check(&id.bucket, &caps) {
+                self.refuse(why.label());
+                continue;
+            }
+            if usage.num_requests_allowed > crate::algorithm::MAX_HITS
+                || usage.num_requests_denied > crate::algorithm::MAX_HITS
+            {
+                self.refuse("absurd_count");
+                continue;
+            }
+            let label = self.label().to_string();
+            let reported = &self.metrics().reported;
+            reported
+                .with_label_values(&[&label, "allowed"])
+                .inc_by(usage.num_requests_allowed);
+            reported
+                .with_label_values(&[&label, "denied"])
+                .inc_by(usage.num_requests_denied);
+            let mut pairs: Vec<(String, String)> = id
+                .bucket
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            pairs.sort();
+            if !self.buckets.contains_key(&pairs) {
+                if let Some(reason) = self.over_cap() {
+                    // Not tracked; a blanket rule rather than an abandon, which Envoy would
+                    // answer by recreating the bucket at its next request.
+                    self.refuse(reason);
+                    actions.push(assign(id, blanket(BlanketRule::AllowAll), ALLOW_TTL));
+                    continue;
+                }
+                self.track(pairs.clone(), id);
+            }
+            let used = usage
+                .num_requests_allowed
+                .saturating_add(usage.num_requests_denied);
+            actions.extend(self.account(&pairs, usage.num_requests_allowed, used).await);
+        }
+        actions
+    }
+
+    /// Why a new bucket cannot be tracked, if it cannot.
+    fn over_cap(&self) -> Option<&'static str> {
+        let s = &self.shared.settings;
+        if self.buckets.len() >= s.max_buckets_per_stream {
+            return Some("over_bucket_cap");
+        }
+        let before = self.shared.buckets.fetch_add(1, Ordering::AcqRel);
+        if before >= s.max_buckets {
+            self.shared.buckets.fetch_sub(1, Ordering::AcqRel);
+            return Some("over_total_bucket_cap");
+        }
+        None
+    }
+
+    fn track(&mut self, pairs: Vec<(String, String)>, id: BucketId) {
+        let label = self.label().to_string();
+        self.metrics().buckets.with_label_values(&[&label]).inc();
+        let descriptor = self.descriptor_of(&id);
+        self.buckets.insert(
+            pairs,
+            Bucket {
+                id,
+                descriptor,
+                last_report: None,
+                idle: 0,
+                demand: None,
+                rate: 0.0,
+                tightest: None,
+                reserved: None,
+                boundary: None,
+            },
+        );
+    }
+
+    fn descriptor_of(&self, id: &BucketId) -> Option<Vec<(String, String)>> {
+        let rules = self.limiter.rules();
+        let domain = rules.domains.get(self.domain.as_deref()?)?;
+        bucket::descriptor_of(domain, &id.bucket)
+    }
+
+    /// Takes a bucket's report in and decides its next action (none when the store could not
+    /// be asked: Envoy keeps the assignment it has until its TTL).
+    async fn account(
+        &mut self,
+        pairs: &[(String, String)],
+        allowed: u64,
+        used: u64,
+    ) -> Option<BucketAction> {
+        let now = Instant::now();
+        let idle_limit = self.shared.settings.idle_reports;
+        let bucket = self.buckets.get_mut(pairs)?;
+        // Demand on sluice's clock: `time_elapsed` is whole seconds and may be 0.
+        if let Some(at) = bucket.last_report {
+            let secs = now.duration_since(at).as_secs_f64();
+            if secs >= 0.5 {
+                bucket.demand = Some(used as f64 / secs);
+            }
+        }
+        // The part of a report straddling a window's end that fell before it belongs to the
+        // closed window.
+        let allowed = match (bucket.boundary.take(), bucket.last_report) {
+            (Some(end), Some(prev)) if prev < end && end <= now => {
+                let after = now.duration_since(end).as_secs_f64();
+                let span = now.duration_since(prev).as_secs_f64().max(f64::EPSILON);
+                (allowed as f64 * (after / span).min(1.0)).round() as u64
+            }
+            _ => allowed,
+        };
+        // Reconciled with what was reserved for it in this window.
+        let held = match bucket.reserved {
+            Some((tokens, end)) if now < end => tokens,
+            _ => 0,
+        };
+        let delta = i64::try_from(allowed).unwrap_or(i64::MAX) - i64::try_from(held).unwrap_or(0);
+        bucket.last_report = Some(now);
+        bucket.idle = if used == 0 { bucket.idle + 1 } else { 0 };
+        if bucket.idle >= idle_limit {
+            return Some(self.abandon(pairs, delta).await);
+        }
+        self.assignment(pairs, delta, Reserve::Yes).await
+    }
+
+    async fn abandon(&mut self, pairs: &[(String, String)], delta: i64) -> BucketAction {
+        self.set_rate(pairs, 0.0);
+        let gone = self.buckets.remove(pairs);
+        self.shared.buckets.fetch_sub(1, Ordering::AcqRel);
+        let label = self.label().to_string();
+        self.metrics().buckets.with_label_values(&[&label]).dec();
+        self.limiter
+            .telemetry()
+            .assignments
+            .remove_bucket(self.number, pairs);
+        let id = gone.as_ref().map(|b| b.id.clone());
+        if let Some(Bucket {
+            descriptor: Some(descriptor),
+            tightest,
+            ..
+        }) = gone
+        {
+            if let Some(domain) = &self.domain {
+                if delta != 0 {
+                    let _ = self.limiter.record_usage(domain, &descriptor, delta).await;
+                }
+            }
+            if let Some((key, _)) = tightest {
+                let _ = self.limiter.demand_board().withdraw(&key, &self.name).await;
+            }
+        }
+        BucketAction {
+            bucket_id: id,
+            bucket_action: Some(Action::AbandonAction(AbandonAction {})),
+        }
+    }
+
+    /// Records `delta` on the bucket's limits, posts its demand and assigns its share.
+    async fn assignment(
+        &mut self,
+        pairs: &[(String, String)],
+        delta: i64,
+        reserve: Reserve,
+    ) -> Option<BucketAction> {
+        let (id, descriptor, demand, posted) = {
+            let b = self.buckets.get(pairs)?;
+            // Posted as this stream's reservation while its new one is being made: the last
+            // one is the best guess of it.
+            let posted = b.reserved.map_or(0, |(t, _)| t);
+            (b.id.clone(), b.descriptor.clone(), b.demand, posted)
+        };
+        let (Some(domain), Some(descriptor)) = (self.domain.clone(), descriptor) else {
+            return Some(self.send(pairs, id, blanket(BlanketRule::AllowAll), ALLOW_TTL));
+        };
+        let recorded = self
+            .limiter
+            .record_usage(&domain, &descriptor, delta)
+            .await
+            .ok()?;
+        // The tightest limit: the lowest rate it can still afford.
+        let Some(tightest) = recorded.into_iter().min_by(|a, b| {
+            let rate =
+                |r: &Recorded| available_rate(u64::from(r.outcome.remaining), r.outcome.reset);
+            rate(a).total_cmp(&rate(b))
+        }) else {
+            return Some(self.send(pairs, id, blanket(BlanketRule::AllowAll), ALLOW_TTL));
+        };
+        let remaining = u64::from(tightest.outcome.remaining);
+        let left = tightest.outcome.reset;
+        let share = self
+            .share(&tightest.key, demand, posted, remaining, left)
+            .await;
+        let ends = Instant::now() + left.max(Duration::from_millis(100));
+        let strategy = strategy(share, remaining);
+        let rate = token_rate(&strategy);
+        let reserved = if reserve == Reserve::Yes && rate > 0.0 {
+            let tokens = ((rate.ceil() as u64) * RESERVE_SECONDS).min(remaining);
+            let tokens_i = i64::try_from(tokens).unwrap_or(i64::MAX);
+            match self
+                .limiter
+                .record_usage(&domain, &descriptor, tokens_i)
+                .await
+            {
+                Ok(_) => Some((tokens, ends)),
+                Err(_) => None,
+            }
+        } else {
+            None
+        };
+        if let Some(b) = self.buckets.get_mut(pairs) {
+            b.tightest = Some((tightest.key, ends));
+            b.reserved = reserved;
+        }
+        let ttl_for = if remaining == 0 { left } else { ASSIGNMENT_TTL };
+        Some(self.send(pairs, id, strategy, ttl_for))
+    }
+
+    /// This stream's max-min fair share (requests per second) of what `key` can still afford,
+    /// after posting its demand (and `posted` tokens it holds reserved) on the key's board. If
+    /// the board cannot be read, the stream is assumed alone.
+    async fn share(
+        &self,
+        key: &CounterKey,
+        demand: Option<f64>,
+        posted: u64,
+        remaining: u64,
+        left: Duration,
+    ) -> f64 {
+        let mine = Posting {
+            stream: Arc::clone(&self.name),
+            rate: demand,
+            reserved: posted,
+        };
+        let board = self
+            .limiter
+            .demand_board()
+            .post(key, &mine, DEMAND_FRESH)
+            .await;
+        let mut postings = board.unwrap_or_default();
+        if !postings.iter().any(|p| p.stream == self.name) {
+            if !postings.is_empty() {
+                self.refuse("board_full");
+            }
+            postings.push(mine);
+        }
+        // The others' reservations are part of what the window still has: they hold them for
+        // the requests of their next report period, this stream for its own.
+        let others: u64 = postings
+            .iter()
+            .filter(|p| p.stream != self.name)
+            .map(|p| p.reserved)
+            .sum();
+        let rates: Vec<Option<f64>> = postings.iter().map(|p| p.rate).collect();
+        let shares = max_min_shares(
+            &rates,
+            available_rate(remaining.saturating_add(others), left),
+        );
+        postings
+            .iter()
+            .position(|p| p.stream == self.name)
+            .map_or(0.0, |i| shares[i])
+    }
+
+    /// The action for a bucket, recorded in the gauges and the debug view.
+    fn send(
+        &mut self,
+        pairs: &[(String, String)],
+        id: BucketId,
+        strategy: RateLimitStrategy,
+        ttl_for: Duration,
+    ) -> BucketAction {
+        let rate = token_rate(&strategy);
+        self.set_rate(pairs, rate);
+        if let (Some(domain), Some(b)) = (&self.domain, self.buckets.get(pairs)) {
+            let action = match &strategy.strategy {
+                Some(Strategy::TokenBucket(_)) => "token_bucket",
+                Some(Strategy::BlanketRule(r)) if *r == BlanketRule::DenyAll as i32 => "deny_all",
+                _ => "allow_all",
+            };
+            let view = AssignmentView {
+                action,
+                tokens_per_second: rate,
+                ttl_seconds: ttl_for.as_secs().max(1),
+                reserved: b.reserved.map_or(0, |(t, _)| t),
+                demand: b.demand,
+            };
+            self.limiter
+                .telemetry()
+                .assignments
+                .set(self.number, domain, pairs, view);
+        }
+        assign(id, strategy, ttl_for)
+    }
+
+    /// Moves the assigned-rate gauge by a bucket's change of rate.
+    fn set_rate(&mut self, pairs: &[(String, String)], rate: f64) {
+        let Some(old) = self
+            .buckets
+            .get_mut(pairs)
+            .map(|b| std::mem::replace(&mut b.rate, rate))
+        else {
+            return;
+        };
+        let label = self.label().to_string();
+        self.metrics()
+            .assigned_rate
+            .with_label_values(&[&label])
+            .add(rate - old);
+    }
+
+    /// When sluice drains: every bucket's reservation given back and its assignment sent
+    /// again, a token bucket's TTL stretched to [`RECONNECT_TTL`] (a DENY_ALL keeps its TTL:
+    /// the window's end). The Envoy reports what it uses meanwhile to the replica it
+    /// reconnects to.
+    async fn farewell(&mut self) -> Vec<BucketAction> {
+        let now = Instant::now();
+        let all: Vec<Vec<(String, String)>> = self.buckets.keys().cloned().collect();
+        let mut actions = Vec::new();
+        for pairs in all {
+            let held = self
+                .buckets
+                .get_mut(&pairs)
+                .and_then(|b| b.reserved.take())
+                .filter(|(_, end)| now < *end)
+                .map_or(0, |(t, _)| i64::try_from(t).unwrap_or(0));
+            let Some(mut action) = self.assignment(&pairs, -held, Reserve::No).await else {
+                continue;
+            };
+            if let Some(Action::QuotaAssignmentAction(a)) = &mut action.bucket_action {
+                let tokens = a
+                    .rate_limit_strategy
+                    .as_ref()
+                    .is_some_and(|s| token_rate(s) > 0.0);
+                if tokens {
+                    a.assignment_time_to_live = Some(ttl(RECONNECT_TTL));
+                }
+            }
+            actions.push(action);
+        }
+        actions
+    }
+
+    /// At a window's end: every bucket that has a limit gets a fresh assignment (and a
+    /// reservation in the new window).
+    async fn refresh(&mut self) -> Vec<BucketAction> {
+        let now = Instant::now();
+        let due: Vec<Vec<(String, String)>> = self
+            .buckets
+            .iter()
+            .filter(|(_, b)| b.tightest.as_ref().is_some_and(|(_, at)| *at <= now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut actions = Vec::new();
+        for pairs in due {
+            if let Some(b) = self.buckets.get_mut(&pairs) {
+                b.boundary = b.tightest.take().map(|(_, end)| end);
+                b.reserved = None;
+            }
+            actions.extend(self.assignment(&pairs, 0, Reserve::Yes).await);
+        }
+        actions
+    }
+}
+
+/// Resolves once the server drains (or nobody can tell any more).
+async fn closed(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|c| *c).await;
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn assign(id: BucketId, strategy: RateLimitStrategy, ttl_for: Duration) -> BucketAction {
+    BucketAction {
+        bucket_id: Some(id),
+        bucket_action: Some(Action::QuotaAssignmentAction(QuotaAssignmentAction {
+            assignment_time_to_live: Some(ttl(ttl_for)),
+            rate_limit_strategy: Some(strategy),
+        })),
+    }
+}

@@ -1,0 +1,57 @@
+//! The Rate Limit Quota Service's bounds: how many streams, buckets per stream and buckets in
+//! all one process tracks (each bucket costs about a kilobyte with its debug view), when an
+//! idle bucket is abandoned, and whether `/debug/rlqs` may show bucket values (often API keys).
+
+use crate::quota::QuotaSettings;
+use clap::Args;
+
+#[derive(Debug, Clone, Args)]
+pub struct RlqsArgs {
+    /// Open RLQS streams at most (one per Envoy and domain); one more is refused with
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, env = "RLQS_MAX_STREAMS", default_value_t = QuotaSettings::default().max_streams as u32,
+        value_parser = clap::value_parser!(u32).range(1..))]
+    pub rlqs_max_streams: u32,
+
+    /// Buckets one stream may hold; past it, a new bucket is answered ALLOW_ALL (for an hour,
+    /// untracked) and `sluice_rlqs_refused_total{reason="over_bucket_cap"}` counts it.
+    #[arg(long, env = "RLQS_MAX_BUCKETS_PER_STREAM",
+        default_value_t = QuotaSettings::default().max_buckets_per_stream as u32,
+        value_parser = clap::value_parser!(u32).range(1..))]
+    pub rlqs_max_buckets_per_stream: u32,
+
+    /// Buckets all streams together may hold; past it the same, counted as
+    /// `over_total_bucket_cap`.
+    #[arg(long, env = "RLQS_MAX_BUCKETS", default_value_t = QuotaSettings::default().max_buckets as u32,
+        value_parser = clap::value_parser!(u32).range(1..))]
+    pub rlqs_max_buckets: u32,
+
+    /// Consecutive reports (5 s each) without usage after which a bucket is abandoned.
+    #[arg(long, env = "RLQS_IDLE_REPORTS", default_value_t = QuotaSettings::default().idle_reports,
+        value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub rlqs_idle_reports: u32,
+
+    /// Show bucket values on `/debug/rlqs` (by default each value is shown as its length only).
+    #[arg(
+        long,
+        env = "RLQS_DEBUG_SHOW_VALUES",
+        default_value = "false",
+        value_parser = super::parse_go_bool,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub rlqs_debug_show_values: bool,
+}
+
+impl RlqsArgs {
+    pub fn settings(&self) -> QuotaSettings {
+        QuotaSettings {
+            max_streams: self.rlqs_max_streams as usize,
+            max_buckets_per_stream: self.rlqs_max_buckets_per_stream as usize,
+            max_buckets: self.rlqs_max_buckets as usize,
+            idle_reports: self.rlqs_idle_reports,
+            show_values: self.rlqs_debug_show_values,
+        }
+    }
+}

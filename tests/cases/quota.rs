@@ -1,0 +1,300 @@
+//! The Rate Limit Quota Service in process, over real gRPC with Envoy's own message types, on a
+//! manual clock: what an assignment reserves on the counter (seen through the RLS on the same
+//! counter), how a report reconciles it, how a second stream's share counts the first's
+//! reservation, and what bad input and the caps get. The behaviour through real Envoy is in
+//! `rlqs.rs`.
+
+use crate::support::{self, http, rules, TestServer};
+use sluice::clock::ManualClock;
+use sluice::proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use sluice::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
+use sluice::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
+use sluice::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use sluice::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use sluice::proto::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use sluice::quota::QuotaSettings;
+use sluice::ServerConfig;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+const YAML: &str = "
+domain: rlqs
+descriptors:
+  - key: x-api-key
+    rate_limit: { unit: minute, requests_per_unit: 600 }
+";
+
+/// One open RLQS stream: reports go in, responses come out.
+struct Stream {
+    tx: mpsc::Sender<RateLimitQuotaUsageReports>,
+    rx: tonic::Streaming<RateLimitQuotaResponse>,
+}
+
+impl Stream {
+    async fn open(server: &TestServer) -> Self {
+        let mut client =
+            RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc_addr))
+                .await
+                .expect("RLQS connect");
+        let (tx, rx) = mpsc::channel(4);
+        let rx = client
+            .stream_rate_limit_quotas(ReceiverStream::new(rx))
+            .await
+            .expect("stream opens")
+            .into_inner();
+        Self { tx, rx }
+    }
+
+    /// Sends one report and returns the response it gets.
+    async fn report(&mut self, domain: &str, usages: Vec<BucketQuotaUsage>) -> Vec<BucketAction> {
+        self.tx
+            .send(RateLimitQuotaUsageReports {
+                domain: domain.to_string(),
+                bucket_quota_usages: usages,
+            })
+            .await
+            .expect("report sent");
+        self.rx
+            .message()
+            .await
+            .expect("stream alive")
+            .expect("a response")
+            .bucket_action
+    }
+}
+
+fn usage(pairs: &[(&str, &str)], allowed: u64, denied: u64) -> BucketQuotaUsage {
+    BucketQuotaUsage {
+        bucket_id: Some(bucket(pairs)),
+        num_requests_allowed: allowed,
+        num_requests_denied: denied,
+        time_elapsed: None,
+    }
+}
+
+fn bucket(pairs: &[(&str, &str)]) -> BucketId {
+    BucketId {
+        bucket: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
+}
+
+/// A token bucket's tokens per one-second fill, or the blanket rule's name.
+fn strategy_of(a: &BucketAction) -> Result<u32, &'static str> {
+    let Some(Action::QuotaAssignmentAction(q)) = &a.bucket_action else {
+        return Err("abandon");
+    };
+    match q
+        .rate_limit_strategy
+        .as_ref()
+        .and_then(|s| s.strategy.as_ref())
+    {
+        Some(Strategy::TokenBucket(tb)) => Ok(tb.tokens_per_fill.unwrap_or(0)),
+        Some(Strategy::BlanketRule(r)) if *r == BlanketRule::AllowAll as i32 => Err("allow_all"),
+        Some(Strategy::BlanketRule(_)) => Err("deny_all"),
+        _ => Err("none"),
+    }
+}
+
+fn ttl_of(a: &BucketAction) -> i64 {
+    match &a.bucket_action {
+        Some(Action::QuotaAssignmentAction(q)) => {
+            q.assignment_time_to_live.map_or(0, |d| d.seconds)
+        }
+        _ => 0,
+    }
+}
+
+/// What the RLS says the counter of `{x-api-key: key}` has left, without charging it.
+async fn remaining(server: &TestServer, key: &str) -> u32 {
+    let mut d = support::desc(&[("x-api-key", key)]);
+    d.hits_addend = Some(0);
+    let r = server.call(support::request("rlqs", vec![d])).await;
+    r.statuses[0].limit_remaining
+}
+
+#[tokio::test]
+async fn an_assignment_reserves_its_tokens_and_the_next_report_reconciles_them() {
+    let server = TestServer::start(YAML).await;
+    let mut a = Stream::open(&server).await;
+    // The clock stands at the start of a minute: 60 s left. One request reported (Envoy's
+    // first request of a bucket): 599 left, all of it this stream's (alone), paced over the
+    // minute: 10/s, and 6 s of it (the report period and a full bucket) reserved.
+    let actions = a
+        .report("rlqs", vec![usage(&[("x-api-key", "k1")], 1, 0)])
+        .await;
+    assert_eq!(actions.len(), 1);
+    assert_eq!(strategy_of(&actions[0]), Ok(10));
+    assert_eq!(ttl_of(&actions[0]), 15);
+    assert_eq!(remaining(&server, "k1").await, 600 - 1 - 60, "60 reserved");
+    // Ten used: the reservation is given back but for those ten, and a new one made.
+    let actions = a
+        .report("rlqs", vec![usage(&[("x-api-key", "k1")], 10, 3)])
+        .await;
+    assert_eq!(strategy_of(&actions[0]), Ok(10));
+    assert_eq!(remaining(&server, "k1").await, 600 - 11 - 60);
+    // Used more than reserved (Envoy's bucket started full): the excess is charged.
+    let actions = a
+        .report("rlqs", vec![usage(&[("x-api-key", "k1")], 65, 0)])
+        .await;
+    assert_eq!(strategy_of(&actions[0]), Ok(9), "524 left over 60 s");
+    assert_eq!(remaining(&server, "k1").await, 600 - 76 - 54);
+
+    // A second stream on the same counter: its share counts the first one's reservation as
+    // part of what the window has (470 + 54 over 60 s, split evenly: neither has a measured
+    // demand yet), so it gets about half, and reserves 6 s of it.
+    let mut b = Stream::open(&server).await;
+    let actions = b
+        .report("rlqs", vec![usage(&[("x-api-key", "k1")], 1, 0)])
+        .await;
+    assert_eq!(
+        strategy_of(&actions[0]),
+        Ok(5),
+        "(469 + 54) / 60 / 2 = 4.4, rounded up"
+    );
+    assert_eq!(remaining(&server, "k1").await, 600 - 77 - 54 - 30);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_spent_budget_is_deny_all_until_the_window_ends_and_the_next_window_starts_afresh() {
+    let server = TestServer::start(YAML).await;
+    let clock: ManualClock = server.clock.clone();
+    let mut a = Stream::open(&server).await;
+    let actions = a
+        .report("rlqs", vec![usage(&[("x-api-key", "k2")], 600, 0)])
+        .await;
+    assert_eq!(strategy_of(&actions[0]), Err("deny_all"));
+    assert_eq!(ttl_of(&actions[0]), 60, "until the window's end");
+    assert_eq!(remaining(&server, "k2").await, 0);
+    clock.advance(std::time::Duration::from_secs(60));
+    let actions = a
+        .report("rlqs", vec![usage(&[("x-api-key", "k2")], 0, 40)])
+        .await;
+    assert_eq!(strategy_of(&actions[0]), Ok(10), "a fresh window");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bad_bucket_reports_are_ignored_and_counted_and_the_bucket_cap_answers_allow_all() {
+    let clock = ManualClock::new(support::T0);
+    let config = ServerConfig {
+        quota: QuotaSettings {
+            max_buckets_per_stream: 2,
+            ..QuotaSettings::default()
+        },
+        ..ServerConfig::for_tests(rules(YAML), Arc::new(clock.clone()))
+    };
+    let server = TestServer::start_config(config, clock).await;
+    let mut s = Stream::open(&server).await;
+    let huge = "v".repeat(100_000);
+    let actions = s
+        .report(
+            "rlqs",
+            vec![
+                usage(&[("x-api-key", "a")], 1, 0),
+                usage(&[("x-api-key", "b")], 1, 0),
+                // Past the cap of 2: not tracked, ALLOW_ALL for an hour (an abandon would
+                // bring it straight back).
+                usage(&[("x-api-key", "c")], 1, 0),
+                // Ignored: an empty bucket id, a huge value, an absurd count, no id at all.
+                usage(&[], 1, 0),
+                usage(&[("x-api-key", &huge)], 1, 0),
+                usage(&[("x-api-key", "a")], u64::MAX, 0),
+                BucketQuotaUsage::default(),
+            ],
+        )
+        .await;
+    let named: Vec<(String, Result<u32, &str>, i64)> = actions
+        .iter()
+        .map(|a| {
+            let id = a.bucket_id.as_ref().map(|b| b.bucket["x-api-key"].clone());
+            (id.unwrap_or_default(), strategy_of(a), ttl_of(a))
+        })
+        .collect();
+    assert_eq!(
+        named,
+        vec![
+            ("a".to_string(), Ok(10), 15),
+            ("b".to_string(), Ok(10), 15),
+            ("c".to_string(), Err("allow_all"), 3600),
+        ]
+    );
+    // An unknown domain: ALLOW_ALL for an hour (a stream error would make Envoy reconnect).
+    let mut other = Stream::open(&server).await;
+    let actions = other
+        .report("nope", vec![usage(&[("x-api-key", "a")], 1, 0)])
+        .await;
+    assert_eq!(strategy_of(&actions[0]), Err("allow_all"));
+    assert_eq!(ttl_of(&actions[0]), 3600);
+
+    let (_, metrics) = http(server.http_addr, "GET", "/metrics", "").await;
+    for (reason, n) in [
+        ("over_bucket_cap", 1),
+        ("empty", 2),
+        ("too_large", 1),
+        ("absurd_count", 1),
+    ] {
+        let line = format!("sluice_rlqs_refused_total{{reason=\"{reason}\"}} {n}");
+        assert!(metrics.contains(&line), "{line} in:\n{metrics}");
+    }
+    assert!(
+        metrics.contains("sluice_rlqs_buckets{domain=\"rlqs\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("sluice_rlqs_streams{domain=\"unknown\"} 1"),
+        "{metrics}"
+    );
+
+    // The debug view: both tracked buckets, values redacted (they are often API keys).
+    let (status, body) = http(server.http_addr, "GET", "/debug/rlqs?domain=rlqs", "").await;
+    assert_eq!(status, 200, "{body}");
+    let doc: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(doc["values_shown"], false);
+    let buckets = &doc["streams"][0]["buckets"];
+    assert_eq!(
+        buckets["x-api-key=<1 bytes>"]["action"], "token_bucket",
+        "{body}"
+    );
+    assert_eq!(doc["streams"][0]["buckets_total"], 2);
+    assert!(!body.contains("\"x-api-key=a\""), "{body}");
+    let (status, _) = http(server.http_addr, "GET", "/debug/rlqs?limit=x", "").await;
+    assert_eq!(status, 400);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn idle_buckets_are_abandoned_and_give_their_reservation_back() {
+    let server = TestServer::start(YAML).await;
+    let mut s = Stream::open(&server).await;
+    let k = [("x-api-key", "idle")];
+    s.report("rlqs", vec![usage(&k, 1, 0)]).await;
+    assert_eq!(remaining(&server, "idle").await, 600 - 1 - 60);
+    for _ in 0..2 {
+        let actions = s.report("rlqs", vec![usage(&k, 0, 0)]).await;
+        assert!(strategy_of(&actions[0]).is_ok(), "still assigned");
+    }
+    let actions = s.report("rlqs", vec![usage(&k, 0, 0)]).await;
+    assert_eq!(
+        strategy_of(&actions[0]),
+        Err("abandon"),
+        "three idle reports"
+    );
+    assert_eq!(
+        remaining(&server, "idle").await,
+        599,
+        "nothing held for it any more"
+    );
+    let (_, metrics) = http(server.http_addr, "GET", "/metrics", "").await;
+    assert!(
+        metrics.contains("sluice_rlqs_buckets{domain=\"rlqs\"} 0"),
+        "{metrics}"
+    );
+    server.stop().await;
+}
