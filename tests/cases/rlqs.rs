@@ -273,3 +273,137 @@ async fn on_sigterm_streams_end_and_envoy_keeps_the_last_assignment() {
         "Envoy enforces the last assignment with sluice gone: {counts:?}"
     );
 }
+
+/// Offers `per_10s` requests every 10 s with `key` through `e` for `secs` seconds; returns
+/// (status -> count).
+async fn offer_for(e: &EnvoyProcess, key: &str, per_10s: u64, secs: u64) -> HashMap<u16, u64> {
+    let front = e.front;
+    let mut tick = tokio::time::interval(Duration::from_micros(10_000_000 / per_10s));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut sent = Vec::new();
+    for _ in 0..per_10s * secs / 10 {
+        tick.tick().await;
+        let key = key.to_string();
+        sent.push(tokio::spawn(async move {
+            crate::support::http_request(front, "GET", "/", &[("x-api-key", &key)], "")
+                .await
+                .0
+        }));
+    }
+    let mut counts = HashMap::new();
+    for s in sent {
+        *counts.entry(s.await.expect("request task")).or_default() += 1;
+    }
+    counts
+}
+
+/// A series of sluice's `/metrics` (0 when absent).
+async fn series(s: &SluiceProcess, name: &str) -> f64 {
+    let (_, metrics) = crate::support::http(s.http, "GET", "/metrics", "").await;
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// What the RLS says `{x-api-key: key}` has left, without charging it.
+async fn remaining(s: &SluiceProcess, key: &str) -> u32 {
+    let mut client = RateLimitServiceClient::connect(s.grpc_url())
+        .await
+        .expect("RLS connect");
+    let mut d = crate::support::desc(&[("x-api-key", key)]);
+    d.hits_addend = Some(0);
+    client
+        .should_rate_limit(crate::support::request("rlqs", vec![d]))
+        .await
+        .expect("ShouldRateLimit")
+        .into_inner()
+        .statuses[0]
+        .limit_remaining
+}
+
+/// Acceptance 4: sluice killed (SIGKILL, a replica's death) mid-window on Redis and restarted
+/// on the same port: the usage it recorded survives in Redis; while it is down Envoy keeps the
+/// last assignment until its TTL (15 s), then follows its `expired_assignment_behavior`
+/// (ALLOW_ALL in the example); Envoy's stream comes back to the new process and assignments
+/// resume (a budget spent meanwhile through the RLS comes back as DENY_ALL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_sluice_on_redis_keeps_the_usage_and_envoy_comes_back() {
+    const KEY: &str = "acceptance-4";
+    let redis = start_redis(&[]).await;
+    let backend = Backend::start().await;
+    let mut first = sluice_on_redis(&redis.url()).await;
+    let grpc_port = first.grpc.port();
+    let e = front(&backend, &first).await;
+    // The whole scenario (about 45 s) in one window: start early in one.
+    let into = unix_secs() % WINDOW;
+    if into > 3 {
+        tokio::time::sleep(Duration::from_secs(WINDOW - into + 1)).await;
+    }
+    let window = unix_secs() / WINDOW;
+    // 15/s for 8 s: the bucket gets a token bucket and reports reach sluice.
+    let before = offer_for(&e, KEY, 150, 8).await;
+    let reported = series(
+        &first,
+        "sluice_rlqs_reported_requests_total{domain=\"rlqs\",result=\"allowed\"}",
+    )
+    .await as u32;
+    assert!(reported > 0, "Envoy reported usage: {before:?}");
+    first.child.start_kill().expect("SIGKILL sluice");
+    let _ = first.exit().await;
+    // Down: the last assignment lives 15 s after it was sent (at most 5 s before the kill);
+    // past that, Envoy's fallback (ALLOW_ALL) lets everything through.
+    tokio::time::sleep(Duration::from_secs(17)).await;
+    let fallback = offer_for(&e, KEY, 150, 4).await;
+    assert_eq!(
+        (of(&fallback, 200), fallback.len()),
+        (60, 1),
+        "with sluice down past the TTL Envoy follows its ALLOW_ALL fallback: {fallback:?}"
+    );
+    // Back on the same port and Redis: the counter still holds what was reported.
+    let mut cmd = binary::serve(envoy::example("sluice"));
+    cmd.env("REDIS_URL", redis.url())
+        .env("GRPC_PORT", grpc_port.to_string());
+    let second = SluiceProcess::spawn(cmd).await;
+    let left = remaining(&second, KEY).await;
+    assert!(
+        u64::from(left) <= L - u64::from(reported),
+        "the {reported} requests reported before the kill are still counted: {left} left"
+    );
+    // Spend the rest of the window through the RLS; Envoy's stream comes back at its next
+    // report and gets DENY_ALL.
+    let mut client = RateLimitServiceClient::connect(second.grpc_url())
+        .await
+        .expect("RLS connect");
+    let mut d = crate::support::desc(&[("x-api-key", KEY)]);
+    d.hits_addend = Some(u64::from(left.max(1)));
+    client
+        .should_rate_limit(crate::support::request("rlqs", vec![d]))
+        .await
+        .expect("ShouldRateLimit");
+    let http = second.http;
+    crate::support::eventually("Envoy's stream came back and got DENY_ALL", || async move {
+        let (_, body) = crate::support::http(http, "GET", "/debug/rlqs?domain=rlqs", "").await;
+        body.contains("\"deny_all\"")
+    })
+    .await;
+    let after = offer_for(&e, KEY, 100, 2).await;
+    assert_eq!(
+        of(&after, 429),
+        20,
+        "the new process's assignment is enforced: {after:?}"
+    );
+    assert_eq!(
+        series(&second, "sluice_rlqs_streams{domain=\"rlqs\"}").await,
+        1.0
+    );
+    assert_eq!(
+        unix_secs() / WINDOW,
+        window,
+        "the scenario fit in one window"
+    );
+    println!(
+        "RLQS restart: before the kill {before:?} ({reported} reported), fallback {fallback:?}, {left} left after the restart, after DENY_ALL {after:?}"
+    );
+}
