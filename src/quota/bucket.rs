@@ -44,13 +44,13 @@ pub fn check(bucket: &HashMap<String, String>, caps: &RequestCaps) -> Result<(),
     Ok(())
 }
 
-/// The descriptor a bucket stands for in `domain`, or `None` when its pairs do not form a path
-/// of the domain's tree.
+/// The descriptor a bucket (its pairs, in any order) stands for in `domain`, or `None` when its
+/// pairs do not form a path of the domain's tree.
 pub fn descriptor_of(
     domain: &DomainRules,
-    bucket: &HashMap<String, String>,
+    bucket: &[(String, String)],
 ) -> Option<Vec<(String, String)>> {
-    let mut left: Vec<(&String, &String)> = bucket.iter().collect();
+    let mut left: Vec<(&String, &String)> = bucket.iter().map(|(k, v)| (k, v)).collect();
     left.sort();
     let mut ordered = Vec::with_capacity(left.len());
     let mut level = &domain.root;
@@ -83,12 +83,19 @@ mod tests {
             .collect()
     }
 
+    fn pairs(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
     const TREE: &str = "domain: q\ndescriptors:\n  - key: resource\n    value: api\n    descriptors:\n      - key: consumer\n        rate_limit: {unit: minute, requests_per_unit: 10}\n  - key: x-api-key\n    rate_limit: {unit: minute, requests_per_unit: 600}\n";
 
     #[test]
     fn pairs_are_ordered_by_the_tree_whatever_the_map_order() {
         let d = domain(TREE);
-        let got = descriptor_of(&d, &bucket(&[("consumer", "alice"), ("resource", "api")]));
+        let got = descriptor_of(&d, &pairs(&[("consumer", "alice"), ("resource", "api")]));
         assert_eq!(
             got,
             Some(vec![
@@ -97,7 +104,7 @@ mod tests {
             ])
         );
         assert_eq!(
-            descriptor_of(&d, &bucket(&[("x-api-key", "k1")])),
+            descriptor_of(&d, &pairs(&[("x-api-key", "k1")])),
             Some(vec![("x-api-key".into(), "k1".into())])
         );
     }
@@ -105,12 +112,12 @@ mod tests {
     #[test]
     fn a_bucket_that_is_no_path_of_the_tree_names_nothing() {
         let d = domain(TREE);
-        assert_eq!(descriptor_of(&d, &bucket(&[("other", "x")])), None);
+        assert_eq!(descriptor_of(&d, &pairs(&[("other", "x")])), None);
         assert_eq!(
-            descriptor_of(&d, &bucket(&[("x-api-key", "k1"), ("extra", "y")])),
+            descriptor_of(&d, &pairs(&[("x-api-key", "k1"), ("extra", "y")])),
             None
         );
-        assert_eq!(descriptor_of(&d, &bucket(&[("resource", "web")])), None);
+        assert_eq!(descriptor_of(&d, &pairs(&[("resource", "web")])), None);
     }
 
     #[test]

@@ -50,7 +50,7 @@ impl Default for QuotaSettings {
     fn default() -> Self {
         Self {
             max_buckets_per_stream: 10_000,
-            max_buckets: 100_000,
+            max_buckets: 50_000,
             max_streams: 10_000,
             idle_reports: 3,
             show_values: false,

@@ -48,12 +48,15 @@ const RECONNECT_TTL: Duration = Duration::from_secs(60);
 /// bucket holds when it starts full.
 const RESERVE_SECONDS: u64 = 6;
 
+/// A bucket's pairs, sorted: its name in the stream (shared with the debug view, and with the
+/// descriptor when the two are the same, so each bucket holds its strings once).
+type Pairs = Arc<[(String, String)]>;
+
 /// A bucket a stream reports.
 #[derive(Debug)]
 struct Bucket {
-    id: BucketId,
     /// The RLS descriptor it stands for; `None` when it names no limit.
-    descriptor: Option<Vec<(String, String)>>,
+    descriptor: Option<Pairs>,
     last_report: Option<Instant>,
     idle: u32,
     /// Requests per second this stream used, measured between its last two reports.
@@ -78,8 +81,7 @@ pub(super) struct QuotaStream {
     domain: Option<String>,
     /// The domain as metrics label it (`unknown` for one the config does not have).
     label: Option<String>,
-    /// By the bucket's pairs, sorted.
-    buckets: HashMap<Vec<(String, String)>, Bucket>,
+    buckets: HashMap<Pairs, Bucket>,
 }
 
 type Outbox = tokio::sync::mpsc::Sender<Result<RateLimitQuotaResponse, Status>>;
@@ -217,6 +219,10 @@ impl QuotaStream {
                 continue;
             }
             let label = self.label().to_string();
+            self.metrics()
+                .bucket_reports
+                .with_label_values(&[&label])
+                .inc();
             let reported = &self.metrics().reported;
             reported
                 .with_label_values(&[&label, "allowed"])
@@ -224,25 +230,28 @@ impl QuotaStream {
             reported
                 .with_label_values(&[&label, "denied"])
                 .inc_by(usage.num_requests_denied);
-            let mut pairs: Vec<(String, String)> = id
-                .bucket
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            pairs.sort();
-            if !self.buckets.contains_key(&pairs) {
-                if let Some(reason) = self.over_cap() {
-                    // Not tracked; a blanket rule rather than an abandon, which Envoy would
-                    // answer by recreating the bucket at its next request.
-                    self.refuse(reason);
-                    actions.push(assign(id, blanket(BlanketRule::AllowAll), ALLOW_TTL));
-                    continue;
-                }
-                self.track(pairs.clone(), id);
-            }
+            let mut sorted: Vec<(String, String)> = id.bucket.into_iter().collect();
+            sorted.sort();
+            let pairs: Pairs = Arc::from(sorted);
             let used = usage
                 .num_requests_allowed
                 .saturating_add(usage.num_requests_denied);
+            if !self.buckets.contains_key(&pairs) {
+                if let Some(reason) = self.over_cap() {
+                    // Not tracked. While it is used, a blanket rule (an abandon would bring it
+                    // straight back at its next request); once idle, abandoned, so Envoy's
+                    // reports shrink back.
+                    self.refuse(reason);
+                    let id = bucket_id(&pairs);
+                    actions.push(if used == 0 {
+                        abandon_action(id)
+                    } else {
+                        assign(id, blanket(BlanketRule::AllowAll), ALLOW_TTL)
+                    });
+                    continue;
+                }
+                self.track(Arc::clone(&pairs));
+            }
             actions.extend(self.account(&pairs, usage.num_requests_allowed, used).await);
         }
         actions
@@ -262,14 +271,19 @@ impl QuotaStream {
         None
     }
 
-    fn track(&mut self, pairs: Vec<(String, String)>, id: BucketId) {
+    fn track(&mut self, pairs: Pairs) {
         let label = self.label().to_string();
         self.metrics().buckets.with_label_values(&[&label]).inc();
-        let descriptor = self.descriptor_of(&id);
+        let descriptor = self.descriptor_of(&pairs).map(|d| {
+            if *d == *pairs {
+                Arc::clone(&pairs)
+            } else {
+                Arc::from(d)
+            }
+        });
         self.buckets.insert(
             pairs,
             Bucket {
-                id,
                 descriptor,
                 last_report: None,
                 idle: 0,
@@ -282,10 +296,10 @@ impl QuotaStream {
         );
     }
 
-    fn descriptor_of(&self, id: &BucketId) -> Option<Vec<(String, String)>> {
+    fn descriptor_of(&self, pairs: &[(String, String)]) -> Option<Vec<(String, String)>> {
         let rules = self.limiter.rules();
         let domain = rules.domains.get(self.domain.as_deref()?)?;
-        bucket::descriptor_of(domain, &id.bucket)
+        bucket::descriptor_of(domain, pairs)
     }
 
     /// Takes a bucket's report in and decides its next action (none when the store could not
@@ -340,7 +354,6 @@ impl QuotaStream {
             .telemetry()
             .assignments
             .remove_bucket(self.number, pairs);
-        let id = gone.as_ref().map(|b| b.id.clone());
         if let Some(Bucket {
             descriptor: Some(descriptor),
             tightest,
@@ -356,10 +369,7 @@ impl QuotaStream {
                 let _ = self.limiter.demand_board().withdraw(&key, &self.name).await;
             }
         }
-        BucketAction {
-            bucket_id: id,
-            bucket_action: Some(Action::AbandonAction(AbandonAction {})),
-        }
+        abandon_action(bucket_id(pairs))
     }
 
     /// Records `delta` on the bucket's limits, posts its demand and assigns its share.
@@ -369,12 +379,13 @@ impl QuotaStream {
         delta: i64,
         reserve: Reserve,
     ) -> Option<BucketAction> {
-        let (id, descriptor, demand, posted) = {
+        let id = bucket_id(pairs);
+        let (descriptor, demand, posted) = {
             let b = self.buckets.get(pairs)?;
             // Posted as this stream's reservation while its new one is being made: the last
             // one is the best guess of it.
             let posted = b.reserved.map_or(0, |(t, _)| t);
-            (b.id.clone(), b.descriptor.clone(), b.demand, posted)
+            (b.descriptor.clone(), b.demand, posted)
         };
         let (Some(domain), Some(descriptor)) = (self.domain.clone(), descriptor) else {
             return Some(self.send(pairs, id, blanket(BlanketRule::AllowAll), ALLOW_TTL));
@@ -478,7 +489,7 @@ impl QuotaStream {
     ) -> BucketAction {
         let rate = token_rate(&strategy);
         self.set_rate(pairs, rate);
-        if let (Some(domain), Some(b)) = (&self.domain, self.buckets.get(pairs)) {
+        if let (Some(domain), Some((key, b))) = (&self.domain, self.buckets.get_key_value(pairs)) {
             let action = match &strategy.strategy {
                 Some(Strategy::TokenBucket(_)) => "token_bucket",
                 Some(Strategy::BlanketRule(r)) if *r == BlanketRule::DenyAll as i32 => "deny_all",
@@ -494,7 +505,7 @@ impl QuotaStream {
             self.limiter
                 .telemetry()
                 .assignments
-                .set(self.number, domain, pairs, view);
+                .set(self.number, domain, key, view);
         }
         assign(id, strategy, ttl_for)
     }
@@ -521,7 +532,7 @@ impl QuotaStream {
     /// reconnects to.
     async fn farewell(&mut self) -> Vec<BucketAction> {
         let now = Instant::now();
-        let all: Vec<Vec<(String, String)>> = self.buckets.keys().cloned().collect();
+        let all: Vec<Pairs> = self.buckets.keys().cloned().collect();
         let mut actions = Vec::new();
         for pairs in all {
             let held = self
@@ -551,7 +562,7 @@ impl QuotaStream {
     /// reservation in the new window).
     async fn refresh(&mut self) -> Vec<BucketAction> {
         let now = Instant::now();
-        let due: Vec<Vec<(String, String)>> = self
+        let due: Vec<Pairs> = self
             .buckets
             .iter()
             .filter(|(_, b)| b.tightest.as_ref().is_some_and(|(_, at)| *at <= now))
@@ -578,6 +589,20 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+/// The bucket id Envoy knows a bucket by.
+fn bucket_id(pairs: &[(String, String)]) -> BucketId {
+    BucketId {
+        bucket: pairs.iter().cloned().collect(),
+    }
+}
+
+fn abandon_action(id: BucketId) -> BucketAction {
+    BucketAction {
+        bucket_id: Some(id),
+        bucket_action: Some(Action::AbandonAction(AbandonAction {})),
     }
 }
 

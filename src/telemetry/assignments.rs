@@ -7,7 +7,7 @@
 
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// One bucket's current assignment.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -26,7 +26,7 @@ pub struct AssignmentView {
 #[derive(Debug, Clone)]
 struct StreamView {
     domain: String,
-    buckets: HashMap<Vec<(String, String)>, AssignmentView>,
+    buckets: HashMap<Arc<[(String, String)]>, AssignmentView>,
 }
 
 /// The live assignments of every stream of this process.
@@ -47,13 +47,19 @@ impl Assignments {
     }
 
     /// Records `bucket`'s assignment on `stream` of `domain`.
-    pub fn set(&self, stream: u64, domain: &str, bucket: &[(String, String)], a: AssignmentView) {
+    pub fn set(
+        &self,
+        stream: u64,
+        domain: &str,
+        bucket: &Arc<[(String, String)]>,
+        a: AssignmentView,
+    ) {
         self.with(|all| {
             let s = all.entry(stream).or_insert_with(|| StreamView {
                 domain: domain.to_string(),
                 buckets: HashMap::new(),
             });
-            s.buckets.insert(bucket.to_vec(), a);
+            s.buckets.insert(Arc::clone(bucket), a);
         });
     }
 
@@ -151,7 +157,8 @@ mod tests {
 
     #[test]
     fn bucket_values_are_redacted_unless_shown_and_the_listing_is_bounded() {
-        let bucket = [("x-api-key".to_string(), "secret-key".to_string())];
+        let bucket: Arc<[(String, String)]> =
+            Arc::from(vec![("x-api-key".to_string(), "secret-key".to_string())]);
         let a = Assignments::new();
         a.set(1, "rlqs", &bucket, view(10.0));
         a.set(

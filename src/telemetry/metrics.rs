@@ -93,6 +93,8 @@ pub struct QuotaMetrics {
     pub streams: IntGaugeVec,
     pub buckets: IntGaugeVec,
     pub reported: IntCounterVec,
+    /// Bucket usages received (one per bucket per report): how big Envoy's reports are.
+    pub bucket_reports: IntCounterVec,
     pub assigned_rate: prometheus::GaugeVec,
     pub refused: IntCounterVec,
 }
@@ -113,6 +115,13 @@ impl QuotaMetrics {
                     "Requests Envoy reported over RLQS, per domain, allowed or denied by Envoy.",
                 ),
                 &["domain", "result"],
+            ))?,
+            bucket_reports: r.add(IntCounterVec::new(
+                Opts::new(
+                    "sluice_rlqs_bucket_reports_total",
+                    "Bucket usages Envoy reported over RLQS (one per bucket per report), per domain.",
+                ),
+                &["domain"],
             ))?,
             assigned_rate: r.add(prometheus::GaugeVec::new(
                 Opts::new(

@@ -10,6 +10,7 @@ use crate::support::redis::start_redis;
 use sluice::proto::rate_limit_response::Code;
 use sluice::RateLimitServiceClient;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The limit of the example's domain `rlqs`: 600 a minute per key.
@@ -405,5 +406,102 @@ async fn a_restarted_sluice_on_redis_keeps_the_usage_and_envoy_comes_back() {
     );
     println!(
         "RLQS restart: before the kill {before:?} ({reported} reported), fallback {fallback:?}, {left} left after the restart, after DENY_ALL {after:?}"
+    );
+}
+
+/// Resident memory of a process, in bytes: now (`VmRSS`) or its peak so far (`VmHWM`).
+fn memory(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("/proc status")
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS")
+        * 1024
+}
+
+/// What the README states a tracked bucket costs sluice's peak resident memory at most: its
+/// state, its debug view, its counter and demand-board posting, and its share of the report
+/// and response buffers of a periodic report carrying every bucket (measured here: about
+/// 4.2 KiB at the peak).
+const BYTES_PER_BUCKET: u64 = 6 * 1024;
+
+/// Acceptance 5: 10 000 distinct keys through one Envoy against a sluice capped at 8 000
+/// buckets per stream: sluice tracks 8 000, answers the rest ALLOW_ALL untracked (counted),
+/// its memory grows by no more than the cap times the stated cost of a bucket, and once the
+/// keys go idle every bucket is abandoned, so Envoy's reports shrink back to nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_keys_stay_under_the_cap_and_idle_buckets_are_abandoned() {
+    const KEYS: usize = 10_000;
+    const CAP: u64 = 8_000;
+    let backend = Backend::start().await;
+    let mut cmd = binary::serve(envoy::example("sluice"));
+    cmd.env("RLQS_MAX_BUCKETS_PER_STREAM", CAP.to_string());
+    let s = SluiceProcess::spawn(cmd).await;
+    let e = front(&backend, &s).await;
+    let (status, _) = e.get("/", &[("x-api-key", "warm-up")]).await;
+    assert_eq!(status, 200);
+    let baseline = memory(s.pid(), "VmRSS:");
+    let front_addr = e.front;
+    let sem = Arc::new(tokio::sync::Semaphore::new(32));
+    let mut sent = Vec::with_capacity(KEYS);
+    for n in 0..KEYS {
+        let permit = Arc::clone(&sem).acquire_owned().await.expect("semaphore");
+        sent.push(tokio::spawn(async move {
+            let key = format!("key-{n:05}");
+            let r =
+                crate::support::http_request(front_addr, "GET", "/", &[("x-api-key", &key)], "")
+                    .await;
+            drop(permit);
+            r.0
+        }));
+    }
+    let mut ok = 0;
+    for t in sent {
+        ok += u64::from(t.await.expect("request") == 200);
+    }
+    assert_eq!(
+        ok, KEYS as u64,
+        "each key's first request is decided by no_assignment_behavior (ALLOW_ALL)"
+    );
+    let tracked = "sluice_rlqs_buckets{domain=\"rlqs\"}";
+    let refused = "sluice_rlqs_refused_total{reason=\"over_bucket_cap\"}";
+    let sp = &s;
+    crate::support::eventually(
+        "sluice tracks the capped number of buckets",
+        || async move {
+            series(sp, tracked).await == CAP as f64
+                && series(sp, refused).await >= (KEYS as u64 - CAP) as f64
+        },
+    )
+    .await;
+    // Idle now: three reports without usage abandon every bucket (the untracked ones at their
+    // first idle report), and Envoy stops reporting them.
+    crate::support::eventually("every bucket abandoned", || async move {
+        series(sp, tracked).await == 0.0
+    })
+    .await;
+    let reports = "sluice_rlqs_bucket_reports_total{domain=\"rlqs\"}";
+    let settled = series(&s, reports).await;
+    // Two report periods later Envoy has reported no bucket again.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert_eq!(
+        series(&s, reports).await,
+        settled,
+        "Envoy's reports shrank to nothing"
+    );
+    // The peak over the whole run, abandoning included.
+    let peak = memory(s.pid(), "VmHWM:");
+    let grown = peak.saturating_sub(baseline);
+    println!(
+        "RLQS {KEYS} keys, cap {CAP}: {settled} bucket reports in all, none after the abandon; resident {} KiB -> peak {} KiB (+{} KiB, {} B per tracked bucket)",
+        baseline / 1024,
+        peak / 1024,
+        grown / 1024,
+        grown / CAP
+    );
+    assert!(
+        grown <= CAP * BYTES_PER_BUCKET,
+        "sluice grew {grown} bytes for {CAP} buckets (stated at most {BYTES_PER_BUCKET} each)"
     );
 }
