@@ -1,4 +1,4 @@
-//! Wiring of the running service: the gRPC server (RLS, health, reflection) and the HTTP admin
+//! Wiring of the running service: the gRPC server (RLS, RLQS, health, reflection) and the HTTP admin
 //! server around one shared [`RateLimiter`], with a graceful, bounded drain on shutdown.
 //! [`start`] binds both listeners before returning, so tests can ask for port 0 and read the
 //! real addresses from [`Running`].
@@ -203,7 +203,7 @@ fn log_listening(grpc: SocketAddr, http: SocketAddr, threads: usize, uds: Option
         http = %http,
         grpc_threads = threads.max(1),
         grpc_uds = ?uds,
-        "sluice listening (gRPC: RLS, health, reflection; HTTP: /healthcheck /livez /rlconfig /json /metrics /debug/offenders)"
+        "sluice listening (gRPC: RLS, RLQS, health, reflection; HTTP: /healthcheck /livez /rlconfig /json /metrics /debug/offenders /debug/rlqs)"
     );
 }
 

@@ -1,4 +1,4 @@
-//! The gRPC side of the server: one set of routes (RLS, health, reflection) shared by every
+//! The gRPC side of the server: one set of routes (RLS, RLQS, health, reflection) shared by every
 //! serving thread, and one tonic server per thread, each accepting from its own handle on the
 //! one listening socket until drained.
 

@@ -161,12 +161,9 @@ mod tests {
             Arc::from(vec![("x-api-key".to_string(), "secret-key".to_string())]);
         let a = Assignments::new();
         a.set(1, "rlqs", &bucket, view(10.0));
-        a.set(
-            1,
-            "rlqs",
-            &[("x-api-key".into(), "other".into())],
-            view(2.0),
-        );
+        let other: Arc<[(String, String)]> =
+            Arc::from(vec![("x-api-key".to_string(), "other".to_string())]);
+        a.set(1, "rlqs", &other, view(2.0));
         let r = a.report(None, 100, false).to_string();
         assert!(!r.contains("secret-key"), "{r}");
         assert!(r.contains("x-api-key=<10 bytes>"), "{r}");

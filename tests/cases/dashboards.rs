@@ -152,9 +152,19 @@ async fn every_dashboard_and_alert_query_parses_and_names_live_series() {
             Code::Ok
         );
     }
+    // An RLQS stream with one bucket, so the quota service's series exist.
+    let mut rlqs = crate::cases::quota::Stream::open(&s).await;
+    let actions = rlqs
+        .report(
+            "dash",
+            vec![crate::cases::quota::usage(&[("tenant", "q")], 1, 1)],
+        )
+        .await;
+    assert_eq!(actions.len(), 1);
     let (status, body) = http(s.http_addr, "GET", "/metrics", "").await;
     assert_eq!(status, 200, "{body}");
     let live = scraped_names(&body);
+    drop(rlqs);
     s.stop().await;
 
     let mut used = BTreeSet::new();
@@ -185,6 +195,12 @@ async fn every_dashboard_and_alert_query_parses_and_names_live_series() {
         "sluice_config_loads_total",
         "sluice_memory_evictions_total",
         "sluice_refund_failures_total",
+        "sluice_rlqs_streams",
+        "sluice_rlqs_buckets",
+        "sluice_rlqs_assigned_rate",
+        "sluice_rlqs_reported_requests_total",
+        "sluice_rlqs_bucket_reports_total",
+        "sluice_rlqs_refused_total",
     ] {
         assert!(
             used.contains(name),
@@ -193,6 +209,7 @@ async fn every_dashboard_and_alert_query_parses_and_names_live_series() {
     }
     let text = serde_json::to_string(&dashboard).expect("json");
     assert!(text.contains("Top offenders"), "a top offenders panel");
+    assert!(text.contains("Rate Limit Quota Service"), "an RLQS row");
 }
 
 /// The checker itself: a bad expression fails to parse, and a made-up metric is reported.

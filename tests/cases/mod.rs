@@ -60,7 +60,7 @@ mod grpcurl;
 mod http;
 mod observability;
 mod process;
-mod quota;
+pub mod quota;
 mod redis;
 mod redis_faults;
 mod redis_path;

@@ -28,13 +28,13 @@ descriptors:
 ";
 
 /// One open RLQS stream: reports go in, responses come out.
-struct Stream {
+pub struct Stream {
     tx: mpsc::Sender<RateLimitQuotaUsageReports>,
     rx: tonic::Streaming<RateLimitQuotaResponse>,
 }
 
 impl Stream {
-    async fn open(server: &TestServer) -> Self {
+    pub async fn open(server: &TestServer) -> Self {
         let mut client =
             RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc_addr))
                 .await
@@ -49,7 +49,11 @@ impl Stream {
     }
 
     /// Sends one report and returns the response it gets.
-    async fn report(&mut self, domain: &str, usages: Vec<BucketQuotaUsage>) -> Vec<BucketAction> {
+    pub async fn report(
+        &mut self,
+        domain: &str,
+        usages: Vec<BucketQuotaUsage>,
+    ) -> Vec<BucketAction> {
         self.tx
             .send(RateLimitQuotaUsageReports {
                 domain: domain.to_string(),
@@ -66,7 +70,7 @@ impl Stream {
     }
 }
 
-fn usage(pairs: &[(&str, &str)], allowed: u64, denied: u64) -> BucketQuotaUsage {
+pub fn usage(pairs: &[(&str, &str)], allowed: u64, denied: u64) -> BucketQuotaUsage {
     BucketQuotaUsage {
         bucket_id: Some(bucket(pairs)),
         num_requests_allowed: allowed,
