@@ -16,6 +16,7 @@
 mod allocate;
 pub mod bucket;
 mod stream;
+mod work;
 
 use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::{
     RateLimitQuotaService, RateLimitQuotaServiceServer,
@@ -50,7 +51,7 @@ impl Default for QuotaSettings {
     fn default() -> Self {
         Self {
             max_buckets_per_stream: 10_000,
-            max_buckets: 50_000,
+            max_buckets: 20_000,
             max_streams: 10_000,
             idle_reports: 3,
             show_values: false,

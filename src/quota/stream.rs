@@ -12,9 +12,8 @@
 //! A report straddling a window's end is split on sluice's clock: the part before the end was
 //! used in the window that closed (and was reserved there) and is not charged to the new one.
 
-use super::allocate::{
-    available_rate, blanket, max_min_shares, strategy, token_rate, ttl, ALLOW_TTL, ASSIGNMENT_TTL,
-};
+use super::allocate::{blanket, token_rate, ttl, ALLOW_TTL, ASSIGNMENT_TTL};
+use super::work::{Assigned, Reserve, Step, Worker};
 use super::{bucket, Shared};
 use crate::proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use crate::proto::envoy::r#type::v3::RateLimitStrategy;
@@ -25,11 +24,10 @@ use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_respons
 use crate::proto::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
-use crate::service::{RateLimiter, Recorded};
-use crate::store::demand::Posting;
+use crate::service::RateLimiter;
 use crate::store::CounterKey;
 use crate::telemetry::assignments::AssignmentView;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,16 +35,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tonic::{Status, Streaming};
 
-/// How long a posting on a demand board counts: three report periods.
-const DEMAND_FRESH: Duration = Duration::from_secs(15);
-
 /// The TTL of the assignments re-sent when sluice drains: long enough for Envoy to reconnect
 /// (to another replica) and get fresh ones, so its buckets stay limited meanwhile.
 const RECONNECT_TTL: Duration = Duration::from_secs(60);
-
-/// What a reservation covers: Envoy's 5 s report period and the one second of tokens a token
-/// bucket holds when it starts full.
-const RESERVE_SECONDS: u64 = 6;
 
 /// A bucket's pairs, sorted: its name in the stream (shared with the debug view, and with the
 /// descriptor when the two are the same, so each bucket holds its strings once).
@@ -86,12 +77,12 @@ pub(super) struct QuotaStream {
 
 type Outbox = tokio::sync::mpsc::Sender<Result<RateLimitQuotaResponse, Status>>;
 
-/// Whether an assignment reserves the tokens it grants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Reserve {
-    Yes,
-    /// The last assignment of a draining stream: the bucket's next report goes elsewhere.
-    No,
+/// One bucket's place in a response: an action known now, or one its store work decides
+/// (a forgotten bucket has both: its abandon, and its reservation to give back).
+enum Slot {
+    Ready(BucketAction),
+    Work(Step),
+    Forget(Step, BucketAction),
 }
 
 impl QuotaStream {
@@ -202,7 +193,8 @@ impl QuotaStream {
             self.domain = Some(report.domain.clone());
         }
         let caps = self.limiter.options().caps;
-        let mut actions = Vec::new();
+        let mut slots = Vec::new();
+        let mut seen = HashSet::new();
         for usage in report.bucket_quota_usages {
             let Some(id) = usage.bucket_id else {
                 self.refuse("empty");
@@ -218,6 +210,14 @@ impl QuotaStream {
                 self.refuse("absurd_count");
                 continue;
             }
+            let mut sorted: Vec<(String, String)> = id.bucket.into_iter().collect();
+            sorted.sort();
+            let pairs: Pairs = Arc::from(sorted);
+            if !seen.insert(Arc::clone(&pairs)) {
+                // Envoy sends a bucket once per report; a second one would double its reservation.
+                self.refuse("duplicate");
+                continue;
+            }
             let label = self.label().to_string();
             self.metrics()
                 .bucket_reports
@@ -230,9 +230,6 @@ impl QuotaStream {
             reported
                 .with_label_values(&[&label, "denied"])
                 .inc_by(usage.num_requests_denied);
-            let mut sorted: Vec<(String, String)> = id.bucket.into_iter().collect();
-            sorted.sort();
-            let pairs: Pairs = Arc::from(sorted);
             let used = usage
                 .num_requests_allowed
                 .saturating_add(usage.num_requests_denied);
@@ -243,18 +240,18 @@ impl QuotaStream {
                     // reports shrink back.
                     self.refuse(reason);
                     let id = bucket_id(&pairs);
-                    actions.push(if used == 0 {
+                    slots.push(Slot::Ready(if used == 0 {
                         abandon_action(id)
                     } else {
                         assign(id, blanket(BlanketRule::AllowAll), ALLOW_TTL)
-                    });
+                    }));
                     continue;
                 }
                 self.track(Arc::clone(&pairs));
             }
-            actions.extend(self.account(&pairs, usage.num_requests_allowed, used).await);
+            slots.extend(self.account(&pairs, usage.num_requests_allowed, used));
         }
-        actions
+        self.answer(slots).await
     }
 
     /// Why a new bucket cannot be tracked, if it cannot.
@@ -302,14 +299,9 @@ impl QuotaStream {
         bucket::descriptor_of(domain, pairs)
     }
 
-    /// Takes a bucket's report in and decides its next action (none when the store could not
-    /// be asked: Envoy keeps the assignment it has until its TTL).
-    async fn account(
-        &mut self,
-        pairs: &[(String, String)],
-        allowed: u64,
-        used: u64,
-    ) -> Option<BucketAction> {
+    /// Takes a bucket's report in: its demand, the use to record (reconciled with what was
+    /// reserved for it), and whether it is abandoned or assigned.
+    fn account(&mut self, pairs: &Pairs, allowed: u64, used: u64) -> Option<Slot> {
         let now = Instant::now();
         let idle_limit = self.shared.settings.idle_reports;
         let bucket = self.buckets.get_mut(pairs)?;
@@ -339,12 +331,27 @@ impl QuotaStream {
         bucket.last_report = Some(now);
         bucket.idle = if used == 0 { bucket.idle + 1 } else { 0 };
         if bucket.idle >= idle_limit {
-            return Some(self.abandon(pairs, delta).await);
+            return Some(self.abandon(pairs, delta));
         }
-        self.assignment(pairs, delta, Reserve::Yes).await
+        self.step(pairs, delta, Reserve::Yes).map(Slot::Work)
     }
 
-    async fn abandon(&mut self, pairs: &[(String, String)], delta: i64) -> BucketAction {
+    /// The store work assigning a bucket, recording `delta` first.
+    fn step(&self, pairs: &Pairs, delta: i64, reserve: Reserve) -> Option<Step> {
+        let b = self.buckets.get(pairs)?;
+        Some(Step::Assign {
+            pairs: Arc::clone(pairs),
+            descriptor: b.descriptor.clone(),
+            demand: b.demand,
+            // Posted as this stream's reservation while its new one is being made: the last
+            // one is the best guess of it.
+            posted: b.reserved.map_or(0, |(t, _)| t),
+            delta,
+            reserve,
+        })
+    }
+
+    fn abandon(&mut self, pairs: &Pairs, delta: i64) -> Slot {
         self.set_rate(pairs, 0.0);
         let gone = self.buckets.remove(pairs);
         self.shared.buckets.fetch_sub(1, Ordering::AcqRel);
@@ -354,136 +361,86 @@ impl QuotaStream {
             .telemetry()
             .assignments
             .remove_bucket(self.number, pairs);
-        if let Some(Bucket {
-            descriptor: Some(descriptor),
-            tightest,
-            ..
-        }) = gone
-        {
-            if let Some(domain) = &self.domain {
-                if delta != 0 {
-                    let _ = self.limiter.record_usage(domain, &descriptor, delta).await;
+        let forget = Step::Forget {
+            descriptor: gone.as_ref().and_then(|b| b.descriptor.clone()),
+            tightest: gone.and_then(|b| b.tightest.map(|(k, _)| k)),
+            delta,
+        };
+        Slot::Forget(forget, abandon_action(bucket_id(pairs)))
+    }
+
+    /// Runs the store work of `slots` (concurrently) and returns the response's actions, in
+    /// the slots' order.
+    async fn answer(&mut self, slots: Vec<Slot>) -> Vec<BucketAction> {
+        let mut steps = Vec::new();
+        let mut order = Vec::with_capacity(slots.len());
+        for slot in slots {
+            match slot {
+                Slot::Ready(a) => order.push(Ok(a)),
+                Slot::Forget(step, a) => {
+                    steps.push(step);
+                    order.push(Ok(a));
+                }
+                Slot::Work(step) => {
+                    order.push(Err(steps.len()));
+                    steps.push(step);
                 }
             }
-            if let Some((key, _)) = tightest {
-                let _ = self.limiter.demand_board().withdraw(&key, &self.name).await;
-            }
         }
-        abandon_action(bucket_id(pairs))
+        let worker = Worker {
+            limiter: Arc::clone(&self.limiter),
+            name: Arc::clone(&self.name),
+            domain: self.domain.clone(),
+        };
+        let mut results = worker.run(&steps).await;
+        order
+            .into_iter()
+            .filter_map(|o| match o {
+                Ok(a) => Some(a),
+                Err(i) => {
+                    let done = results.get_mut(i).and_then(Option::take);
+                    self.apply(&steps[i], done)
+                }
+            })
+            .collect()
     }
 
-    /// Records `delta` on the bucket's limits, posts its demand and assigns its share.
-    async fn assignment(
-        &mut self,
-        pairs: &[(String, String)],
-        delta: i64,
-        reserve: Reserve,
-    ) -> Option<BucketAction> {
-        let id = bucket_id(pairs);
-        let (descriptor, demand, posted) = {
-            let b = self.buckets.get(pairs)?;
-            // Posted as this stream's reservation while its new one is being made: the last
-            // one is the best guess of it.
-            let posted = b.reserved.map_or(0, |(t, _)| t);
-            (b.descriptor.clone(), b.demand, posted)
+    /// Writes what a bucket's store work found into the stream and returns its action.
+    fn apply(&mut self, step: &Step, done: Option<Assigned>) -> Option<BucketAction> {
+        let Step::Assign { pairs, .. } = step else {
+            return None;
         };
-        let (Some(domain), Some(descriptor)) = (self.domain.clone(), descriptor) else {
-            return Some(self.send(pairs, id, blanket(BlanketRule::AllowAll), ALLOW_TTL));
-        };
-        let recorded = self
-            .limiter
-            .record_usage(&domain, &descriptor, delta)
-            .await
-            .ok()?;
-        // The tightest limit: the lowest rate it can still afford.
-        let Some(tightest) = recorded.into_iter().min_by(|a, b| {
-            let rate =
-                |r: &Recorded| available_rate(u64::from(r.outcome.remaining), r.outcome.reset);
-            rate(a).total_cmp(&rate(b))
-        }) else {
-            return Some(self.send(pairs, id, blanket(BlanketRule::AllowAll), ALLOW_TTL));
-        };
-        let remaining = u64::from(tightest.outcome.remaining);
-        let left = tightest.outcome.reset;
-        let share = self
-            .share(&tightest.key, demand, posted, remaining, left)
-            .await;
-        let ends = Instant::now() + left.max(Duration::from_millis(100));
-        let strategy = strategy(share, remaining);
-        let rate = token_rate(&strategy);
-        let reserved = if reserve == Reserve::Yes && rate > 0.0 {
-            let tokens = ((rate.ceil() as u64) * RESERVE_SECONDS).min(remaining);
-            let tokens_i = i64::try_from(tokens).unwrap_or(i64::MAX);
-            match self
-                .limiter
-                .record_usage(&domain, &descriptor, tokens_i)
-                .await
-            {
-                Ok(_) => Some((tokens, ends)),
-                Err(_) => None,
+        match done? {
+            Assigned::Unlimited => {
+                Some(self.send(pairs, blanket(BlanketRule::AllowAll), ALLOW_TTL))
             }
-        } else {
-            None
-        };
-        if let Some(b) = self.buckets.get_mut(pairs) {
-            b.tightest = Some((tightest.key, ends));
-            b.reserved = reserved;
-        }
-        let ttl_for = if remaining == 0 { left } else { ASSIGNMENT_TTL };
-        Some(self.send(pairs, id, strategy, ttl_for))
-    }
-
-    /// This stream's max-min fair share (requests per second) of what `key` can still afford,
-    /// after posting its demand (and `posted` tokens it holds reserved) on the key's board. If
-    /// the board cannot be read, the stream is assumed alone.
-    async fn share(
-        &self,
-        key: &CounterKey,
-        demand: Option<f64>,
-        posted: u64,
-        remaining: u64,
-        left: Duration,
-    ) -> f64 {
-        let mine = Posting {
-            stream: Arc::clone(&self.name),
-            rate: demand,
-            reserved: posted,
-        };
-        let board = self
-            .limiter
-            .demand_board()
-            .post(key, &mine, DEMAND_FRESH)
-            .await;
-        let mut postings = board.unwrap_or_default();
-        if !postings.iter().any(|p| p.stream == self.name) {
-            if !postings.is_empty() {
-                self.refuse("board_full");
+            Assigned::Failed => None,
+            Assigned::Paced {
+                tightest,
+                remaining,
+                left,
+                strategy,
+                reserved,
+                board_full,
+            } => {
+                if board_full {
+                    self.refuse("board_full");
+                }
+                let ends = Instant::now() + left.max(Duration::from_millis(100));
+                if let Some(b) = self.buckets.get_mut(pairs) {
+                    b.tightest = Some((tightest, ends));
+                    b.reserved = reserved.map(|t| (t, ends));
+                }
+                let ttl_for = if remaining == 0 { left } else { ASSIGNMENT_TTL };
+                Some(self.send(pairs, strategy, ttl_for))
             }
-            postings.push(mine);
         }
-        // The others' reservations are part of what the window still has: they hold them for
-        // the requests of their next report period, this stream for its own.
-        let others: u64 = postings
-            .iter()
-            .filter(|p| p.stream != self.name)
-            .map(|p| p.reserved)
-            .sum();
-        let rates: Vec<Option<f64>> = postings.iter().map(|p| p.rate).collect();
-        let shares = max_min_shares(
-            &rates,
-            available_rate(remaining.saturating_add(others), left),
-        );
-        postings
-            .iter()
-            .position(|p| p.stream == self.name)
-            .map_or(0.0, |i| shares[i])
     }
 
     /// The action for a bucket, recorded in the gauges and the debug view.
     fn send(
         &mut self,
         pairs: &[(String, String)],
-        id: BucketId,
         strategy: RateLimitStrategy,
         ttl_for: Duration,
     ) -> BucketAction {
@@ -507,7 +464,7 @@ impl QuotaStream {
                 .assignments
                 .set(self.number, domain, key, view);
         }
-        assign(id, strategy, ttl_for)
+        assign(bucket_id(pairs), strategy, ttl_for)
     }
 
     /// Moves the assigned-rate gauge by a bucket's change of rate.
@@ -533,17 +490,18 @@ impl QuotaStream {
     async fn farewell(&mut self) -> Vec<BucketAction> {
         let now = Instant::now();
         let all: Vec<Pairs> = self.buckets.keys().cloned().collect();
-        let mut actions = Vec::new();
+        let mut slots = Vec::new();
         for pairs in all {
             let held = self
                 .buckets
-                .get_mut(&pairs)
-                .and_then(|b| b.reserved.take())
+                .get(&pairs)
+                .and_then(|b| b.reserved)
                 .filter(|(_, end)| now < *end)
                 .map_or(0, |(t, _)| i64::try_from(t).unwrap_or(0));
-            let Some(mut action) = self.assignment(&pairs, -held, Reserve::No).await else {
-                continue;
-            };
+            slots.extend(self.step(&pairs, -held, Reserve::No).map(Slot::Work));
+        }
+        let mut actions = self.answer(slots).await;
+        for action in &mut actions {
             if let Some(Action::QuotaAssignmentAction(a)) = &mut action.bucket_action {
                 let tokens = a
                     .rate_limit_strategy
@@ -553,7 +511,6 @@ impl QuotaStream {
                     a.assignment_time_to_live = Some(ttl(RECONNECT_TTL));
                 }
             }
-            actions.push(action);
         }
         actions
     }
@@ -566,17 +523,17 @@ impl QuotaStream {
             .buckets
             .iter()
             .filter(|(_, b)| b.tightest.as_ref().is_some_and(|(_, at)| *at <= now))
-            .map(|(k, _)| k.clone())
+            .map(|(k, _)| Arc::clone(k))
             .collect();
-        let mut actions = Vec::new();
+        let mut slots = Vec::new();
         for pairs in due {
             if let Some(b) = self.buckets.get_mut(&pairs) {
                 b.boundary = b.tightest.take().map(|(_, end)| end);
                 b.reserved = None;
             }
-            actions.extend(self.assignment(&pairs, 0, Reserve::Yes).await);
+            slots.extend(self.step(&pairs, 0, Reserve::Yes).map(Slot::Work));
         }
-        actions
+        self.answer(slots).await
     }
 }
 

@@ -142,6 +142,7 @@ impl QuotaMetrics {
                         "over_bucket_cap",
                         "over_total_bucket_cap",
                         "board_full",
+                        "duplicate",
                     ],
                 ),
             )?,

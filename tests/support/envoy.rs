@@ -81,7 +81,11 @@ impl EnvoyProcess {
             .arg("--admin-address-path")
             .arg(&admin_file)
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            // To a file, never a pipe nobody reads: Envoy logs synchronously, and a full pipe
+            // would stall its main thread (the RLQS client runs there).
+            .stderr(Stdio::from(
+                std::fs::File::create(dir.path().join("envoy.log")).expect("Envoy log file"),
+            ))
             .kill_on_drop(true)
             .spawn()
             .expect("spawn envoy");
@@ -141,6 +145,11 @@ impl EnvoyProcess {
 
     pub fn pid(&self) -> u32 {
         self.child.id().expect("envoy is running")
+    }
+
+    /// Envoy's log so far (warnings and errors).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("envoy.log")).unwrap_or_default()
     }
 }
 
