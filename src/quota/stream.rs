@@ -72,6 +72,9 @@ pub(super) struct QuotaStream {
     domain: Option<String>,
     /// The domain as metrics label it (`unknown` for one the config does not have).
     label: Option<String>,
+    /// The rules the buckets' descriptors were resolved on: a reload or an xDS push re-resolves
+    /// them, so a changed tree (or a first config) applies to buckets already held.
+    rules: Option<Arc<crate::config::RuleSet>>,
     buckets: HashMap<Pairs, Bucket>,
 }
 
@@ -94,6 +97,7 @@ impl QuotaStream {
             shared,
             domain: None,
             label: None,
+            rules: None,
             buckets: HashMap::new(),
         }
     }
@@ -182,16 +186,9 @@ impl QuotaStream {
 
     async fn on_report(&mut self, report: RateLimitQuotaUsageReports) -> Vec<BucketAction> {
         if self.domain.is_none() && !report.domain.is_empty() {
-            let known = self.limiter.rules().domains.contains_key(&report.domain);
-            let label = if known {
-                report.domain.as_str()
-            } else {
-                "unknown"
-            };
-            self.metrics().streams.with_label_values(&[label]).inc();
-            self.label = Some(label.to_string());
             self.domain = Some(report.domain.clone());
         }
+        self.follow_rules();
         let caps = self.limiter.options().caps;
         let mut slots = Vec::new();
         let mut seen = HashSet::new();
@@ -254,6 +251,56 @@ impl QuotaStream {
         self.answer(slots).await
     }
 
+    /// Re-resolves the stream's label and its buckets' descriptors when the rules in force
+    /// changed since it last looked (a reload, an xDS push, the first config).
+    fn follow_rules(&mut self) {
+        let rules = self.limiter.rules();
+        if self.rules.as_ref().is_some_and(|r| Arc::ptr_eq(r, &rules)) {
+            return;
+        }
+        self.rules = Some(Arc::clone(&rules));
+        let Some(domain) = self.domain.clone() else {
+            return;
+        };
+        let label = if rules.domains.contains_key(&domain) {
+            domain
+        } else {
+            "unknown".to_string()
+        };
+        if self.label.as_deref() != Some(label.as_str()) {
+            let m = self.metrics().clone();
+            let held = i64::try_from(self.buckets.len()).unwrap_or(i64::MAX);
+            let rate: f64 = self.buckets.values().map(|b| b.rate).sum();
+            if let Some(old) = &self.label {
+                m.streams.with_label_values(&[old]).dec();
+                m.buckets.with_label_values(&[old]).sub(held);
+                m.assigned_rate.with_label_values(&[old]).sub(rate);
+            }
+            m.streams.with_label_values(&[&label]).inc();
+            m.buckets.with_label_values(&[&label]).add(held);
+            m.assigned_rate.with_label_values(&[&label]).add(rate);
+            self.label = Some(label);
+        }
+        let all: Vec<Pairs> = self.buckets.keys().cloned().collect();
+        for pairs in all {
+            let descriptor = self.resolve(&pairs);
+            if let Some(b) = self.buckets.get_mut(&pairs) {
+                b.descriptor = descriptor;
+            }
+        }
+    }
+
+    /// The descriptor `pairs` stand for under the rules in force, sharing `pairs` when equal.
+    fn resolve(&self, pairs: &Pairs) -> Option<Pairs> {
+        self.descriptor_of(pairs).map(|d| {
+            if *d == **pairs {
+                Arc::clone(pairs)
+            } else {
+                Arc::from(d)
+            }
+        })
+    }
+
     /// Why a new bucket cannot be tracked, if it cannot.
     fn over_cap(&self) -> Option<&'static str> {
         let s = &self.shared.settings;
@@ -271,13 +318,7 @@ impl QuotaStream {
     fn track(&mut self, pairs: Pairs) {
         let label = self.label().to_string();
         self.metrics().buckets.with_label_values(&[&label]).inc();
-        let descriptor = self.descriptor_of(&pairs).map(|d| {
-            if *d == *pairs {
-                Arc::clone(&pairs)
-            } else {
-                Arc::from(d)
-            }
-        });
+        let descriptor = self.resolve(&pairs);
         self.buckets.insert(
             pairs,
             Bucket {

@@ -140,6 +140,26 @@ async fn grpc_uds_serves_on_a_unix_socket() {
         "python over the socket: {stdout} {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The Rate Limit Quota Service on the same socket: grpcurl streams one usage report (the
+    // key's counter is spent) and gets the bucket's assignment, DENY_ALL until the hour ends.
+    let rlqs_sock = sock.to_str().expect("utf-8 path").to_string();
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        grpcurl(&[
+            "-plaintext",
+            "-unix",
+            "-d",
+            r#"{"domain":"uds","bucketQuotaUsages":[{"bucketId":{"bucket":{"k":"q"}},"numRequestsAllowed":"1"}]}"#,
+            &rlqs_sock,
+            "envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas",
+        ])
+    })
+    .await
+    .expect("grpcurl");
+    assert!(ok, "RLQS over the socket: {err}");
+    assert!(
+        out.contains("\"blanketRule\": \"DENY_ALL\"") && out.contains("\"k\": \"q\""),
+        "{out}"
+    );
     s.stop().await;
     assert!(!sock.exists(), "the socket file is removed at a clean stop");
 }

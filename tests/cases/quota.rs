@@ -302,3 +302,57 @@ async fn idle_buckets_are_abandoned_and_give_their_reservation_back() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_new_config_applies_to_buckets_already_held() {
+    let server = TestServer::start(YAML).await;
+    let mut s = Stream::open(&server).await;
+    let team = [("team", "a")];
+    let actions = s.report("rlqs", vec![usage(&team, 1, 0)]).await;
+    assert_eq!(
+        strategy_of(&actions[0]),
+        Err("allow_all"),
+        "no limit for `team` yet"
+    );
+    let mut late = Stream::open(&server).await;
+    let actions = late.report("late", vec![usage(&[("k", "v")], 1, 0)]).await;
+    assert_eq!(
+        strategy_of(&actions[0]),
+        Err("allow_all"),
+        "an unknown domain"
+    );
+    // A reload (or an xDS push) adds a limit for `team` and the domain `late`.
+    let limiter = server.running.as_ref().expect("running").limiter();
+    limiter.replace_rules(support::rules_of(&[
+        (
+            "rlqs.yaml",
+            "domain: rlqs\ndescriptors:\n  - key: x-api-key\n    rate_limit: { unit: minute, requests_per_unit: 600 }\n  - key: team\n    rate_limit: { unit: minute, requests_per_unit: 60 }\n",
+        ),
+        (
+            "late.yaml",
+            "domain: late\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 120 }\n",
+        ),
+    ]));
+    let actions = s.report("rlqs", vec![usage(&team, 1, 0)]).await;
+    assert_eq!(
+        strategy_of(&actions[0]),
+        Ok(1),
+        "the held bucket now has its limit"
+    );
+    let actions = late.report("late", vec![usage(&[("k", "v")], 1, 0)]).await;
+    assert_eq!(strategy_of(&actions[0]), Ok(2));
+    let (_, metrics) = http(server.http_addr, "GET", "/metrics", "").await;
+    assert!(
+        metrics.contains("sluice_rlqs_streams{domain=\"late\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("sluice_rlqs_streams{domain=\"unknown\"} 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("sluice_rlqs_buckets{domain=\"late\"} 1"),
+        "{metrics}"
+    );
+    server.stop().await;
+}
