@@ -139,12 +139,22 @@ impl QuotaStream {
     /// The stream is over: its postings come off the boards, its gauges and views go. Its
     /// reservations stay on the counters until their windows end: the Envoy may have used them.
     async fn end(&mut self) {
-        let board = Arc::clone(self.limiter.demand_board());
-        for b in self.buckets.values() {
-            if let Some((key, _)) = &b.tightest {
-                let _ = board.withdraw(key, &self.name).await;
-            }
-        }
+        let withdrawals: Vec<Step> = self
+            .buckets
+            .values()
+            .filter_map(|b| b.tightest.as_ref())
+            .map(|(key, _)| Step::Forget {
+                descriptor: None,
+                tightest: Some(key.clone()),
+                delta: 0,
+            })
+            .collect();
+        let worker = Worker {
+            limiter: Arc::clone(&self.limiter),
+            name: Arc::clone(&self.name),
+            domain: self.domain.clone(),
+        };
+        worker.run(&withdrawals).await;
         self.shared.streams.fetch_sub(1, Ordering::AcqRel);
         self.shared
             .buckets
