@@ -218,3 +218,55 @@ async fn a_denied_descriptor_and_the_other_one_on_sentinel() {
         s.stop().await;
     }
 }
+
+/// The quota service's demand boards through Sentinel: two replicas (two stores) meet on one
+/// counter's board, and after a failover the board, replicated, is still there on the promoted
+/// master and takes new postings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demand_boards_work_through_sentinel_and_survive_a_failover() {
+    use sluice::config::{Limit, Unit};
+    use sluice::store::demand::{DemandBoard, Posting};
+    use sluice::store::LimitCheck;
+    let setup = SentinelSetup::start();
+    let clock = ManualClock::new(T0);
+    let settings = RedisSettings {
+        sentinel: Some(SentinelSettings {
+            master_name: MASTER_NAME.into(),
+            auth: None,
+        }),
+        timeout: Duration::from_millis(500),
+        ..redis_settings(setup.urls(), RedisKind::Sentinel)
+    };
+    let board = || -> Arc<dyn DemandBoard> {
+        Arc::new(
+            RedisStore::new(&settings)
+                .expect("sentinel store")
+                .with_test_clock(Arc::new(clock.clone()))
+                .board(),
+        )
+    };
+    let (a, b) = (board(), board());
+    let key = LimitCheck::for_tests("rlqs", "k", Limit::fixed(600, Unit::Minute), 1).key;
+    let fresh = Duration::from_secs(15);
+    let posting = |stream: &str, rate: f64| Posting {
+        stream: Arc::from(stream),
+        rate: Some(rate),
+        reserved: 6,
+    };
+    a.post(&key, &posting("a-1", 4.0), fresh)
+        .await
+        .expect("post");
+    let seen = b
+        .post(&key, &posting("b-1", 0.5), fresh)
+        .await
+        .expect("post");
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    setup.wait_replicated();
+    setup.force_failover();
+    let seen = poll_until("a posting on the promoted master", || async {
+        a.post(&key, &posting("a-1", 3.0), fresh).await
+    })
+    .await;
+    assert!(seen.contains(&posting("b-1", 0.5)), "replicated: {seen:?}");
+    assert!(seen.contains(&posting("a-1", 3.0)), "{seen:?}");
+}
