@@ -59,6 +59,12 @@ impl Default for QuotaSettings {
     }
 }
 
+/// The largest usage report taken (tonic's default is 4 MiB): Envoy reports every bucket it
+/// holds in one message, about 80 bytes each, so 4 MiB would end the stream of an Envoy holding
+/// some 50 000 buckets, and it would reconnect and resend the same report for ever. 16 MiB is
+/// about 200 000 buckets, and one message per stream is in memory at a time.
+pub const MAX_REPORT_BYTES: usize = 16 << 20;
+
 /// The RLQS gRPC service around the one `RateLimiter` (its rules and store).
 #[derive(Debug, Clone)]
 pub struct QuotaService {
@@ -100,8 +106,9 @@ impl QuotaService {
         }
     }
 
+    /// The gRPC service, taking reports up to [`MAX_REPORT_BYTES`].
     pub fn into_server(self) -> RateLimitQuotaServiceServer<Self> {
-        RateLimitQuotaServiceServer::new(self)
+        RateLimitQuotaServiceServer::new(self).max_decoding_message_size(MAX_REPORT_BYTES)
     }
 }
 

@@ -356,3 +356,34 @@ async fn a_new_config_applies_to_buckets_already_held() {
     );
     server.stop().await;
 }
+
+/// A report above tonic's default 4 MiB message cap (Envoy reports every bucket it holds in one
+/// message) is taken, its oversized bucket ids refused, and the stream lives on.
+#[tokio::test]
+async fn a_report_above_four_mebibytes_is_taken_and_the_stream_lives_on() {
+    let server = TestServer::start(YAML).await;
+    let mut s = Stream::open(&server).await;
+    let big = "v".repeat(5_000);
+    let keys: Vec<String> = (0..1_100).map(|n| format!("{n}{big}")).collect();
+    let usages = keys
+        .iter()
+        .map(|k| usage(&[("x-api-key", k)], 1, 0))
+        .collect();
+    // Every id is over MAX_DESCRIPTOR_VALUE_BYTES: refused, and nothing to answer.
+    s.tx.send(RateLimitQuotaUsageReports {
+        domain: "rlqs".into(),
+        bucket_quota_usages: usages,
+    })
+    .await
+    .expect("report sent");
+    let actions = s
+        .report("rlqs", vec![usage(&[("x-api-key", "k")], 1, 0)])
+        .await;
+    assert_eq!(strategy_of(&actions[0]), Ok(10));
+    let (_, metrics) = http(server.http_addr, "GET", "/metrics", "").await;
+    assert!(
+        metrics.contains("sluice_rlqs_refused_total{reason=\"too_large\"} 1100"),
+        "{metrics}"
+    );
+    server.stop().await;
+}
