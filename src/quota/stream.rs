@@ -149,11 +149,7 @@ impl QuotaStream {
                 delta: 0,
             })
             .collect();
-        let worker = Worker {
-            limiter: Arc::clone(&self.limiter),
-            name: Arc::clone(&self.name),
-            domain: self.domain.clone(),
-        };
+        let worker = self.worker();
         worker.run(&withdrawals).await;
         self.shared.streams.fetch_sub(1, Ordering::AcqRel);
         self.shared
@@ -171,6 +167,15 @@ impl QuotaStream {
                 .sub(i64::try_from(self.buckets.len()).unwrap_or(i64::MAX));
             let rate: f64 = self.buckets.values().map(|b| b.rate).sum();
             m.assigned_rate.with_label_values(&[label]).sub(rate);
+        }
+    }
+
+    /// What runs this stream's store work (see `work.rs`).
+    fn worker(&self) -> Worker {
+        Worker {
+            limiter: Arc::clone(&self.limiter),
+            name: Arc::clone(&self.name),
+            domain: self.domain.clone(),
         }
     }
 
@@ -438,11 +443,7 @@ impl QuotaStream {
                 }
             }
         }
-        let worker = Worker {
-            limiter: Arc::clone(&self.limiter),
-            name: Arc::clone(&self.name),
-            domain: self.domain.clone(),
-        };
+        let worker = self.worker();
         let mut results = worker.run(&steps).await;
         order
             .into_iter()
