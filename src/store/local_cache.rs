@@ -23,21 +23,26 @@
 //!   another request's charge stands; such a denial is answered but not cached (a domain with
 //!   `hash_tag: domain` has no such requests, and standalone Redis and memory never do).
 //! - Memory is bounded: each entry is accounted as the length of its key strings plus
-//!   [`ENTRY_OVERHEAD`] bytes; an insert that would exceed the budget first drops expired
-//!   entries, then is skipped. The cache never grows past its budget.
+//!   [`ENTRY_OVERHEAD`] bytes; an insert that would exceed the budget first drops up to
+//!   [`PURGE_BUDGET`] expired entries, soonest first (an expiry index, so no denial walks the
+//!   cache under its lock), then is skipped. The cache never grows past its budget.
 
 use super::{
     BoxFuture, CounterKey, CounterStore, Decision, DenialFinality, LimitCheck, Outcome, StoreError,
 };
 use crate::clock::Clock;
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 #[cfg(any(test, feature = "test-util"))]
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-/// Bytes accounted per entry on top of its key strings (map slot, deadline, string headers).
-pub const ENTRY_OVERHEAD: usize = 64;
+/// Bytes accounted per entry on top of its key strings (map slot, deadline, string headers,
+/// and the expiry index, which holds at most two entries per cached counter).
+pub const ENTRY_OVERHEAD: usize = 64 + 2 * std::mem::size_of::<Expiring>();
+/// Expired entries one insert into a full cache drops at most: no denial walks the cache.
+pub const PURGE_BUDGET: usize = 16;
 
 #[derive(Debug)]
 struct Entry {
@@ -45,10 +50,45 @@ struct Entry {
     bytes: usize,
 }
 
+/// An expiry-index entry: when a counter's denial ends, as it was when indexed. Ordered by
+/// time alone (soonest first in the reversed heap).
+#[derive(Debug)]
+struct Expiring {
+    at: Duration,
+    key: CounterKey,
+}
+
+impl PartialEq for Expiring {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at
+    }
+}
+impl Eq for Expiring {}
+impl PartialOrd for Expiring {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Expiring {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.at.cmp(&other.at)
+    }
+}
+
 #[derive(Debug, Default)]
 struct Entries {
     map: HashMap<CounterKey, Entry>,
+    /// Every entry by the deny time it had when indexed, soonest first (like the memory
+    /// store's expiry index): an entry extended since is re-indexed when it surfaces; one
+    /// removed leaves a stale index entry, and the index is rebuilt from the map once stale
+    /// ones make up half of it, so it stays within twice the map.
+    expiry: BinaryHeap<Reverse<Expiring>>,
     bytes: usize,
+    /// Index entries purges looked at, all told (tests: no purge walks the cache).
+    #[cfg(any(test, feature = "test-util"))]
+    purge_visits: u64,
+    #[cfg(any(test, feature = "test-util"))]
+    max_purge_visits: u64,
 }
 
 impl Entries {
@@ -58,16 +98,55 @@ impl Entries {
         }
     }
 
+    fn insert(&mut self, key: CounterKey, entry: Entry) {
+        if self.expiry.len() >= 2 * self.map.len() + 64 {
+            self.expiry = self
+                .map
+                .iter()
+                .map(|(k, e)| {
+                    Reverse(Expiring {
+                        at: e.deny_until,
+                        key: k.clone(),
+                    })
+                })
+                .collect();
+        }
+        self.bytes += entry.bytes;
+        self.expiry.push(Reverse(Expiring {
+            at: entry.deny_until,
+            key: key.clone(),
+        }));
+        self.map.insert(key, entry);
+    }
+
+    /// Drops expired entries, soonest first, looking at no more than [`PURGE_BUDGET`] index
+    /// entries.
     fn purge_expired(&mut self, now: Duration) {
-        let mut freed = 0;
-        self.map.retain(|_, e| {
-            let live = e.deny_until > now;
-            if !live {
-                freed += e.bytes;
+        let mut visits = 0;
+        while visits < PURGE_BUDGET {
+            match self.expiry.peek() {
+                Some(Reverse(top)) if top.at <= now => {}
+                _ => break,
             }
-            live
-        });
-        self.bytes -= freed;
+            let Some(Reverse(top)) = self.expiry.pop() else {
+                break;
+            };
+            visits += 1;
+            match self.map.get(&top.key) {
+                Some(e) if e.deny_until <= now => self.remove(&top.key),
+                Some(e) if e.deny_until > top.at => {
+                    // Extended since it was indexed: index it again at its new time.
+                    let at = e.deny_until;
+                    self.expiry.push(Reverse(Expiring { at, key: top.key }));
+                }
+                _ => {}
+            }
+        }
+        #[cfg(any(test, feature = "test-util"))]
+        {
+            self.purge_visits += visits as u64;
+            self.max_purge_visits = self.max_purge_visits.max(visits as u64);
+        }
     }
 }
 
@@ -146,6 +225,12 @@ impl<S: CounterStore> LocalDenyCache<S> {
     #[cfg(any(test, feature = "test-util"))]
     pub fn max_bytes(&self) -> usize {
         self.max_bytes
+    }
+
+    #[cfg(any(test, feature = "test-util"))]
+    /// The most expiry-index entries one purge looked at.
+    pub fn max_purge_visits(&self) -> u64 {
+        self.lock().max_purge_visits
     }
 
     #[cfg(any(test, feature = "test-util"))]
@@ -252,10 +337,7 @@ impl<S: CounterStore> LocalDenyCache<S> {
                     continue;
                 }
             }
-            entries.bytes += bytes;
-            entries
-                .map
-                .insert(c.key.clone(), Entry { deny_until, bytes });
+            entries.insert(c.key.clone(), Entry { deny_until, bytes });
         }
     }
 }
@@ -545,6 +627,44 @@ mod tests {
         assert!(cache.is_empty());
         assert_eq!(cache.bytes(), 0);
         assert!(cache.decide(&[c]).await.unwrap().admitted);
+    }
+
+    #[tokio::test]
+    async fn no_denial_walks_a_full_cache() {
+        // An attack spread over many keys against a full cache: every insert that does not fit
+        // purges, and a purge looks at a bounded number of entries whatever the cache holds
+        // (a purge over the whole map looked at every entry: 1 000 here, each time).
+        let one = entry_bytes(&key("k000000", 0));
+        let (_store, cache, clock) = setup(one * 1000);
+        for i in 0..1000 {
+            cache
+                .decide(&[check(&format!("k{i:06}"), 0)])
+                .await
+                .unwrap();
+        }
+        assert_eq!(cache.len(), 1000);
+        // A full cache of live entries, then of expired ones, under 100 000 new denied keys.
+        for i in 1000..50_000 {
+            cache
+                .decide(&[check(&format!("k{i:06}"), 0)])
+                .await
+                .unwrap();
+        }
+        assert_eq!(cache.len(), 1000, "live entries stay; new ones are skipped");
+        clock.advance(Duration::from_secs(60));
+        for i in 50_000..101_000 {
+            cache
+                .decide(&[check(&format!("k{i:06}"), 0)])
+                .await
+                .unwrap();
+            assert!(cache.bytes() <= cache.max_bytes());
+        }
+        assert!(
+            cache.max_purge_visits() <= PURGE_BUDGET as u64,
+            "a purge looked at {} entries",
+            cache.max_purge_visits()
+        );
+        assert_eq!(cache.len(), 1000, "expired entries gave way to new ones");
     }
 
     #[tokio::test]

@@ -6,10 +6,9 @@
 //! the fixed seeds, the same as the golden answers recorded from the build before the store
 //! redesign (`tests/golden/differential.txt`), so a refactor of the store cannot change a
 //! decision unnoticed. Regression seeds (each once found the stores disagreeing) compare the
-//! stores with each other, with and without STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT. Three fresh
-//! seeds, new on every run, do the same; Cluster is compared on them up to the first request of
-//! a shape with a KNOWN Cluster-only difference (listed below, and in the README); a failure
-//! prints its seed (`SLUICE_DIFF_SEED=<seed>` replays it).
+//! stores with each other, with and without STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT. Ten fresh
+//! seeds, new on every run, do the same. Cluster is compared on every step of every seed; a
+//! failure prints its seed (`SLUICE_DIFF_SEED=<seed>` replays it).
 //!
 //! `SLUICE_RECORD_GOLDEN=1` rewrites the golden file from the build under test (only ever from
 //! a build whose behaviour is the reference).
@@ -77,7 +76,18 @@ const GOLDEN_SEEDS: [u64; 3] = [1, 2, 3];
 /// 1795490851698986543: two checks on one counter, one not charged, on memory.
 /// 1795491040869275339 and 1795491127042725332: a refund (or shadow) quota-mode limit counted in
 /// the quota rule by the script and by Cluster, not by `Admission`.
-const REGRESSION_SEEDS: [u64; 6] = [
+/// 1795568438354380472: STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT, two checks on one counter,
+/// the first not charged: standalone Redis's fast path reported the counter after the request,
+/// not as it stood. 1795491180310110749, 1795491300476300946 and 1795491385093329822: once
+/// known Cluster differences (an all_or_nothing refund spanning slots; two checks of one
+/// counter under STOP), now decided exactly. 722060521966259239: two quota-mode checks of one
+/// counter on Cluster, the second denied and not charged, reports what it saw.
+const REGRESSION_SEEDS: [u64; 11] = [
+    1_795_568_438_354_380_472,
+    722_060_521_966_259_239,
+    1_795_491_180_310_110_749,
+    1_795_491_300_476_300_946,
+    1_795_491_385_093_329_822,
     1_795_489_182_115_476_029,
     1_795_490_515_931_641_160,
     1_795_490_535_363_210_060,
@@ -85,18 +95,8 @@ const REGRESSION_SEEDS: [u64; 6] = [
     1_795_491_040_869_275_339,
     1_795_491_127_042_725_332,
 ];
-// KNOWN differences between memory (and standalone Redis) and Cluster, all on requests that span
-// slots, each a shape [`known_cluster_difference`] names:
-// - an all_or_nothing request that refunds (not recording) and spans slots: the refund waits
-//   for the verdict (a refund applied in one slot could not be taken back exactly if another
-//   slot denied), so a later check of the request on the refunded counter does not see it
-//   (1795491180310110749: denied on Cluster, admitted elsewhere), and a denied request
-//   reports the refunded counter as it stands, not as the refund would leave it
-//   (1795491300476300946: a sliding_log's reset 1 s apart);
-// - STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT with two checks of one request on one counter:
-//   Cluster reports what the counter holds after the request, memory and standalone Redis what
-//   each check saw (1795491385093329822: `remaining` 1 and 1 vs 3 and 0).
-
+/// Fresh seeds per run (besides the regression seeds), each run with and without STOP.
+const FRESH_SEEDS: u64 = 10;
 /// Requests per sequence.
 const STEPS: usize = 120;
 
@@ -172,30 +172,6 @@ fn answer_line(r: &RateLimitResponse) -> String {
     line
 }
 
-/// Whether `req` has a shape with a KNOWN Cluster-only difference (see KNOWN above); judged
-/// from the request alone, so it errs on the side of flagging (it cannot see slots).
-fn known_cluster_difference(req: &RateLimitRequest, stop: bool) -> bool {
-    if req.descriptors.len() < 2 {
-        return false;
-    }
-    let refunds = req.descriptors.iter().any(|d| {
-        // `budget` records usage: its refunds apply at once, whatever the verdict.
-        d.is_negative_hits && !d.entries.iter().any(|e| e.key == "budget")
-    });
-    let twice = req.descriptors.iter().enumerate().any(|(i, a)| {
-        req.descriptors[..i]
-            .iter()
-            .any(|b| a.entries == b.entries && a.limit == b.limit)
-    });
-    (req.domain == "aon" && refunds) || (stop && req.domain == "env" && twice)
-}
-
-/// The first step of `seed`'s sequence with a KNOWN Cluster-only difference, if any.
-fn first_known_cluster_difference(seed: u64, stop: bool) -> Option<usize> {
-    let mut rng = Rng::new(seed);
-    (0..STEPS).find(|_| known_cluster_difference(&random_request(&mut rng).1, stop))
-}
-
 /// Runs `seed`'s sequence on one store kind; returns one answer line per request.
 async fn run(kind: &str, seed: u64, options: ServiceOptions) -> Vec<String> {
     let (store, clock, _backend) = make_store(kind).await;
@@ -223,7 +199,11 @@ async fn run(kind: &str, seed: u64, options: ServiceOptions) -> Vec<String> {
         if std::env::var("SLUICE_DIFF_DEBUG").is_ok() && kind == "memory" {
             println!("{} {:?} {:?}", lines.len(), dt, req);
         }
-        lines.push(answer_line(&s.call(req).await));
+        let line = answer_line(&s.call(req).await);
+        if std::env::var("SLUICE_DIFF_DEBUG").is_ok() {
+            println!("{kind} {} {line}", lines.len());
+        }
+        lines.push(line);
     }
     s.stop().await;
     lines
@@ -248,16 +228,14 @@ fn read_golden() -> Vec<(u64, usize, String)> {
 }
 
 async fn compare(seed: u64, golden: Option<&[String]>) -> Vec<String> {
-    compare_with(seed, golden, ServiceOptions::default(), STEPS).await
+    compare_with(seed, golden, ServiceOptions::default()).await
 }
 
-/// Runs `seed` on the three stores and compares every answer (Cluster's only before step
-/// `cluster_steps`), and with `golden` when given.
+/// Runs `seed` on the three stores and compares every answer, and with `golden` when given.
 async fn compare_with(
     seed: u64,
     golden: Option<&[String]>,
     options: ServiceOptions,
-    cluster_steps: usize,
 ) -> Vec<String> {
     let stop = options.stop_increment_when_over;
     let memory = run("memory", seed, options.clone()).await;
@@ -269,12 +247,10 @@ async fn compare_with(
             m, &redis[step],
             "seed {seed} step {step} (stop {stop}): memory vs Redis"
         );
-        if step < cluster_steps {
-            assert_eq!(
-                m, &cluster[step],
-                "seed {seed} step {step} (stop {stop}): memory vs Cluster"
-            );
-        }
+        assert_eq!(
+            m, &cluster[step],
+            "seed {seed} step {step} (stop {stop}): memory vs Cluster"
+        );
         if let Some(g) = golden {
             assert_eq!(
                 m, &g[step],
@@ -323,13 +299,12 @@ async fn stores_agree_on_fresh_random_sequences() {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_nanos() as u64)
                 .unwrap_or(7);
-            let fresh = (0..3).map(|i| base.wrapping_add(i) | 1 << 40);
+            let fresh = (0..FRESH_SEEDS).map(|i| base.wrapping_add(i) | 1 << 40);
             REGRESSION_SEEDS.into_iter().chain(fresh).collect()
         }
     };
     for seed in seeds {
         println!("differential seed {seed} (SLUICE_DIFF_SEED={seed} replays it)");
-        let fresh = !REGRESSION_SEEDS.contains(&seed);
         for stop in [false, true] {
             // envoyproxy's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: only the keys over their
             // limit are charged when one is (across Cluster slots by undoing the others).
@@ -337,12 +312,7 @@ async fn stores_agree_on_fresh_random_sequences() {
                 stop_increment_when_over: stop,
                 ..ServiceOptions::default()
             };
-            let cluster_steps = match first_known_cluster_difference(seed, stop) {
-                Some(step) if fresh => step,
-                _ => STEPS,
-            };
-            println!("  stop {stop}: Cluster compared on the first {cluster_steps} steps");
-            compare_with(seed, None, options, cluster_steps).await;
+            compare_with(seed, None, options).await;
         }
     }
 }

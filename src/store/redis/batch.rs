@@ -74,7 +74,7 @@ pub(super) struct Job {
 pub(super) async fn batcher(
     mut rx: tokio::sync::mpsc::Receiver<Job>,
     pool: bb8::Pool<Manager>,
-    script: Script,
+    script: Arc<Script>,
     time: ScriptTime,
     timeout: Duration,
     in_flight: usize,
@@ -114,7 +114,7 @@ pub(super) async fn batcher(
         if jobs.is_empty() {
             continue;
         }
-        let (pool, script, now) = (pool.clone(), script.clone(), time.arg());
+        let (pool, script, now) = (pool.clone(), Arc::clone(&script), time.arg());
         tokio::spawn(async move {
             let result = match single_connection(&pool).await {
                 Ok(conn) => {

@@ -4,10 +4,10 @@
 
 use super::batch::run;
 use super::codec::ScriptTime;
-use super::codec::{self, Call};
+use super::codec::{self, Call, Reply, SlotReply};
 use super::conn::Conn;
 use super::{classify, keys, Common, RedisSettings, DENIED, UNDO_ATTEMPTS};
-use crate::store::{Admission, Decision, LimitCheck, Outcome, StoreError};
+use crate::store::{charged, Admission, Decision, LimitCheck, Outcome, StoreError};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::Script;
@@ -72,25 +72,21 @@ impl Cluster {
         checks: &[LimitCheck],
     ) -> Result<Decision, StoreError> {
         if !checks.iter().any(|c| c.record && c.hits > 0) {
-            return self.decide_all(common, checks, true).await;
+            return self.decide_all(common, checks).await;
         }
         let (me, common, owned) = (Arc::clone(self), Arc::clone(common), checks.to_vec());
         let task = common
             .runtime
             .clone()
-            .spawn(async move { me.decide_all(&common, &owned, true).await });
+            .spawn(async move { me.decide_all(&common, &owned).await });
         task.await
             .unwrap_or_else(|e| Err(StoreError::Permanent(format!("decision task failed: {e}"))))
     }
 
-    /// `defer_refunds`: all-or-nothing refunds spanning slots wait for the verdict (false for
-    /// the refunds themselves, once the verdict is in: they always admit, so applying them
-    /// needs no undo, and deferring them again would never end).
     async fn decide_all(
         &self,
         common: &Arc<Common>,
         checks: &[LimitCheck],
-        defer_refunds: bool,
     ) -> Result<Decision, StoreError> {
         let groups = groups(checks);
         let conn = self.connection().await;
@@ -109,7 +105,7 @@ impl Cluster {
             .await;
             common.record_health(&r);
             let mut outcomes = vec![DENIED; checks.len()];
-            let admitted = codec::decode(&r?, only, false, &mut outcomes)?;
+            let admitted = codec::decode(&r?, only, &mut outcomes)?;
             return Ok(Decision {
                 admitted,
                 outcomes,
@@ -117,15 +113,9 @@ impl Cluster {
                 steps: 1,
             });
         }
-        // Several slots. A refund (all or nothing) applies only if the request is admitted,
-        // and one applied in a slot could not be taken back exactly when another slot denies:
-        // so refunds wait for the verdict.
-        if defer_refunds && checks.iter().any(|c| c.refund && !c.record && c.hits > 0) {
-            return Box::pin(self.refunds_after_the_verdict(common, checks)).await;
-        }
-        // The charges and, if the request is not admitted, the undo of the others run on
-        // their own task, so a caller that gives up (Envoy's deadline) cannot leave a charge
-        // without its undo.
+        // The slots' calls and, where the verdict says so, the undo or the commit that follows
+        // run on their own task, so a caller that gives up (Envoy's deadline) cannot leave a
+        // charge without its undo.
         let task = common.runtime.spawn(charge_or_undo(
             Arc::clone(common),
             conn,
@@ -134,48 +124,6 @@ impl Cluster {
         ));
         task.await
             .map_err(|e| StoreError::Permanent(format!("decision task failed: {e}")))?
-    }
-
-    /// A request spanning slots with all-or-nothing refunds: decided first with each refund as
-    /// a shadow check (it reads its counter and never denies), then, if admitted, the refunds
-    /// are applied (a refund always admits). Two round trips, only for such requests.
-    async fn refunds_after_the_verdict(
-        &self,
-        common: &Arc<Common>,
-        checks: &[LimitCheck],
-    ) -> Result<Decision, StoreError> {
-        let late = |c: &LimitCheck| c.refund && !c.record && c.hits > 0;
-        let first: Vec<LimitCheck> = checks
-            .iter()
-            .map(|c| {
-                if late(c) {
-                    LimitCheck {
-                        hits: 0,
-                        refund: false,
-                        shadow: true,
-                        ..c.clone()
-                    }
-                } else {
-                    c.clone()
-                }
-            })
-            .collect();
-        let mut decision = Box::pin(self.decide_all(common, &first, true)).await?;
-        let idx: Vec<usize> = (0..checks.len()).filter(|&i| late(&checks[i])).collect();
-        for &i in &idx {
-            // As a refund reports itself: allowed, nothing to wait for.
-            decision.outcomes[i].allowed = true;
-            decision.outcomes[i].retry_after = Duration::ZERO;
-        }
-        if decision.admitted {
-            let refunds: Vec<LimitCheck> = idx.iter().map(|&i| checks[i].clone()).collect();
-            let applied = Box::pin(self.decide_all(common, &refunds, false)).await?;
-            for (k, &i) in idx.iter().enumerate() {
-                decision.outcomes[i] = applied.outcomes[k];
-            }
-            decision.steps += applied.steps;
-        }
-        Ok(decision)
     }
 }
 
@@ -196,10 +144,18 @@ pub(super) fn groups(checks: &[LimitCheck]) -> Vec<Vec<usize>> {
     groups.into_iter().map(|(_, g)| g).collect()
 }
 
-/// Runs every slot's call concurrently and decides the request by [`Admission`] over every
-/// limit's verdict (quota-mode limits go to each slot as shadow, so a slot never applies the
-/// quota rule alone); if the request is not admitted (a slot denies or fails, or every
-/// quota-mode limit denied), undoes exactly what the admitting slots charged.
+/// A refund that gives quota back only if the request is admitted: applied in one slot, it
+/// could not be taken back exactly if another slot denied, so its slot is decided dry first.
+fn waits_for_verdict(c: &LimitCheck) -> bool {
+    c.refund && !c.record && c.hits > 0
+}
+
+/// Decides a request spanning slots exactly as one atomic call would. Every slot's call runs
+/// concurrently: a slot is charged by its own verdict (quota-mode limits go as shadow, so a
+/// slot never applies the quota rule alone), or decided dry when it holds a refund that waits
+/// for the verdict. The request's verdict is then [`Admission`] over every limit, and what it
+/// charges is [`charged`]'s rule over all of them. A slot charged beyond that (by its own,
+/// kinder verdict) has exactly those charges undone; a dry slot is committed with the verdict.
 async fn charge_or_undo(
     common: Arc<Common>,
     conn: Conn,
@@ -208,9 +164,13 @@ async fn charge_or_undo(
 ) -> Result<Decision, StoreError> {
     let calls: Vec<Call> = groups
         .iter()
-        .map(|g| Call {
-            tokens: true,
-            ..common.call_for(&checks, g, false)
+        .map(|g| {
+            let call = common.call_for(&checks, g, false);
+            if g.iter().any(|&i| waits_for_verdict(&checks[i])) {
+                call.with_reply(Reply::Dry)
+            } else {
+                call
+            }
         })
         .collect();
     let (script, time, timeout) = (&common.script, &common.time, common.timeout);
@@ -222,82 +182,113 @@ async fn charge_or_undo(
     )
     .await;
     let mut outcomes = vec![DENIED; checks.len()];
+    let mut slots: Vec<Option<SlotReply>> = Vec::with_capacity(groups.len());
     let mut first_error = None;
-    for (g, r) in groups.iter().zip(&results) {
+    for ((g, call), r) in groups.iter().zip(&calls).zip(&results) {
         common.record_health(r);
         let decoded = r
             .as_ref()
             .map_err(Clone::clone)
-            .and_then(|values| codec::decode(values, g, true, &mut outcomes));
-        if let Err(e) = decoded {
-            first_error.get_or_insert(e);
+            .and_then(|values| codec::decode_slot(values, g, call.width(), &mut outcomes));
+        match decoded {
+            Ok(slot) => slots.push(Some(slot)),
+            Err(e) => {
+                first_error.get_or_insert(e);
+                slots.push(None);
+            }
         }
     }
-    let mut admission = Admission::default();
-    for (c, o) in checks.iter().zip(&outcomes) {
-        admission.add(c, o.allowed);
+    let verdict = |outcomes: &[Outcome], failed: bool| {
+        let mut admission = Admission::default();
+        for (c, o) in checks.iter().zip(outcomes) {
+            admission.add(c, o.allowed);
+        }
+        let allowed: Vec<bool> = outcomes.iter().map(|o| o.allowed).collect();
+        let admitted = !failed && admission.admitted();
+        let stopped = checks.iter().any(|c| c.stop_over)
+            && checks.iter().zip(&allowed).any(|(c, &ok)| c.record && !ok);
+        (admitted, stopped, charged(&checks, &allowed, admitted))
+    };
+    let (mut admitted, stopped, mut charge) = verdict(&outcomes, first_error.is_some());
+    let mut steps = groups.len();
+    let mut committed = vec![false; groups.len()];
+    // Dry slots: committed with the verdict, when it charges anything there.
+    for (n, g) in groups.iter().enumerate() {
+        if calls[n].reply != Reply::Dry || slots[n].is_none() {
+            continue;
+        }
+        if !g.iter().any(|&i| charge[i] && checks[i].hits > 0) {
+            continue;
+        }
+        let commit = calls[n].with_reply(Reply::Verdict {
+            admitted,
+            over: stopped,
+        });
+        steps += 1;
+        let r = run(script, conn.clone(), &time.arg(), &commit, timeout).await;
+        common.record_health(&r);
+        let decoded = r.and_then(|v| codec::decode_slot(&v, g, commit.width(), &mut outcomes));
+        match decoded {
+            Ok(slot) => {
+                if admitted && !slot.admitted {
+                    // The slot changed since its dry decision (a concurrent request): it
+                    // denies now, so the request is denied and the others' charges undone.
+                    admitted = false;
+                    charge = verdict(&outcomes, true).2;
+                }
+                slots[n] = Some(slot);
+                committed[n] = true;
+            }
+            Err(e) => {
+                first_error.get_or_insert(e);
+                admitted = false;
+                charge = verdict(&outcomes, true).2;
+                slots[n] = None;
+            }
+        }
     }
-    let admitted = first_error.is_none() && admission.admitted();
-    let undone = undo(&common, &conn, &calls, &results, admitted).await;
+    // Charged slots: undo what the request's rule does not charge.
+    for (n, g) in groups.iter().enumerate() {
+        let Some(slot) = &slots[n] else { continue };
+        if calls[n].reply == Reply::Dry && !committed[n] {
+            continue;
+        }
+        let undo: Vec<bool> = g.iter().map(|&i| !charge[i]).collect();
+        let call = codec::encode_undo(&calls[n], slot, &undo);
+        if call.keys.is_empty() {
+            continue;
+        }
+        steps += 1;
+        if let Err(e) = run_undo(script, &conn, time, &call, timeout).await {
+            common.signals.undo_failures.add(1);
+            tracing::warn!(error = %e, keys = call.keys.len(), "could not undo the charge of a request denied in another slot");
+        }
+    }
     if let Some(e) = first_error {
         return Err(e);
     }
-    give_back(&checks, &groups, &undone, &mut outcomes);
+    // As one atomic call reports (memory, the script): when every limit that changed its
+    // counter is charged, each limit reports what it saw; otherwise a limit not charged
+    // reports its counter as the request found it.
+    let exact = checks
+        .iter()
+        .zip(&outcomes)
+        .zip(&charge)
+        .all(|((c, o), &w)| w || c.hits == 0 || !(o.allowed || c.record));
+    for (g, slot) in groups.iter().zip(&slots).filter(|_| !exact) {
+        let Some(slot) = slot else { continue };
+        for (&i, &before) in g.iter().zip(&slot.before) {
+            if !charge[i] {
+                outcomes[i].remaining = before;
+            }
+        }
+    }
     Ok(Decision {
         admitted,
         outcomes,
         local: false,
-        steps: groups.len(),
+        steps,
     })
-}
-
-/// Undoes what the slots of a request charged that must not stand; returns, per call,
-/// whether it was undone. Not admitted: every slot that admitted (and so wrote its charges).
-/// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: each slot applied the rule to its own keys; if a key
-/// is over in any slot, the slots with none over (which charged every key) are undone, whether
-/// or not the request is admitted (a shadow limit over its limit admits it).
-async fn undo(
-    common: &Common,
-    conn: &Conn,
-    calls: &[Call],
-    results: &[Result<Vec<i64>, StoreError>],
-    admitted: bool,
-) -> Vec<bool> {
-    let stop = calls.iter().any(codec::is_stop);
-    let over: Vec<bool> = calls
-        .iter()
-        .zip(results)
-        .map(|(c, r)| r.as_ref().is_ok_and(|v| codec::any_denied(c, v)))
-        .collect();
-    let any_over = over.contains(&true);
-    let mut undone = vec![false; calls.len()];
-    if admitted && !(stop && any_over) {
-        return undone;
-    }
-    for (i, ((call, r), undone)) in calls.iter().zip(results).zip(&mut undone).enumerate() {
-        let Ok(values) = r else { continue };
-        let undo_slot = if stop {
-            any_over && !over[i]
-        } else {
-            // A slot that admitted wrote its charges.
-            !admitted && codec::admitted(values)
-        };
-        if !undo_slot {
-            continue;
-        }
-        let undo = codec::encode_undo(call, values);
-        if undo.keys.is_empty() {
-            continue;
-        }
-        match run_undo(&common.script, conn, &common.time, &undo, common.timeout).await {
-            Ok(()) => *undone = true,
-            Err(e) => {
-                common.signals.undo_failures.add(1);
-                tracing::warn!(error = %e, keys = undo.keys.len(), "could not undo the charge of a request denied in another slot");
-            }
-        }
-    }
-    undone
 }
 
 /// Runs an undo, retrying a failed call up to [`UNDO_ATTEMPTS`] times; an undo the script
@@ -325,48 +316,4 @@ async fn run_undo(
         }
     }
     Err(last.unwrap_or_else(|| StoreError::Permanent("no undo attempt was made".into())))
-}
-
-/// What an undone charge gave back is left again: the outcomes of the groups whose charges
-/// were undone report the hits as remaining.
-fn give_back(
-    checks: &[LimitCheck],
-    groups: &[Vec<usize>],
-    undone: &[bool],
-    outcomes: &mut [Outcome],
-) {
-    let undone_charge = |c: &LimitCheck, o: &Outcome| {
-        o.allowed && c.hits > 0 && !c.refund && (!c.record || c.stop_over)
-    };
-    for (g, _) in groups.iter().zip(undone).filter(|(_, done)| **done) {
-        // Per counter: what its last check reported plus every hit the undo gave back. Two
-        // checks of one request on one counter see each other's hits, so the last one holds
-        // the lowest figure, and after the undo every check on it has that much more.
-        for (n, &i) in g.iter().enumerate() {
-            let key = &checks[i].key;
-            if g[..n].iter().any(|&j| checks[j].key == *key) {
-                continue;
-            }
-            let on_key: Vec<usize> = g[n..]
-                .iter()
-                .copied()
-                .filter(|&j| checks[j].key == *key)
-                .collect();
-            let given: u64 = on_key
-                .iter()
-                .filter(|&&j| undone_charge(&checks[j], &outcomes[j]))
-                .map(|&j| checks[j].hits)
-                .sum();
-            if given == 0 {
-                continue;
-            }
-            let last = on_key.last().map_or(0, |&j| outcomes[j].remaining);
-            let remaining = last
-                .saturating_add(u32::try_from(given).unwrap_or(u32::MAX))
-                .min(key.limit.requests_per_unit);
-            for j in on_key {
-                outcomes[j].remaining = remaining;
-            }
-        }
-    }
 }

@@ -81,13 +81,41 @@ pub(super) const COUNTING_META: u64 = (FLAG_RECORD | FLAG_STOP) << 2;
 /// The undo flag, as placed in `meta`.
 pub(super) const UNDO: u64 = 4 << 2;
 
+/// What a call asks the script to return (ARGV[2], see the top of `decide.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reply {
+    /// "0": each limit's outcome.
+    Answer,
+    /// "1": the outcome, what an undo of the charge needs, and what the counter had left
+    /// before the request (one slot of a Cluster request spanning slots).
+    Tokens,
+    /// "d": as `Tokens`, deciding without writing anything.
+    Dry,
+    /// "x<a><o>": as `Tokens`, with the verdict of the request's other slots folded in.
+    Verdict { admitted: bool, over: bool },
+}
+
+impl Reply {
+    /// ARGV[2].
+    pub(super) fn arg(self) -> String {
+        match self {
+            Reply::Answer => "0".into(),
+            Reply::Tokens => "1".into(),
+            Reply::Dry => "d".into(),
+            Reply::Verdict { admitted, over } => {
+                format!("x{}{}", u8::from(admitted), u8::from(over))
+            }
+        }
+    }
+}
+
 /// One script call: its keys and the numeric arguments after ARGV[2].
 #[derive(Debug, Clone)]
 pub(super) struct Call {
     pub(super) keys: Vec<String>,
     pub(super) args: Vec<u64>,
-    /// Ask for undo tokens (ARGV[2]).
-    pub(super) tokens: bool,
+    /// What the script returns (ARGV[2]).
+    pub(super) reply: Reply,
     /// Fixed windows only, no flags: 3 arguments per limit, the script's fast path.
     pub(super) plain: bool,
     /// A plain call's counting `m` (decide.lua): 0 all or nothing, 1 record, 3 record + stop.
@@ -105,17 +133,15 @@ impl Call {
                 .any(|a| a.get(3).is_some_and(|m| m & (FLAG_RECORD << 2) != 0))
         }
     }
-}
 
-impl Call {
     /// Values per limit in the reply.
     pub(super) fn width(&self) -> usize {
         if self.is_undo() {
             1
-        } else if self.tokens {
-            4
-        } else {
+        } else if self.reply == Reply::Answer {
             3
+        } else {
+            5
         }
     }
 
@@ -132,12 +158,21 @@ impl Call {
     pub(super) fn is_undo(&self) -> bool {
         !self.plain && self.args.get(3).is_some_and(|meta| meta & UNDO != 0)
     }
+
+    /// The same call asking for `reply`.
+    pub(super) fn with_reply(&self, reply: Reply) -> Call {
+        Call {
+            reply,
+            ..self.clone()
+        }
+    }
 }
 
 /// The script call deciding `idx` of `checks`, owned so it can run on a spawned task; `key_of`
 /// names each counter's Redis key. `whole`: the call decides the whole request, so the script
-/// applies the quota-mode rule; otherwise (one slot of several) quota limits go as shadow and
-/// the caller applies [`crate::store::Admission`] across the slots.
+/// applies the quota-mode rule; otherwise (one slot of several) quota limits go as shadow, the
+/// caller applies [`crate::store::Admission`] across the slots, and the reply carries what an
+/// undo needs ([`Reply::Tokens`]).
 pub(super) fn encode(
     checks: &[LimitCheck],
     idx: &[usize],
@@ -160,11 +195,13 @@ pub(super) fn encode(
             | u64::from(c.key.limit.burst) << META_BURST_SHIFT
     };
     // Plain requests (fixed windows, no flags but one counting for all) skip the meta
-    // argument; their counting goes once, in the request's header.
+    // argument; their counting goes once, in the request's header. A slot of a request
+    // spanning slots goes in the general layout (the fast path returns no undo tokens).
     let counting = idx.first().map_or(0, |&i| meta(&checks[i]) & COUNTING_META);
-    let plain = idx.iter().all(|&i| {
-        meta(&checks[i]) & !COUNTING_META == 0 && meta(&checks[i]) & COUNTING_META == counting
-    });
+    let plain = whole
+        && idx.iter().all(|&i| {
+            meta(&checks[i]) & !COUNTING_META == 0 && meta(&checks[i]) & COUNTING_META == counting
+        });
     let per_key = if plain {
         ARGS_PER_KEY - 1
     } else {
@@ -184,74 +221,92 @@ pub(super) fn encode(
     Call {
         keys,
         args,
-        tokens: false,
+        reply: if whole { Reply::Answer } else { Reply::Tokens },
         plain,
         counting: if plain { counting >> 6 } else { 0 },
     }
 }
 
-/// The call that takes back what `call` charged, given its reply `values`: the same window,
-/// the same sorted-set entry, only the limits that were written.
-pub(super) fn encode_undo(call: &Call, values: &[i64]) -> Call {
-    let mut undo = Call {
+/// The call that takes back the charges of `call` that `undo` selects (by position), each by
+/// its token from the decoded reply: the same window, the same sorted-set entry.
+pub(super) fn encode_undo(call: &Call, slot: &SlotReply, undo: &[bool]) -> Call {
+    let mut out = Call {
         keys: Vec::new(),
         args: Vec::new(),
-        tokens: false,
+        reply: Reply::Answer,
         plain: false,
         counting: 0,
     };
-    for ((key, args), v) in call
+    for (n, (key, args)) in call
         .keys
         .iter()
         .zip(call.args.chunks(call.per_key()))
-        .zip(values[1..].chunks(call.width()))
+        .enumerate()
     {
-        let (hits, meta) = (args[2], args.get(3).copied().unwrap_or(0));
-        // Written: allowed, hits to charge, not a refund. A shadow denial wrote nothing; a
-        // recorded charge stands whatever the other slots say, unless the request stops
-        // charging when a key is over (then a slot with no key over, which charged all its
-        // keys, is taken back when another slot has one).
-        let recorded = call.plain && call.counting & 1 == 1 || meta & (FLAG_RECORD << 2) != 0;
-        let stop = call.plain && call.counting == 3 || meta & (FLAG_STOP << 2) != 0;
-        if v[0] & 1 == 1 && hits > 0 && meta & (FLAG_REFUND << 2) == 0 && (!recorded || stop) {
-            undo.keys.push(key.clone());
-            undo.args.extend([
-                args[0],
-                args[1],
-                hits,
-                meta | UNDO,
-                u64::try_from(v[3]).unwrap_or(0),
-            ]);
-            // (A plain call's limits are fixed windows with no flags: meta 0.)
+        let token = slot.tokens.get(n).copied().unwrap_or(0);
+        if !undo.get(n).copied().unwrap_or(false) || token == 0 {
+            continue;
         }
+        let (Some(&limit), Some(&period), Some(&hits)) = (args.first(), args.get(1), args.get(2))
+        else {
+            continue;
+        };
+        let meta = args.get(3).copied().unwrap_or(0);
+        out.keys.push(key.clone());
+        out.args.extend([
+            limit,
+            period,
+            hits,
+            meta | UNDO,
+            u64::try_from(token).unwrap_or(0),
+        ]);
     }
-    undo
+    out
 }
 
-/// Whether a call's reply says it admitted (and so wrote its charges).
-pub(super) fn admitted(values: &[i64]) -> bool {
-    values.first() == Some(&1)
+/// One slot's decoded reply ([`Reply::Tokens`] and the like): besides the outcomes (folded
+/// into the request's), per limit of the slot its undo token (0: nothing written to undo) and
+/// what its counter had left before the request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct SlotReply {
+    pub(super) admitted: bool,
+    pub(super) tokens: Vec<i64>,
+    pub(super) before: Vec<u32>,
 }
 
 /// Folds one call's reply into `outcomes` (at `idx`); returns whether the call admitted.
 pub(super) fn decode(
     values: &[i64],
     idx: &[usize],
-    tokens: bool,
     outcomes: &mut [Outcome],
 ) -> Result<bool, StoreError> {
-    let width = if tokens { 4 } else { 3 };
-    if values.len() != 1 + width * idx.len() {
+    decode_slot(values, idx, 3, outcomes).map(|s| s.admitted)
+}
+
+/// Folds a reply of `width` values per limit into `outcomes` (at `idx`); the reply is checked
+/// whole before anything is read from it.
+pub(super) fn decode_slot(
+    values: &[i64],
+    idx: &[usize],
+    width: usize,
+    outcomes: &mut [Outcome],
+) -> Result<SlotReply, StoreError> {
+    if values.len() != 1 + width * idx.len() || width < 3 {
         return Err(StoreError::Permanent(format!(
             "decide.lua returned {} values for {} limits",
             values.len(),
             idx.len()
         )));
     }
-    for (v, &i) in values[1..].chunks(width).zip(idx) {
+    let mut slot = SlotReply {
+        admitted: values[0] == 1,
+        tokens: Vec::with_capacity(idx.len()),
+        before: Vec::with_capacity(idx.len()),
+    };
+    for (v, &i) in values[1..].chunks_exact(width).zip(idx) {
         outcomes[i] = Outcome {
             allowed: v[0] & 1 == 1,
-            remaining: u32::try_from((v[0] >> 1).max(0)).unwrap_or(u32::MAX),
+            remaining: remaining(v[0] >> 1),
             reset: micros(v[1]),
             retry_after: if v[2] < 0 {
                 Duration::MAX
@@ -259,8 +314,16 @@ pub(super) fn decode(
                 micros(v[2])
             },
         };
+        if width >= 5 {
+            slot.tokens.push(v[3]);
+            slot.before.push(remaining(v[4]));
+        }
     }
-    Ok(values[0] == 1)
+    Ok(slot)
+}
+
+fn remaining(v: i64) -> u32 {
+    u32::try_from(v.max(0)).unwrap_or(u32::MAX)
 }
 
 /// A batch of calls for ONE `EVALSHA`: the packed layout when every call fits it, else the
@@ -271,7 +334,7 @@ pub(super) enum Batch<'a> {
 }
 
 impl<'a> Batch<'a> {
-    /// All calls must agree on `tokens`.
+    /// All calls must agree on `reply`.
     pub(super) fn new(calls: &'a [&'a Call]) -> Self {
         match Packed::new(calls) {
             Some(p) => Batch::Packed(p),
@@ -293,10 +356,8 @@ impl<'a> Batch<'a> {
                 }
             }
             Batch::General(calls) => {
-                let tokens = calls.first().is_some_and(|c| c.tokens);
-                inv.arg(now)
-                    .arg(if tokens { "1" } else { "0" })
-                    .arg(calls.len());
+                let reply = calls.first().map_or(Reply::Answer, |c| c.reply);
+                inv.arg(now).arg(reply.arg()).arg(calls.len());
                 for call in calls.iter() {
                     let n = i64::try_from(call.keys.len()).unwrap_or(i64::MAX / 8);
                     inv.arg(if call.plain {
@@ -342,26 +403,6 @@ impl<'a> Batch<'a> {
             })
             .collect())
     }
-}
-
-/// Whether `call` carries envoyproxy's stop rule (on every limit of its request).
-pub(super) fn is_stop(call: &Call) -> bool {
-    if call.plain {
-        call.counting == 3
-    } else {
-        call.args
-            .chunks(call.per_key())
-            .any(|a| a.get(3).is_some_and(|m| m & (FLAG_STOP << 2) != 0))
-    }
-}
-
-/// Whether any limit of `call` was denied in its reply `values` (a key over its limit).
-pub(super) fn any_denied(call: &Call, values: &[i64]) -> bool {
-    values
-        .get(1..)
-        .unwrap_or_default()
-        .chunks(call.width())
-        .any(|v| v.first().is_some_and(|s| s & 1 == 0))
 }
 
 /// Whether an undo call's reply says every charge was taken back.
@@ -411,7 +452,7 @@ impl<'a> Packed<'a> {
         let mut limits = Vec::with_capacity(calls.len());
         let counting = calls.iter().map(|c| c.counting).collect();
         for call in calls {
-            if !call.plain || call.tokens {
+            if !call.plain || call.reply != Reply::Answer {
                 return None;
             }
             let mut mine: Vec<(usize, u64)> = Vec::with_capacity(call.keys.len());
@@ -576,6 +617,54 @@ impl<'a> Packed<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn slot_call() -> Call {
+        Call {
+            keys: vec!["a".into(), "b".into()],
+            args: vec![5, 1_000_000, 1, 0, 5, 1_000_000, 1, 0],
+            reply: Reply::Tokens,
+            plain: false,
+            counting: 0,
+        }
+    }
+
+    #[test]
+    fn a_short_or_malformed_slot_reply_is_an_error_not_a_panic() {
+        let call = slot_call();
+        let idx = [0, 1];
+        let mut outcomes = vec![
+            Outcome {
+                allowed: false,
+                remaining: 0,
+                reset: Duration::ZERO,
+                retry_after: Duration::ZERO,
+            };
+            2
+        ];
+        // Empty, short by one value, one limit short, and a reply of the answer-only width.
+        for reply in [
+            vec![],
+            vec![1],
+            vec![1, 3, 0, 0, 5],
+            vec![1, 3, 0, 0, 9, 4, 3, 0, 0, 9],
+        ] {
+            let r = decode_slot(&reply, &idx, call.width(), &mut outcomes);
+            assert!(r.is_err(), "{reply:?} was taken");
+        }
+        // An undo built from what a failed reply left (nothing) undoes nothing.
+        let undo = encode_undo(&call, &SlotReply::default(), &[true, true]);
+        assert!(undo.keys.is_empty() && undo.args.is_empty());
+        // A whole reply: each written charge is undone by its own token, only where asked.
+        let reply = [1, 3, 0, 0, 77, 4, 3, 0, 0, 0, 4];
+        let slot = decode_slot(&reply, &idx, call.width(), &mut outcomes).expect("whole");
+        assert_eq!(
+            (slot.tokens.clone(), slot.before.clone()),
+            (vec![77, 0], vec![4, 4])
+        );
+        let undo = encode_undo(&call, &slot, &[true, true]);
+        assert_eq!(undo.keys, vec!["a".to_string()], "b wrote nothing");
+        assert_eq!(undo.args, vec![5, 1_000_000, 1, UNDO, 77]);
+    }
 
     #[test]
     fn the_time_override_is_one_line_a_release_build_removes() {

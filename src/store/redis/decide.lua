@@ -184,14 +184,26 @@ if ARGV[2] == 'p' then
   return out
 end
 
-local tokens_wanted = ARGV[2] == '1'
+-- ARGV[2] (see the top): "0" answers only; "1" adds each check's undo token and what its
+-- counter had left before the call; "d" (dry) the same, writing nothing; "x<a><o>" as "1",
+-- with the verdict of the whole request folded in (a: 0 if it is denied, o: 1 if the stop
+-- rule is in force: a record limit of it is over), so the slot charges what the request's
+-- charging rule says.
+local mode = ARGV[2]
+local tokens_wanted = mode == '1' or mode == 'd' or string.sub(mode, 1, 1) == 'x'
+local dry = mode == 'd'
+local ext_admitted, ext_over = 1, false
+if string.sub(mode, 1, 1) == 'x' then
+  ext_admitted = tonumber(string.sub(mode, 2, 2))
+  ext_over = string.sub(mode, 3, 3) == '1'
+end
 local R = tonumber(ARGV[3])
 -- An undo call is one request whose limits all carry the undo flag.
 local undo = #KEYS > 0 and tonumber(ARGV[4]) > 0 and math.floor(tonumber(ARGV[8]) / 16) % 2 == 1
 local K = 4
 if undo then K = 5 end
 local W = 3
-if tokens_wanted then W = 4 end
+if tokens_wanted then W = 5 end
 -- Which algorithms this call needs: only their helpers are built (each `function` below is a
 -- closure created on every call, which costs as much as a Redis command). A plain request
 -- (only fixed windows, no shadow, no refund) comes with -n and 3 arguments per limit (limit,
@@ -264,7 +276,7 @@ local function fast(KB, AB, n, m, out, o0)
     else
       ok = c + hits <= limit
     end
-    local o = o0 + 1 + W * (i - 1)
+    local o = o0 + 1 + 3 * (i - 1)
     local reset = start + period - now
     out[o + 1] = reset
     if record then
@@ -287,24 +299,21 @@ local function fast(KB, AB, n, m, out, o0)
       out[o] = 0
       if max(hits, 1) > limit then out[o + 2] = -1 else out[o + 2] = reset end
     end
-    if tokens_wanted then
-      if ok and hits > 0 then out[o + 3] = start else out[o + 3] = 0 end
-    end
   end
   out[o0] = admitted
   if record and over and m >= 2 then
-    -- Stop: only the limits that exceed are charged; the others keep what they had.
+    -- Stop: only the limits that exceed are charged; the others keep what they had, and
+    -- report it (as every uncharged limit does), while a charged one reports what it saw.
     for key, _ in pairs(count) do count[key] = max(stored[key], 0) end
     for i = 1, n do
-      local o = o0 + 1 + W * (i - 1)
+      local o = o0 + 1 + 3 * (i - 1)
       local key, b = KEYS[KB + i], AB + 1 + 3 * (i - 1)
       local limit, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 2])
-      if out[o] % 2 == 0 then count[key] = min(count[key] + hits, MAXC) end
-    end
-    for i = 1, n do
-      local o = o0 + 1 + W * (i - 1)
-      local limit = tonumber(ARGV[AB + 1 + 3 * (i - 1)])
-      out[o] = out[o] % 2 + 2 * max(limit - count[KEYS[KB + i]], 0)
+      if out[o] % 2 == 0 then
+        count[key] = min(count[key] + hits, MAXC)
+      else
+        out[o] = 1 + 2 * max(limit - max(stored[key], 0), 0)
+      end
     end
   end
   if admitted == 1 or record then
@@ -314,13 +323,12 @@ local function fast(KB, AB, n, m, out, o0)
   else
     -- Nothing is charged: what each counter really has left.
     for i = 1, n do
-      local o = o0 + 1 + W * (i - 1)
+      local o = o0 + 1 + 3 * (i - 1)
       local limit = tonumber(ARGV[AB + 1 + 3 * (i - 1)])
       out[o] = out[o] % 2 + 2 * max(limit - max(stored[KEYS[KB + i]], 0), 0)
-      if tokens_wanted then out[o + 3] = 0 end
     end
   end
-  return o0 + 1 + W * n
+  return o0 + 1 + 3 * n
 end
 
 -- Decides every request of the call in turn (each all or nothing, each seeing the writes of
@@ -958,6 +966,21 @@ local function write_views(KB, AB, n, views)
   return written
 end
 
+-- What a counter has left as it stands on view v (a check of 0 hits; it changes nothing).
+local function left_on(key, v, alg, limit, period, meta)
+  local _, remaining
+  if alg == 2 then
+    _, remaining = sliding_log(key, v, limit, period, 0, false, true)
+  elseif alg == 3 then
+    _, remaining = token_bucket(v, limit, period, 0, false, floor(meta / 256))
+  elseif alg == 0 then
+    _, remaining = fixed(v, limit, period, 0, false)
+  else
+    _, remaining = sliding(v, limit, period, 0, false)
+  end
+  return remaining
+end
+
 local function general(KB, AB, n)
   local out = {1}
   local views = {}
@@ -965,6 +988,8 @@ local function general(KB, AB, n)
   local admitted = 1
   local quotas, quotas_allowed = 0, 0
   local logslot = {} -- check index -> position of its entry among its key's adds
+  local before = {} -- key -> what it had left before this request (tokens_wanted)
+  local tokens = {} -- check index -> its undo token, if its charge is written
 
   for i = 1, n do
     local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
@@ -978,14 +1003,9 @@ local function general(KB, AB, n)
     if flags >= 32 then stop = true end
     local v = views[key]
     if not v then
-      if alg == 2 then
-        v = load_log(key, period)
-      elseif alg == 3 then
-        v = load_bucket(key)
-      else
-        v = load_counter(key, alg, period)
-      end
+      v = load_view(key, alg, period)
       views[key] = v
+      if tokens_wanted then before[key] = left_on(key, v, alg, limit, period, meta) end
     end
     local allowed, remaining, reset, retry, token
     if alg == 0 then
@@ -993,10 +1013,10 @@ local function general(KB, AB, n)
     elseif alg == 1 then
       allowed, remaining, reset, retry, token = sliding(v, limit, period, hits, refund, record)
     elseif alg == 2 then
-      local before = #v.adds
+      local before_adds = #v.adds
       allowed, remaining, reset, retry, token =
         sliding_log(key, v, limit, period, hits, refund, false, record)
-      if #v.adds > before then logslot[i] = #v.adds end
+      if #v.adds > before_adds then logslot[i] = #v.adds end
     else
       allowed, remaining, reset, retry, token =
         token_bucket(v, limit, period, hits, refund, floor(meta / 256), record)
@@ -1017,13 +1037,24 @@ local function general(KB, AB, n)
     out[o + 1] = reset
     out[o + 2] = retry
     if tokens_wanted then
-      -- Only a written charge has something to undo.
-      if allowed and hits > 0 and not refund then out[o + 3] = token else out[o + 3] = 0 end
+      -- Only a written charge has something to undo (set below, once it is written).
+      out[o + 3] = 0
+      out[o + 4] = before[key]
+      if not (allowed and hits > 0 and not refund) then
+        token = 0
+      elseif alg >= 2 then
+        token = 1 -- a token bucket's undo is arithmetic; a log entry's id is known once written
+      end
+      tokens[i] = token
     end
   end
 
   if quotas > 0 and quotas_allowed == 0 then admitted = 0 end
+  -- The other slots' verdict (a Cluster request spanning slots).
+  if ext_admitted == 0 then admitted = 0 end
+  if ext_over then stop, over = true, true end
   out[1] = admitted
+  if dry then return out end
   -- The charging rule (src/store/mod.rs `charged`): a record check is always charged; any other
   -- only on an admitted request that it allowed; with stop, if a record check exceeds, only
   -- those. When that is exactly what the views hold, they are written as they are.
@@ -1036,57 +1067,56 @@ local function general(KB, AB, n)
     end
     if touched[i] and not charged[i] then exact = false end
   end
-  if exact then
-    local written = write_views(KB, AB, n, views)
-    if tokens_wanted then
-      for i, pos in pairs(logslot) do
-        local t = written[KEYS[KB + i]]
-        if t and t[pos] then out[5 + W * (i - 1)] = t[pos] end
+  local views_written, slots = views, logslot
+  if not exact then
+    -- Some changes are not to be written: report what the counters that are not charged
+    -- really have left (a view no check changed is what Redis holds; a changed one is read
+    -- again; a denial is the path an attacker drives, so it stays O(log n) too), then charge
+    -- only the checks that are, on fresh views.
+    for i = 1, n do
+      if not charged[i] then
+        local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
+        local limit, period = tonumber(ARGV[b]), tonumber(ARGV[b + 1])
+        local meta = tonumber(ARGV[b + 3])
+        local v = views[key]
+        if v.dirty then v = load_view(key, meta % 4, period) end
+        local o = 2 + W * (i - 1)
+        out[o] = out[o] % 2 + 2 * left_on(key, v, meta % 4, limit, period, meta)
       end
     end
-    return out
-  end
-  -- Some changes are not to be written: report what the counters that are not charged really
-  -- have left (a view no check changed is what Redis holds; a changed one is read again; a
-  -- denial is the path an attacker drives, so it stays O(log n) too), then charge only the
-  -- checks that are, on fresh views.
-  for i = 1, n do
-    if not charged[i] then
-      local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
-      local limit, period = tonumber(ARGV[b]), tonumber(ARGV[b + 1])
-      local meta = tonumber(ARGV[b + 3])
-      local alg = meta % 4
-      local v = views[key]
-      if v.dirty then v = nil end
-      local _, remaining
-      if alg == 2 then
-        _, remaining = sliding_log(key, v or load_log(key, period), limit, period, 0, false, true)
-      elseif alg == 3 then
-        _, remaining = token_bucket(v or load_bucket(key), limit, period, 0, false, floor(meta / 256))
-      elseif alg == 0 then
-        _, remaining = fixed(v or load_counter(key, 0, period), limit, period, 0, false)
-      else
-        _, remaining = sliding(v or load_counter(key, 1, period), limit, period, 0, false)
+    views_written, slots = {}, {}
+    for i = 1, n do
+      if charged[i] and touched[i] then
+        local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
+        local meta = tonumber(ARGV[b + 3])
+        local v = views_written[key]
+        if not v then
+          v = load_view(key, meta % 4, tonumber(ARGV[b + 1]))
+          views_written[key] = v
+        end
+        local adds = v.adds and #v.adds
+        record_on(key, v, b, meta)
+        if adds and #v.adds > adds then slots[i] = #v.adds end
       end
-      local o = 2 + W * (i - 1)
-      out[o] = out[o] % 2 + 2 * remaining
-    end
-    if tokens_wanted then out[5 + W * (i - 1)] = 0 end
-  end
-  local fresh = {}
-  for i = 1, n do
-    if charged[i] and touched[i] then
-      local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
-      local meta = tonumber(ARGV[b + 3])
-      local v = fresh[key]
-      if not v then
-        v = load_view(key, meta % 4, tonumber(ARGV[b + 1]))
-        fresh[key] = v
-      end
-      record_on(key, v, b, meta)
     end
   end
-  write_views(KB, AB, n, fresh)
+  local written = write_views(KB, AB, n, views_written)
+  if tokens_wanted then
+    -- The undo token of each charge written: its window (fixed, sliding), its entry's id
+    -- (sliding_log), 1 for a token bucket (whose undo is arithmetic); 0 for nothing to undo.
+    for i = 1, n do
+      if charged[i] and touched[i] and tokens[i] ~= 0 then
+        local o = 5 + W * (i - 1)
+        local pos = slots[i]
+        if pos then
+          local t = written[KEYS[KB + i]]
+          if t and t[pos] then out[o] = t[pos] end
+        else
+          out[o] = tokens[i]
+        end
+      end
+    end
+  end
   return out
 end
 

@@ -51,7 +51,7 @@ enum Backend {
 /// What both backends need to call the script and report.
 #[derive(Clone)]
 struct Common {
-    script: Script,
+    script: Arc<Script>,
     prefix: String,
     timeout: Duration,
     /// Tests only: decide on this clock instead of the Redis server clock.
@@ -135,7 +135,7 @@ impl RedisStore {
         };
         Ok(Self {
             common: Arc::new(Common {
-                script: Script::new(&decide_script(settings.expiration_jitter)),
+                script: Arc::new(Script::new(&decide_script(settings.expiration_jitter))),
                 prefix: settings.key_prefix.clone(),
                 timeout: settings.timeout,
                 time: ScriptTime::default(),

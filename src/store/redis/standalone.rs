@@ -117,7 +117,7 @@ impl Standalone {
         };
         common.record_health(&r);
         let mut outcomes = vec![DENIED; checks.len()];
-        let admitted = codec::decode(&r?, &all, false, &mut outcomes)?;
+        let admitted = codec::decode(&r?, &all, &mut outcomes)?;
         Ok(Decision {
             admitted,
             outcomes,
