@@ -32,7 +32,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-use tokio::time::Instant;
 use tonic::{Status, Streaming};
 
 /// The TTL of the assignments re-sent when sluice drains: long enough for Envoy to reconnect
@@ -48,19 +47,19 @@ type Pairs = Arc<[(String, String)]>;
 struct Bucket {
     /// The RLS descriptor it stands for; `None` when it names no limit.
     descriptor: Option<Pairs>,
-    last_report: Option<Instant>,
+    last_report: Option<Duration>,
     idle: u32,
     /// Requests per second this stream used, measured between its last two reports.
     demand: Option<f64>,
     /// The token rate it was last assigned (requests per second; 0 for a blanket rule).
     rate: f64,
     /// The counter its assignment was paced on, and when that counter's window ends.
-    tightest: Option<(CounterKey, Instant)>,
+    tightest: Option<(CounterKey, Duration)>,
     /// Tokens reserved on that counter until the next report, and the end of the window they
     /// were reserved in (a reservation in a window that has closed is not given back).
-    reserved: Option<(u64, Instant)>,
+    reserved: Option<(u64, Duration)>,
     /// The last window end that passed (see [`QuotaStream::account`]).
-    boundary: Option<Instant>,
+    boundary: Option<Duration>,
 }
 
 pub(super) struct QuotaStream {
@@ -112,10 +111,17 @@ impl QuotaStream {
             let boundary = self.next_boundary();
             let actions = tokio::select! {
                 m = inbound.message() => match m {
+                    Ok(Some(report)) if self.domain.is_none() && report.domain.is_empty() => {
+                        // The proto requires the domain in a stream's first report: without
+                        // it no bucket names a limit, and nothing reported could be recorded.
+                        let why = "the first usage report of a stream must name its domain";
+                        let _ = tx.send(Err(Status::invalid_argument(why))).await;
+                        break;
+                    }
                     Ok(Some(report)) => self.on_report(report).await,
                     Ok(None) | Err(_) => break,
                 },
-                () = sleep_until(boundary) => self.refresh().await,
+                () = sleep_until(boundary, self.now()) => self.refresh().await,
                 () = closed(&mut closing) => {
                     let farewell = self.farewell().await;
                     if !farewell.is_empty() {
@@ -179,6 +185,11 @@ impl QuotaStream {
         }
     }
 
+    /// Now on the service's clock (injected: tests drive window ends with a manual clock).
+    fn now(&self) -> Duration {
+        self.limiter.telemetry().clock.now()
+    }
+
     fn metrics(&self) -> &crate::telemetry::metrics::QuotaMetrics {
         &self.limiter.telemetry().metrics.quota
     }
@@ -192,7 +203,7 @@ impl QuotaStream {
     }
 
     /// The earliest end of a window an assignment of this stream was paced on.
-    fn next_boundary(&self) -> Option<Instant> {
+    fn next_boundary(&self) -> Option<Duration> {
         self.buckets
             .values()
             .filter_map(|b| b.tightest.as_ref().map(|(_, at)| *at))
@@ -204,6 +215,15 @@ impl QuotaStream {
             self.domain = Some(report.domain.clone());
         }
         self.follow_rules();
+        // A window that ended since the last report (its timer may not have fired yet):
+        // the report is split at its end, as after a refresh.
+        let now = self.now();
+        for b in self.buckets.values_mut() {
+            if b.tightest.as_ref().is_some_and(|(_, end)| *end <= now) {
+                b.boundary = b.tightest.take().map(|(_, end)| end);
+                b.reserved = None;
+            }
+        }
         let caps = self.limiter.options().caps;
         let mut slots = Vec::new();
         let mut seen = HashSet::new();
@@ -358,12 +378,12 @@ impl QuotaStream {
     /// Takes a bucket's report in: its demand, the use to record (reconciled with what was
     /// reserved for it), and whether it is abandoned or assigned.
     fn account(&mut self, pairs: &Pairs, allowed: u64, used: u64) -> Option<Slot> {
-        let now = Instant::now();
+        let now = self.now();
         let idle_limit = self.shared.settings.idle_reports;
         let bucket = self.buckets.get_mut(pairs)?;
         // Demand on sluice's clock: `time_elapsed` is whole seconds and may be 0.
         if let Some(at) = bucket.last_report {
-            let secs = now.duration_since(at).as_secs_f64();
+            let secs = now.saturating_sub(at).as_secs_f64();
             if secs >= 0.5 {
                 bucket.demand = Some(used as f64 / secs);
             }
@@ -372,8 +392,8 @@ impl QuotaStream {
         // closed window.
         let allowed = match (bucket.boundary.take(), bucket.last_report) {
             (Some(end), Some(prev)) if prev < end && end <= now => {
-                let after = now.duration_since(end).as_secs_f64();
-                let span = now.duration_since(prev).as_secs_f64().max(f64::EPSILON);
+                let after = now.saturating_sub(end).as_secs_f64();
+                let span = now.saturating_sub(prev).as_secs_f64().max(f64::EPSILON);
                 (allowed as f64 * (after / span).min(1.0)).round() as u64
             }
             _ => allowed,
@@ -478,7 +498,7 @@ impl QuotaStream {
                 if board_full {
                     self.refuse("board_full");
                 }
-                let ends = Instant::now() + left.max(Duration::from_millis(100));
+                let ends = self.now() + left.max(Duration::from_millis(100));
                 if let Some(b) = self.buckets.get_mut(pairs) {
                     b.tightest = Some((tightest, ends));
                     b.reserved = reserved.map(|t| (t, ends));
@@ -540,7 +560,7 @@ impl QuotaStream {
     /// the window's end). The Envoy reports what it uses meanwhile to the replica it
     /// reconnects to.
     async fn farewell(&mut self) -> Vec<BucketAction> {
-        let now = Instant::now();
+        let now = self.now();
         let all: Vec<Pairs> = self.buckets.keys().cloned().collect();
         let mut slots = Vec::new();
         for pairs in all {
@@ -570,7 +590,7 @@ impl QuotaStream {
     /// At a window's end: every bucket that has a limit gets a fresh assignment (and a
     /// reservation in the new window).
     async fn refresh(&mut self) -> Vec<BucketAction> {
-        let now = Instant::now();
+        let now = self.now();
         let due: Vec<Pairs> = self
             .buckets
             .iter()
@@ -594,9 +614,10 @@ async fn closed(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|c| *c).await;
 }
 
-async fn sleep_until(at: Option<Instant>) {
+/// Sleeps until `at` on the service's clock (`now` being its time at the call).
+async fn sleep_until(at: Option<Duration>, now: Duration) {
     match at {
-        Some(at) => tokio::time::sleep_until(at).await,
+        Some(at) => tokio::time::sleep(at.saturating_sub(now)).await,
         None => std::future::pending().await,
     }
 }

@@ -1,7 +1,9 @@
 //! Prometheus metrics for `GET /metrics`, in the text exposition format (0.0.4) that every
 //! Prometheus, Grafana Agent and OpenTelemetry Collector scrapes. Per-descriptor counters carry
-//! only the domain and the config's descriptor key (values only with `detailed_metric` /
-//! `value_to_metric`), so the number of series is bounded by the config, never by traffic.
+//! only the domain and the config's descriptor key. With `detailed_metric` / `value_to_metric`
+//! the key carries request values, so traffic could grow the series without end: at most
+//! [`MAX_DESCRIPTOR_SERIES`] (domain, key) pairs get series of their own; later ones are counted
+//! under the key `_overflow` of their domain.
 
 use crate::store::breaker::BreakerState;
 use crate::store::StoreSignals;
@@ -59,9 +61,16 @@ pub struct DescriptorHits {
 }
 
 /// Every metric sluice exports, in one registry.
+/// (domain, descriptor key) pairs with per-descriptor series of their own, at most.
+pub const MAX_DESCRIPTOR_SERIES: usize = 10_000;
+/// The descriptor key the pairs past [`MAX_DESCRIPTOR_SERIES`] are counted under.
+pub const OVERFLOW_KEY: &str = "_overflow";
+
 #[derive(Debug, Clone)]
 pub struct Metrics {
     registry: Registry,
+    /// The (domain, key) pairs that have series, as `domain \0 key`.
+    descriptor_series: std::sync::Arc<std::sync::RwLock<std::collections::HashSet<Box<str>>>>,
     total_hits: IntCounterVec,
     within_limit: IntCounterVec,
     near_limit: IntCounterVec,
@@ -268,13 +277,14 @@ impl Metrics {
                  closest to expiry first): each starts afresh, which can only admit more.",
             ))?,
             quota: QuotaMetrics::register(&r)?,
+            descriptor_series: Default::default(),
             registry: r.0,
         })
     }
 
     /// Adds one descriptor's hits to the per-descriptor counters.
     pub fn descriptor(&self, domain: &str, key: &str, d: DescriptorHits) {
-        let labels = [domain, key];
+        let labels = [domain, self.series_key(domain, key)];
         self.total_hits.with_label_values(&labels).inc_by(d.hits);
         if d.over_limit {
             self.over_limit.with_label_values(&labels).inc_by(d.hits);
@@ -292,6 +302,26 @@ impl Metrics {
                 self.near_limit.with_label_values(&labels).inc_by(d.hits);
             }
         }
+    }
+
+    /// `key`, or [`OVERFLOW_KEY`] once [`MAX_DESCRIPTOR_SERIES`] other pairs have series.
+    fn series_key<'k>(&self, domain: &str, key: &'k str) -> &'k str {
+        let id = format!("{domain}\0{key}");
+        let known = |set: &std::collections::HashSet<Box<str>>| set.contains(id.as_str());
+        if self.descriptor_series.read().map_or(true, |s| known(&s)) {
+            return key;
+        }
+        let Ok(mut set) = self.descriptor_series.write() else {
+            return key;
+        };
+        if known(&set) {
+            return key;
+        }
+        if set.len() >= MAX_DESCRIPTOR_SERIES {
+            return OVERFLOW_KEY;
+        }
+        set.insert(id.into_boxed_str());
+        key
     }
 
     pub fn request(&self, outcome: RequestOutcome, took: Duration) {
@@ -422,4 +452,48 @@ fn register_build_info(r: &Registrar) -> Result<(), MetricsError> {
         .with_label_values(&[env!("CARGO_PKG_VERSION")])
         .set(1);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_values_in_descriptor_keys_cannot_grow_the_series_without_end() {
+        // `detailed_metric` puts request values in the key: a client sending a new value with
+        // every request must not add a series with every request.
+        let m = Metrics::new().expect("metrics");
+        let hits = DescriptorHits {
+            hits: 1,
+            ..DescriptorHits::default()
+        };
+        for i in 0..MAX_DESCRIPTOR_SERIES + 500 {
+            m.descriptor("d", &format!("user_{i}"), hits);
+        }
+        m.descriptor("d", "user_7", hits);
+        let total = m
+            .gather()
+            .into_iter()
+            .find(|f| f.name() == "sluice_rate_limit_total_hits")
+            .expect("total hits family");
+        let series = total.get_metric().len();
+        assert_eq!(
+            series,
+            MAX_DESCRIPTOR_SERIES + 1,
+            "capped, plus the overflow"
+        );
+        let value_of = |key: &str| {
+            total
+                .get_metric()
+                .iter()
+                .find(|s| s.get_label().iter().any(|l| l.value() == key))
+                .map(|s| s.get_counter().get_value())
+        };
+        assert_eq!(value_of(OVERFLOW_KEY), Some(500.0));
+        assert_eq!(
+            value_of("user_7"),
+            Some(2.0),
+            "a known key keeps its series"
+        );
+    }
 }

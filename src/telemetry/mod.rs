@@ -21,6 +21,9 @@ pub struct Telemetry {
     pub assignments: assignments::Assignments,
     /// `Some` with `TRACING_ENABLED`: spans are started on it.
     pub tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
+    /// The clock the service decides on (a manual one in tests): the offenders view and the
+    /// quota streams' windows read it.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Telemetry {
@@ -28,9 +31,13 @@ impl Telemetry {
     pub fn new(clock: Arc<dyn Clock>) -> Result<Self, metrics::MetricsError> {
         Ok(Self {
             metrics: metrics::Metrics::new()?,
-            offenders: offenders::Offenders::new(offenders::OffenderSettings::default(), clock),
+            offenders: offenders::Offenders::new(
+                offenders::OffenderSettings::default(),
+                Arc::clone(&clock),
+            ),
             assignments: assignments::Assignments::new(),
             tracer: None,
+            clock,
         })
     }
 }

@@ -387,3 +387,74 @@ async fn a_report_above_four_mebibytes_is_taken_and_the_stream_lives_on() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_first_report_without_a_domain_is_refused_and_every_gauge_returns_to_zero() {
+    let server = TestServer::start(YAML).await;
+    // The proto requires the domain in a stream's first report: without it nothing the stream
+    // reports could be recorded, so the stream ends with INVALID_ARGUMENT.
+    let mut s = Stream::open(&server).await;
+    s.tx.send(RateLimitQuotaUsageReports {
+        domain: String::new(),
+        bucket_quota_usages: vec![usage(&[("x-api-key", "k9")], 5, 0)],
+    })
+    .await
+    .expect("report sent");
+    let status = s.rx.message().await.expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+
+    // A stream with a domain, then its end: its gauges go back to 0.
+    let mut a = Stream::open(&server).await;
+    let actions = a
+        .report("rlqs", vec![usage(&[("x-api-key", "k8")], 5, 0)])
+        .await;
+    assert_eq!(actions.len(), 1);
+    let (_, metrics) = http(server.http_addr, "GET", "/metrics", "").await;
+    assert!(
+        metrics.contains("sluice_rlqs_streams{domain=\"rlqs\"} 1")
+            && metrics.contains("sluice_rlqs_buckets{domain=\"rlqs\"} 1"),
+        "{metrics}"
+    );
+    drop(a);
+    drop(s);
+    let addr = server.http_addr;
+    support::eventually("every RLQS gauge back to 0", || async move {
+        let (_, m) = http(addr, "GET", "/metrics", "").await;
+        m.lines()
+            .filter(|l| {
+                l.starts_with("sluice_rlqs_streams") || l.starts_with("sluice_rlqs_buckets")
+            })
+            .all(|l| l.ends_with(" 0"))
+    })
+    .await;
+    let (_, metrics) = http(server.http_addr, "GET", "/metrics", "").await;
+    assert!(
+        metrics.contains("sluice_rlqs_streams{domain=\"rlqs\"} 0"),
+        "{metrics}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_report_straddling_a_window_end_is_split_on_the_injected_clock() {
+    let server = TestServer::start(YAML).await;
+    let clock: ManualClock = server.clock.clone();
+    let mut a = Stream::open(&server).await;
+    // At the start of a minute: 10/s, 60 reserved.
+    let actions = a
+        .report("rlqs", vec![usage(&[("x-api-key", "k3")], 1, 0)])
+        .await;
+    assert_eq!(strategy_of(&actions[0]), Ok(10));
+    assert_eq!(remaining(&server, "k3").await, 600 - 1 - 60);
+    // 70 s later (the window ended 10 s ago, on the service's clock alone): of the 70 used
+    // since the last report, the 10 after the window's end count in the new window; the rest
+    // and the old reservation stay with the window that closed. The new window has 590 left
+    // over 50 s: 11.8/s, rounded up to 12, and 6 s of it (72) reserved.
+    clock.advance(std::time::Duration::from_secs(70));
+    let actions = a
+        .report("rlqs", vec![usage(&[("x-api-key", "k3")], 70, 0)])
+        .await;
+    assert_eq!(strategy_of(&actions[0]), Ok(12));
+    assert_eq!(remaining(&server, "k3").await, 600 - 10 - 72);
+    server.stop().await;
+}
