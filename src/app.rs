@@ -115,7 +115,7 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, SettingsError> {
         tracing: args.observe.tracing(),
         config_path: xds.is_none().then(|| path.clone()),
     })
-    .map_err(|e| SettingsError::Start(e.to_string()))?;
+    .map_err(SettingsError::Start)?;
     let mut config = ServerConfig::new(parts);
     config.grpc_addr = grpc_addr;
     config.http_addr = http_addr;
@@ -202,5 +202,21 @@ fn service_options(args: &ServeArgs) -> ServiceOptions {
         },
         ready_needs_config: args.source.ready_needs_config(),
         response_dynamic_metadata: args.response_dynamic_metadata,
+    }
+}
+
+#[cfg(any(test, feature = "test-util"))]
+impl ServerConfig {
+    /// Tests only (`test-util`): [`ServerConfig::new`] serving `rules` on a memory store on
+    /// `clock` (a `ManualClock`) with default options ([`Ingredients::for_tests`]). Here, in
+    /// the composition root, so `server` never reaches up for it.
+    pub fn for_tests(rules: RuleSet, clock: Arc<dyn Clock>) -> Self {
+        Self::from_ingredients(Ingredients::for_tests(rules, clock))
+    }
+
+    /// Tests only (`test-util`): [`ServerConfig::new`] on the parts [`assemble`] builds from
+    /// `ingredients`.
+    pub fn from_ingredients(ingredients: Ingredients) -> Self {
+        Self::new(assemble(ingredients).unwrap_or_else(|e| panic!("parts: {e}")))
     }
 }

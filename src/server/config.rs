@@ -144,20 +144,6 @@ impl ServerConfig {
             connection_age: None,
         }
     }
-
-    /// Tests only (`test-util`): [`ServerConfig::new`] serving `rules` on a memory store on
-    /// `clock` (a `ManualClock`) with default options (`app::Ingredients::for_tests`).
-    #[cfg(any(test, feature = "test-util"))]
-    pub fn for_tests(rules: crate::config::RuleSet, clock: Arc<dyn crate::clock::Clock>) -> Self {
-        Self::from_ingredients(crate::app::Ingredients::for_tests(rules, clock))
-    }
-
-    /// Tests only (`test-util`): [`ServerConfig::new`] on the parts `app::assemble` builds
-    /// from `ingredients`.
-    #[cfg(any(test, feature = "test-util"))]
-    pub fn from_ingredients(ingredients: crate::app::Ingredients) -> Self {
-        Self::new(crate::app::assemble(ingredients).unwrap_or_else(|e| panic!("parts: {e}")))
-    }
 }
 
 /// Why the servers could not start or stopped abnormally.

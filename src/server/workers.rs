@@ -2,7 +2,7 @@
 //! and accepts from the same listening socket, so a connection, its HTTP/2 streams and the
 //! decisions made on them stay on one thread: no task moves between threads, no worker wakes
 //! another, no work-stealing queue is touched per request. Measured against Tokio's
-//! multi-threaded scheduler (README "Performance"), this took server CPU per decision from
+//! multi-threaded scheduler (docs/performance.md), this took server CPU per decision from
 //! ~19 to ~14 µs on the embedded store and tightened the latency tail.
 //!
 //! The trade-off: a connection's requests are served by the thread that accepted it. Envoy opens

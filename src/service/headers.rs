@@ -3,7 +3,6 @@
 //! the most restrictive limit, optionally the IETF draft pair `RateLimit-Policy` / `RateLimit`
 //! (draft-ietf-httpapi-ratelimit-headers), and `Retry-After` on OVER_LIMIT.
 
-use super::respond::restrictiveness;
 use crate::config::Limit;
 use std::time::Duration;
 
@@ -152,6 +151,13 @@ fn sf_string(s: &str) -> String {
 /// Whole seconds, rounded up, so a client waiting that long is never early.
 fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// The order in which limits speak, for a descriptor's status and for the request's headers:
+/// an enforcing denial first, then the fewest hits remaining; `min_by_key` keeps the first of
+/// equals, so ties go to config order, as envoyproxy/ratelimit picks.
+pub(super) fn restrictiveness(denies: bool, remaining: u32) -> (bool, u32) {
+    (!denies, remaining)
 }
 
 #[cfg(test)]

@@ -192,7 +192,7 @@ fn limited_status(
     let over_limit =
         matches!(verdict, Verdict::Decided(_)) && judged.clone().any(|(_, allowed, _, _)| !allowed);
     let chosen = judged.min_by_key(|&(_, allowed, shadow, outcome)| {
-        restrictiveness(!(allowed || shadow), outcome.map_or(0, |o| o.remaining))
+        headers::restrictiveness(!(allowed || shadow), outcome.map_or(0, |o| o.remaining))
     });
     let Some((i, allowed, shadow, outcome)) = chosen else {
         return (ok_status(0), None);
@@ -235,13 +235,6 @@ fn admitted(plan: &Plan, verdict: Verdict<'_>) -> bool {
             admission.admitted()
         }
     }
-}
-
-/// The order in which limits speak, for a descriptor's status and for the request's headers:
-/// an enforcing denial first, then the fewest hits remaining; `min_by_key` keeps the first of
-/// equals, so ties go to config order, as envoyproxy/ratelimit picks.
-pub(super) fn restrictiveness(denies: bool, remaining: u32) -> (bool, u32) {
-    (!denies, remaining)
 }
 
 /// Whole seconds, rounded up, as envoyproxy/ratelimit reports it: never 0 while the window still

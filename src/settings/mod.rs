@@ -391,8 +391,8 @@ pub enum SettingsError {
     #[error("{0}")]
     Stats(String),
     /// A part could not be built (the metrics registry, the trace export).
-    #[error("{0}")]
-    Start(String),
+    #[error(transparent)]
+    Start(#[from] crate::server::ServerError),
 }
 
 impl ServeArgs {

@@ -51,16 +51,24 @@ async fn two_replicas(
                 Arc::new(MemoryBoard::new(Arc::new(clock.clone()), 1_000_000));
             ([Arc::clone(&b), b], clock, Box::new(()))
         }
-        "redis" => {
-            let server = start_redis(&[]).await;
+        "redis" | "valkey" => {
+            let server = if kind == "redis" {
+                start_redis(&[]).await
+            } else {
+                crate::support::redis::start_valkey().await
+            };
             let boards = [
                 redis(vec![server.url()], RedisKind::Single, &clock),
                 redis(vec![server.url()], RedisKind::Single, &clock),
             ];
             (boards, clock, Box::new(server))
         }
-        "cluster" => {
-            let cluster = start_cluster().await;
+        "cluster" | "valkey_cluster" => {
+            let cluster = if kind == "cluster" {
+                start_cluster().await
+            } else {
+                crate::support::redis::start_valkey_cluster().await
+            };
             let boards = [
                 redis(cluster.seeds(), RedisKind::Cluster, &clock),
                 redis(cluster.seeds(), RedisKind::Cluster, &clock),

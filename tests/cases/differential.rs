@@ -1,8 +1,9 @@
 //! The randomized differential test: random request sequences (descriptors, hits, overrides,
 //! shadow and quota limits, all four algorithms, hierarchies, several limits per descriptor,
 //! both countings, refunds) under a manual clock that jumps across window edges, run through
-//! the gRPC API on memory, Redis and a Redis Cluster. Every answer (overall code, and per
-//! status its code, limit, remaining and reset) must be the same on the three stores, and, for
+//! the gRPC API on memory, Redis, a Redis Cluster, Valkey and a Valkey cluster. Every answer
+//! (overall code, and per status its code, limit, remaining and reset) must be the same on the
+//! five stores, and, for
 //! the fixed seeds, the same as the golden answers recorded from the build before the store
 //! redesign (`tests/golden/differential.txt`), so a refactor of the store cannot change a
 //! decision unnoticed. Regression seeds (each once found the stores disagreeing) compare the
@@ -15,6 +16,7 @@
 
 use super::store::make_store;
 use crate::support::*;
+use futures_util::StreamExt;
 use sluice::proto::rate_limit_descriptor::RateLimitOverride;
 use sluice::proto::{RateLimitRequest, RateLimitResponse};
 use sluice::service::ServiceOptions;
@@ -238,19 +240,27 @@ async fn compare_with(
     options: ServiceOptions,
 ) -> Vec<String> {
     let stop = options.stop_increment_when_over;
-    let memory = run("memory", seed, options.clone()).await;
-    let redis = run("redis", seed, options.clone()).await;
-    let cluster = run("cluster", seed, options).await;
+    // The five stores run side by side: each has its own servers and clock.
+    let (memory, redis, cluster, valkey, valkey_cluster) = tokio::join!(
+        run("memory", seed, options.clone()),
+        run("redis", seed, options.clone()),
+        run("cluster", seed, options.clone()),
+        run("valkey", seed, options.clone()),
+        run("valkey_cluster", seed, options),
+    );
     for step in 0..STEPS {
         let m = &memory[step];
-        assert_eq!(
-            m, &redis[step],
-            "seed {seed} step {step} (stop {stop}): memory vs Redis"
-        );
-        assert_eq!(
-            m, &cluster[step],
-            "seed {seed} step {step} (stop {stop}): memory vs Cluster"
-        );
+        for (name, other) in [
+            ("Redis", &redis),
+            ("Cluster", &cluster),
+            ("Valkey", &valkey),
+            ("Valkey Cluster", &valkey_cluster),
+        ] {
+            assert_eq!(
+                m, &other[step],
+                "seed {seed} step {step} (stop {stop}): memory vs {name}"
+            );
+        }
         if let Some(g) = golden {
             assert_eq!(
                 m, &g[step],
@@ -303,16 +313,23 @@ async fn stores_agree_on_fresh_random_sequences() {
             REGRESSION_SEEDS.into_iter().chain(fresh).collect()
         }
     };
-    for seed in seeds {
+    for seed in &seeds {
         println!("differential seed {seed} (SLUICE_DIFF_SEED={seed} replays it)");
-        for stop in [false, true] {
-            // envoyproxy's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: only the keys over their
-            // limit are charged when one is (across Cluster slots by undoing the others).
+    }
+    // Every seed with and without envoyproxy's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT (only
+    // the keys over their limit are charged when one is), a few runs side by side: each run
+    // waits on its round trips far more than it computes.
+    let runs = seeds.into_iter().flat_map(|seed| {
+        [false, true].map(|stop| {
             let options = ServiceOptions {
                 stop_increment_when_over: stop,
                 ..ServiceOptions::default()
             };
-            compare_with(seed, None, options).await;
-        }
-    }
+            compare_with(seed, None, options)
+        })
+    });
+    futures_util::stream::iter(runs)
+        .buffer_unordered(4)
+        .collect::<Vec<_>>()
+        .await;
 }

@@ -11,7 +11,7 @@ use sluice::store::{CounterKey, LimitCheck};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The README's resource + consumer example: resource `calc` 5 per 10 s for everyone together
+/// The resource + consumer example of docs/semantics.md: resource `calc` 5 per 10 s for everyone together
 /// (a resource limit), each consumer 3 per 10 s, both sliding_log.
 const SEED: &str = r#"
 domain: calc
@@ -299,10 +299,10 @@ async fn memory_and_redis_decide_identically_for_every_algorithm() {
 }
 
 /// Measures Redis `MEMORY USAGE` of one counter per algorithm at a typical limit (100 per
-/// minute, the counter full). Not a pass/fail test: run it to refresh the README table with
+/// minute, the counter full). Not a pass/fail test: run it to refresh the table in docs/performance.md with
 /// `cargo test --test it measure_redis_memory -- --ignored --nocapture`.
 #[tokio::test]
-#[ignore = "measurement for the README, not a check"]
+#[ignore = "measurement for docs/performance.md, not a check"]
 async fn measure_redis_memory_per_counter() {
     let (store, _clock, backend) = make_store("redis").await;
     let Backend::Redis(redis) = &backend else {

@@ -2,18 +2,19 @@
 
 /// One test per store, each on a real backend from [`store::make_store`] on a manual clock:
 /// `test_with_all_stores!(name, |store, clock| async move { .. })` makes `name::memory`,
-/// `name::redis` and `name::cluster`. With `kind => f`, `f(kind)` is called with the store's
+/// `name::redis`, `name::cluster`, `name::valkey` and `name::valkey_cluster` (Valkey: see
+/// `support::redis::Server`). With `kind => f`, `f(kind)` is called with the store's
 /// name instead, for a scenario that builds its own server around `make_store(kind)`.
 macro_rules! test_with_all_stores {
     ($name:ident, $($body:tt)+) => {
-        test_with_stores!($name, [memory, redis, cluster], $($body)+);
+        test_with_stores!($name, [memory, redis, cluster, valkey, valkey_cluster], $($body)+);
     };
 }
 
 /// [`test_with_all_stores!`] on the two Redis stores only: what only a shared store does.
 macro_rules! test_with_redis_stores {
     ($name:ident, $($body:tt)+) => {
-        test_with_stores!($name, [redis, cluster], $($body)+);
+        test_with_stores!($name, [redis, cluster, valkey, valkey_cluster], $($body)+);
     };
 }
 

@@ -274,7 +274,7 @@ test_with_redis_stores!(
     cross_group_denial_refunds
 );
 
-/// The minimal ACL documented in the README: only what the script and the client need.
+/// The minimal ACL documented in docs/redis.md: only what the script and the client need.
 const ACL: &[&str] = &[
     "ACL",
     "SETUSER",

@@ -2,7 +2,7 @@
 //! filter of the shipped `config/examples/envoy/rlqs.yaml`, bucketing by `x-api-key`) against
 //! the real sluice binary. Envoy reports on its own 5 s timer, so these tests offer load for a
 //! whole limit window (L = 600 a minute, 12 report periods) and assert counts per window,
-//! aligned to the window's boundary, against the bounds the README states; never latencies.
+//! aligned to the window's boundary, against the bounds docs/rlqs.md states; never latencies.
 
 use crate::support::binary::{self, SluiceProcess};
 use crate::support::envoy::{self, Backend, EnvoyProcess};
@@ -420,7 +420,7 @@ fn memory(pid: u32, field: &str) -> u64 {
         * 1024
 }
 
-/// What the README states a tracked bucket costs sluice's peak resident memory at most: its
+/// What docs/rlqs.md states a tracked bucket costs sluice's peak resident memory at most: its
 /// state, its debug view, its counter and demand-board posting, and its share of the report
 /// and response buffers of the periodic reports carrying every bucket (measured here: 4.0 to
 /// 6.4 KB at the peak, run to run).

@@ -1,4 +1,4 @@
-//! Decision semantics of envoyproxy/ratelimit (README "Decision semantics") over gRPC, including the reference
+//! Decision semantics of envoyproxy/ratelimit (docs/semantics.md) over gRPC, including the reference
 //! cases of its config tests: nested descriptors with bare-key defaults, wildcards, replaces,
 //! unlimited, share_threshold, shadow modes, limit 0, hits_addend and overrides.
 

@@ -2,7 +2,9 @@
 //! style of Limitador's `test_with_all_storage_impls!`): memory, real Redis and a real 3-master
 //! Redis Cluster. Each test receives a fresh store and the manual clock that drives it.
 
-use crate::support::redis::{start_cluster, start_redis, RedisCluster, RedisServer};
+use crate::support::redis::{
+    start_cluster, start_redis, start_valkey, start_valkey_cluster, RedisCluster, RedisServer,
+};
 use sluice::clock::ManualClock;
 use sluice::config::Unit;
 use sluice::store::memory::MemoryStore;
@@ -37,6 +39,16 @@ pub async fn make_store(kind: &str) -> (Arc<dyn CounterStore>, ManualClock, Back
         }
         "cluster" => {
             let cluster = start_cluster().await;
+            let store = redis_store(cluster.seeds(), RedisKind::Cluster, &clock);
+            (store, clock, Backend::Cluster(cluster))
+        }
+        "valkey" => {
+            let server = start_valkey().await;
+            let store = redis_store(vec![server.url()], RedisKind::Single, &clock);
+            (store, clock, Backend::Redis(server))
+        }
+        "valkey_cluster" => {
+            let cluster = start_valkey_cluster().await;
             let store = redis_store(cluster.seeds(), RedisKind::Cluster, &clock);
             (store, clock, Backend::Cluster(cluster))
         }

@@ -63,9 +63,31 @@ exit "$code""#;
 // Standalone server
 // ---------------------------------------------------------------------------------------------
 
+/// Which server a test runs: Redis, or Valkey (the managed Redis of the large clouds moved to
+/// it; the store must work on both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    Redis,
+    Valkey,
+}
+
+impl Server {
+    /// The server binary: `redis-server`, or `$VALKEY_SERVER` (set by `scripts/test.sh`, which
+    /// installs Valkey when missing), else `valkey-server` on the PATH.
+    pub fn bin(self) -> String {
+        match self {
+            Server::Redis => "redis-server".into(),
+            Server::Valkey => {
+                std::env::var("VALKEY_SERVER").unwrap_or_else(|_| "valkey-server".into())
+            }
+        }
+    }
+}
+
 /// One real `redis-server` (standalone, no persistence) on `127.0.0.1` and a free port, in a
 /// fresh temporary directory.
 pub struct RedisServer {
+    server: Server,
     port: u16,
     /// Whether `port + 10000` is reserved too (cluster nodes).
     bus: bool,
@@ -89,13 +111,27 @@ impl RedisServer {
     }
 
     fn launch(extra_args: Vec<String>, bus: bool) -> Self {
-        Self::launch_with(Listen::Plain, bus, |_| extra_args.clone())
+        Self::launch_as(Server::Redis, extra_args, bus)
+    }
+
+    /// A standalone Valkey server (see [`Server::bin`]).
+    pub fn start_valkey() -> Self {
+        Self::launch_as(Server::Valkey, Vec::new(), false)
+    }
+
+    fn launch_as(server: Server, extra_args: Vec<String>, bus: bool) -> Self {
+        Self::launch_with(server, Listen::Plain, bus, |_| extra_args.clone())
     }
 
     /// Starts a server listening as `listen` with the arguments `args` gives for a port, on a
     /// fresh port each time the chosen one turns out to be taken; `bus` reserves `port + 10000`
     /// too. Panics with the server's log if it cannot start.
-    fn launch_with(listen: Listen, bus: bool, args: impl Fn(u16) -> Vec<String>) -> Self {
+    fn launch_with(
+        server: Server,
+        listen: Listen,
+        bus: bool,
+        args: impl Fn(u16) -> Vec<String>,
+    ) -> Self {
         let dir = tempfile::Builder::new()
             .prefix(listen.dir_prefix())
             .tempdir()
@@ -104,9 +140,10 @@ impl RedisServer {
         for attempt in 1..=START_ATTEMPTS {
             let port = reserve_port(bus);
             let extra_args = args(port);
-            match spawn_ready(listen, port, dir.path(), &extra_args) {
+            match spawn_ready(server, listen, port, dir.path(), &extra_args) {
                 Ok(child) => {
                     return Self {
+                        server,
                         port,
                         bus,
                         extra_args,
@@ -217,7 +254,13 @@ impl RedisServer {
         let deadline = Instant::now() + START_DEADLINE;
         let mut failures = Vec::new();
         for attempt in 1..=START_ATTEMPTS {
-            match spawn_ready(Listen::Plain, self.port, self.dir(), &self.extra_args) {
+            match spawn_ready(
+                self.server,
+                Listen::Plain,
+                self.port,
+                self.dir(),
+                &self.extra_args,
+            ) {
                 Ok(child) => {
                     self.child = Some(child);
                     return;
@@ -268,7 +311,7 @@ impl RedisServer {
         bus: bool,
     ) -> Self {
         let path = |p: &Path| p.to_string_lossy().to_string();
-        Self::launch_with(Listen::Tls, bus, |port| {
+        Self::launch_with(Server::Redis, Listen::Tls, bus, |port| {
             let mut extra_args: Vec<String> = [
                 "--tls-port",
                 &port.to_string(),
@@ -420,10 +463,15 @@ impl RedisCluster {
     /// node reports `cluster_state:ok` with all 16384 slots assigned. Panics with the nodes'
     /// logs if the cluster cannot be formed.
     pub fn start() -> Self {
+        Self::start_as(Server::Redis)
+    }
+
+    /// A three-master cluster of `server` nodes (see [`RedisCluster::start`]).
+    pub fn start_as(server: Server) -> Self {
         let node_args: Vec<String> = CLUSTER_NODE_ARGS.iter().map(|s| s.to_string()).collect();
         Self::start_with(
             "Redis Cluster",
-            || RedisServer::launch(node_args.clone(), true),
+            || RedisServer::launch_as(server, node_args.clone(), true),
             |cluster| {
                 cluster.form().map_err(|e| {
                     let logs: Vec<String> = cluster
@@ -776,6 +824,7 @@ impl Listen {
 /// Spawns redis-server (under the watchdog), listening as `listen`, and waits until it answers
 /// and is really ours (its `dir` is ours: not some other server that holds the port).
 fn spawn_ready(
+    server: Server,
     listen: Listen,
     port: u16,
     dir: &Path,
@@ -796,9 +845,10 @@ fn spawn_ready(
     let dir_arg = dir.to_string_lossy().to_string();
     let log_arg = log_path(dir).to_string_lossy().to_string();
     let port_arg = listen.port_arg(port);
+    let watchdog = WATCHDOG.replace("redis-server \"$@\"", &format!("'{}' \"$@\"", server.bin()));
     let mut child = Command::new("sh")
         .arg("-c")
-        .arg(WATCHDOG)
+        .arg(watchdog)
         .arg("sh")
         .args([
             "--port",
@@ -822,7 +872,7 @@ fn spawn_ready(
         .stdout(out)
         .stderr(err)
         .spawn()
-        .map_err(|e| fatal(format!("cannot spawn sh (for redis-server): {e}")))?;
+        .map_err(|e| fatal(format!("cannot spawn sh (for {}): {e}", server.bin())))?;
 
     let served_dir = listen.served_dir(port, extra);
     let our_dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
@@ -1005,6 +1055,20 @@ pub async fn start_redis(args: &'static [&'static str]) -> RedisServer {
     tokio::task::spawn_blocking(move || RedisServer::start_with_args(args))
         .await
         .expect("start redis")
+}
+
+/// A standalone Valkey server from async code, on a blocking thread.
+pub async fn start_valkey() -> RedisServer {
+    tokio::task::spawn_blocking(RedisServer::start_valkey)
+        .await
+        .expect("start valkey")
+}
+
+/// A three-master Valkey cluster from async code, on a blocking thread.
+pub async fn start_valkey_cluster() -> RedisCluster {
+    tokio::task::spawn_blocking(|| RedisCluster::start_as(Server::Valkey))
+        .await
+        .expect("start valkey cluster")
 }
 
 /// [`RedisCluster::start`] from async code, on a blocking thread.

@@ -27,7 +27,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "quota_mode",
     "metadata",
 ];
-/// The keys of one limit: envoyproxy/ratelimit's, then the sluice extensions (README "sluice extensions").
+/// The keys of one limit: envoyproxy/ratelimit's, then the sluice extensions (docs/semantics.md, "sluice extensions").
 const LIMIT_KEYS: &[&str] = &[
     "unit",
     "requests_per_unit",

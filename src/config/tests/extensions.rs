@@ -1,4 +1,4 @@
-//! The sluice extensions (README "sluice extensions"): periods, algorithms, bursts, resource
+//! The sluice extensions (docs/semantics.md, "sluice extensions"): periods, algorithms, bursts, resource
 //! limits, several limits per descriptor, hash tags.
 
 use super::*;

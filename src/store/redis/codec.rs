@@ -422,7 +422,7 @@ fn micros(v: i64) -> Duration {
 // sent, keyed, read and written once. Under load most requests of a batch share their resource
 // counter and each adds one consumer counter, so the script's work per request shrinks to a few
 // additions and comparisons: this is what keeps Redis CPU per decision below a minimal
-// check-and-charge script's (README "Performance"). The script returns only the clock and each
+// check-and-charge script's (docs/performance.md). The script returns only the clock and each
 // counter before and after the call; the answers (remaining, reset, retry of every limit) are
 // computed here by replaying the same arithmetic request by request, and the replay must end
 // where the script did.

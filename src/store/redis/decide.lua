@@ -42,7 +42,7 @@
 --              burst      token_bucket: requests allowed at once above the steady rate
 --   token      undo calls only: what the charge returned as its token
 -- (One number for algorithm, flags and burst: every argument is a Lua string to convert, and
--- this script's cost is measured against a minimal one; see README "Performance".)
+-- this script's cost is measured against a minimal one; see docs/performance.md.)
 --
 -- Returns, request after request, {admitted, state_1, reset_us_1, retry_us_1, [token_1,]
 -- state_2, ...}:
@@ -245,7 +245,7 @@ local function flush()
 end
 
 -- The common case on its own path: the same math as `fixed` below, inlined, with no helper
--- closures built (see README "Performance": this script's cost is measured against a minimal
+-- closures built (see docs/performance.md: this script's cost is measured against a minimal
 -- check-and-charge script). One request: its keys are KEYS[KB + 1 .. KB + n], its arguments
 -- follow ARGV[AB]; its answer is appended to `out` from index `o0`.
 local function fast(KB, AB, n, m, out, o0)

@@ -15,7 +15,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 /// Multiplexed connections to a standalone Redis (`REDIS_POOL_SIZE`), and script calls kept
 /// outstanding on them. Not a cap on concurrent decisions: while a call runs, the next ones
 /// queue and go together in the next call, so fewer outstanding calls mean bigger batches and
-/// less Redis CPU per decision. One measured best on a 2-core pod (README "Performance").
+/// less Redis CPU per decision. One measured best on a 2-core pod (docs/performance.md).
 pub const DEFAULT_POOL_SIZE: u32 = 1;
 
 /// Standalone, Cluster or Sentinel: `REDIS_TYPE` as the settings read it (any case) and as the

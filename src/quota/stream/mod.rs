@@ -15,14 +15,16 @@
 use super::allocate::{blanket, token_rate, ttl, ALLOW_TTL, ASSIGNMENT_TTL};
 use super::work::{Assigned, Reserve, Step, Worker};
 use super::{bucket, Shared};
+use actions::{abandon_action, assign, bucket_id};
+
+mod actions;
+mod rules;
 use crate::proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use crate::proto::envoy::r#type::v3::RateLimitStrategy;
-use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
-    AbandonAction, BucketAction as Action, QuotaAssignmentAction,
-};
+use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
 use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
 use crate::proto::envoy::service::rate_limit_quota::v3::{
-    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+    RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use crate::service::RateLimiter;
 use crate::store::CounterKey;
@@ -286,56 +288,6 @@ impl QuotaStream {
         self.answer(slots).await
     }
 
-    /// Re-resolves the stream's label and its buckets' descriptors when the rules in force
-    /// changed since it last looked (a reload, an xDS push, the first config).
-    fn follow_rules(&mut self) {
-        let rules = self.limiter.rules();
-        if self.rules.as_ref().is_some_and(|r| Arc::ptr_eq(r, &rules)) {
-            return;
-        }
-        self.rules = Some(Arc::clone(&rules));
-        let Some(domain) = self.domain.clone() else {
-            return;
-        };
-        let label = if rules.domains.contains_key(&domain) {
-            domain
-        } else {
-            "unknown".to_string()
-        };
-        if self.label.as_deref() != Some(label.as_str()) {
-            let m = self.metrics().clone();
-            let held = i64::try_from(self.buckets.len()).unwrap_or(i64::MAX);
-            let rate: f64 = self.buckets.values().map(|b| b.rate).sum();
-            if let Some(old) = &self.label {
-                m.streams.with_label_values(&[old]).dec();
-                m.buckets.with_label_values(&[old]).sub(held);
-                m.assigned_rate.with_label_values(&[old]).sub(rate);
-            }
-            m.streams.with_label_values(&[&label]).inc();
-            m.buckets.with_label_values(&[&label]).add(held);
-            m.assigned_rate.with_label_values(&[&label]).add(rate);
-            self.label = Some(label);
-        }
-        let all: Vec<Pairs> = self.buckets.keys().cloned().collect();
-        for pairs in all {
-            let descriptor = self.resolve(&pairs);
-            if let Some(b) = self.buckets.get_mut(&pairs) {
-                b.descriptor = descriptor;
-            }
-        }
-    }
-
-    /// The descriptor `pairs` stand for under the rules in force, sharing `pairs` when equal.
-    fn resolve(&self, pairs: &Pairs) -> Option<Pairs> {
-        self.descriptor_of(pairs).map(|d| {
-            if *d == **pairs {
-                Arc::clone(pairs)
-            } else {
-                Arc::from(d)
-            }
-        })
-    }
-
     /// Why a new bucket cannot be tracked, if it cannot.
     fn over_cap(&self) -> Option<&'static str> {
         let s = &self.shared.settings;
@@ -367,12 +319,6 @@ impl QuotaStream {
                 boundary: None,
             },
         );
-    }
-
-    fn descriptor_of(&self, pairs: &[(String, String)]) -> Option<Vec<(String, String)>> {
-        let rules = self.limiter.rules();
-        let domain = rules.domains.get(self.domain.as_deref()?)?;
-        bucket::descriptor_of(domain, pairs)
     }
 
     /// Takes a bucket's report in: its demand, the use to record (reconciled with what was
@@ -619,29 +565,5 @@ async fn sleep_until(at: Option<Duration>, now: Duration) {
     match at {
         Some(at) => tokio::time::sleep(at.saturating_sub(now)).await,
         None => std::future::pending().await,
-    }
-}
-
-/// The bucket id Envoy knows a bucket by.
-fn bucket_id(pairs: &[(String, String)]) -> BucketId {
-    BucketId {
-        bucket: pairs.iter().cloned().collect(),
-    }
-}
-
-fn abandon_action(id: BucketId) -> BucketAction {
-    BucketAction {
-        bucket_id: Some(id),
-        bucket_action: Some(Action::AbandonAction(AbandonAction {})),
-    }
-}
-
-fn assign(id: BucketId, strategy: RateLimitStrategy, ttl_for: Duration) -> BucketAction {
-    BucketAction {
-        bucket_id: Some(id),
-        bucket_action: Some(Action::QuotaAssignmentAction(QuotaAssignmentAction {
-            assignment_time_to_live: Some(ttl(ttl_for)),
-            rate_limit_strategy: Some(strategy),
-        })),
     }
 }
