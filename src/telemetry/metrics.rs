@@ -61,6 +61,13 @@ pub struct DescriptorHits {
 }
 
 /// Every metric sluice exports, in one registry.
+/// The (domain, descriptor key) pairs that have series of their own, by domain.
+#[derive(Debug, Default)]
+struct SeriesSet {
+    pairs: std::collections::HashMap<Box<str>, std::collections::HashSet<Box<str>>>,
+    len: usize,
+}
+
 /// (domain, descriptor key) pairs with per-descriptor series of their own, at most.
 pub const MAX_DESCRIPTOR_SERIES: usize = 10_000;
 /// The descriptor key the pairs past [`MAX_DESCRIPTOR_SERIES`] are counted under.
@@ -69,8 +76,8 @@ pub const OVERFLOW_KEY: &str = "_overflow";
 #[derive(Debug, Clone)]
 pub struct Metrics {
     registry: Registry,
-    /// The (domain, key) pairs that have series, as `domain \0 key`.
-    descriptor_series: std::sync::Arc<std::sync::RwLock<std::collections::HashSet<Box<str>>>>,
+    /// The (domain, key) pairs that have series.
+    descriptor_series: std::sync::Arc<std::sync::RwLock<SeriesSet>>,
     total_hits: IntCounterVec,
     within_limit: IntCounterVec,
     near_limit: IntCounterVec,
@@ -305,9 +312,9 @@ impl Metrics {
     }
 
     /// `key`, or [`OVERFLOW_KEY`] once [`MAX_DESCRIPTOR_SERIES`] other pairs have series.
+    /// A known pair costs a shared read lock and two lookups, no allocation.
     fn series_key<'k>(&self, domain: &str, key: &'k str) -> &'k str {
-        let id = format!("{domain}\0{key}");
-        let known = |set: &std::collections::HashSet<Box<str>>| set.contains(id.as_str());
+        let known = |s: &SeriesSet| s.pairs.get(domain).is_some_and(|keys| keys.contains(key));
         if self.descriptor_series.read().map_or(true, |s| known(&s)) {
             return key;
         }
@@ -317,10 +324,14 @@ impl Metrics {
         if known(&set) {
             return key;
         }
-        if set.len() >= MAX_DESCRIPTOR_SERIES {
+        if set.len >= MAX_DESCRIPTOR_SERIES {
             return OVERFLOW_KEY;
         }
-        set.insert(id.into_boxed_str());
+        set.len += 1;
+        set.pairs
+            .entry(domain.into())
+            .or_default()
+            .insert(key.into());
         key
     }
 

@@ -4,7 +4,6 @@
 //! undo, and a batch of requests (the general and the packed layouts), and decoding the
 //! replies. The rest of the Redis store speaks in `LimitCheck`s and `Outcome`s.
 
-use crate::algorithm::MAX_COUNT;
 use crate::store::{CounterKey, LimitCheck, Outcome, StoreError};
 use redis::{Script, ScriptInvocation};
 use std::collections::HashMap;
@@ -116,7 +115,8 @@ pub(super) struct Call {
     pub(super) args: Vec<u64>,
     /// What the script returns (ARGV[2]).
     pub(super) reply: Reply,
-    /// Fixed windows only, no flags: 3 arguments per limit, the script's fast path.
+    /// Fixed windows only, no flags but one counting for all: the call may go in the packed
+    /// layout (see [`Packed`]).
     pub(super) plain: bool,
     /// A plain call's counting `m` (decide.lua): 0 all or nothing, 1 record, 3 record + stop.
     pub(super) counting: u64,
@@ -125,13 +125,9 @@ pub(super) struct Call {
 impl Call {
     /// Whether the call records usage that must reach Redis even if its caller gave up.
     pub(super) fn records(&self) -> bool {
-        if self.plain {
-            self.counting & 1 == 1
-        } else {
-            self.args
-                .chunks(self.per_key())
-                .any(|a| a.get(3).is_some_and(|m| m & (FLAG_RECORD << 2) != 0))
-        }
+        self.args
+            .chunks(self.per_key())
+            .any(|a| a.get(3).is_some_and(|m| m & (FLAG_RECORD << 2) != 0))
     }
 
     /// Values per limit in the reply.
@@ -146,9 +142,7 @@ impl Call {
     }
 
     pub(super) fn per_key(&self) -> usize {
-        if self.plain {
-            ARGS_PER_KEY - 1
-        } else if self.is_undo() {
+        if self.is_undo() {
             ARGS_PER_KEY + 1
         } else {
             ARGS_PER_KEY
@@ -156,7 +150,7 @@ impl Call {
     }
 
     pub(super) fn is_undo(&self) -> bool {
-        !self.plain && self.args.get(3).is_some_and(|meta| meta & UNDO != 0)
+        self.args.get(3).is_some_and(|meta| meta & UNDO != 0)
     }
 
     /// The same call asking for `reply`.
@@ -194,29 +188,21 @@ pub(super) fn encode(
             | flags << 2
             | u64::from(c.key.limit.burst) << META_BURST_SHIFT
     };
-    // Plain requests (fixed windows, no flags but one counting for all) skip the meta
-    // argument; their counting goes once, in the request's header. A slot of a request
-    // spanning slots goes in the general layout (the fast path returns no undo tokens).
+    // A plain request (fixed windows, no flags but one counting for all) may go in the packed
+    // layout. A slot of a request spanning slots goes in the general one (it wants undo
+    // tokens).
     let counting = idx.first().map_or(0, |&i| meta(&checks[i]) & COUNTING_META);
     let plain = whole
         && idx.iter().all(|&i| {
             meta(&checks[i]) & !COUNTING_META == 0 && meta(&checks[i]) & COUNTING_META == counting
         });
-    let per_key = if plain {
-        ARGS_PER_KEY - 1
-    } else {
-        ARGS_PER_KEY
-    };
     let mut keys = Vec::with_capacity(idx.len());
-    let mut args = Vec::with_capacity(idx.len() * per_key);
+    let mut args = Vec::with_capacity(idx.len() * ARGS_PER_KEY);
     for &i in idx {
         let c = &checks[i];
         let p = c.params();
         keys.push(key_of(&c.key));
-        args.extend([u64::from(p.limit), p.period_us, c.hits]);
-        if !plain {
-            args.push(meta(c));
-        }
+        args.extend([u64::from(p.limit), p.period_us, c.hits, meta(c)]);
     }
     Call {
         keys,
@@ -359,12 +345,7 @@ impl<'a> Batch<'a> {
                 let reply = calls.first().map_or(Reply::Answer, |c| c.reply);
                 inv.arg(now).arg(reply.arg()).arg(calls.len());
                 for call in calls.iter() {
-                    let n = i64::try_from(call.keys.len()).unwrap_or(i64::MAX / 8);
-                    inv.arg(if call.plain {
-                        -(4 * n + call.counting as i64)
-                    } else {
-                        n
-                    });
+                    inv.arg(call.keys.len());
                     for (key, args) in call.keys.iter().zip(call.args.chunks(call.per_key())) {
                         inv.key(key.as_str());
                         for a in args {
@@ -422,10 +403,8 @@ fn micros(v: i64) -> Duration {
 // sent, keyed, read and written once. Under load most requests of a batch share their resource
 // counter and each adds one consumer counter, so the script's work per request shrinks to a few
 // additions and comparisons: this is what keeps Redis CPU per decision below a minimal
-// check-and-charge script's (docs/performance.md). The script returns only the clock and each
-// counter before and after the call; the answers (remaining, reset, retry of every limit) are
-// computed here by replaying the same arithmetic request by request, and the replay must end
-// where the script did.
+// check-and-charge script's (docs/performance.md). The script decides every request and
+// returns its verdict and each limit's state; reset and retry follow from the clock alone.
 
 /// Distinct counters one packed call may hold: the key index lives in the low 6 bits of a code.
 const MAX_KEYS: usize = 64;
@@ -456,8 +435,8 @@ impl<'a> Packed<'a> {
                 return None;
             }
             let mut mine: Vec<(usize, u64)> = Vec::with_capacity(call.keys.len());
-            for (key, a) in call.keys.iter().zip(call.args.chunks(3)) {
-                let [limit, period, hits] = *a else {
+            for (key, a) in call.keys.iter().zip(call.args.chunks(ARGS_PER_KEY)) {
+                let [limit, period, hits, _meta] = *a else {
                     return None;
                 };
                 if hits > MAX_HITS {
@@ -501,116 +480,44 @@ impl<'a> Packed<'a> {
         out
     }
 
-    /// Replays the script's decisions from its reply and answers each call as the general
-    /// layout would (`1 + 3 * n` values: admitted, then state, reset, retry per limit).
+    /// Each call's answer in the general layout (`1 + 3 * n` values: admitted, then state,
+    /// reset, retry per limit), from the script's reply: it decided every request and returns
+    /// `now`, then per request its verdict and each limit's state; what is left follows from
+    /// `now` alone (a fixed window resets at its end, a denial retries then, or never when its
+    /// hits exceed the limit). The reply is checked whole before anything is read from it.
     pub(super) fn answers(&self, reply: &[i64]) -> Result<Vec<Vec<i64>>, StoreError> {
-        let u_len = self.counters.len();
-        if reply.len() != 1 + 2 * u_len {
+        let expected = 1 + self.limits.iter().map(|l| 1 + l.len()).sum::<usize>();
+        if reply.len() != expected {
             return Err(StoreError::Permanent(format!(
-                "decide.lua returned {} values for {u_len} packed counters",
-                reply.len()
+                "decide.lua returned {} values for {} packed requests ({expected} expected)",
+                reply.len(),
+                self.limits.len()
             )));
         }
         let now = reply[0];
-        let mut count: Vec<i64> = reply[1..=u_len].iter().map(|&c| c.max(0)).collect();
-        // Reset of each counter's window: the window is aligned to the epoch, as in the script.
-        let reset: Vec<i64> = self
-            .counters
-            .iter()
-            .map(|&(_, _, period)| {
-                let p = i64::try_from(period).unwrap_or(i64::MAX).max(1);
-                p - now.rem_euclid(p)
-            })
-            .collect();
+        let mut rest = &reply[1..];
         let mut answers = Vec::with_capacity(self.limits.len());
-        for (limits, &m) in self.limits.iter().zip(&self.counting) {
-            if m != 0 {
-                answers.push(self.record(limits, m, &mut count, &reset));
-                continue;
-            }
-            let fits = |&(u, hits): &(usize, u64)| {
-                let limit = self.counters[u].1 as i64;
-                let hits = hits as i64;
-                if hits == 0 {
-                    count[u] < limit
-                } else {
-                    count[u] + hits <= limit
-                }
-            };
-            let admitted = limits.iter().all(fits);
+        for limits in &self.limits {
+            let (mine, tail) = rest.split_at(1 + limits.len());
+            rest = tail;
             let mut a = Vec::with_capacity(1 + 3 * limits.len());
-            a.push(i64::from(admitted));
-            for l @ &(u, hits) in limits {
-                let limit = self.counters[u].1 as i64;
-                let ok = fits(l);
-                let after = if admitted {
-                    count[u] + hits as i64
+            a.push(mine[0]);
+            for (&(u, hits), &state) in limits.iter().zip(&mine[1..]) {
+                let (_, limit, period) = self.counters[u];
+                let period = i64::try_from(period).unwrap_or(i64::MAX).max(1);
+                let reset = period - now.rem_euclid(period);
+                let retry = if state & 1 == 1 {
+                    0
+                } else if hits.max(1) > limit {
+                    -1
                 } else {
-                    count[u]
+                    reset
                 };
-                a.push(i64::from(ok) + 2 * (limit - after).max(0));
-                a.push(reset[u]);
-                a.push(match ok {
-                    true => 0,
-                    false if (hits as i64).max(1) > limit => -1,
-                    false => reset[u],
-                });
-            }
-            if admitted {
-                for &(u, hits) in limits {
-                    count[u] += hits as i64;
-                }
+                a.extend([state, reset, retry]);
             }
             answers.push(a);
         }
-        if count[..] != reply[1 + u_len..] {
-            return Err(StoreError::Permanent(
-                "decide.lua's packed counts differ from their replay".into(),
-            ));
-        }
         Ok(answers)
-    }
-
-    /// The replay of one recording request (`m` 1, or 3 with stop): every limit is charged,
-    /// saturating, whatever its verdict; with stop, if one exceeds, only those that exceed.
-    fn record(
-        &self,
-        limits: &[(usize, u64)],
-        m: u64,
-        count: &mut [i64],
-        reset: &[i64],
-    ) -> Vec<i64> {
-        let max_count = MAX_COUNT as i64;
-        let limit_of = |u: usize| self.counters[u].1 as i64;
-        let after: Vec<i64> = limits
-            .iter()
-            .map(|&(u, hits)| (count[u] + hits as i64).min(max_count))
-            .collect();
-        let ok: Vec<bool> = limits
-            .iter()
-            .zip(&after)
-            .map(|(&(u, _), &a)| a <= limit_of(u))
-            .collect();
-        let over = ok.contains(&false);
-        let mut a = Vec::with_capacity(1 + 3 * limits.len());
-        a.push(i64::from(!over));
-        for (n, &(u, hits)) in limits.iter().enumerate() {
-            let charged = m < 2 || !over || !ok[n];
-            let left = if charged { after[n] } else { count[u] };
-            a.push(i64::from(ok[n]) + 2 * (limit_of(u) - left).max(0));
-            a.push(reset[u]);
-            a.push(match ok[n] {
-                true => 0,
-                false if (hits as i64).max(1) > limit_of(u) => -1,
-                false => reset[u],
-            });
-        }
-        for (n, &(u, _)) in limits.iter().enumerate() {
-            if m < 2 || !over || !ok[n] {
-                count[u] = after[n];
-            }
-        }
-        a
     }
 }
 

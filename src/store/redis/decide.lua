@@ -10,13 +10,15 @@
 --           clock (TIME). Only tests set it, and only `test-util` builds keep the line that reads
 --           it; production always decides on the server clock, so replicas with skewed clocks
 --           agree.
--- ARGV[2]   "1" to return each charge's undo token (a Cluster request spanning slots), "p" for
---           the packed layout of plain requests (below, before the general path), else "0"
+-- ARGV[2]   what the call returns: "0" each limit's answer; "1" (one slot of a Cluster request
+--           spanning slots) besides it each charge's undo token and what the counter had left
+--           before the request; "d" the same, deciding without writing (a slot whose refund
+--           waits for the request's verdict); "x<a><o>" as "1", with the whole request's
+--           verdict folded in (a = 0: it is denied; o = 1: a record limit of it is over, so the
+--           stop rule holds); "p" the packed layout of plain requests (below, before the
+--           general path)
 -- ARGV[3]   the number of requests R; then, per request, its number of limits n followed by
---           K arguments per limit (K = 4, or 5 in an undo call), or -(4n + m) followed by 3 per
---           limit (limit, period_us, hits) for a plain request (fixed windows only, no flags
---           but the counting ones), m its counting: 0 all or nothing, 1 record, 3 record with
---           stop (the flags 16 and 32 below, for the whole request):
+--           K arguments per limit (K = 4, or 5 in an undo call):
 --   limit      requests admitted per period (0 blocks everything)
 --   period_us  period in microseconds (> 0); windows are aligned to the Unix epoch
 --   hits       hits to charge (0 = check only: allowed while one more request would fit;
@@ -44,18 +46,21 @@
 -- (One number for algorithm, flags and burst: every argument is a Lua string to convert, and
 -- this script's cost is measured against a minimal one; see docs/performance.md.)
 --
--- Returns, request after request, {admitted, state_1, reset_us_1, retry_us_1, [token_1,]
--- state_2, ...}:
+-- Returns, request after request, {admitted, state_1, reset_us_1, retry_us_1, [token_1,
+-- before_1,] state_2, ...}:
 --   admitted    1 if every enforced limit allowed the request and, if it has quota limits, one
 --               of them did; only then is anything written (a shadow or quota limit that
 --               denies is never written), record limits aside (see the flags)
 --   state_i     allowed_i + 2 * remaining_i: allowed_i is 1 if limit i alone allows it;
---               remaining_i the hits left after this request if admitted, else as stored
+--               remaining_i what the limit saw (the hits left after it, with the request's
+--               earlier limits on the same counter) when every limit that changed its counter
+--               is charged; otherwise a limit not charged reports its counter as it stood
 --   reset_us_i  microseconds until the counter is back to its full quota
 --   retry_us_i  for a denial, microseconds until the request would be admitted (-1: never)
---   token_i     (ARGV[2] = "1") for a charge that was written, what an undo needs: the window
---               start (fixed and sliding window), the entry's id (sliding_log); 0
---               for token_bucket (its undo is exact arithmetic) and for checks not written
+--   token_i     (ARGV[2] "1", "d", "x..") for a charge that was written, what an undo needs:
+--               the window start (fixed and sliding window), the entry's id (sliding_log), 1
+--               for token_bucket (its undo is exact arithmetic); 0 when nothing was written
+--   before_i    (the same calls) what the counter had left before the request
 -- An undo call returns {1, done_1, done_2, ...}: done 0 when the charge could not be taken back
 -- within the bounded work below (the caller counts it).
 --
@@ -107,6 +112,17 @@ local function jittered(ms)
   return ms + spread % (j + 1) + slack
 end
 
+-- fixed_window's rule, the one both layouts use: whether `hits` on a window holding `count`
+-- fit under `limit` (a check, hits 0, asks for room for one more; a recorded charge is taken
+-- whatever, and fits while the count after it is not above the limit), and the count after
+-- the charge if it is made.
+local function window_charge(count, hits, limit, record)
+  local after = min(count + hits, MAXC)
+  if record then return after <= limit, after end
+  if hits == 0 then return count < limit, count end
+  return after <= limit, after
+end
+
 -- The packed layout (ARGV[2] = "p"): plain requests only, every distinct counter once.
 --   KEYS      the U distinct counter keys of the call
 --   ARGV[3]   U; then per key: limit, period_us
@@ -114,15 +130,16 @@ end
 --             request) followed by n codes, one per limit:
 --             hits * 64 + (index of its key in KEYS, from 0); U <= 64, and no request names a
 --             key twice
--- Returns {now, stored_1 .. stored_U, after_1 .. after_U}: each counter as stored before the
--- call (-1: no key) and after it. The requests are decided in order, each all or nothing; the
--- caller replays the same arithmetic to give each request its answer (and checks that it ends
--- on `after`). Per request the script only adds and compares: a counter shared by every
--- request (a resource limit) is read, keyed and written once per call.
+-- Returns {now, then per request: admitted, then per limit allowed + 2 * remaining}: the same
+-- answers as the general layout, less what follows from `now` alone (each fixed window's reset
+-- is the end of its window, and a denial retries then, or never when the hits exceed the
+-- limit). The requests are decided in order, each by the charging rule. Per request the script
+-- only adds and compares: a counter shared by every request (a resource limit) is read, keyed
+-- and written once per call.
 if ARGV[2] == 'p' then
   local fmt, floor, max = string.format, math.floor, math.max
   local U = tonumber(ARGV[3])
-  local limit, count, wk = {}, {}, {}
+  local limit, count, base, wk = {}, {}, {}, {}
   local ttl = {}
   for u = 1, U do
     local period = tonumber(ARGV[3 + 2 * u])
@@ -132,47 +149,49 @@ if ARGV[2] == 'p' then
     ttl[u] = jittered(max(floor((start + period - now + 999) / 1000), 1))
   end
   local stored = redis.call('MGET', unpack(wk))
-  local out = {now}
   for u = 1, U do
     local c = tonumber(stored[u] or -1)
-    out[1 + u] = c
+    base[u] = c
     if c < 0 then c = 0 end
     count[u] = c
   end
+  local out, o = {now}, 1
   local p = 4 + 2 * U
   for _ = 1, tonumber(ARGV[p]) do
     local hdr = tonumber(ARGV[p + 1])
     local m = hdr % 4
     local n = (hdr - m) / 4
+    -- The verdict: all or nothing (m = 0) admits if every limit fits; a recording request
+    -- (m = 1, or 3 with stop) is denied if a limit is over once charged.
     local ok, over = true, false
     for i = p + 2, p + 1 + n do
       local code = tonumber(ARGV[i])
       local u = code % 64 + 1
-      local hits = (code - u + 1) / 64
-      if m > 0 then
-        if min(count[u] + hits, MAXC) > limit[u] then over = true end
-      elseif hits == 0 then
-        if count[u] >= limit[u] then ok = false end
-      elseif count[u] + hits > limit[u] then
-        ok = false
+      if not window_charge(count[u], (code - u + 1) / 64, limit[u], m > 0) then
+        if m > 0 then over = true else ok = false end
       end
     end
+    o = o + 1
+    if ok and not over then out[o] = 1 else out[o] = 0 end
     -- What is charged: all or nothing (m = 0); every limit (record), or with stop only the
-    -- limits that exceed if any does.
-    if ok then
-      for i = p + 2, p + 1 + n do
-        local code = tonumber(ARGV[i])
-        local u = code % 64 + 1
-        local hits = (code - u + 1) / 64
-        local after = min(count[u] + hits, MAXC)
-        if m < 2 or not over or after > limit[u] then count[u] = after end
+    -- limits that exceed if any does. A limit reports what it leaves if charged, else what
+    -- its counter has.
+    for i = p + 2, p + 1 + n do
+      local code = tonumber(ARGV[i])
+      local u = code % 64 + 1
+      local hits = (code - u + 1) / 64
+      local c, lim = count[u], limit[u]
+      local allowed, after = window_charge(c, hits, lim, m > 0)
+      if (m == 0 and ok) or (m > 0 and (m < 2 or not over or not allowed)) then
+        count[u], c = after, after
       end
+      o = o + 1
+      if allowed then out[o] = 1 + 2 * max(lim - c, 0) else out[o] = 2 * max(lim - c, 0) end
     end
     p = p + 1 + n
   end
   for u = 1, U do
-    local c, was = count[u], out[1 + u]
-    out[1 + U + u] = c
+    local c, was = count[u], base[u]
     if c > was and c > 0 then
       if was < 0 then
         redis.call('SET', wk[u], c, 'PX', ttl[u])
@@ -184,11 +203,7 @@ if ARGV[2] == 'p' then
   return out
 end
 
--- ARGV[2] (see the top): "0" answers only; "1" adds each check's undo token and what its
--- counter had left before the call; "d" (dry) the same, writing nothing; "x<a><o>" as "1",
--- with the verdict of the whole request folded in (a: 0 if it is denied, o: 1 if the stop
--- rule is in force: a record limit of it is over), so the slot charges what the request's
--- charging rule says.
+-- ARGV[2]: see the top.
 local mode = ARGV[2]
 local tokens_wanted = mode == '1' or mode == 'd' or string.sub(mode, 1, 1) == 'x'
 local dry = mode == 'd'
@@ -205,158 +220,16 @@ if undo then K = 5 end
 local W = 3
 if tokens_wanted then W = 5 end
 -- Which algorithms this call needs: only their helpers are built (each `function` below is a
--- closure created on every call, which costs as much as a Redis command). A plain request
--- (only fixed windows, no shadow, no refund) comes with -n and 3 arguments per limit (limit,
--- period_us, hits) and takes the fast path.
-local has, all_plain = {}, true
+-- closure created on every call, which costs as much as a Redis command).
+local has = {}
 do
   local p = 4
   for _ = 1, R do
     local n = tonumber(ARGV[p])
-    if n < 0 then
-      local hn = -n
-      p = p + 1 + 3 * (hn - hn % 4) / 4
-    else
-      all_plain = false
-      for i = 1, n do has[tonumber(ARGV[p + 4 + K * (i - 1)]) % 4] = true end
-      p = p + 1 + K * n
-    end
+    for i = 1, n do has[tonumber(ARGV[p + 4 + K * (i - 1)]) % 4] = true end
+    p = p + 1 + K * n
   end
 end
-
--- Window counts the fast path read or wrote in this call (-1: no key), what Redis holds for
--- them, and the TTL a new one gets. Requests of one call run one after the other inside this
--- atomic script, so a counter shared by many of them (a resource limit) is read once and
--- written once per call, by `flush`.
-local cache, base, ttl_of = {}, {}, {}
-
-local function flush()
-  for wk, c in pairs(cache) do
-    local was = base[wk]
-    if c > was and c > 0 then
-      if was < 0 then
-        call('SET', wk, c, 'PX', ttl_of[wk])
-      else
-        call('INCRBY', wk, c - was)
-      end
-    end
-  end
-  cache, base, ttl_of = {}, {}, {}
-end
-
--- The common case on its own path: the same math as `fixed` below, inlined, with no helper
--- closures built (see docs/performance.md: this script's cost is measured against a minimal
--- check-and-charge script). One request: its keys are KEYS[KB + 1 .. KB + n], its arguments
--- follow ARGV[AB]; its answer is appended to `out` from index `o0`.
-local function fast(KB, AB, n, m, out, o0)
-  local count, stored, wkeys, admitted = {}, {}, {}, 1
-  local record, over = m % 2 == 1, false
-  for i = 1, n do
-    local key, b = KEYS[KB + i], AB + 1 + 3 * (i - 1)
-    local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
-    local start = now - now % period
-    local c = count[key]
-    if not c then
-      local wk = key .. fmt(':%d', start / period)
-      wkeys[key] = wk
-      c = cache[wk]
-      if not c then
-        c = tonumber(call('GET', wk) or -1)
-        cache[wk], base[wk] = c, c
-        ttl_of[wk] = jittered(max(floor((start + period - now + 999) / 1000), 1))
-      end
-      stored[key] = c
-      if c < 0 then c = 0 end
-    end
-    local ok
-    if record then
-      ok = min(c + hits, MAXC) <= limit
-    elseif hits == 0 then
-      ok = c < limit
-    else
-      ok = c + hits <= limit
-    end
-    local o = o0 + 1 + 3 * (i - 1)
-    local reset = start + period - now
-    out[o + 1] = reset
-    if record then
-      -- Charged whatever the verdict.
-      c = min(c + hits, MAXC)
-      count[key] = c
-      out[o] = 2 * max(limit - c, 0)
-      if ok then out[o] = out[o] + 1; out[o + 2] = 0 else
-        over, admitted = true, 0
-        if max(hits, 1) > limit then out[o + 2] = -1 else out[o + 2] = reset end
-      end
-    elseif ok then
-      c = c + hits
-      count[key] = c
-      out[o] = 1 + 2 * max(limit - c, 0)
-      out[o + 2] = 0
-    else
-      count[key] = c
-      admitted = 0
-      out[o] = 0
-      if max(hits, 1) > limit then out[o + 2] = -1 else out[o + 2] = reset end
-    end
-  end
-  out[o0] = admitted
-  if record and over and m >= 2 then
-    -- Stop: only the limits that exceed are charged; the others keep what they had, and
-    -- report it (as every uncharged limit does), while a charged one reports what it saw.
-    for key, _ in pairs(count) do count[key] = max(stored[key], 0) end
-    for i = 1, n do
-      local o = o0 + 1 + 3 * (i - 1)
-      local key, b = KEYS[KB + i], AB + 1 + 3 * (i - 1)
-      local limit, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 2])
-      if out[o] % 2 == 0 then
-        count[key] = min(count[key] + hits, MAXC)
-      else
-        out[o] = 1 + 2 * max(limit - max(stored[key], 0), 0)
-      end
-    end
-  end
-  if admitted == 1 or record then
-    for key, c in pairs(count) do
-      if c > stored[key] and c > 0 then cache[wkeys[key]] = c end
-    end
-  else
-    -- Nothing is charged: what each counter really has left.
-    for i = 1, n do
-      local o = o0 + 1 + 3 * (i - 1)
-      local limit = tonumber(ARGV[AB + 1 + 3 * (i - 1)])
-      out[o] = out[o] % 2 + 2 * max(limit - max(stored[KEYS[KB + i]], 0), 0)
-    end
-  end
-  return o0 + 1 + 3 * n
-end
-
--- Decides every request of the call in turn (each all or nothing, each seeing the writes of
--- the ones before it) and returns their answers one after the other.
-local function run_all(general)
-  local result, p, kb, next = {}, 4, 0, 1
-  for _ = 1, R do
-    local n = tonumber(ARGV[p])
-    if n < 0 then
-      local hn = -n
-      local m = hn % 4
-      n = (hn - m) / 4
-      next = fast(kb, p, n, m, result, next)
-      p, kb = p + 1 + 3 * n, kb + n
-    else
-      -- The general path reads and writes Redis directly: it must see the fast path's counts.
-      flush()
-      local o = general(kb, p, n)
-      for j = 1, #o do result[next + j - 1] = o[j] end
-      next = next + #o
-      p, kb = p + 1 + K * n, kb + n
-    end
-  end
-  flush()
-  return result
-end
-
-if all_plain then return run_all(nil) end
 
 local TRIM = 64
 local REFUND_ENTRIES = 64
@@ -410,13 +283,9 @@ if has[0] or has[1] then
     local allowed, after = true, current
     if refund then
       after = max(current - hits, 0)
-    elseif record then
-      after = min(current + hits, MAXC)
-      allowed = after <= limit
-    elseif fits(current, hits, limit) then
-      after = current + hits
     else
-      allowed = false
+      allowed, after = window_charge(current, hits, limit, record)
+      if not allowed and not record then after = current end
     end
     local retry = 0
     if not allowed then
@@ -1120,4 +989,13 @@ local function general(KB, AB, n)
   return out
 end
 
-return run_all(general)
+-- Decides every request of the call in turn (each by the charging rule, each seeing the
+-- writes of the ones before it) and returns their answers one after the other.
+local result, p, kb = {}, 4, 0
+for _ = 1, R do
+  local n = tonumber(ARGV[p])
+  local o = general(kb, p, n)
+  for j = 1, #o do result[#result + 1] = o[j] end
+  p, kb = p + 1 + K * n, kb + n
+end
+return result
