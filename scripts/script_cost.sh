@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Redis CPU per decision of src/store/redis/decide.lua against a minimal check-and-charge script
+# Redis CPU per decision of decide.lua (src/store/redis/decide/) against a minimal check-and-charge script
 # on the same keys, and of sliding_log at 100 000 entries against a fixed window, measured with
 # redis-benchmark on a fresh redis-server in one run (docs/performance.md).
 #   scripts/script_cost.sh            (needs redis-server, redis-cli, redis-benchmark, bc)
@@ -33,7 +33,7 @@ end
 return 1
 LUA
 )
-decide_sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat src/store/redis/decide.lua)")
+decide_sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat src/store/redis/decide/{head,window,log,bucket,call}.lua)")
 minimal_sha=$(redis-cli -p "$port" SCRIPT LOAD "$minimal")
 
 # run LABEL DECISIONS_PER_CALL PIPELINE ARGS...: one redis-benchmark run of N calls.
@@ -60,25 +60,25 @@ echo "== [resource=api, consumer=<id>], 2 fixed-window limits, 10 000 consumers"
 for pipe in 1 16; do
   run "minimal check-and-charge script" 1 "$pipe" evalsha "$minimal_sha" 2 "$m1" "$m2" 1000000000 1000000000
   run "decide.lua, one request per call (packed)" 1 "$pipe" evalsha "$decide_sha" 2 "$k1" "$k2" \
-    "" p 2 1000000000 60000000 1000000000 60000000 1 2 64 65
+    "" p 2 1000000000 60000000 1000000000 60000000 1 8 64 65
 done
 # sluice batches concurrent requests on standalone Redis: 16 requests in one call, packed (every
 # distinct counter once; a code per limit is hits * 64 + its counter's index), as sluice sends
-# them; and, for comparison, the same call in the per-request layout of the fast path.
+# them; and, for comparison, the same call in the general layout (4 arguments per limit).
 keys=("$k1"); args=("" p 17 1000000000 60000000)
 for r in $(seq 16); do
   keys+=("{bench|resource=api}|consumer=__rand_int__$r:fw:1000000000:minute")
   args+=(1000000000 60000000)
 done
 args+=(16)
-for r in $(seq 16); do args+=(2 64 $((64 + r))); done
+for r in $(seq 16); do args+=(8 64 $((64 + r))); done
 run "decide.lua, 16 requests per call, packed (as sluice batches)" 16 1 evalsha "$decide_sha" 17 "${keys[@]}" "${args[@]}"
 keys=(); args=("" 0 16)
 for r in $(seq 16); do
   keys+=("$k1" "{bench|resource=api}|consumer=__rand_int__$r:fw:1000000000:minute")
-  args+=(-2 1000000000 60000000 1 1000000000 60000000 1)
+  args+=(2 1000000000 60000000 1 0 1000000000 60000000 1 0)
 done
-run "decide.lua, 16 requests per call, one by one (fast path)" 16 1 evalsha "$decide_sha" 32 "${keys[@]}" "${args[@]}"
+run "decide.lua, 16 requests per call, general layout" 16 1 evalsha "$decide_sha" 32 "${keys[@]}" "${args[@]}"
 
 echo "== sliding_log holding 100 000 entries (one hour) against a fixed window, one key"
 log='{bench|log=full}:slw:1000000:hour'
@@ -101,7 +101,7 @@ echo "entries: $(redis-cli -p "$port" EVAL "$fill" 1 "$log")"
 redis-cli -p "$port" CONFIG SET slowlog-log-slower-than 1000 >/dev/null
 redis-cli -p "$port" SLOWLOG RESET >/dev/null
 run "fixed_window, admitted (packed)" 1 1 evalsha "$decide_sha" 1 '{bench|one=x}:fw:1000000000:hour' \
-  "" p 1 1000000000 3600000000 1 1 64
+  "" p 1 1000000000 3600000000 1 4 64
 run "fixed_window, admitted (general path)" 1 1 evalsha "$decide_sha" 1 '{bench|one=y}:fw:1000000000:hour' \
   "" 0 1 1 1000000000 3600000000 1 0
 n=$((n / 3))

@@ -1,6 +1,6 @@
 //! Pure decision math, one function per algorithm: `(state, now, limit, hits) -> (outcome,
 //! state')`. No I/O and no clock of their own, so the memory store and the Redis Lua script
-//! (`src/store/redis/decide.lua`) mirror them exactly and the tests check them against
+//! (`decide.lua`, in `src/store/redis/decide/`) mirror them exactly and the tests check them against
 //! hand-computed cases. Time is integer microseconds since the Unix epoch; the only floating
 //! point (the sliding-window weight) is computed in the same order in Rust and Lua, which are
 //! both IEEE-754 doubles, so both stores agree to the bit.

@@ -11,8 +11,15 @@ use std::time::Duration;
 #[cfg(any(test, feature = "test-util"))]
 use {crate::clock::Clock, std::sync::Arc};
 
-/// The decision script; KEYS/ARGV are documented at its top.
-pub(super) const DECIDE_LUA: &str = include_str!("decide.lua");
+/// The decision script, `decide.lua`, joined from its five files; KEYS/ARGV are documented at
+/// the top of the first.
+pub(super) const DECIDE_LUA: &str = concat!(
+    include_str!("decide/head.lua"),
+    include_str!("decide/window.lua"),
+    include_str!("decide/log.lua"),
+    include_str!("decide/bucket.lua"),
+    include_str!("decide/call.lua"),
+);
 
 /// `decide.lua` with its TTL jitter set (the script's `JITTER_MS` line).
 pub(super) fn decide_script(jitter: Duration) -> String {

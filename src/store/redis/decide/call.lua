@@ -1,0 +1,266 @@
+-- decide.lua, part 5 of 5: an undo call, and one request decided by the charging rule, for
+-- every request of the call (see head.lua for KEYS and ARGV).
+------------------------------------------------------------------------------------- the call
+
+if undo then
+  local out, n = {1}, tonumber(ARGV[4])
+  for i = 1, n do
+    local key, b = KEYS[i], 5 + K * (i - 1)
+    local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+    local meta, token = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+    local alg, burst = meta % 4, floor(meta / 256)
+    local done = 1
+    if alg == 2 then
+      done = undo_log(key, token)
+    elseif alg == 3 then
+      -- Exact subtraction, not clamped at now: a TAT in the past means a full bucket either
+      -- way, and the stored value goes back to exactly what it was before the charge.
+      if limit > 0 and call('EXISTS', key) == 1 then
+        local s = load_bucket(key)
+        local du, df = intervals(min(hits, burst + 1), period, limit)
+        local nu, nf = s.u - du, s.f - df
+        if nf < 0 then nu, nf = nu - 1, nf + limit end
+        call('SET', key, fmt('%d:%d', nu, nf), 'KEEPTTL')
+      end
+    elseif alg == 0 then
+      -- The charged window's own key, whether or not a window edge passed since.
+      local wk = window_key(key, token, period)
+      local c = tonumber(call('GET', wk) or 0)
+      if c > hits then
+        call('DECRBY', wk, hits)
+      elseif c > 0 then
+        call('DEL', wk)
+      end
+    else
+      local s = load_counter(key, alg, period)
+      local changed = false
+      if s.ws == token then
+        s.b, changed = max(s.b - hits, 0), true
+      elseif s.ws == token + period then
+        s.a, changed = max(s.a - hits, 0), true
+      end
+      if changed then
+        if s.a == 0 and s.b == 0 then
+          call('DEL', key)
+        else
+          call('SET', key, fmt('%d:%d:%d', s.ws, s.a, s.b), 'KEEPTTL')
+        end
+      end
+    end
+    out[i + 1] = done
+  end
+  return out
+end
+
+-- Runs the algorithm of check i (0-based offset b into ARGV) on view v, as a recording charge
+-- (the re-run of a request of which only some checks are charged).
+local function record_on(key, v, b, meta)
+  local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+  local alg, refund = meta % 4, floor(meta / 8) % 2 == 1
+  if alg == 0 then
+    fixed(v, limit, period, hits, refund, not refund)
+  elseif alg == 1 then
+    sliding(v, limit, period, hits, refund, not refund)
+  elseif alg == 2 then
+    sliding_log(key, v, limit, period, hits, refund, true, not refund)
+  else
+    token_bucket(v, limit, period, hits, refund, floor(meta / 256), not refund)
+  end
+end
+
+local function load_view(key, alg, period)
+  if alg == 2 then return load_log(key, period) end
+  if alg == 3 then return load_bucket(key) end
+  return load_counter(key, alg, period)
+end
+
+-- Writes every view a check changed; returns the sliding logs' new entry ids by key.
+local function write_views(KB, AB, n, views)
+  local written = {}
+  for i = 1, n do
+    local key = KEYS[KB + i]
+    local v = views[key]
+    if v and v.dirty then
+      v.dirty = false
+      local b = AB + 1 + K * (i - 1)
+      local period, alg = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 3]) % 4
+      if alg == 0 then
+        call('SET', window_key(key, v.ws, period), v.a, 'PX', ttl_ms(v.ws + period - now))
+      elseif alg == 1 then
+        call('SET', key, fmt('%d:%d:%d', v.ws, v.a, v.b), 'PX', ttl_ms(v.ws + 2 * period - now))
+      elseif alg == 2 then
+        written[key] = commit_log(key, v, period)
+      else
+        local ceil_tat = v.u
+        if v.f > 0 then ceil_tat = v.u + 1 end
+        call('SET', key, fmt('%d:%d', v.u, v.f), 'PX', ttl_ms(ceil_tat - now))
+      end
+    end
+  end
+  return written
+end
+
+-- What a counter has left as it stands on view v (a check of 0 hits; it changes nothing).
+local function left_on(key, v, alg, limit, period, meta)
+  local _, remaining
+  if alg == 2 then
+    _, remaining = sliding_log(key, v, limit, period, 0, false, true)
+  elseif alg == 3 then
+    _, remaining = token_bucket(v, limit, period, 0, false, floor(meta / 256))
+  elseif alg == 0 then
+    _, remaining = fixed(v, limit, period, 0, false)
+  else
+    _, remaining = sliding(v, limit, period, 0, false)
+  end
+  return remaining
+end
+
+local function general(KB, AB, n)
+  local out = {1}
+  local views = {}
+  local recs, oks, refs, touched, stop, over = {}, {}, {}, {}, false, false
+  local admitted = 1
+  local quotas, quotas_allowed = 0, 0
+  local logslot = {} -- check index -> position of its entry among its key's adds
+  local before = {} -- key -> what it had left before this request (tokens_wanted)
+  local tokens = {} -- check index -> its undo token, if its charge is written
+
+  for i = 1, n do
+    local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
+    local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+    local meta = tonumber(ARGV[b + 3])
+    local alg, flags = meta % 4, floor(meta / 4) % 64
+    local refund = floor(flags / 2) % 2 == 1
+    -- As the Rust `Admission`: a shadow limit or a refund never takes part in the quota rule.
+    local quota = floor(flags / 8) % 2 == 1 and flags % 2 == 0 and not refund
+    local record = floor(flags / 16) % 2 == 1
+    if flags >= 32 then stop = true end
+    local v = views[key]
+    if not v then
+      v = load_view(key, alg, period)
+      views[key] = v
+      if tokens_wanted then before[key] = left_on(key, v, alg, limit, period, meta) end
+    end
+    local allowed, remaining, reset, retry, token
+    if alg == 0 then
+      allowed, remaining, reset, retry, token = fixed(v, limit, period, hits, refund, record)
+    elseif alg == 1 then
+      allowed, remaining, reset, retry, token = sliding(v, limit, period, hits, refund, record)
+    elseif alg == 2 then
+      local before_adds = #v.adds
+      allowed, remaining, reset, retry, token =
+        sliding_log(key, v, limit, period, hits, refund, false, record)
+      if #v.adds > before_adds then logslot[i] = #v.adds end
+    else
+      allowed, remaining, reset, retry, token =
+        token_bucket(v, limit, period, hits, refund, floor(meta / 256), record)
+    end
+    recs[i], oks[i], refs[i] = record, allowed, refund
+    -- What this check did to its view: a charge or refund that changes the counter.
+    touched[i] = (hits > 0) and (allowed or record)
+    if record and not allowed then over = true end
+    if quota then quotas = quotas + 1 end
+    local o = 2 + W * (i - 1)
+    if allowed then
+      out[o] = 1 + 2 * remaining
+      if quota then quotas_allowed = quotas_allowed + 1 end
+    else
+      out[o] = 2 * remaining
+      if flags % 2 == 0 and not quota then admitted = 0 end
+    end
+    out[o + 1] = reset
+    out[o + 2] = retry
+    if tokens_wanted then
+      -- Only a written charge has something to undo (set below, once it is written).
+      out[o + 3] = 0
+      out[o + 4] = before[key]
+      if not (allowed and hits > 0 and not refund) then
+        token = 0
+      elseif alg >= 2 then
+        token = 1 -- a token bucket's undo is arithmetic; a log entry's id is known once written
+      end
+      tokens[i] = token
+    end
+  end
+
+  if quotas > 0 and quotas_allowed == 0 then admitted = 0 end
+  -- The other slots' verdict (a Cluster request spanning slots).
+  if ext_admitted == 0 then admitted = 0 end
+  if ext_over then stop, over = true, true end
+  out[1] = admitted
+  if dry then return out end
+  -- The charging rule (src/store/mod.rs `charged`): a record check is always charged; any other
+  -- only on an admitted request that it allowed; with stop, if a record check exceeds, only
+  -- those. When that is exactly what the views hold, they are written as they are.
+  local charged, exact = {}, true
+  for i = 1, n do
+    if stop and over then
+      charged[i] = recs[i] and (refs[i] or not oks[i])
+    else
+      charged[i] = recs[i] or (admitted == 1 and oks[i])
+    end
+    if touched[i] and not charged[i] then exact = false end
+  end
+  local views_written, slots = views, logslot
+  if not exact then
+    -- Some changes are not to be written: report what the counters that are not charged
+    -- really have left (a view no check changed is what Redis holds; a changed one is read
+    -- again; a denial is the path an attacker drives, so it stays O(log n) too), then charge
+    -- only the checks that are, on fresh views.
+    for i = 1, n do
+      if not charged[i] then
+        local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
+        local limit, period = tonumber(ARGV[b]), tonumber(ARGV[b + 1])
+        local meta = tonumber(ARGV[b + 3])
+        local v = views[key]
+        if v.dirty then v = load_view(key, meta % 4, period) end
+        local o = 2 + W * (i - 1)
+        out[o] = out[o] % 2 + 2 * left_on(key, v, meta % 4, limit, period, meta)
+      end
+    end
+    views_written, slots = {}, {}
+    for i = 1, n do
+      if charged[i] and touched[i] then
+        local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
+        local meta = tonumber(ARGV[b + 3])
+        local v = views_written[key]
+        if not v then
+          v = load_view(key, meta % 4, tonumber(ARGV[b + 1]))
+          views_written[key] = v
+        end
+        local adds = v.adds and #v.adds
+        record_on(key, v, b, meta)
+        if adds and #v.adds > adds then slots[i] = #v.adds end
+      end
+    end
+  end
+  local written = write_views(KB, AB, n, views_written)
+  if tokens_wanted then
+    -- The undo token of each charge written: its window (fixed, sliding), its entry's id
+    -- (sliding_log), 1 for a token bucket (whose undo is arithmetic); 0 for nothing to undo.
+    for i = 1, n do
+      if charged[i] and touched[i] and tokens[i] ~= 0 then
+        local o = 5 + W * (i - 1)
+        local pos = slots[i]
+        if pos then
+          local t = written[KEYS[KB + i]]
+          if t and t[pos] then out[o] = t[pos] end
+        else
+          out[o] = tokens[i]
+        end
+      end
+    end
+  end
+  return out
+end
+
+-- Decides every request of the call in turn (each by the charging rule, each seeing the
+-- writes of the ones before it) and returns their answers one after the other.
+local result, p, kb = {}, 4, 0
+for _ = 1, R do
+  local n = tonumber(ARGV[p])
+  local o = general(kb, p, n)
+  for j = 1, #o do result[#result + 1] = o[j] end
+  p, kb = p + 1 + K * n, kb + n
+end
+return result
