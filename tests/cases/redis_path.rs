@@ -1,7 +1,8 @@
 //! The Redis path at its limits (issue 10), on real Redis and a real 3-master Cluster: one script
 //! call per request on standalone whatever the hash tags, exactness for every algorithm across
 //! hash tags and replicas, exact Cluster undo (also across a window roll), bounded abuse with an
-//! empty SLOWLOG, recovery from a restart under load, and a slow Redis opening the breaker.
+//! empty SLOWLOG (on Redis and on Valkey), recovery from a restart under load, and a slow Redis
+//! opening the breaker.
 
 use super::store::{redis_settings, redis_store};
 use crate::support::proxy::RedisProxy;
@@ -131,6 +132,18 @@ async fn every_algorithm_is_exact_across_hash_tags_on_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_algorithm_is_exact_across_hash_tags_on_cluster() {
     let cluster = start_cluster().await;
+    exact_across_tags(cluster.seeds(), RedisKind::Cluster).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_algorithm_is_exact_across_hash_tags_on_valkey() {
+    let valkey = crate::support::redis::start_valkey().await;
+    exact_across_tags(vec![valkey.url()], RedisKind::Single).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_algorithm_is_exact_across_hash_tags_on_a_valkey_cluster() {
+    let cluster = crate::support::redis::start_valkey_cluster().await;
     exact_across_tags(cluster.seeds(), RedisKind::Cluster).await;
 }
 
@@ -274,7 +287,19 @@ async fn with_probe(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn abusive_requests_get_clear_answers_and_never_stall_redis() {
-    let redis = start_redis(&["--slowlog-log-slower-than", "1000"]).await;
+    abusive_requests_case(start_redis(&[]).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn abusive_requests_get_clear_answers_and_never_stall_valkey() {
+    abusive_requests_case(crate::support::redis::start_valkey().await).await;
+}
+
+/// The script's bounds: requests over the caps are refused before the store, and what is
+/// accepted never keeps the server busy for 1 ms (its SLOWLOG stays empty).
+async fn abusive_requests_case(redis: crate::support::redis::RedisServer) {
+    let slowlog = redis.cli(&["CONFIG", "SET", "slowlog-log-slower-than", "1000"]);
+    assert_eq!(slowlog.trim(), "OK");
     let clock = ManualClock::new(T0);
     let store = redis_store(vec![redis.url()], RedisKind::Single, &clock);
     let s =
