@@ -7,7 +7,7 @@ agree with the sluice configs and the Helm chart's naming.
 
 Checks, offline (nothing is fetched once the two packages are installed):
 
-  config/envoy/envoy.yaml      parsed as envoy.config.bootstrap.v3.Bootstrap with protobuf's
+  config/examples/envoy/kubernetes.yaml      parsed as envoy.config.bootstrap.v3.Bootstrap with protobuf's
                                json_format.ParseDict, which rejects unknown fields and unknown
                                enum names, and resolves every `typed_config` Any through the
                                descriptor pool (so an unknown or misspelt @type fails); then a
@@ -17,7 +17,7 @@ Checks, offline (nothing is fetched once the two packages are installed):
                                comes before the router, its cluster exists, speaks HTTP/2 and
                                points at the Helm Service's gRPC port, and its `domain` and the
                                descriptors the route actions produce exist in
-                               config/envoy/sluice.yaml.
+                               config/examples/envoy/kubernetes/sluice.yaml.
   config/istio/*.yaml          every EnvoyFilter: apiVersion, kind, the EnvoyFilter field names
                                (spec, configPatches, match, patch), applyTo/context/operation
                                values, HTTP_FILTER patches matched on the connection manager and
@@ -40,7 +40,7 @@ Checks, offline (nothing is fetched once the two packages are installed):
                                Istio patch) must each be rejected, so the checks above cannot
                                pass vacuously.
   sluice check                 when a sluice binary is found (--sluice, or target/release or
-                               target/debug), `sluice check` on config/envoy/sluice.yaml and on
+                               target/debug), `sluice check` on config/examples/envoy/kubernetes/sluice.yaml and on
                                every config of values-istio.yaml.
 
 Exits 1 with every failure listed, 0 with a short summary.
@@ -77,8 +77,8 @@ except ImportError as e:  # pragma: no cover - the message is the point
     )
 
 ROOT = Path(__file__).resolve().parent.parent
-ENVOY_BOOTSTRAP = ROOT / "config/envoy/envoy.yaml"
-ENVOY_SLUICE = ROOT / "config/envoy/sluice.yaml"
+ENVOY_BOOTSTRAP = ROOT / "config/examples/envoy/kubernetes.yaml"
+ENVOY_SLUICE = ROOT / "config/examples/envoy/kubernetes/sluice.yaml"
 ISTIO_DIR = ROOT / "config/istio"
 ISTIO_VALUES = ISTIO_DIR / "values-istio.yaml"
 CHART_VALUES = ROOT / "helm/sluice/values.yaml"
@@ -434,7 +434,7 @@ def route_rate_limits(node, path="") -> list[tuple[str, dict]]:
 
 
 # --------------------------------------------------------------------------------------------
-# config/envoy
+# config/examples/envoy/kubernetes.yaml
 
 
 def load_yaml(path: Path, failures: Failures):
