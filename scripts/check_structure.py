@@ -107,6 +107,16 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def circles(graph: dict[str, set[str]], seen: dict[tuple[str, str], str], what: str) -> list[str]:
+    """One problem per circle of `graph`, naming each edge and the file that makes it."""
+    out = []
+    for cycle in find_cycles(graph):
+        where = [f"{a} -> {b} ({seen[(a, b)]})" for a in cycle for b in cycle if (a, b) in seen]
+        out.append(f"import circle between {what}: " + " / ".join(cycle) + "\n    "
+                   + "\n    ".join(where))
+    return out
+
+
 def main() -> int:
     files = sorted(p for p in SRC.rglob("*.rs"))
     problems = []
@@ -127,11 +137,7 @@ def main() -> int:
             if dep in tops and dep != me:
                 graph[me].add(dep)
                 edges_seen.setdefault((me, dep), str(p.relative_to(SRC)))
-    for cycle in find_cycles(graph):
-        where = [f"{a} -> {b} ({edges_seen[(a, b)]})" for a in cycle for b in cycle
-                 if (a, b) in edges_seen]
-        problems.append("import circle between top-level modules: "
-                        + " / ".join(cycle) + "\n    " + "\n    ".join(where))
+    problems += circles(graph, edges_seen, "top-level modules")
 
     # 2. Sibling files of one directory.
     by_dir: dict[pathlib.Path, list[pathlib.Path]] = {}
@@ -171,11 +177,7 @@ def main() -> int:
                 if dep in names and dep != me:
                     graph[me].add(dep)
                     seen.setdefault((me, dep), str(p.relative_to(SRC)))
-        for cycle in find_cycles(graph):
-            where = [f"{a} -> {b} ({seen[(a, b)]})" for a in cycle for b in cycle
-                     if (a, b) in seen]
-            problems.append(f"import circle between files of src/{d.relative_to(SRC)}: "
-                            + " / ".join(cycle) + "\n    " + "\n    ".join(where))
+        problems += circles(graph, seen, f"files of src/{d.relative_to(SRC)}")
 
     # 3. Long files (Rust and the Lua scripts alike).
     for p in sorted(list(SRC.rglob("*.rs")) + list(SRC.rglob("*.lua"))):
