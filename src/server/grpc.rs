@@ -38,12 +38,33 @@ impl RateLimitService for RlsService {
         } else {
             opentelemetry::Context::new()
         };
+        let deadline = grpc_timeout(request.metadata()).map(|t| tokio::time::Instant::now() + t);
         self.limiter
-            .should_rate_limit_in(request.into_inner(), &parent, Edge::Grpc)
+            .should_rate_limit_in(request.into_inner(), &parent, Edge::Grpc, deadline)
             .await
             .map(Response::new)
             .map_err(Status::from)
     }
+}
+
+/// The caller's `grpc-timeout` (Envoy sends its rate-limit timeout, 20 ms by default): at most
+/// 8 digits and a unit (H, M, S, m, u, n). A malformed value is ignored, as tonic does.
+fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<std::time::Duration> {
+    let raw = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = raw.split_at(raw.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => std::time::Duration::from_secs(n.saturating_mul(3600)),
+        "M" => std::time::Duration::from_secs(n.saturating_mul(60)),
+        "S" => std::time::Duration::from_secs(n),
+        "m" => std::time::Duration::from_millis(n),
+        "u" => std::time::Duration::from_micros(n),
+        "n" => std::time::Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// The one place a decision's error becomes a gRPC status.
@@ -63,6 +84,29 @@ impl From<RequestError> for Status {
                 Status::unavailable(e.to_string())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grpc_timeout;
+    use std::time::Duration;
+
+    #[test]
+    fn grpc_timeouts_parse_as_the_spec_says() {
+        let t = |v: &str| {
+            let mut m = tonic::metadata::MetadataMap::new();
+            m.insert("grpc-timeout", v.parse().unwrap());
+            grpc_timeout(&m)
+        };
+        assert_eq!(t("20m"), Some(Duration::from_millis(20)));
+        assert_eq!(t("1S"), Some(Duration::from_secs(1)));
+        assert_eq!(t("5000u"), Some(Duration::from_micros(5000)));
+        assert_eq!(t("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(t("123456789m"), None);
+        assert_eq!(t("m"), None);
+        assert_eq!(t("20x"), None);
+        assert_eq!(grpc_timeout(&tonic::metadata::MetadataMap::new()), None);
     }
 }
 

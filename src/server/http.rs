@@ -247,7 +247,7 @@ async fn json(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> R
     let parent = crate::telemetry::trace::parent_from_headers(&headers);
     let response = match s
         .limiter
-        .should_rate_limit_in(request, &parent, Edge::Http)
+        .should_rate_limit_in(request, &parent, Edge::Http, None)
         .await
     {
         Ok(r) => r,

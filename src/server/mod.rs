@@ -536,6 +536,7 @@ mod tests {
             },
             breaker: BreakerSettings::default(),
             local_cache_bytes,
+            local: None,
         }
     }
 

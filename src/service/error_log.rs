@@ -54,6 +54,7 @@ impl ErrorLog {
             None => "UNAVAILABLE",
             Some(FailureMode::Allow) => "OK (FAILURE_MODE=allow)",
             Some(FailureMode::Deny) => "OVER_LIMIT (FAILURE_MODE=deny)",
+            Some(FailureMode::Local) => "OVER_LIMIT (FAILURE_MODE=local, the local store failed)",
         };
         // Store errors carry no credentials (URLs are redacted where they are built).
         tracing::warn!(

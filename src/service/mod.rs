@@ -220,18 +220,20 @@ impl RateLimiter {
         &self,
         request: RateLimitRequest,
     ) -> Result<RateLimitResponse, RequestError> {
-        self.should_rate_limit_in(request, &Context::new(), Edge::Grpc)
+        self.should_rate_limit_in(request, &Context::new(), Edge::Grpc, None)
             .await
     }
 
     /// [`RateLimiter::should_rate_limit`] as a child of `parent` (the caller's W3C trace
-    /// context), called through `edge`: the decision wrapped in its telemetry (the request
-    /// span and the request metrics).
+    /// context), called through `edge` by a caller that gives up at `deadline` (its gRPC
+    /// deadline, which `FAILURE_MODE=local` answers before): the decision wrapped in its
+    /// telemetry (the request span and the request metrics).
     pub async fn should_rate_limit_in(
         &self,
         request: RateLimitRequest,
         parent: &Context,
         edge: Edge,
+        deadline: Option<tokio::time::Instant>,
     ) -> Result<RateLimitResponse, RequestError> {
         let started = Instant::now();
         let span = RequestSpan::start(
@@ -241,7 +243,7 @@ impl RateLimiter {
             &request.domain,
             request.descriptors.len(),
         );
-        let result = self.decide(&request, span.context()).await;
+        let result = self.decide(&request, span.context(), deadline).await;
         let outcome = match &result {
             Ok(r) if r.overall_code == Code::OverLimit as i32 => RequestOutcome::OverLimit,
             Ok(_) => RequestOutcome::Ok,
@@ -262,6 +264,7 @@ impl RateLimiter {
         &self,
         request: &RateLimitRequest,
         cx: Option<&Context>,
+        deadline: Option<tokio::time::Instant>,
     ) -> Result<RateLimitResponse, RequestError> {
         validate(request, &self.options.caps)?;
         if self.has_no_config() {
@@ -279,7 +282,7 @@ impl RateLimiter {
             self.signals.backend,
             plan.limits.len(),
         );
-        let result = self.store.decide(&plan.checks()).await;
+        let result = self.store.decide_by(&plan.checks(), deadline).await;
         self.telemetry
             .metrics
             .store_call(started.elapsed(), result.as_ref().err());

@@ -90,16 +90,23 @@ pub enum FailureMode {
     /// Overall OVER_LIMIT; every limited descriptor OVER_LIMIT (shadow limits and global
     /// shadow mode still answer OK, as for a real denial).
     Deny,
+    /// Decided by this replica against its share of each limit, and written back when the
+    /// store answers again (`store::fallback`). A Redis stack decides through that layer, so
+    /// the store never fails for the service; if it ever did, the request is denied.
+    Local,
 }
 
 impl std::str::FromStr for FailureMode {
     type Err = String;
-    /// `allow` or `deny`, case-insensitive.
+    /// `allow`, `deny` or `local`, case-insensitive.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim().to_ascii_lowercase().as_str() {
             "allow" => Ok(FailureMode::Allow),
             "deny" => Ok(FailureMode::Deny),
-            _ => Err(format!("invalid failure mode {s:?} (use allow or deny)")),
+            "local" => Ok(FailureMode::Local),
+            _ => Err(format!(
+                "invalid failure mode {s:?} (use allow, deny or local)"
+            )),
         }
     }
 }

@@ -5,6 +5,8 @@
 
 use crate::config::{ConfigErrors, LoadOptions};
 use crate::duration::format_go;
+use crate::store::fallback::LocalSettings;
+use crate::store::LocalChain;
 use crate::service::{FailureMode, RequestCaps};
 use crate::store::StoreChain;
 use crate::store::StoreError;
@@ -356,10 +358,38 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCAL_CACHE_SIZE_IN_BYTES", default_value_t = 0)]
     pub local_cache_size_in_bytes: usize,
 
-    /// What to answer when the counter store fails: `allow` (OK) or `deny` (OVER_LIMIT). Unset,
-    /// sluice answers gRPC UNAVAILABLE and Envoy's `failure_mode_deny` decides.
+    /// What to answer when the counter store fails: `allow` (OK), `deny` (OVER_LIMIT), or
+    /// `local` (this replica decides against its share of each limit, answers before the
+    /// caller's deadline, and writes back when the store returns). Unset, sluice answers gRPC
+    /// UNAVAILABLE and Envoy's `failure_mode_deny` decides.
     #[arg(long, env = "FAILURE_MODE", value_parser = parse_failure_mode)]
     pub failure_mode: Option<FailureMode>,
+
+    /// `FAILURE_MODE=local`: counters kept locally at most (the local store, what the store
+    /// last said of each counter, what is owed to it: each bounded by this).
+    #[arg(long, env = "LOCAL_MAX_COUNTERS", default_value_t = crate::store::fallback::DEFAULT_MAX_COUNTERS,
+        value_parser = parse_max_counters)]
+    pub local_max_counters: usize,
+
+    /// `FAILURE_MODE=local`: a request is decided locally this long before its gRPC deadline
+    /// if the store has not answered (no deadline: after `REDIS_TIMEOUT`).
+    #[arg(long, env = "LOCAL_DEADLINE_MARGIN",
+        default_value = format_go(crate::store::fallback::DEFAULT_MARGIN),
+        value_parser = parse_duration)]
+    pub local_deadline_margin: std::time::Duration,
+
+    /// `FAILURE_MODE=local`: replicas assumed to share the store until the first heartbeat
+    /// answers (a replica that starts while the store is away; the chart sets its replica
+    /// count).
+    #[arg(long, env = "LOCAL_REPLICAS", default_value_t = 1)]
+    pub local_replicas: u32,
+
+    /// `FAILURE_MODE=local`: how long a store call answered locally is still awaited, to learn
+    /// whether the store charged it (so the write-back neither misses nor doubles it).
+    #[arg(long, env = "LOCAL_STORE_PATIENCE",
+        default_value = format_go(crate::store::fallback::DEFAULT_PATIENCE),
+        value_parser = parse_duration)]
+    pub local_store_patience: std::time::Duration,
 
     #[command(flatten)]
     pub observe: ObserveArgs,
@@ -413,6 +443,17 @@ impl ServeArgs {
     /// unreachable Redis is a health state, not a start-up failure.
     pub fn store_chain(&self) -> Result<Option<StoreChain>, SettingsError> {
         Ok(self.redis.settings()?.map(|redis| StoreChain {
+            local: (self.failure_mode == Some(FailureMode::Local)).then(|| LocalChain {
+                settings: LocalSettings {
+                    max_counters: self.local_max_counters,
+                    margin: self.local_deadline_margin,
+                    budget: redis.timeout,
+                    replicas: self.local_replicas,
+                    retry_every: self.redis.redis_breaker_open,
+                    whole_store: redis.kind != crate::store::redis::RedisKind::Cluster,
+                },
+                patience: self.local_store_patience,
+            }),
             redis,
             breaker: self.redis.breaker(),
             local_cache_bytes: self.local_cache_size_in_bytes,

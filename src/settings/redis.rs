@@ -119,7 +119,7 @@ pub struct RedisArgs {
     pub redis_breaker_open: Duration,
 }
 
-/// `FAILURE_MODE`: `allow` or `deny`, case-insensitive.
+/// `FAILURE_MODE`: `allow`, `deny` or `local`, case-insensitive.
 pub fn parse_failure_mode(s: &str) -> Result<FailureMode, String> {
     s.parse()
 }

@@ -272,6 +272,32 @@ impl<S: CounterStore> CounterStore for CircuitBreaker<S> {
         })
     }
 
+    fn write_back<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+        token: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let (generation, trial) = match self.admit() {
+                Permit::Reject => return Err(self.reject()),
+                Permit::Normal(g) => (g, false),
+                Permit::Trial(g) => (g, true),
+            };
+            let mut guard = CallGuard {
+                breaker: self,
+                generation,
+                trial,
+                done: false,
+            };
+            let result = self.inner.write_back(checks, token, ttl).await;
+            guard.done = true;
+            let transient = matches!(result, Err(StoreError::Transient(_)));
+            self.record(generation, trial, transient);
+            result
+        })
+    }
+
     fn probe(&self) -> BoxFuture<'_, bool> {
         Box::pin(async move {
             let ok = self.inner.probe().await;

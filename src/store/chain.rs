@@ -3,9 +3,10 @@
 //! reporting to the stack's [`StoreSignals`].
 
 use super::breaker::{BreakerSettings, CircuitBreaker};
+use super::fallback::{LocalFallback, LocalSettings, Membership};
 use super::local_cache::LocalDenyCache;
 use super::redis::{RedisKind, RedisSettings, RedisStore};
-use super::{DenialFinality, StoreError, StoreSignals, StoreStack};
+use super::{CounterStore, DenialFinality, StoreError, StoreSignals, StoreStack};
 use crate::clock::Clock;
 use std::sync::Arc;
 
@@ -19,6 +20,17 @@ pub struct StoreChain {
     pub breaker: BreakerSettings,
     /// `LOCAL_CACHE_SIZE_IN_BYTES`; 0 leaves the cache out.
     pub local_cache_bytes: usize,
+    /// `FAILURE_MODE=local`: the layer that decides when the store cannot, on top.
+    pub local: Option<LocalChain>,
+}
+
+/// `FAILURE_MODE=local`'s part of the stack.
+#[derive(Debug, Clone, Copy)]
+pub struct LocalChain {
+    pub settings: LocalSettings,
+    /// `LOCAL_STORE_PATIENCE`: how long a decision's script call may take (see
+    /// [`RedisStore::patient`]).
+    pub patience: std::time::Duration,
 }
 
 impl StoreChain {
@@ -27,26 +39,52 @@ impl StoreChain {
     /// runtime (the connection pool is created here).
     pub fn build(&self, clock: Arc<dyn Clock>) -> Result<StoreStack, StoreError> {
         let signals = StoreSignals::new(self.redis.kind.backend_name());
-        let redis = RedisStore::new(&self.redis)?.reporting_to(&signals);
-        let board: Arc<dyn super::demand::DemandBoard> = Arc::new(redis.board());
-        let breaker =
-            CircuitBreaker::new(redis, self.breaker, Arc::clone(&clock)).reporting_to(&signals);
-        if self.local_cache_bytes == 0 {
-            return Ok(StoreStack {
-                store: Arc::new(breaker),
-                signals,
-                demand: board,
-            });
+        let redis = match &self.local {
+            Some(l) => RedisStore::patient(&self.redis, l.patience)?,
+            None => RedisStore::new(&self.redis)?,
         }
-        // A Cluster request spanning slots charges each slot and undoes the charges if one
-        // slot denies: only a domain kept in one slot has denials no such charge caused.
-        let finality = match self.redis.kind {
-            RedisKind::Cluster => DenialFinality::DomainTaggedOnly,
-            RedisKind::Single | RedisKind::Sentinel => DenialFinality::Always,
+        .reporting_to(&signals);
+        let board: Arc<dyn super::demand::DemandBoard> = Arc::new(redis.board());
+        let members: Arc<dyn Membership> = Arc::new(redis.members());
+        // Under FAILURE_MODE=local a Cluster has no breaker: one slot's master failing must not
+        // send the other slots' counters local (each request meets its own slots' health, and
+        // the local layer bounds its wait).
+        let store: Arc<dyn CounterStore> = match (&self.local, self.redis.kind) {
+            (Some(_), RedisKind::Cluster) => Arc::new(redis),
+            _ => Arc::new(
+                CircuitBreaker::new(redis, self.breaker, Arc::clone(&clock))
+                    .reporting_to(&signals),
+            ),
         };
-        let cache = LocalDenyCache::new(breaker, self.local_cache_bytes, clock, finality);
+        let store = if self.local_cache_bytes == 0 {
+            store
+        } else {
+            // A Cluster request spanning slots charges each slot and undoes the charges if one
+            // slot denies: only a domain kept in one slot has denials no such charge caused.
+            let finality = match self.redis.kind {
+                RedisKind::Cluster => DenialFinality::DomainTaggedOnly,
+                RedisKind::Single | RedisKind::Sentinel => DenialFinality::Always,
+            };
+            Arc::new(LocalDenyCache::new(
+                store,
+                self.local_cache_bytes,
+                Arc::clone(&clock),
+                finality,
+            ))
+        };
+        // The local layer on top: what it decides alone is never cached as a store denial.
+        let store: Arc<dyn CounterStore> = match &self.local {
+            Some(l) => Arc::new(LocalFallback::new(
+                store,
+                Some(members),
+                l.settings,
+                clock,
+                &signals,
+            )),
+            None => store,
+        };
         Ok(StoreStack {
-            store: Arc::new(cache),
+            store,
             signals,
             demand: board,
         })

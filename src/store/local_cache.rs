@@ -381,6 +381,15 @@ impl<S: CounterStore> CounterStore for LocalDenyCache<S> {
     fn probe(&self) -> BoxFuture<'_, bool> {
         self.inner.probe()
     }
+
+    fn write_back<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+        token: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.inner.write_back(checks, token, ttl)
+    }
 }
 
 #[cfg(test)]

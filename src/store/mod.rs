@@ -11,6 +11,7 @@
 pub mod breaker;
 mod chain;
 pub mod demand;
+pub mod fallback;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
 pub mod local_cache;
@@ -25,8 +26,8 @@ use std::sync::Arc;
 pub use crate::algorithm::Outcome;
 use crate::algorithm::{LimitParams, Mode};
 use crate::config::Limit;
-pub use chain::StoreChain;
-pub use signals::{DenialFinality, StoreSignals, Tally};
+pub use chain::{LocalChain, StoreChain};
+pub use signals::{DenialFinality, LocalTallies, StoreSignals, Tally};
 
 /// A boxed future, so the trait stays object safe (`Arc<dyn CounterStore>`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -208,6 +209,32 @@ pub trait CounterStore: Send + Sync + std::fmt::Debug {
     /// Contacts the backend (one cheap round trip) and returns whether it answered; the result
     /// also goes to the stack's health signal. Called periodically by the health task.
     fn probe(&self) -> BoxFuture<'_, bool>;
+
+    /// [`CounterStore::decide`] for a caller that gives up at `deadline` (its gRPC deadline).
+    /// Only a layer that answers in time itself (`FAILURE_MODE=local`) uses it; a store that
+    /// cannot do better decides as usual and the caller's deadline cuts the call.
+    fn decide_by<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+        deadline: Option<tokio::time::Instant>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        let _ = deadline;
+        self.decide(checks)
+    }
+
+    /// Charges usage decided elsewhere (`FAILURE_MODE=local`'s write-back): every check
+    /// records its hits (or gives them back), whatever the verdict, and a call with a `token`
+    /// already applied within `ttl` changes nothing, so a retry after a lost reply never
+    /// charges twice. Stores in this process have no lost replies: they just record.
+    fn write_back<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+        token: &'a str,
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (token, ttl);
+        Box::pin(async move { self.decide(checks).await.map(|_| ()) })
+    }
 }
 
 impl<S: CounterStore + ?Sized> CounterStore for Arc<S> {
@@ -220,6 +247,23 @@ impl<S: CounterStore + ?Sized> CounterStore for Arc<S> {
 
     fn probe(&self) -> BoxFuture<'_, bool> {
         (**self).probe()
+    }
+
+    fn decide_by<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+        deadline: Option<tokio::time::Instant>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        (**self).decide_by(checks, deadline)
+    }
+
+    fn write_back<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+        token: &'a str,
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        (**self).write_back(checks, token, ttl)
     }
 }
 

@@ -24,6 +24,46 @@ pub struct StoreSignals {
     pub undo_failures: Tally,
     /// Live memory-store counters evicted to make room (`sluice_memory_evictions_total`).
     pub evictions: Tally,
+    /// `FAILURE_MODE=local`'s decisions and write-backs (zero without it).
+    pub local: Arc<LocalTallies>,
+}
+
+/// What `FAILURE_MODE=local` reports: decisions made locally by domain and outcome, whether the
+/// replica is deciding locally now, write-backs done and failed, and its bounded state.
+#[derive(Debug, Default)]
+pub struct LocalTallies {
+    /// (domain, admitted) -> requests decided locally. Domains come from the config, so the
+    /// map is as bounded as the config.
+    decisions: std::sync::Mutex<std::collections::BTreeMap<(Arc<str>, bool), u64>>,
+    /// Deciding locally now: from the first local decision until nothing is owed to the store.
+    pub deciding: std::sync::atomic::AtomicBool,
+    /// Write-backs the store confirmed.
+    pub write_backs: Tally,
+    /// Write-back attempts that failed (each is retried under its token).
+    pub write_back_failures: Tally,
+    /// Local counters evicted to make room.
+    pub evictions: Tally,
+    /// Counters held locally (local store, learned, owed), as of the last background tick.
+    pub held: AtomicU64,
+    /// Counters not learned or hits not owed because the local state was full.
+    pub skipped: AtomicU64,
+}
+
+impl LocalTallies {
+    /// Counts one request decided locally.
+    pub fn decided(&self, checks: &[super::LimitCheck], admitted: bool) {
+        let Some(c) = checks.first() else {
+            return;
+        };
+        let mut m = self.decisions.lock().unwrap_or_else(|e| e.into_inner());
+        *m.entry((Arc::clone(&c.key.domain), admitted)).or_insert(0) += 1;
+    }
+
+    /// Every (domain, admitted, count) so far.
+    pub fn decisions(&self) -> Vec<(Arc<str>, bool, u64)> {
+        let m = self.decisions.lock().unwrap_or_else(|e| e.into_inner());
+        m.iter().map(|((d, a), n)| (Arc::clone(d), *a, *n)).collect()
+    }
 }
 
 impl StoreSignals {
@@ -35,6 +75,7 @@ impl StoreSignals {
             breaker: Arc::new(watch::Sender::new(None)),
             undo_failures: Tally::default(),
             evictions: Tally::default(),
+            local: Arc::default(),
         }
     }
 

@@ -98,8 +98,85 @@ pub struct Metrics {
     offenders_dropped: IntCounter,
     undo_failures: IntCounter,
     evictions: IntCounter,
+    local: LocalMetrics,
     /// The quota service's series.
     pub quota: QuotaMetrics,
+}
+
+/// `FAILURE_MODE=local`'s series, read from the stack's [`crate::store::LocalTallies`] when
+/// rendered.
+#[derive(Debug, Clone)]
+struct LocalMetrics {
+    decisions: IntCounterVec,
+    deciding: IntGauge,
+    write_backs: IntCounterVec,
+    counters: IntGauge,
+    evictions: IntCounter,
+}
+
+/// Brings a counter up to a running total kept elsewhere.
+fn catch_up(c: &IntCounter, total: u64) {
+    let seen = c.get();
+    if total > seen {
+        c.inc_by(total - seen);
+    }
+}
+
+impl LocalMetrics {
+    fn register(r: &Registrar) -> Result<Self, MetricsError> {
+        Ok(Self {
+            decisions: r.add(IntCounterVec::new(
+                Opts::new(
+                    "sluice_local_decisions_total",
+                    "Requests decided by this replica alone (FAILURE_MODE=local) because the \
+                     store did not answer in time, by domain and outcome (ok, over_limit).",
+                ),
+                &["domain", "outcome"],
+            ))?,
+            deciding: r.add(IntGauge::new(
+                "sluice_deciding_locally",
+                "1 from the first local decision until everything decided locally is written \
+                 back to the store, else 0.",
+            ))?,
+            write_backs: r.add(IntCounterVec::new(
+                Opts::new(
+                    "sluice_local_write_backs_total",
+                    "Write-backs of local decisions to the store, by result (done, failed: each \
+                     failure is retried under its token, never charged twice).",
+                ),
+                &["result"],
+            ))?,
+            counters: r.add(IntGauge::new(
+                "sluice_local_counters",
+                "Counters held for local decisions (local store, learned, owed), each part \
+                 bounded by LOCAL_MAX_COUNTERS.",
+            ))?,
+            evictions: r.add(IntCounter::new(
+                "sluice_local_evictions_total",
+                "Local counters evicted, or not kept, because LOCAL_MAX_COUNTERS was reached.",
+            ))?,
+        })
+    }
+
+    fn update(&self, t: &crate::store::LocalTallies) {
+        for (domain, admitted, n) in t.decisions() {
+            let outcome = if admitted { "ok" } else { "over_limit" };
+            catch_up(&self.decisions.with_label_values(&[&*domain, outcome]), n);
+        }
+        self.deciding
+            .set(i64::from(t.deciding.load(std::sync::atomic::Ordering::Relaxed)));
+        catch_up(&self.write_backs.with_label_values(&["done"]), t.write_backs.get());
+        catch_up(
+            &self.write_backs.with_label_values(&["failed"]),
+            t.write_back_failures.get(),
+        );
+        let held = t.held.load(std::sync::atomic::Ordering::Relaxed);
+        self.counters.set(i64::try_from(held).unwrap_or(i64::MAX));
+        catch_up(
+            &self.evictions,
+            t.evictions.get() + t.skipped.load(std::sync::atomic::Ordering::Relaxed),
+        );
+    }
 }
 
 /// The Rate Limit Quota Service's series, per domain (a domain the config does not have is
@@ -283,6 +360,7 @@ impl Metrics {
                 "Live memory-store counters evicted to make room under MEMORY_MAX_COUNTERS (the \
                  closest to expiry first): each starts afresh, which can only admit more.",
             ))?,
+            local: LocalMetrics::register(&r)?,
             quota: QuotaMetrics::register(&r)?,
             descriptor_series: Default::default(),
             registry: r.0,
@@ -404,6 +482,7 @@ impl Metrics {
             Some(BreakerState::Open) => 2,
         });
         self.store_up.set(i64::from(store_up));
+        self.local.update(&store.local);
         let mut out = Vec::new();
         // Encoding into a Vec fails only on a metric with an invalid name, which `new` rejects.
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {

@@ -38,6 +38,7 @@ async fn sluice_with_chain(url: String, failure_mode: Option<FailureMode>) -> se
         },
         breaker: BreakerSettings::default(),
         local_cache_bytes: 0,
+        local: None,
     };
     let store = chain.build(Arc::new(SystemClock)).expect("store chain");
     let config = ServerConfig {

@@ -50,16 +50,16 @@ impl RedisBoard {
         }
     }
 
-    async fn call<T: redis::FromRedisValue + Send>(
+    pub(super) async fn call<T: redis::FromRedisValue + Send>(
         &self,
         run: impl AsyncFnOnce(&mut Conn) -> redis::RedisResult<T>,
     ) -> Result<T, StoreError> {
         let call = async { self.connection().await?.query(run).await };
-        let r = match tokio::time::timeout(self.common.timeout, call).await {
+        let r = match tokio::time::timeout(self.common.quick, call).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::Transient(format!(
                 "Redis did not answer within {:?}",
-                self.common.timeout
+                self.common.quick
             ))),
         };
         self.common.record_health(&r);

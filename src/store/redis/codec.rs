@@ -99,6 +99,10 @@ pub(super) enum Reply {
     Dry,
     /// "x<a><o>": as `Tokens`, with the verdict of the request's other slots folded in.
     Verdict { admitted: bool, over: bool },
+    /// "g<ttl_ms>": as `Answer`, applied at most once: the call's last key is its guard (a
+    /// write-back of usage decided locally, `FAILURE_MODE=local`, retried without charging
+    /// twice). The script returns `{-1}` when the guard was already set.
+    Guarded { ttl_ms: u64 },
 }
 
 impl Reply {
@@ -111,6 +115,7 @@ impl Reply {
             Reply::Verdict { admitted, over } => {
                 format!("x{}{}", u8::from(admitted), u8::from(over))
             }
+            Reply::Guarded { ttl_ms } => format!("g{}", ttl_ms.max(1)),
         }
     }
 }
@@ -141,7 +146,7 @@ impl Call {
     pub(super) fn width(&self) -> usize {
         if self.is_undo() {
             1
-        } else if self.reply == Reply::Answer {
+        } else if matches!(self.reply, Reply::Answer | Reply::Guarded { .. }) {
             3
         } else {
             5
@@ -255,6 +260,30 @@ pub(super) fn encode_undo(call: &Call, slot: &SlotReply, undo: &[bool]) -> Call 
         ]);
     }
     out
+}
+
+/// The write-back of `checks` (one counter's usage decided locally) applied at most once per
+/// `guard` key (which must share the counters' slot), kept for `ttl_ms`.
+pub(super) fn encode_guarded(
+    checks: &[LimitCheck],
+    guard: String,
+    ttl_ms: u64,
+    key_of: impl Fn(&CounterKey) -> String,
+) -> Call {
+    let all: Vec<usize> = (0..checks.len()).collect();
+    let mut call = encode(checks, &all, true, key_of);
+    call.plain = false;
+    call.counting = 0;
+    call.reply = Reply::Guarded { ttl_ms };
+    // Not a limit: the script reads its guard from the end of KEYS and decides by ARGV, which
+    // counts only the limits.
+    call.keys.push(guard);
+    call
+}
+
+/// Whether a guarded call's reply says its guard was already set (applied before).
+pub(super) fn already_applied(values: &[i64]) -> bool {
+    values == [-1]
 }
 
 /// One slot's decoded reply ([`Reply::Tokens`] and the like): besides the outcomes (folded

@@ -12,11 +12,13 @@ mod cluster;
 mod codec;
 mod conn;
 pub mod keys;
+mod members;
 mod sentinel;
 mod settings;
 mod standalone;
 
 pub use board::{board_key, RedisBoard};
+pub use members::RedisMembers;
 use cluster::Cluster;
 use codec::{decide_script, Call, ScriptTime};
 use conn::Conn;
@@ -53,7 +55,11 @@ enum Backend {
 struct Common {
     script: Arc<Script>,
     prefix: String,
+    /// Bound on a decision's script call (`REDIS_TIMEOUT`, or longer under
+    /// `FAILURE_MODE=local`, see [`RedisStore::patient`]).
     timeout: Duration,
+    /// Bound on a probe, a demand board's or a heartbeat's call: always `REDIS_TIMEOUT`.
+    quick: Duration,
     /// Tests only: decide on this clock instead of the Redis server clock.
     time: ScriptTime,
     /// Health and the undo-failure total go here (see [`RedisStore::reporting_to`]).
@@ -138,12 +144,32 @@ impl RedisStore {
                 script: Arc::new(Script::new(&decide_script(settings.expiration_jitter))),
                 prefix: settings.key_prefix.clone(),
                 timeout: settings.timeout,
+                quick: settings.timeout,
                 time: ScriptTime::default(),
                 signals: StoreSignals::new(settings.kind.backend_name()),
                 runtime,
             }),
             backend,
         })
+    }
+
+    /// The store for `FAILURE_MODE=local`: a decision's script call waits up to `patience`
+    /// (its caller was already answered locally at its deadline, and only the call's real
+    /// answer says whether Redis charged it, so the write-back neither misses nor doubles it),
+    /// while probes, boards and heartbeats keep `REDIS_TIMEOUT`.
+    pub fn patient(settings: &RedisSettings, patience: Duration) -> Result<Self, StoreError> {
+        let mut long = settings.clone();
+        long.timeout = patience.max(settings.timeout);
+        let mut store = Self::new(&long)?;
+        Arc::make_mut(&mut store.common).quick = settings.timeout;
+        Ok(store)
+    }
+
+    /// Replica heartbeats in the same Redis (how many sluice replicas share it).
+    pub fn members(&self) -> RedisMembers {
+        RedisMembers {
+            board: self.board(),
+        }
     }
 
     /// Reports health and undo failures on `signals` (for readiness and `/metrics`).
@@ -195,7 +221,7 @@ impl RedisStore {
                 .await
         };
         let ok = matches!(
-            tokio::time::timeout(self.common.timeout, call).await,
+            tokio::time::timeout(self.common.quick, call).await,
             Ok(Ok(()))
         );
         self.common.set_healthy(ok);
@@ -228,6 +254,45 @@ impl CounterStore for RedisStore {
 
     fn probe(&self) -> BoxFuture<'_, bool> {
         Box::pin(self.ping())
+    }
+
+    fn write_back<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+        token: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let Some(first) = checks.first() else {
+                return Ok(());
+            };
+            let prefix = &self.common.prefix;
+            // The guard shares the first counter's hash tag, hence its slot.
+            let mut guard = keys::counter_key(prefix, &first.key);
+            guard.push_str("#wb:");
+            keys::escape_into(&mut guard, token);
+            let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+            let call =
+                codec::encode_guarded(checks, guard, ttl_ms, |k| keys::counter_key(prefix, k));
+            let run = async {
+                let mut conn = match &self.backend {
+                    Backend::Standalone(s) => s.connection().await?,
+                    Backend::Cluster(c) => c.connection().await?,
+                };
+                let calls = [&call];
+                let batch = codec::Batch::General(&calls);
+                let inv = batch.invocation(&self.common.script, &self.common.time.arg());
+                batch::invoke(&mut conn, &inv, self.common.timeout).await
+            };
+            let r = run.await;
+            self.common.record_health(&r);
+            // Either the limits' answers or {-1} (applied before): both mean it is recorded.
+            let values = r?;
+            if codec::already_applied(&values) {
+                tracing::debug!(token, "write-back already applied");
+            }
+            Ok(())
+        })
     }
 }
 

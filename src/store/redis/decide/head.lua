@@ -20,7 +20,11 @@
 --           waits for the request's verdict); "x<a><o>" as "1", with the whole request's
 --           verdict folded in (a = 0: it is denied; o = 1: a record limit of it is over, so the
 --           stop rule holds); "p" the packed layout of plain requests (below, before the
---           general path)
+--           general path); "g<ttl ms>" as "0", applied at most once: a write-back
+--           (FAILURE_MODE=local: usage a replica decided while the store could not answer,
+--           retried after a lost reply). The LAST key of KEYS is then its guard, not a limit:
+--           the call sets it for <ttl ms> and, if it was set already, changes nothing and
+--           returns {-1}
 -- ARGV[3]   the number of requests R; then, per request, its number of limits n followed by
 --           K arguments per limit (K = 4, or 5 in an undo call):
 --   limit      requests admitted per period (0 blocks everything)
@@ -100,6 +104,13 @@ end
 
 local call, find, sub, floor, max, min, fmt =
   redis.call, string.find, string.sub, math.floor, math.max, math.min, string.format
+
+if sub(ARGV[2], 1, 1) == 'g' then
+  if not call('SET', KEYS[#KEYS], '1', 'NX', 'PX', tonumber(sub(ARGV[2], 2))) then
+    return {-1}
+  end
+  ARGV[2] = '0'
+end
 -- Where a recorded count saturates (2^50; hits are at most 2^40): every sum stays exact.
 local MAXC = 1125899906842624
 

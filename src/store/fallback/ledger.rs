@@ -1,0 +1,229 @@
+//! What a replica owes the store after deciding alone: per counter, the hits it charged locally
+//! less what the store turned out to have charged itself (a call that answered after its caller
+//! was answered locally), for windows still open. A write-back takes an entry's amount under a
+//! token; until the store confirms it, the same amount goes again under the same token (the
+//! script applies a token once), so a retry never charges twice, and hits charged meanwhile
+//! wait for the next write-back.
+
+use crate::store::CounterKey;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+/// One counter's debt.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Owed {
+    /// Hits owed and not yet sent (negative: hits to give back).
+    amount: i64,
+    /// When the window these hits count in closes (microseconds since the epoch): past it they
+    /// no longer matter and are dropped.
+    until_us: u64,
+    /// A write-back sent and not yet confirmed: its amount, its token, and whether an attempt
+    /// is under way now.
+    sending: Option<(i64, u64, bool)>,
+}
+
+/// A write-back to send: the counter, the hits (negative: give back), the token that makes it
+/// apply once, and when its window closes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Send {
+    pub key: CounterKey,
+    pub amount: i64,
+    pub token: u64,
+    pub until_us: u64,
+}
+
+/// Why a counter cannot go to the store now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Busy {
+    /// Another request is writing this counter back: decide locally meanwhile.
+    Sending,
+}
+
+/// The debts, bounded: a full ledger records no new counter (counted as dropped).
+#[derive(Debug)]
+pub struct Ledger {
+    owed: Mutex<HashMap<CounterKey, Owed>>,
+    len: AtomicUsize,
+    max: usize,
+    next_token: std::sync::atomic::AtomicU64,
+    /// Hits not recorded because the ledger was full.
+    pub dropped: std::sync::atomic::AtomicU64,
+}
+
+impl Ledger {
+    pub fn new(max: usize) -> Self {
+        Self {
+            owed: Mutex::new(HashMap::new()),
+            len: AtomicUsize::new(0),
+            max,
+            next_token: std::sync::atomic::AtomicU64::new(1),
+            dropped: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<CounterKey, Owed>> {
+        // Plain data always left consistent: a panic elsewhere does not make it unusable.
+        self.owed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether anything is owed (one atomic load: the healthy path's only cost).
+    pub fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Acquire) == 0
+    }
+
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire)
+    }
+
+    /// Adds `hits` (negative: taken off) to what `key` owes for the window closing at
+    /// `until_us`. A debt of a window that closed is forgotten first.
+    pub fn add(&self, key: &CounterKey, hits: i64, until_us: u64, now_us: u64) {
+        if hits == 0 {
+            return;
+        }
+        let mut owed = self.lock();
+        if let Some(o) = owed.get_mut(key) {
+            if o.until_us <= now_us {
+                *o = Owed::default();
+            }
+            o.amount = o.amount.saturating_add(hits);
+            o.until_us = o.until_us.max(until_us);
+            return;
+        }
+        if owed.len() >= self.max {
+            self.dropped
+                .fetch_add(hits.unsigned_abs(), Ordering::Relaxed);
+            return;
+        }
+        owed.insert(
+            key.clone(),
+            Owed {
+                amount: hits,
+                until_us,
+                sending: None,
+            },
+        );
+        self.len.store(owed.len(), Ordering::Release);
+    }
+
+    /// Takes what `key` owes for sending, if anything: `Ok(None)` when nothing is owed (the
+    /// counter may go to the store), `Err(Busy)` while another attempt is under way. A
+    /// write-back the store did not confirm goes again, with its token and amount.
+    pub fn take(&self, key: &CounterKey, now_us: u64) -> Result<Option<Send>, Busy> {
+        let mut owed = self.lock();
+        let Some(o) = owed.get_mut(key) else {
+            return Ok(None);
+        };
+        if o.until_us <= now_us {
+            owed.remove(key);
+            self.len.store(owed.len(), Ordering::Release);
+            return Ok(None);
+        }
+        let (amount, token) = match o.sending {
+            Some((_, _, true)) => return Err(Busy::Sending),
+            Some((amount, token, false)) => (amount, token),
+            None if o.amount == 0 => {
+                owed.remove(key);
+                self.len.store(owed.len(), Ordering::Release);
+                return Ok(None);
+            }
+            None => {
+                let token = self.next_token.fetch_add(1, Ordering::Relaxed);
+                let amount = std::mem::take(&mut o.amount);
+                (amount, token)
+            }
+        };
+        o.sending = Some((amount, token, true));
+        Ok(Some(Send {
+            key: key.clone(),
+            amount,
+            token,
+            until_us: o.until_us,
+        }))
+    }
+
+    /// The store confirmed `send`: the debt is paid (hits charged since stay owed).
+    pub fn confirm(&self, send: &Send) {
+        let mut owed = self.lock();
+        if let Some(o) = owed.get_mut(&send.key) {
+            if o.sending.is_some_and(|(_, t, _)| t == send.token) {
+                o.sending = None;
+            }
+            if o.sending.is_none() && o.amount == 0 {
+                owed.remove(&send.key);
+            }
+        }
+        self.len.store(owed.len(), Ordering::Release);
+    }
+
+    /// `send` got no confirmation (an error, or no answer in time): it stays owed under its
+    /// token, for the next attempt, which the script applies at most once.
+    pub fn fail(&self, send: &Send) {
+        let mut owed = self.lock();
+        if let Some(o) = owed.get_mut(&send.key) {
+            if let Some((a, t, _)) = o.sending {
+                if t == send.token {
+                    o.sending = Some((a, t, false));
+                }
+            }
+        }
+    }
+
+    /// Counters owing something (at most `max`): what the background write-back walks.
+    pub fn keys(&self, max: usize) -> Vec<CounterKey> {
+        self.lock().keys().take(max).cloned().collect()
+    }
+
+    /// Hits owed in all (sent and unsent), for the end-of-episode log line.
+    pub fn total(&self) -> i64 {
+        self.lock()
+            .values()
+            .map(|o| o.amount + o.sending.map_or(0, |(a, _, _)| a))
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Limit, Unit};
+    use crate::store::LimitCheck;
+
+    fn key(v: &str) -> CounterKey {
+        LimitCheck::for_tests("d", v, Limit::fixed(10, Unit::Minute), 1).key
+    }
+
+    #[test]
+    fn a_retry_reuses_the_token_and_new_hits_wait_for_the_next_write_back() {
+        let l = Ledger::new(10);
+        let k = key("a");
+        l.add(&k, 3, 100, 0);
+        let s = l.take(&k, 1).unwrap().unwrap();
+        assert_eq!(s.amount, 3);
+        // While it is under way the counter stays local and new hits are kept apart.
+        assert_eq!(l.take(&k, 1), Err(Busy::Sending));
+        l.add(&k, 2, 100, 1);
+        l.fail(&s);
+        let again = l.take(&k, 2).unwrap().unwrap();
+        assert_eq!((again.amount, again.token), (3, s.token));
+        l.confirm(&again);
+        let next = l.take(&k, 3).unwrap().unwrap();
+        assert_eq!(next.amount, 2);
+        assert_ne!(next.token, s.token);
+        l.confirm(&next);
+        assert!(l.is_empty());
+    }
+
+    #[test]
+    fn a_closed_window_is_forgotten_and_the_ledger_is_bounded() {
+        let l = Ledger::new(2);
+        l.add(&key("a"), 1, 100, 0);
+        l.add(&key("b"), 1, 100, 0);
+        l.add(&key("c"), 5, 100, 0);
+        assert_eq!(l.len(), 2);
+        assert_eq!(l.dropped.load(Ordering::Relaxed), 5);
+        assert_eq!(l.take(&key("a"), 100), Ok(None));
+        assert_eq!(l.len(), 1);
+    }
+}

@@ -1,0 +1,506 @@
+//! `FAILURE_MODE=local`: a layer that answers every request in time even when the store cannot.
+//! A request the store does not decide by the caller's deadline (less a margin), or that the
+//! store fails (the breaker is open, Redis errs, a Cluster slot has no master), is decided by
+//! this replica alone, on an in-process store, against its *share* of each limit (`shares`): an
+//! equal split among the replicas that heartbeat into the store, of what the store last said
+//! was left in the window, or of the whole limit for a counter it has not seen this window. What
+//! it admits is owed to the store (`ledger`) and written back, at most once per token, before
+//! that counter is decided on the store again; a store call that answers late is reconciled
+//! (what it charged is taken off the debt), so the store's counter ends equal to what was
+//! admitted. docs/operations.md states the bound.
+
+mod ledger;
+mod shares;
+
+pub use ledger::Ledger;
+pub use shares::{Learned, Roster, Shares};
+
+use super::memory::MemoryStore;
+use super::signals::LocalTallies;
+use super::{charged, BoxFuture, CounterStore, Decision, LimitCheck, StoreError, StoreSignals};
+use crate::clock::Clock;
+use crate::config::Algorithm;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Where a replica learns how many replicas share the store (heartbeats in the store).
+pub trait Membership: Send + Sync + std::fmt::Debug {
+    /// Records this replica (`id`) alive for `lease`; returns the replicas alive and its rank.
+    fn beat<'a>(
+        &'a self,
+        id: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Roster, StoreError>>;
+}
+
+/// Default `LOCAL_MAX_COUNTERS`.
+pub const DEFAULT_MAX_COUNTERS: usize = 100_000;
+/// Default `LOCAL_DEADLINE_MARGIN`.
+pub const DEFAULT_MARGIN: Duration = Duration::from_millis(5);
+/// Default `LOCAL_STORE_PATIENCE`.
+pub const DEFAULT_PATIENCE: Duration = Duration::from_secs(60);
+/// Store calls still running after their caller was answered locally: past this many, requests
+/// are decided locally without asking the store (bounded memory while the store hangs).
+const MAX_OUTSTANDING: usize = 4096;
+/// Counters the background task writes back per tick.
+const WRITE_BACK_PER_TICK: usize = 1024;
+/// How often the replica beats, and its lease (three beats).
+const BEAT_EVERY: Duration = Duration::from_secs(1);
+
+/// The layer's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalSettings {
+    /// `LOCAL_MAX_COUNTERS`: counters kept locally (the local store, what was learned, what is
+    /// owed: each bounded by it).
+    pub max_counters: usize,
+    /// `LOCAL_DEADLINE_MARGIN`: answered locally this long before the caller's deadline.
+    pub margin: Duration,
+    /// How long the store may take for a caller without a deadline (`REDIS_TIMEOUT`).
+    pub budget: Duration,
+    /// `LOCAL_REPLICAS`: replicas assumed until the first heartbeat answers.
+    pub replicas: u32,
+    /// After the store failed or hung, requests go straight to the local store this long
+    /// before one is tried on the store again (`REDIS_BREAKER_OPEN`).
+    pub retry_every: Duration,
+    /// Standalone and Sentinel: one store, so a call that hangs means every call would; on
+    /// Cluster a hang may be one slot's, and each request tries the store.
+    pub whole_store: bool,
+}
+
+impl Default for LocalSettings {
+    fn default() -> Self {
+        Self {
+            max_counters: DEFAULT_MAX_COUNTERS,
+            margin: DEFAULT_MARGIN,
+            budget: crate::store::redis::DEFAULT_TIMEOUT,
+            replicas: 1,
+            retry_every: crate::store::breaker::DEFAULT_OPEN_FOR,
+            whole_store: true,
+        }
+    }
+}
+
+/// The layer: the store it protects, and what it decides with when that store cannot.
+#[derive(Debug, Clone)]
+pub struct LocalFallback {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    inner: Arc<dyn CounterStore>,
+    local: MemoryStore,
+    shares: Shares,
+    ledger: Ledger,
+    clock: Arc<dyn Clock>,
+    settings: LocalSettings,
+    /// Until when (µs) requests skip the store after it failed or hung (`whole_store`).
+    suspect_until_us: AtomicU64,
+    outstanding: AtomicUsize,
+    tallies: Arc<LocalTallies>,
+    episode: Mutex<Option<Episode>>,
+    /// This replica's id in the heartbeats and write-back tokens.
+    id: String,
+}
+
+/// One stretch of local deciding, for its log lines.
+#[derive(Debug, Clone, Copy, Default)]
+struct Episode {
+    admitted: u64,
+    denied: u64,
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+impl LocalFallback {
+    /// The layer over `inner`, reporting to `signals`; heartbeats go to `members` when given
+    /// (a background task, which ends when the layer is dropped). Must run inside a Tokio
+    /// runtime.
+    pub fn new(
+        inner: Arc<dyn CounterStore>,
+        members: Option<Arc<dyn Membership>>,
+        settings: LocalSettings,
+        clock: Arc<dyn Clock>,
+        signals: &StoreSignals,
+    ) -> Self {
+        let tallies = Arc::clone(&signals.local);
+        let mut local_signals = StoreSignals::new("local");
+        local_signals.evictions = tallies.evictions.clone();
+        let local = MemoryStore::with_max_counters(Arc::clone(&clock), settings.max_counters)
+            .reporting_to(&local_signals);
+        let id = replica_id();
+        let shared = Arc::new(Shared {
+            inner,
+            local,
+            shares: Shares::new(settings.max_counters, Roster::assumed(settings.replicas)),
+            ledger: Ledger::new(settings.max_counters),
+            clock,
+            settings,
+            suspect_until_us: AtomicU64::new(0),
+            outstanding: AtomicUsize::new(0),
+            tallies,
+            episode: Mutex::new(None),
+            id,
+        });
+        tokio::spawn(background(Arc::downgrade(&shared), members));
+        Self { shared }
+    }
+
+    /// How many replicas this one counts and its rank (for tests and `/debug`).
+    pub fn roster(&self) -> Roster {
+        self.shared.shares.roster()
+    }
+
+    /// Counters owing a write-back.
+    pub fn owed(&self) -> usize {
+        self.shared.ledger.len()
+    }
+}
+
+impl Shared {
+    fn now_us(&self) -> u64 {
+        micros(self.clock.now())
+    }
+
+    fn suspect(&self, now_us: u64) -> bool {
+        now_us < self.suspect_until_us.load(Ordering::Relaxed)
+    }
+
+    fn suspect_now(&self, now_us: u64) {
+        if self.settings.whole_store {
+            let until = now_us.saturating_add(micros(self.settings.retry_every));
+            self.suspect_until_us.fetch_max(until, Ordering::Relaxed);
+        }
+    }
+
+    /// When to stop waiting for the store: the caller's deadline less the margin, or the
+    /// budget from now for a caller without one.
+    fn give_up_at(&self, deadline: Option<Instant>) -> Instant {
+        match deadline {
+            Some(d) => d
+                .checked_sub(self.settings.margin)
+                .unwrap_or_else(Instant::now),
+            None => Instant::now() + self.settings.budget,
+        }
+    }
+
+    /// The check as this replica decides it alone: the same counter and algorithm, against its
+    /// share (of what the store last said was left in this window, or of the whole limit).
+    fn local_check(&self, c: &LimitCheck, roster: Roster, now_us: u64) -> LimitCheck {
+        let mut local = c.clone();
+        let limit = &mut local.key.limit;
+        if limit.algorithm == Algorithm::TokenBucket {
+            // A bucket refills: its share is a share of its rate and of its burst.
+            limit.requests_per_unit = roster.share(limit.requests_per_unit);
+            limit.burst = roster.share(limit.burst);
+            return local;
+        }
+        match self.shares.learned(&c.key, now_us) {
+            Some(l) if !c.refund => {
+                limit.requests_per_unit = roster.share(l.remaining.min(limit.requests_per_unit));
+                // Its own counter: what it admits now counts against the share of what was
+                // left at that answer, not against an earlier outage's local counter.
+                let mut entries = c.key.entries.to_vec();
+                entries.push(("\u{0}learned".into(), format!("{}@{}", l.remaining, l.until_us)));
+                local.key.entries = Arc::from(entries);
+            }
+            _ => limit.requests_per_unit = roster.share(limit.requests_per_unit),
+        }
+        local
+    }
+
+    /// When the hits of `c` charged now stop mattering: the end of a fixed window, one period
+    /// from now for the others.
+    fn until_us(c: &LimitCheck, now_us: u64) -> u64 {
+        let period = c.key.limit.period.millis().saturating_mul(1000).max(1);
+        match c.key.limit.algorithm {
+            Algorithm::FixedWindow => (now_us / period + 1).saturating_mul(period),
+            _ => now_us.saturating_add(period),
+        }
+    }
+
+    async fn decide_locally(&self, checks: &[LimitCheck], now_us: u64) -> Decision {
+        let roster = self.shares.roster();
+        let local: Vec<LimitCheck> = checks
+            .iter()
+            .map(|c| self.local_check(c, roster, now_us))
+            .collect();
+        let mut d = match self.local.decide(&local).await {
+            Ok(d) => d,
+            // The memory store does not fail; if it ever did, deny rather than admit blind.
+            Err(_) => Decision {
+                admitted: false,
+                outcomes: vec![
+                    super::Outcome {
+                        allowed: false,
+                        remaining: 0,
+                        reset: Duration::ZERO,
+                        retry_after: Duration::MAX,
+                    };
+                    checks.len()
+                ],
+                local: false,
+                steps: 0,
+            },
+        };
+        let allowed: Vec<bool> = d.outcomes.iter().map(|o| o.allowed).collect();
+        for (c, was) in checks.iter().zip(charged(checks, &allowed, d.admitted)) {
+            if was && c.hits > 0 {
+                let hits = i64::try_from(c.hits).unwrap_or(i64::MAX);
+                let hits = if c.refund { -hits } else { hits };
+                self.ledger
+                    .add(&c.key, hits, Self::until_us(c, now_us), now_us);
+            }
+        }
+        d.steps = 0;
+        self.tallies.decided(checks, d.admitted);
+        self.started_local(d.admitted);
+        d
+    }
+
+    fn started_local(&self, admitted: bool) {
+        let mut e = self.episode.lock().unwrap_or_else(|e| e.into_inner());
+        let episode = e.get_or_insert_with(|| {
+            self.tallies.deciding.store(true, Ordering::Relaxed);
+            tracing::warn!(
+                replicas = self.shares.roster().replicas,
+                "deciding locally: the counter store did not answer in time; each limit is held \
+                 to this replica's share until the store is back"
+            );
+            Episode::default()
+        });
+        if admitted {
+            episode.admitted += 1;
+        } else {
+            episode.denied += 1;
+        }
+    }
+
+    /// The store decided a request: an episode ends once nothing is owed.
+    fn store_answered(&self, checks: &[LimitCheck], d: &Decision, now_us: u64) {
+        self.shares.learn(checks, d, now_us);
+        if self.tallies.deciding.load(Ordering::Relaxed) && self.ledger.is_empty() {
+            self.end_episode();
+        }
+    }
+
+    fn end_episode(&self) {
+        let mut e = self.episode.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(ep) = e.take() {
+            self.tallies.deciding.store(false, Ordering::Relaxed);
+            tracing::info!(
+                admitted = ep.admitted,
+                denied = ep.denied,
+                written_back = self.tallies.write_backs.get(),
+                "deciding on the store again: every local decision is written back"
+            );
+        }
+    }
+
+    /// A store call that answered after its caller was answered locally: what it charged is
+    /// already in the store, so it is taken off the debt.
+    fn reconcile(&self, checks: &[LimitCheck], d: &Decision) {
+        let now_us = self.now_us();
+        let allowed: Vec<bool> = d.outcomes.iter().map(|o| o.allowed).collect();
+        for (c, was) in checks.iter().zip(charged(checks, &allowed, d.admitted)) {
+            if was && c.hits > 0 {
+                let hits = i64::try_from(c.hits).unwrap_or(i64::MAX);
+                let hits = if c.refund { hits } else { -hits };
+                self.ledger
+                    .add(&c.key, hits, Self::until_us(c, now_us), now_us);
+            }
+        }
+        self.shares.learn(checks, d, now_us);
+    }
+
+    /// Writes back what the request's counters owe before the store decides them; false if it
+    /// could not (the request is then decided locally).
+    async fn settle(&self, checks: &[LimitCheck], give_up: Instant) -> bool {
+        for (i, c) in checks.iter().enumerate() {
+            if checks[..i].iter().any(|p| p.key == c.key) {
+                continue;
+            }
+            match self.ledger.take(&c.key, self.now_us()) {
+                Ok(None) => {}
+                Err(ledger::Busy::Sending) => return false,
+                Ok(Some(send)) => {
+                    if !self.send(send, give_up).await {
+                        return false;
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    /// One write-back: the counter records (or gives back) the owed hits, once per token.
+    async fn send(&self, send: ledger::Send, give_up: Instant) -> bool {
+        let check = LimitCheck {
+            key: send.key.clone(),
+            hits: send.amount.unsigned_abs(),
+            refund: send.amount < 0,
+            shadow: false,
+            quota: false,
+            record: true,
+            stop_over: false,
+        };
+        let token = format!("{}-{}", self.id, send.token);
+        let now_us = self.now_us();
+        // The guard outlives every retry: the window, and a minute for clocks that disagree.
+        let ttl = Duration::from_micros(send.until_us.saturating_sub(now_us))
+            + Duration::from_secs(60);
+        let checks = [check];
+        let r =
+            tokio::time::timeout_at(give_up, self.inner.write_back(&checks, &token, ttl)).await;
+        match r {
+            Ok(Ok(())) => {
+                self.ledger.confirm(&send);
+                self.tallies.write_backs.add(1);
+                true
+            }
+            Ok(Err(e)) => {
+                self.ledger.fail(&send);
+                self.tallies.write_back_failures.add(1);
+                if matches!(e, StoreError::Transient(_)) {
+                    self.suspect_now(self.now_us());
+                }
+                false
+            }
+            Err(_) => {
+                self.ledger.fail(&send);
+                self.tallies.write_back_failures.add(1);
+                self.suspect_now(self.now_us());
+                false
+            }
+        }
+    }
+
+    /// The background write-back: counters nobody asks about again are written back too.
+    async fn write_back_all(&self) {
+        if self.ledger.is_empty() || self.suspect(self.now_us()) {
+            return;
+        }
+        for key in self.ledger.keys(WRITE_BACK_PER_TICK) {
+            let Ok(Some(send)) = self.ledger.take(&key, self.now_us()) else {
+                continue;
+            };
+            let give_up = Instant::now() + self.settings.budget;
+            if !self.send(send, give_up).await {
+                return;
+            }
+        }
+        if self.ledger.is_empty() && !self.suspect(self.now_us()) {
+            self.end_episode();
+        }
+    }
+}
+
+/// A random id for this process (heartbeats, write-back tokens): 16 hex digits.
+fn replica_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos()));
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
+}
+
+/// Heartbeats, background write-backs and sweeps, every second, while the layer lives.
+async fn background(shared: Weak<Shared>, members: Option<Arc<dyn Membership>>) {
+    let mut tick = tokio::time::interval(BEAT_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(s) = shared.upgrade() else {
+            return;
+        };
+        if let Some(m) = &members {
+            let beat = tokio::time::timeout(s.settings.budget, m.beat(&s.id, 3 * BEAT_EVERY));
+            if let Ok(Ok(roster)) = beat.await {
+                s.shares.set_roster(roster);
+            }
+        }
+        s.write_back_all().await;
+        s.shares.sweep_one(s.now_us());
+        let held = s.local.len() + s.shares.len() + s.ledger.len();
+        s.tallies
+            .held
+            .store(u64::try_from(held).unwrap_or(u64::MAX), Ordering::Relaxed);
+        s.tallies.skipped.store(
+            s.shares.skipped.load(Ordering::Relaxed)
+                + s.ledger.dropped.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+    }
+}
+
+impl CounterStore for LocalFallback {
+    fn decide<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        self.decide_by(checks, None)
+    }
+
+    fn decide_by<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+        deadline: Option<Instant>,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(async move {
+            let s = &self.shared;
+            let now_us = s.now_us();
+            if s.suspect(now_us) || s.outstanding.load(Ordering::Relaxed) >= MAX_OUTSTANDING {
+                return Ok(s.decide_locally(checks, now_us).await);
+            }
+            let give_up = s.give_up_at(deadline);
+            if !s.ledger.is_empty() && !s.settle(checks, give_up).await {
+                return Ok(s.decide_locally(checks, s.now_us()).await);
+            }
+            // Owned, so the call can outlive this request if the store answers late.
+            let owned = checks.to_vec();
+            let inner = Arc::clone(&s.inner);
+            let mut call = Box::pin(async move {
+                let r = inner.decide(&owned).await;
+                (owned, r)
+            });
+            match tokio::time::timeout_at(give_up, &mut call).await {
+                Ok((_, Ok(d))) => {
+                    s.store_answered(checks, &d, s.now_us());
+                    Ok(d)
+                }
+                Ok((_, Err(e))) => {
+                    let now_us = s.now_us();
+                    if matches!(e, StoreError::Transient(_)) {
+                        s.suspect_now(now_us);
+                    }
+                    Ok(s.decide_locally(checks, now_us).await)
+                }
+                Err(_) => {
+                    let now_us = s.now_us();
+                    s.suspect_now(now_us);
+                    let d = s.decide_locally(checks, now_us).await;
+                    s.outstanding.fetch_add(1, Ordering::Relaxed);
+                    let late = Arc::clone(s);
+                    tokio::spawn(async move {
+                        let (owned, r) = call.await;
+                        if let Ok(d) = r {
+                            late.reconcile(&owned, &d);
+                        }
+                        late.outstanding.fetch_sub(1, Ordering::Relaxed);
+                    });
+                    Ok(d)
+                }
+            }
+        })
+    }
+
+    fn probe(&self) -> BoxFuture<'_, bool> {
+        self.shared.inner.probe()
+    }
+}
