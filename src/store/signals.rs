@@ -47,6 +47,10 @@ pub struct LocalTallies {
     pub held: AtomicU64,
     /// Counters not learned or hits not owed because the local state was full.
     pub skipped: AtomicU64,
+    /// Replicas sharing the store, as of the last heartbeat (0: none answered yet).
+    pub replicas: AtomicU64,
+    /// Counters owing a write-back plus store calls still awaited, as of the last tick.
+    pub owed: AtomicU64,
 }
 
 impl LocalTallies {

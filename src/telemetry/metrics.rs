@@ -112,6 +112,8 @@ struct LocalMetrics {
     write_backs: IntCounterVec,
     counters: IntGauge,
     evictions: IntCounter,
+    replicas: IntGauge,
+    owed: IntGauge,
 }
 
 /// Brings a counter up to a running total kept elsewhere.
@@ -124,7 +126,7 @@ fn catch_up(c: &IntCounter, total: u64) {
 
 impl LocalMetrics {
     fn register(r: &Registrar) -> Result<Self, MetricsError> {
-        Ok(Self {
+        let m = Self {
             decisions: r.add(IntCounterVec::new(
                 Opts::new(
                     "sluice_local_decisions_total",
@@ -155,7 +157,22 @@ impl LocalMetrics {
                 "sluice_local_evictions_total",
                 "Local counters evicted, or not kept, because LOCAL_MAX_COUNTERS was reached.",
             ))?,
-        })
+            replicas: r.add(IntGauge::new(
+                "sluice_local_replicas",
+                "Replicas sharing the store at the last heartbeat (FAILURE_MODE=local splits each \
+                 limit among them); 0 before one answered.",
+            ))?,
+            owed: r.add(IntGauge::new(
+                "sluice_local_owed",
+                "Counters owing a write-back to the store, plus store calls still awaited after \
+                 their request was answered locally.",
+            ))?,
+        };
+        // Both results from the start (at 0), so `rate()` and alerts see them before the first.
+        for result in ["done", "failed"] {
+            m.write_backs.with_label_values(&[result]);
+        }
+        Ok(m)
     }
 
     fn update(&self, t: &crate::store::LocalTallies) {
@@ -170,6 +187,11 @@ impl LocalMetrics {
             &self.write_backs.with_label_values(&["failed"]),
             t.write_back_failures.get(),
         );
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        self.replicas
+            .set(i64::try_from(t.replicas.load(relaxed)).unwrap_or(i64::MAX));
+        self.owed
+            .set(i64::try_from(t.owed.load(relaxed)).unwrap_or(i64::MAX));
         let held = t.held.load(std::sync::atomic::Ordering::Relaxed);
         self.counters.set(i64::try_from(held).unwrap_or(i64::MAX));
         catch_up(

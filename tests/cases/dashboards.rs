@@ -10,8 +10,10 @@ use promql_parser::util::{walk_expr, ExprVisitor};
 use sluice::clock::ManualClock;
 use sluice::proto::rate_limit_response::Code;
 use sluice::service::ServiceOptions;
+use sluice::store::fake::FakeStore;
+use sluice::store::fallback::{LocalFallback, LocalSettings};
 use sluice::store::local_cache::LocalDenyCache;
-use sluice::store::memory::MemoryStore;
+use sluice::store::{StoreSignals, StoreStack};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
@@ -129,14 +131,29 @@ async fn every_dashboard_and_alert_query_parses_and_names_live_series() {
 
     // A run of decisions that moves every counter: within, near, over (the store, then the
     // deny cache), shadow-mode would-denials.
+    // FAILURE_MODE=local's layer on top, over a store the test can fail, so its series move.
     let clock = ManualClock::new(T0);
-    let store = Arc::new(LocalDenyCache::new(
-        Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
+    let fake = Arc::new(FakeStore::new(Arc::new(clock.clone())));
+    let cache = Arc::new(LocalDenyCache::new(
+        Arc::clone(&fake),
         1 << 20,
         Arc::new(clock.clone()),
         sluice::store::DenialFinality::Always,
     ));
-    let s = TestServer::start_on(CONFIG, ServiceOptions::default(), Some(store), clock).await;
+    let signals = StoreSignals::new("test");
+    let local = LocalFallback::new(
+        cache,
+        None,
+        LocalSettings::default(),
+        Arc::new(clock.clone()),
+        &signals,
+    );
+    let stack = StoreStack::new(Arc::new(local), signals);
+    let options = ServiceOptions {
+        failure_mode: Some(sluice::service::FailureMode::Local),
+        ..ServiceOptions::default()
+    };
+    let s = TestServer::start_stack(CONFIG, options, stack, clock).await;
     let tenant = one("dash", &[("tenant", "acme")]);
     let codes: Vec<Code> = {
         let mut v = Vec::new();
@@ -152,6 +169,13 @@ async fn every_dashboard_and_alert_query_parses_and_names_live_series() {
             Code::Ok
         );
     }
+    // The store fails: decided locally.
+    fake.fail_with(Some(sluice::store::StoreError::Transient("down".into())));
+    assert_eq!(
+        code(&s.call(one("dash", &[("shadowed", "y")])).await),
+        Code::Ok
+    );
+    fake.fail_with(None);
     // An RLQS stream with one bucket, so the quota service's series exist.
     let mut rlqs = crate::cases::quota::Stream::open(&s).await;
     let actions = rlqs

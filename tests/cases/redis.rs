@@ -11,6 +11,7 @@ use sluice::service::ServiceOptions;
 use sluice::store::redis::RedisKind;
 use sluice::store::CounterStore;
 use std::sync::Arc;
+use std::time::Duration;
 
 const CALC: &str = r#"
 domain: calc
@@ -474,3 +475,45 @@ async fn expiration_jitter_spreads_expiry_without_outliving_the_window_twice() {
         "with jitter they spread out: {expiries:?}"
     );
 }
+
+/// FAILURE_MODE=local's write-back: every check records its hits (a denied request's too), a
+/// token applies once (a retry after a lost reply never charges twice), and a new token
+/// charges again; a negative debt (recorded refund) gives hits back.
+async fn write_back_once(store: Arc<dyn CounterStore>, _clock: ManualClock) {
+    let limit = sluice::config::Limit::fixed(10, sluice::config::Unit::Minute);
+    let mut owed = sluice::store::LimitCheck::for_tests("wb", "k", limit, 4);
+    owed.record = true;
+    let ttl = Duration::from_secs(60);
+    let remaining = |store: Arc<dyn CounterStore>| async move {
+        let probe = sluice::store::LimitCheck::for_tests("wb", "k", limit, 0);
+        store.decide(&[probe]).await.expect("decides").outcomes[0].remaining
+    };
+    store
+        .write_back(std::slice::from_ref(&owed), "replica-1", ttl)
+        .await
+        .expect("write-back");
+    assert_eq!(remaining(Arc::clone(&store)).await, 6);
+    // The same token again: a retry, applied once.
+    store
+        .write_back(std::slice::from_ref(&owed), "replica-1", ttl)
+        .await
+        .expect("retried write-back");
+    assert_eq!(remaining(Arc::clone(&store)).await, 6, "a retry charges nothing");
+    // A debt past the limit is recorded whole (the hits were admitted).
+    owed.hits = 9;
+    store
+        .write_back(std::slice::from_ref(&owed), "replica-2", ttl)
+        .await
+        .expect("second write-back");
+    assert_eq!(remaining(Arc::clone(&store)).await, 0);
+    // A negative debt gives hits back: 13 - 5 = 8 used.
+    owed.hits = 5;
+    owed.refund = true;
+    store
+        .write_back(std::slice::from_ref(&owed), "replica-3", ttl)
+        .await
+        .expect("refund write-back");
+    assert_eq!(remaining(Arc::clone(&store)).await, 2);
+}
+
+test_with_redis_stores!(a_write_back_applies_once_per_token_on, write_back_once);

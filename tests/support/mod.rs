@@ -111,6 +111,22 @@ impl TestServer {
         Self::start_config(config, clock).await
     }
 
+    /// A server on a built store stack (its signals the ones the stack's layers report to).
+    pub async fn start_stack(
+        yaml: &str,
+        options: ServiceOptions,
+        store: StoreStack,
+        clock: ManualClock,
+    ) -> Self {
+        let base = Ingredients::for_tests(rules(yaml), Arc::new(clock.clone()));
+        let config = ServerConfig::from_ingredients(Ingredients {
+            options,
+            store,
+            ..base
+        });
+        Self::start_config(config, clock).await
+    }
+
     /// A server on `threads` gRPC serving threads (the default is one per CPU).
     pub async fn start_threads(yaml: &str, threads: usize) -> Self {
         let clock = ManualClock::new(T0);

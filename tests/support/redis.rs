@@ -238,6 +238,35 @@ impl RedisServer {
         logs(self.dir())
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, ...) to the server process: SIGSTOP freezes it with its
+    /// connections open (a hung Redis), SIGCONT resumes it where it stopped.
+    pub fn signal(&self, signal: &str) {
+        assert!(self.child.is_some(), "the server is running");
+        // The child is the watchdog shell; the server is the process listening on our port
+        // (found by its command line, which also works while it is stopped).
+        let port = self.port.to_string();
+        let pid = std::fs::read_dir("/proc")
+            .expect("read /proc")
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .find(|pid| {
+                let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                    return false;
+                };
+                // redis-server and valkey-server rewrite their title as "<binary> <bind>:<port>".
+                let title = String::from_utf8_lossy(cmd.split(|&b| b == 0).next().unwrap_or(&[]))
+                    .to_string();
+                title.contains("-server ") && title.ends_with(&format!(":{port}"))
+            })
+            .expect("the redis-server process of this port");
+        let ok = std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill -{signal} {pid}");
+    }
+
     /// Kills the server (SIGKILL, no shutdown, nothing saved) and waits until it is gone. The
     /// port stays reserved and the directory stays, so [`RedisServer::restart`] can bring it back.
     pub fn stop(&mut self) {

@@ -38,7 +38,7 @@ pub trait Membership: Send + Sync + std::fmt::Debug {
 /// Default `LOCAL_MAX_COUNTERS`.
 pub const DEFAULT_MAX_COUNTERS: usize = 100_000;
 /// Default `LOCAL_DEADLINE_MARGIN`.
-pub const DEFAULT_MARGIN: Duration = Duration::from_millis(5);
+pub const DEFAULT_MARGIN: Duration = Duration::from_millis(8);
 /// Default `LOCAL_STORE_PATIENCE`.
 pub const DEFAULT_PATIENCE: Duration = Duration::from_secs(60);
 /// Store calls still running after their caller was answered locally: past this many, requests
@@ -283,9 +283,14 @@ impl Shared {
     /// The store decided a request: an episode ends once nothing is owed.
     fn store_answered(&self, checks: &[LimitCheck], d: &Decision, now_us: u64) {
         self.shares.learn(checks, d, now_us);
-        if self.tallies.deciding.load(Ordering::Relaxed) && self.ledger.is_empty() {
+        if self.tallies.deciding.load(Ordering::Relaxed) && self.settled() {
             self.end_episode();
         }
+    }
+
+    /// Nothing owed and no store call still awaited.
+    fn settled(&self) -> bool {
+        self.ledger.is_empty() && self.outstanding.load(Ordering::Relaxed) == 0
     }
 
     fn end_episode(&self) {
@@ -314,7 +319,8 @@ impl Shared {
                     .add(&c.key, hits, Self::until_us(c, now_us), now_us);
             }
         }
-        self.shares.learn(checks, d, now_us);
+        // Not learned from: it predates the local decisions made meanwhile, and a share of
+        // what it says was left would admit them a second time.
     }
 
     /// Writes back what the request's counters owe before the store decides them; false if it
@@ -393,7 +399,7 @@ impl Shared {
                 return;
             }
         }
-        if self.ledger.is_empty() && !self.suspect(self.now_us()) {
+        if self.settled() && !self.suspect(self.now_us()) {
             self.end_episode();
         }
     }
@@ -423,10 +429,17 @@ async fn background(shared: Weak<Shared>, members: Option<Arc<dyn Membership>>) 
             let beat = tokio::time::timeout(s.settings.budget, m.beat(&s.id, 3 * BEAT_EVERY));
             if let Ok(Ok(roster)) = beat.await {
                 s.shares.set_roster(roster);
+                s.tallies
+                    .replicas
+                    .store(u64::from(roster.replicas), Ordering::Relaxed);
             }
         }
         s.write_back_all().await;
         s.shares.sweep_one(s.now_us());
+        let owed = s.ledger.len() + s.outstanding.load(Ordering::Relaxed);
+        s.tallies
+            .owed
+            .store(u64::try_from(owed).unwrap_or(u64::MAX), Ordering::Relaxed);
         let held = s.local.len() + s.shares.len() + s.ledger.len();
         s.tallies
             .held
@@ -504,3 +517,19 @@ impl CounterStore for LocalFallback {
         self.shared.inner.probe()
     }
 }
+
+#[cfg(any(test, feature = "test-util"))]
+impl LocalFallback {
+    /// Tests only (`test-util`): the roster as if a heartbeat had answered it.
+    pub fn set_roster(&self, roster: Roster) {
+        self.shared.shares.set_roster(roster);
+    }
+
+    /// Tests only (`test-util`): one background write-back pass now.
+    pub async fn write_back_now(&self) {
+        self.shared.write_back_all().await;
+    }
+}
+
+#[cfg(test)]
+mod tests;

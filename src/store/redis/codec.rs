@@ -381,12 +381,17 @@ impl<'a> Batch<'a> {
                 let reply = calls.first().map_or(Reply::Answer, |c| c.reply);
                 inv.arg(now).arg(reply.arg()).arg(calls.len());
                 for call in calls.iter() {
-                    inv.arg(call.keys.len());
+                    let limits = call.args.len() / call.per_key();
+                    inv.arg(limits);
                     for (key, args) in call.keys.iter().zip(call.args.chunks(call.per_key())) {
                         inv.key(key.as_str());
                         for a in args {
                             inv.arg(*a);
                         }
+                    }
+                    // A guarded call's guard: a key after its limits' keys, not a limit.
+                    for key in call.keys.iter().skip(limits) {
+                        inv.key(key.as_str());
                     }
                 }
             }
