@@ -3,7 +3,8 @@
 //! killed and restarted empty, slower than the deadline, flapping. Each scenario runs one
 //! minute window (aligned to the limit's boundary) of the issue's load: a key at 600/min offered
 //! 12/s for the whole window, and a key first seen during the outage (100/min) offered 12/s
-//! during it and 2/s after. The scenarios run side by side, in one test, on one window.
+//! during it and 2/s after. The scenarios run side by side, in one test, on one window. The
+//! domain counts all or nothing, so a store's counter ends equal to what was admitted.
 //!
 //! Nothing is timed: Envoy's own 20 ms deadline does the timing (a late answer is a 500 and
 //! `ratelimit.error`), and the assertions are counts against the bound in docs/operations.md.
@@ -18,6 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const RULES: &str = "\
 domain: edge
+counting: all_or_nothing
 descriptors:
   - key: tenant
     descriptors:
@@ -56,13 +58,19 @@ struct Rig {
 }
 
 async fn rig(redis_url: &str) -> Rig {
+    rig_on(&[("REDIS_URL", redis_url)]).await
+}
+
+/// Two replicas with `store` settings (`REDIS_URL`, `REDIS_TYPE`) behind one Envoy.
+async fn rig_on(store: &[(&str, &str)]) -> Rig {
     let rules = tempfile::tempdir().expect("tempdir");
     std::fs::write(rules.path().join("edge.yaml"), RULES).expect("write rules");
     let replica = || {
         let mut cmd = binary::serve(rules.path());
-        cmd.env("REDIS_URL", redis_url)
-            .env("FAILURE_MODE", "local")
-            .env("LOCAL_REPLICAS", "2");
+        cmd.env("FAILURE_MODE", "local").env("LOCAL_REPLICAS", "2");
+        for (k, v) in store {
+            cmd.env(k, v);
+        }
         SluiceProcess::spawn(cmd)
     };
     let a = replica().await;
@@ -113,23 +121,26 @@ async fn metric(s: &SluiceProcess, name: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// What one scenario's requests got: (seconds into the window when sent, status).
+/// One request's answer: seconds into the window when sent, status, `x-ratelimit-remaining`.
+type Answer = (f64, u16, Option<u32>);
+
+/// What one scenario's requests got.
 #[derive(Debug, Default)]
 struct Answers {
-    hot: Vec<(f64, u16)>,
-    fresh: Vec<(f64, u16)>,
+    hot: Vec<Answer>,
+    fresh: Vec<Answer>,
 }
 
 impl Answers {
-    fn admitted(list: &[(f64, u16)], from: f64) -> usize {
-        list.iter().filter(|(t, s)| *t >= from && *s == 200).count()
+    fn admitted(list: &[Answer], from: f64) -> usize {
+        list.iter().filter(|(t, s, _)| *t >= from && *s == 200).count()
     }
 
     fn status_count(&self, status: u16) -> usize {
         self.hot
             .iter()
             .chain(&self.fresh)
-            .filter(|(_, s)| *s == status)
+            .filter(|(_, s, _)| *s == status)
             .count()
     }
 }
@@ -156,7 +167,19 @@ async fn offer(
     start: Duration,
     path: &'static str,
     plan: &[(u64, u64, u32)],
-    out: Arc<Mutex<Vec<(f64, u16)>>>,
+    out: Arc<Mutex<Vec<Answer>>>,
+) {
+    offer_as(front, start, "acme", path, plan, out).await;
+}
+
+/// [`offer`] for `tenant`.
+async fn offer_as(
+    front: std::net::SocketAddr,
+    start: Duration,
+    tenant: &str,
+    path: &'static str,
+    plan: &[(u64, u64, u32)],
+    out: Arc<Mutex<Vec<Answer>>>,
 ) {
     let mut tasks = Vec::new();
     for &(from, to, rate) in plan {
@@ -165,10 +188,17 @@ async fn offer(
             let t = from as f64 + i as f64 / f64::from(rate);
             at(start, t).await;
             let out = Arc::clone(&out);
+            let tenant = tenant.to_string();
             tasks.push(tokio::spawn(async move {
-                let (status, _, _) =
-                    http_request(front, "GET", path, &[("x-tenant", "acme")], "").await;
-                out.lock().expect("answers").push((t, status));
+                let (status, head, _) =
+                    http_request(front, "GET", path, &[("x-tenant", &tenant)], "").await;
+                let remaining = head.lines().find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.trim()
+                        .eq_ignore_ascii_case("x-ratelimit-remaining")
+                        .then(|| v.trim().parse().ok())?
+                });
+                out.lock().expect("answers").push((t, status, remaining));
             }));
         }
     }
@@ -291,8 +321,8 @@ async fn assert_within_bound(name: &str, rig: &Rig, a: &Answers) {
         .hot
         .iter()
         .chain(&a.fresh)
-        .filter(|(_, s)| *s == 500)
-        .map(|(t, _)| *t)
+        .filter(|(_, s, _)| *s == 500)
+        .map(|(t, _, _)| *t)
         .collect();
     if !late.is_empty() {
         eprintln!("{name}: 500s sent at {late:?} s into the window");

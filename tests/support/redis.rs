@@ -438,7 +438,7 @@ impl RedisCluster {
 
     fn form_tls(&self) -> Result<(), String> {
         let deadline = Instant::now() + CLUSTER_DEADLINE;
-        let args = self.create_args();
+        let args = self.create_args(0);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = self.nodes[0].try_tls_cli(&[], &args)?;
         if !out.contains("All 16384 slots covered") {
@@ -514,6 +514,58 @@ impl RedisCluster {
         )
     }
 
+    /// Three masters and three replicas (one per master), failing over fast: a master that
+    /// stops answering for 1 s is replaced by its replica. For failover tests.
+    pub fn start_replicated() -> Self {
+        let mut node_args: Vec<String> = CLUSTER_NODE_ARGS.iter().map(|s| s.to_string()).collect();
+        if let Some(t) = node_args.iter_mut().find(|a| *a == "5000") {
+            *t = "1000".into();
+        }
+        let mut failures = Vec::new();
+        for attempt in 1..=CLUSTER_ATTEMPTS {
+            let cluster = Self {
+                nodes: (0..6)
+                    .map(|_| RedisServer::launch_as(Server::Redis, node_args.clone(), true))
+                    .collect(),
+            };
+            match cluster.form_with(1) {
+                Ok(()) => return cluster,
+                Err(e) => failures.push(format!("=== attempt {attempt} ===\n{e}")),
+            }
+        }
+        panic!("a replicated Redis Cluster could not be formed\n{}", failures.join("\n"));
+    }
+
+    /// The node serving `key`'s slot as master now.
+    pub fn master_of(&self, key: &str) -> usize {
+        let slot: u16 = self.nodes[0]
+            .cli(&["CLUSTER", "KEYSLOT", key])
+            .trim()
+            .parse()
+            .expect("slot");
+        let in_range = |r: &str| match r.split_once('-') {
+            Some((a, b)) => {
+                a.parse::<u16>().is_ok_and(|a| a <= slot) && b.parse::<u16>().is_ok_and(|b| slot <= b)
+            }
+            None => r.parse::<u16>() == Ok(slot),
+        };
+        for (i, n) in self.nodes.iter().enumerate() {
+            let Ok(nodes) = n.try_cli(&["CLUSTER", "NODES"]) else {
+                continue;
+            };
+            // "<id> <addr> myself,master - ... <slot ranges>": this node, if it serves the slot.
+            let serves = nodes.lines().any(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                f.get(2).is_some_and(|flags| flags.contains("myself") && flags.contains("master"))
+                    && f.iter().skip(8).any(|r| in_range(r))
+            });
+            if serves {
+                return i;
+            }
+        }
+        panic!("no master serves slot {slot}");
+    }
+
     /// Up to [`CLUSTER_ATTEMPTS`] times: three fresh nodes from `node`, joined by `form`.
     /// Panics with every attempt's error if none forms; `what` names the cluster there.
     fn start_with(
@@ -534,17 +586,23 @@ impl RedisCluster {
         panic!("{what} could not be formed\n{}", failures.join("\n"));
     }
 
-    /// `redis-cli --cluster create` arguments joining every node as a master.
-    fn create_args(&self) -> Vec<String> {
+    /// `redis-cli --cluster create` arguments joining the nodes, `replicas` per master.
+    fn create_args(&self, replicas: u32) -> Vec<String> {
         let mut args = vec!["--cluster".to_string(), "create".to_string()];
         args.extend(self.ports().iter().map(|p| format!("127.0.0.1:{p}")));
-        args.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+        args.extend(["--cluster-replicas".to_string(), replicas.to_string()]);
+        args.push("--cluster-yes".to_string());
         args
     }
 
     fn form(&self) -> Result<(), String> {
+        self.form_with(0)
+    }
+
+    fn form_with(&self, replicas: u32) -> Result<(), String> {
         let deadline = Instant::now() + CLUSTER_DEADLINE;
-        let args = self.create_args();
+        let known = self.nodes.len().to_string();
+        let args = self.create_args(replicas);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = run(Command::new("redis-cli").args(&args), deadline)
             .map_err(|e| format!("redis-cli {}: {e}", args.join(" ")))?;
@@ -572,7 +630,7 @@ impl RedisCluster {
                         if field("cluster_state") != "ok"
                             || field("cluster_slots_assigned") != CLUSTER_SLOTS
                             || field("cluster_slots_ok") != CLUSTER_SLOTS
-                            || field("cluster_known_nodes") != "3"
+                            || field("cluster_known_nodes") != known
                         {
                             all_ok = false;
                             last = format!("node {port}:\n{info}");

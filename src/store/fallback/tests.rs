@@ -1,8 +1,9 @@
 //! The bound of docs/redis.md ("Deciding locally") against a simulation: N replicas (this layer
 //! over one shared store that the test fails and heals), random demand splits, outage starts and
 //! lengths, one fixed window. What all replicas admit stays within
-//! `L + Σ_i ⌈D_i / N⌉ + Σ_{i unseen} ⌈C / N⌉`, and once the store is back and every debt is
-//! written back, the store's counter equals what was admitted (nothing lost, nothing doubled).
+//! `L + Σ_i ⌈D_i / N⌉ + Σ_{i unseen} ⌈C / N⌉ + W` (W: what the store admitted after it came
+//! back while another replica had not yet written back), and once every debt is written back,
+//! the store's counter equals what was admitted (nothing lost, nothing doubled).
 
 use super::*;
 use crate::clock::ManualClock;
@@ -77,17 +78,23 @@ async fn run(n: u32, limit: u32, demand: Vec<u32>, before: usize, during: usize,
         admitted += u32::from(d.admitted);
     }
     s.store.fail_with(None);
-    // The replicas' suspicion of the store ends; then everything owed is written back.
+    // The replicas' suspicion of the store ends. Each writes back before its own next store
+    // decision; until every replica has, the store may admit what the others still owe (w).
     clock.advance(Duration::from_secs(2));
+    let mut w = 0u32;
+    for _ in 0..after {
+        let r = stream.next().unwrap_or(0);
+        let others_owe = s.replicas.iter().enumerate().any(|(i, o)| i != r && o.owed() > 0);
+        let d = s.replicas[r].decide(std::slice::from_ref(&c)).await.expect("decides");
+        admitted += u32::from(d.admitted);
+        w += u32::from(d.admitted && others_owe);
+    }
+    // The background write-back of counters nobody asked about again.
     for r in &s.replicas {
         r.write_back_now().await;
     }
-    for _ in 0..after {
-        let r = stream.next().unwrap_or(0);
-        let d = s.replicas[r].decide(std::slice::from_ref(&c)).await.expect("decides");
-        admitted += u32::from(d.admitted);
-    }
     let bound: u32 = limit
+        + w
         + last_seen
             .iter()
             .map(|seen| match seen {
