@@ -12,7 +12,8 @@
 use crate::support::binary::{self, SluiceProcess};
 use crate::support::envoy::{self, Backend, EnvoyProcess};
 use crate::support::proxy::RedisProxy;
-use crate::support::redis::{start_redis, RedisServer};
+use crate::support::redis::{start_redis, RedisCluster, RedisServer};
+use crate::support::sentinel::SentinelSetup;
 use crate::support::*;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -29,6 +30,8 @@ descriptors:
       - key: path
         value: /api/fresh
         rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5}
 ";
 
 /// When the outage starts and ends, seconds into the window.
@@ -218,10 +221,18 @@ enum Fault {
     Hold(Arc<RedisProxy>),
     /// SIGSTOP / SIGCONT every second.
     Flap,
+    /// Injected by the caller (a failover).
+    None,
 }
 
 /// Runs the window's load through `rig` with `fault` during the outage.
-async fn window(rig: &Rig, redis: Arc<Mutex<RedisServer>>, fault: Fault, start: Duration) -> Answers {
+async fn window(
+    rig: &Rig,
+    redis: Option<Arc<Mutex<RedisServer>>>,
+    fault: Fault,
+    start: Duration,
+) -> Answers {
+    let server = || redis.as_ref().expect("a server to fault");
     let hot = Arc::new(Mutex::new(Vec::new()));
     let fresh = Arc::new(Mutex::new(Vec::new()));
     let front = rig.envoy.front;
@@ -240,21 +251,23 @@ async fn window(rig: &Rig, redis: Arc<Mutex<RedisServer>>, fault: Fault, start: 
     let faults = async {
         at(start, OUTAGE.0 as f64).await;
         match &fault {
-            Fault::Freeze => lock(&redis).signal("STOP"),
-            Fault::KillRestart => lock(&redis).stop(),
+            Fault::Freeze => lock(server()).signal("STOP"),
+            Fault::KillRestart => lock(server()).stop(),
             Fault::Hold(p) => p.hold(),
             Fault::Flap => {
                 for s in OUTAGE.0..OUTAGE.1 {
                     at(start, s as f64).await;
-                    lock(&redis).signal(if (s - OUTAGE.0) % 2 == 0 { "STOP" } else { "CONT" });
+                    lock(server()).signal(if (s - OUTAGE.0) % 2 == 0 { "STOP" } else { "CONT" });
                 }
             }
+            Fault::None => {}
         }
         at(start, OUTAGE.1 as f64).await;
         match &fault {
-            Fault::Freeze | Fault::Flap => lock(&redis).signal("CONT"),
+            Fault::Freeze | Fault::Flap => lock(server()).signal("CONT"),
+            Fault::None => {}
             Fault::KillRestart => {
-                let r = Arc::clone(&redis);
+                let r = Arc::clone(server());
                 tokio::task::spawn_blocking(move || lock(&r).restart())
                     .await
                     .expect("restart");
@@ -363,10 +376,10 @@ async fn outages_through_envoy_are_answered_in_time_within_the_bound_and_written
     let now = unix().as_secs();
     let start = Duration::from_secs((now / 60 + 1) * 60);
     let (a1, a2, a3, a4) = tokio::join!(
-        window(&r1, Arc::clone(&frozen), Fault::Freeze, start),
-        window(&r2, Arc::clone(&killed), Fault::KillRestart, start),
-        window(&r3, Arc::clone(&slow), Fault::Hold(Arc::clone(&proxy)), start),
-        window(&r4, Arc::clone(&flapping), Fault::Flap, start),
+        window(&r1, Some(Arc::clone(&frozen)), Fault::Freeze, start),
+        window(&r2, Some(Arc::clone(&killed)), Fault::KillRestart, start),
+        window(&r3, Some(Arc::clone(&slow)), Fault::Hold(Arc::clone(&proxy)), start),
+        window(&r4, Some(Arc::clone(&flapping)), Fault::Flap, start),
     );
     assert!(unix() < start + Duration::from_secs(60), "the run left its window");
     tokio::join!(settled(&r1), settled(&r2), settled(&r3), settled(&r4));
@@ -379,6 +392,14 @@ async fn outages_through_envoy_are_answered_in_time_within_the_bound_and_written
     assert_eq!(redis_count(&lock(&frozen), "/api/hot"), hot1, "frozen: hot counter");
     assert_eq!(redis_count(&lock(&frozen), "/api/fresh"), fresh1, "frozen: fresh counter");
 
+    eprintln!(
+        "killed: hot {} of {}, fresh {} of {}, 500s {}",
+        Answers::admitted(&a2.hot, 0.0),
+        a2.hot.len(),
+        Answers::admitted(&a2.fresh, 0.0),
+        a2.fresh.len(),
+        a2.status_count(500)
+    );
     // 2. Killed and restarted empty: in time; the empty Redis gets the outage's usage back
     // (the fresh key's whole usage; the hot key's from the kill on).
     assert_eq!(a2.status_count(500), 0, "killed: 500s");
@@ -406,4 +427,163 @@ async fn outages_through_envoy_are_answered_in_time_within_the_bound_and_written
     let fresh4 = Answers::admitted(&a4.fresh, 0.0) as u64;
     assert_eq!(redis_count(&lock(&flapping), "/api/hot"), hot4, "flapping: hot counter");
     assert_eq!(redis_count(&lock(&flapping), "/api/fresh"), fresh4, "flapping: fresh counter");
+}
+
+/// A tenant whose counters live on another Cluster master than `acme`'s.
+fn tenant_elsewhere(cluster: &RedisCluster) -> String {
+    let acme = cluster.master_of("{edge|tenant=acme}");
+    (0..64)
+        .map(|i| format!("t{i}"))
+        .find(|t| cluster.master_of(&format!("{{edge|tenant={t}}}")) != acme)
+        .expect("a tenant on another master")
+}
+
+/// The count a Cluster holds for `path`'s fixed-window counter of `tenant` (through any node).
+fn cluster_count(cluster: &RedisCluster, tenant: &str, path: &str) -> u64 {
+    let node = cluster.master_of(&format!("{{edge|tenant={tenant}}}"));
+    redis_count(cluster.node(node), &format!("tenant={tenant}}}*{path}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failovers_through_envoy_keep_the_limits_and_the_written_back_usage() {
+    let cluster = Arc::new(Mutex::new(
+        tokio::task::spawn_blocking(RedisCluster::start_replicated)
+            .await
+            .expect("cluster"),
+    ));
+    let sentinel = Arc::new(Mutex::new(
+        tokio::task::spawn_blocking(SentinelSetup::start)
+            .await
+            .expect("sentinel"),
+    ));
+    let seeds = lock(&cluster).seeds().join(",");
+    let sentinel_url = format!("mymaster,{}", lock(&sentinel).addresses().join(","));
+    let on_cluster = [("REDIS_TYPE", "cluster"), ("REDIS_URL", seeds.as_str())];
+    let on_sentinel = [("REDIS_TYPE", "sentinel"), ("REDIS_URL", sentinel_url.as_str())];
+    let (rc, rs) = tokio::join!(rig_on(&on_cluster), rig_on(&on_sentinel));
+    let other = tenant_elsewhere(&lock(&cluster));
+    let now = unix().as_secs();
+    let start = Duration::from_secs((now / 60 + 1) * 60);
+    let elsewhere = Arc::new(Mutex::new(Vec::new()));
+    let victim = lock(&cluster).master_of("{edge|tenant=acme}");
+    // Cluster: the master holding acme's counters SIGKILLed; its replica takes over.
+    let cluster_run = async {
+        let kill = async {
+            at(start, OUTAGE.0 as f64).await;
+            lock(&cluster).node_mut(victim).stop();
+        };
+        let (answers, (), ()) = tokio::join!(
+            window(&rc, None, Fault::None, start),
+            kill,
+            offer_as(
+                rc.envoy.front,
+                start,
+                &other,
+                "/api/hot",
+                &[(LOAD.0, LOAD.1, 4)],
+                Arc::clone(&elsewhere)
+            ),
+        );
+        answers
+    };
+    // Sentinel: the master SIGKILLed; the sentinels promote the replica.
+    let sentinel_run = async {
+        let kill = async {
+            at(start, OUTAGE.0 as f64).await;
+            let s = Arc::clone(&sentinel);
+            tokio::task::spawn_blocking(move || lock(&s).kill_master_and_fail_over())
+                .await
+                .expect("failover");
+        };
+        let (answers, ()) = tokio::join!(window(&rs, None, Fault::None, start), kill);
+        answers
+    };
+    let (ac, asn) = tokio::join!(cluster_run, sentinel_run);
+    assert!(unix() < start + Duration::from_secs(60), "the run left its window");
+    tokio::join!(settled(&rc), settled(&rs));
+
+    assert_within_bound("cluster failover", &rc, &ac).await;
+    assert_within_bound("sentinel failover", &rs, &asn).await;
+    // The promoted masters hold the usage written back: all of the fresh key's (first seen in
+    // the outage), and the hot key's (a write the dead master had not yet replicated may be
+    // gone: a few at most).
+    let c = lock(&cluster);
+    let fresh = Answers::admitted(&ac.fresh, 0.0) as u64;
+    assert_eq!(cluster_count(&c, "acme", "/api/fresh"), fresh, "cluster: fresh counter");
+    let hot = Answers::admitted(&ac.hot, 0.0) as u64;
+    let held = cluster_count(&c, "acme", "/api/hot");
+    assert!(held + 5 >= hot && held <= hot, "cluster: hot counter {held} of {hot}");
+    // A key on another master was decided on the store throughout: its answers count down
+    // one by one, none of them a local share.
+    let elsewhere = lock(&elsewhere);
+    let mut remaining: Vec<u32> = elsewhere.iter().filter_map(|(_, _, r)| *r).collect();
+    remaining.sort_unstable();
+    let n = elsewhere.len() as u32;
+    assert_eq!(remaining, ((600 - n)..600).collect::<Vec<_>>(), "exact on the other master");
+    assert_eq!(cluster_count(&c, &other, "/api/hot"), u64::from(n));
+    drop(c);
+    let s = lock(&sentinel);
+    let fresh = Answers::admitted(&asn.fresh, 0.0) as u64;
+    assert_eq!(redis_count(&s.replica, "/api/fresh"), fresh, "sentinel: fresh counter");
+    let hot = Answers::admitted(&asn.hot, 0.0) as u64;
+    let held = redis_count(&s.replica, "/api/hot");
+    assert!(held + 5 >= hot && held <= hot, "sentinel: hot counter {held} of {hot}");
+}
+
+/// 100 000 distinct keys while Redis is down: every request answered (locally), the local state
+/// under its cap (`LOCAL_MAX_COUNTERS`, each of its three parts), evictions counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_state_stays_under_its_cap_with_100000_keys_in_an_outage() {
+    let mut redis = start_redis(&[]).await;
+    let rules = tempfile::tempdir().expect("tempdir");
+    std::fs::write(rules.path().join("edge.yaml"), RULES).expect("write rules");
+    let mut cmd = binary::serve(rules.path());
+    cmd.env("REDIS_URL", redis.url())
+        .env("FAILURE_MODE", "local")
+        .env("LOCAL_MAX_COUNTERS", "1000");
+    let s = SluiceProcess::spawn(cmd).await;
+    redis.stop();
+    let mut decisions = 0;
+    for _ in 0..60 {
+        if decisions >= 100_000 {
+            break;
+        }
+        let summary = binary::bench(
+            &[
+                "--target",
+                &s.grpc_url(),
+                "--domain",
+                "edge",
+                "--descriptor",
+                "user={id}",
+                "--consumers",
+                "1000000000000",
+                "--concurrency",
+                "32",
+                "--duration",
+                "5s",
+                "--timeout",
+                "20ms",
+                "--seed",
+                &decisions.to_string(),
+            ]
+            .map(String::from),
+        )
+        .await
+        .expect("bench runs");
+        let n = |k: &str| summary[k].as_u64().unwrap_or(0);
+        assert_eq!(n("errors"), 0, "every request answered: {summary}");
+        decisions += n("decisions");
+    }
+    assert!(decisions >= 100_000, "{decisions} decisions");
+    // The gauge is refreshed every second by the layer's background task.
+    eventually("the local state is reported", || async {
+        metric(&s, "sluice_local_decisions_total").await.is_some()
+            && metric(&s, "sluice_local_counters").await.unwrap_or(0.0) > 0.0
+    })
+    .await;
+    let held = metric(&s, "sluice_local_counters").await.unwrap_or(f64::MAX);
+    assert!(held <= 3000.0, "local store, learned and owed each under 1000: {held}");
+    let evicted = metric(&s, "sluice_local_evictions_total").await.unwrap_or(0.0);
+    assert!(evicted > 0.0, "the cap was reached and counted");
 }

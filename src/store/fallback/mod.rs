@@ -98,6 +98,9 @@ struct Shared {
     settings: LocalSettings,
     /// Until when (µs) requests skip the store after it failed or hung (`whole_store`).
     suspect_until_us: AtomicU64,
+    /// Cluster: the same per hash tag (a slot's master may be down while the others answer).
+    suspect_tags: Mutex<std::collections::HashMap<u64, u64>>,
+    tag_hasher: std::hash::RandomState,
     outstanding: AtomicUsize,
     tallies: Arc<LocalTallies>,
     episode: Mutex<Option<Episode>>,
@@ -141,6 +144,8 @@ impl LocalFallback {
             clock,
             settings,
             suspect_until_us: AtomicU64::new(0),
+            suspect_tags: Mutex::new(std::collections::HashMap::new()),
+            tag_hasher: std::hash::RandomState::new(),
             outstanding: AtomicUsize::new(0),
             tallies,
             episode: Mutex::new(None),
@@ -170,10 +175,50 @@ impl Shared {
         now_us < self.suspect_until_us.load(Ordering::Relaxed)
     }
 
-    fn suspect_now(&self, now_us: u64) {
+    /// Whether the request goes straight to the local decision: the store (or, on Cluster,
+    /// the slot of one of its counters) failed or hung less than `retry_every` ago.
+    fn skip_store(&self, checks: &[LimitCheck], now_us: u64) -> bool {
+        if self.suspect(now_us) {
+            return true;
+        }
         if self.settings.whole_store {
-            let until = now_us.saturating_add(micros(self.settings.retry_every));
+            return false;
+        }
+        let tags = self.suspect_tags.lock().unwrap_or_else(|e| e.into_inner());
+        !tags.is_empty()
+            && checks
+                .iter()
+                .any(|c| tags.get(&self.tag(&c.key)).is_some_and(|&until| now_us < until))
+    }
+
+    /// A counter's hash tag, hashed (what decides its Cluster slot: the domain, and the first
+    /// entry unless the domain is one tag).
+    fn tag(&self, key: &super::CounterKey) -> u64 {
+        use std::hash::{BuildHasher, Hash, Hasher};
+        let mut h = self.tag_hasher.build_hasher();
+        key.domain.hash(&mut h);
+        if !key.domain_tag {
+            key.entries.first().hash(&mut h);
+        }
+        h.finish()
+    }
+
+    /// The store failed or hung for `checks`: the whole store (standalone, Sentinel), or their
+    /// slots (Cluster), skipped for `retry_every`.
+    fn suspect_now(&self, checks: &[LimitCheck], now_us: u64) {
+        let until = now_us.saturating_add(micros(self.settings.retry_every));
+        if self.settings.whole_store {
             self.suspect_until_us.fetch_max(until, Ordering::Relaxed);
+            return;
+        }
+        let mut tags = self.suspect_tags.lock().unwrap_or_else(|e| e.into_inner());
+        if tags.len() >= self.settings.max_counters {
+            tags.retain(|_, &mut u| u > now_us);
+        }
+        for c in checks {
+            if tags.len() < self.settings.max_counters {
+                tags.insert(self.tag(&c.key), until);
+            }
         }
     }
 
@@ -372,14 +417,14 @@ impl Shared {
                 self.ledger.fail(&send);
                 self.tallies.write_back_failures.add(1);
                 if matches!(e, StoreError::Transient(_)) {
-                    self.suspect_now(self.now_us());
+                    self.suspect_now(&checks, self.now_us());
                 }
                 false
             }
             Err(_) => {
                 self.ledger.fail(&send);
                 self.tallies.write_back_failures.add(1);
-                self.suspect_now(self.now_us());
+                self.suspect_now(&checks, self.now_us());
                 false
             }
         }
@@ -391,11 +436,25 @@ impl Shared {
             return;
         }
         for key in self.ledger.keys(WRITE_BACK_PER_TICK) {
-            let Ok(Some(send)) = self.ledger.take(&key, self.now_us()) else {
+            let now_us = self.now_us();
+            let like = LimitCheck {
+                key,
+                hits: 0,
+                refund: false,
+                shadow: false,
+                quota: false,
+                record: true,
+                stop_over: false,
+            };
+            if self.skip_store(std::slice::from_ref(&like), now_us) {
+                continue;
+            }
+            let Ok(Some(send)) = self.ledger.take(&like.key, now_us) else {
                 continue;
             };
             let give_up = Instant::now() + self.settings.budget;
-            if !self.send(send, give_up).await {
+            // One store down: the rest waits for the next tick. One slot down: the others go on.
+            if !self.send(send, give_up).await && self.settings.whole_store {
                 return;
             }
         }
@@ -468,7 +527,8 @@ impl CounterStore for LocalFallback {
         Box::pin(async move {
             let s = &self.shared;
             let now_us = s.now_us();
-            if s.suspect(now_us) || s.outstanding.load(Ordering::Relaxed) >= MAX_OUTSTANDING {
+            if s.skip_store(checks, now_us) || s.outstanding.load(Ordering::Relaxed) >= MAX_OUTSTANDING
+            {
                 return Ok(s.decide_locally(checks, now_us).await);
             }
             let give_up = s.give_up_at(deadline);
@@ -490,13 +550,13 @@ impl CounterStore for LocalFallback {
                 Ok((_, Err(e))) => {
                     let now_us = s.now_us();
                     if matches!(e, StoreError::Transient(_)) {
-                        s.suspect_now(now_us);
+                        s.suspect_now(checks, now_us);
                     }
                     Ok(s.decide_locally(checks, now_us).await)
                 }
                 Err(_) => {
                     let now_us = s.now_us();
-                    s.suspect_now(now_us);
+                    s.suspect_now(checks, now_us);
                     let d = s.decide_locally(checks, now_us).await;
                     s.outstanding.fetch_add(1, Ordering::Relaxed);
                     let late = Arc::clone(s);
