@@ -87,29 +87,6 @@ impl From<RequestError> for Status {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::grpc_timeout;
-    use std::time::Duration;
-
-    #[test]
-    fn grpc_timeouts_parse_as_the_spec_says() {
-        let t = |v: &str| {
-            let mut m = tonic::metadata::MetadataMap::new();
-            m.insert("grpc-timeout", v.parse().unwrap());
-            grpc_timeout(&m)
-        };
-        assert_eq!(t("20m"), Some(Duration::from_millis(20)));
-        assert_eq!(t("1S"), Some(Duration::from_secs(1)));
-        assert_eq!(t("5000u"), Some(Duration::from_micros(5000)));
-        assert_eq!(t("2M"), Some(Duration::from_secs(120)));
-        assert_eq!(t("123456789m"), None);
-        assert_eq!(t("m"), None);
-        assert_eq!(t("20x"), None);
-        assert_eq!(grpc_timeout(&tonic::metadata::MetadataMap::new()), None);
-    }
-}
-
 /// Reflection v1 and v1alpha over the RLS protos, grpc.health.v1 and both reflection protos, so
 /// `grpcurl list` shows every service whichever reflection version the client speaks.
 pub fn reflection_services() -> Result<
@@ -133,4 +110,27 @@ pub fn reflection_services() -> Result<
             )
     };
     Ok((builder().build_v1()?, builder().build_v1alpha()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grpc_timeout;
+    use std::time::Duration;
+
+    #[test]
+    fn grpc_timeouts_parse_as_the_spec_says() {
+        let t = |v: &str| {
+            let mut m = tonic::metadata::MetadataMap::new();
+            m.insert("grpc-timeout", v.parse().unwrap());
+            grpc_timeout(&m)
+        };
+        assert_eq!(t("20m"), Some(Duration::from_millis(20)));
+        assert_eq!(t("1S"), Some(Duration::from_secs(1)));
+        assert_eq!(t("5000u"), Some(Duration::from_micros(5000)));
+        assert_eq!(t("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(t("123456789m"), None);
+        assert_eq!(t("m"), None);
+        assert_eq!(t("20x"), None);
+        assert_eq!(grpc_timeout(&tonic::metadata::MetadataMap::new()), None);
+    }
 }

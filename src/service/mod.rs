@@ -282,7 +282,7 @@ impl RateLimiter {
             self.signals.backend,
             plan.limits.len(),
         );
-        let result = self.store.decide_by(&plan.checks(), deadline).await;
+        let result = self.store.decide_by(plan.checks(), deadline).await;
         self.telemetry
             .metrics
             .store_call(started.elapsed(), result.as_ref().err());

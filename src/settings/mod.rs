@@ -5,9 +5,9 @@
 
 use crate::config::{ConfigErrors, LoadOptions};
 use crate::duration::format_go;
+use crate::service::{FailureMode, RequestCaps};
 use crate::store::fallback::LocalSettings;
 use crate::store::LocalChain;
-use crate::service::{FailureMode, RequestCaps};
 use crate::store::StoreChain;
 use crate::store::StoreError;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};

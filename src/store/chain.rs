@@ -52,8 +52,7 @@ impl StoreChain {
         let store: Arc<dyn CounterStore> = match (&self.local, self.redis.kind) {
             (Some(_), RedisKind::Cluster) => Arc::new(redis),
             _ => Arc::new(
-                CircuitBreaker::new(redis, self.breaker, Arc::clone(&clock))
-                    .reporting_to(&signals),
+                CircuitBreaker::new(redis, self.breaker, Arc::clone(&clock)).reporting_to(&signals),
             ),
         };
         let store = if self.local_cache_bytes == 0 {

@@ -230,20 +230,11 @@ impl MemoryStore {
         // The key's `Hash` output (length-prefixed, so unambiguous) collected into one buffer,
         // then hashed in bulk: two SipHash passes over ~60 bytes instead of two over dozens of
         // small writes.
-        KEY_BYTES.with_borrow_mut(|buf| {
-            buf.clear();
-            key.hash(&mut Collect(buf));
-            let bytes: &[u8] = buf;
-            let fp = [
+        with_key_bytes(key, |bytes| {
+            [
                 self.hashers.0.hash_one(bytes),
                 self.hashers.1.hash_one(bytes),
-            ];
-            if buf.capacity() > 4096 {
-                // An unusually long key (values of up to MAX_DESCRIPTOR_VALUE_BYTES): give the
-                // memory back rather than keep it per thread.
-                *buf = Vec::new();
-            }
-            fp
+            ]
         })
     }
 
@@ -290,6 +281,23 @@ impl MemoryStore {
 thread_local! {
     /// Scratch space for [`MemoryStore::fingerprint`] (a key's bytes; reused, so no allocation).
     static KEY_BYTES: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on the key's `Hash` output (length-prefixed, so unambiguous) collected into one
+/// per-thread buffer: hashing that in bulk costs one SipHash pass over ~60 bytes instead of one
+/// over dozens of small writes.
+pub(crate) fn with_key_bytes<R>(key: &CounterKey, f: impl FnOnce(&[u8]) -> R) -> R {
+    KEY_BYTES.with_borrow_mut(|buf| {
+        buf.clear();
+        key.hash(&mut Collect(buf));
+        let r = f(buf);
+        if buf.capacity() > 4096 {
+            // An unusually long key (values of up to MAX_DESCRIPTOR_VALUE_BYTES): give the
+            // memory back rather than keep it per thread.
+            *buf = Vec::new();
+        }
+        r
+    })
 }
 
 /// A `Hasher` that only collects the bytes it is fed.

@@ -11,9 +11,9 @@
 pub mod breaker;
 mod chain;
 pub mod demand;
-pub mod fallback;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
+pub mod fallback;
 pub mod local_cache;
 pub mod memory;
 pub mod redis;
@@ -210,16 +210,17 @@ pub trait CounterStore: Send + Sync + std::fmt::Debug {
     /// also goes to the stack's health signal. Called periodically by the health task.
     fn probe(&self) -> BoxFuture<'_, bool>;
 
-    /// [`CounterStore::decide`] for a caller that gives up at `deadline` (its gRPC deadline).
+    /// [`CounterStore::decide`] for a caller that gives up at `deadline` (its gRPC deadline),
+    /// taking the checks (the plan's own copy: a call that outlives its caller keeps them).
     /// Only a layer that answers in time itself (`FAILURE_MODE=local`) uses it; a store that
     /// cannot do better decides as usual and the caller's deadline cuts the call.
-    fn decide_by<'a>(
-        &'a self,
-        checks: &'a [LimitCheck],
+    fn decide_by(
+        &self,
+        checks: Vec<LimitCheck>,
         deadline: Option<tokio::time::Instant>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+    ) -> BoxFuture<'_, Result<Decision, StoreError>> {
         let _ = deadline;
-        self.decide(checks)
+        Box::pin(async move { self.decide(&checks).await })
     }
 
     /// Charges usage decided elsewhere (`FAILURE_MODE=local`'s write-back): every check
@@ -249,11 +250,11 @@ impl<S: CounterStore + ?Sized> CounterStore for Arc<S> {
         (**self).probe()
     }
 
-    fn decide_by<'a>(
-        &'a self,
-        checks: &'a [LimitCheck],
+    fn decide_by(
+        &self,
+        checks: Vec<LimitCheck>,
         deadline: Option<tokio::time::Instant>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+    ) -> BoxFuture<'_, Result<Decision, StoreError>> {
         (**self).decide_by(checks, deadline)
     }
 

@@ -66,7 +66,9 @@ impl LocalTallies {
     /// Every (domain, admitted, count) so far.
     pub fn decisions(&self) -> Vec<(Arc<str>, bool, u64)> {
         let m = self.decisions.lock().unwrap_or_else(|e| e.into_inner());
-        m.iter().map(|((d, a), n)| (Arc::clone(d), *a, *n)).collect()
+        m.iter()
+            .map(|((d, a), n)| (Arc::clone(d), *a, *n))
+            .collect()
     }
 }
 

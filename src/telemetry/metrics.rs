@@ -180,9 +180,13 @@ impl LocalMetrics {
             let outcome = if admitted { "ok" } else { "over_limit" };
             catch_up(&self.decisions.with_label_values(&[&*domain, outcome]), n);
         }
-        self.deciding
-            .set(i64::from(t.deciding.load(std::sync::atomic::Ordering::Relaxed)));
-        catch_up(&self.write_backs.with_label_values(&["done"]), t.write_backs.get());
+        self.deciding.set(i64::from(
+            t.deciding.load(std::sync::atomic::Ordering::Relaxed),
+        ));
+        catch_up(
+            &self.write_backs.with_label_values(&["done"]),
+            t.write_backs.get(),
+        );
         catch_up(
             &self.write_backs.with_label_values(&["failed"]),
             t.write_back_failures.get(),

@@ -498,7 +498,11 @@ async fn write_back_once(store: Arc<dyn CounterStore>, _clock: ManualClock) {
         .write_back(std::slice::from_ref(&owed), "replica-1", ttl)
         .await
         .expect("retried write-back");
-    assert_eq!(remaining(Arc::clone(&store)).await, 6, "a retry charges nothing");
+    assert_eq!(
+        remaining(Arc::clone(&store)).await,
+        6,
+        "a retry charges nothing"
+    );
     // A debt past the limit is recorded whole (the hits were admitted).
     owed.hits = 9;
     store

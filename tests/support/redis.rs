@@ -533,19 +533,25 @@ impl RedisCluster {
                 Err(e) => failures.push(format!("=== attempt {attempt} ===\n{e}")),
             }
         }
-        panic!("a replicated Redis Cluster could not be formed\n{}", failures.join("\n"));
+        panic!(
+            "a replicated Redis Cluster could not be formed\n{}",
+            failures.join("\n")
+        );
     }
 
     /// The node serving `key`'s slot as master now.
     pub fn master_of(&self, key: &str) -> usize {
-        let slot: u16 = self.nodes[0]
-            .cli(&["CLUSTER", "KEYSLOT", key])
-            .trim()
-            .parse()
-            .expect("slot");
+        // Any node that answers (a killed master does not).
+        let slot: u16 = self
+            .nodes
+            .iter()
+            .find_map(|n| n.try_cli(&["CLUSTER", "KEYSLOT", key]).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .expect("a node answers CLUSTER KEYSLOT");
         let in_range = |r: &str| match r.split_once('-') {
             Some((a, b)) => {
-                a.parse::<u16>().is_ok_and(|a| a <= slot) && b.parse::<u16>().is_ok_and(|b| slot <= b)
+                a.parse::<u16>().is_ok_and(|a| a <= slot)
+                    && b.parse::<u16>().is_ok_and(|b| slot <= b)
             }
             None => r.parse::<u16>() == Ok(slot),
         };
@@ -556,7 +562,8 @@ impl RedisCluster {
             // "<id> <addr> myself,master - ... <slot ranges>": this node, if it serves the slot.
             let serves = nodes.lines().any(|l| {
                 let f: Vec<&str> = l.split(' ').collect();
-                f.get(2).is_some_and(|flags| flags.contains("myself") && flags.contains("master"))
+                f.get(2)
+                    .is_some_and(|flags| flags.contains("myself") && flags.contains("master"))
                     && f.iter().skip(8).any(|r| in_range(r))
             });
             if serves {

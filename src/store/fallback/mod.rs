@@ -186,9 +186,10 @@ impl Shared {
         }
         let tags = self.suspect_tags.lock().unwrap_or_else(|e| e.into_inner());
         !tags.is_empty()
-            && checks
-                .iter()
-                .any(|c| tags.get(&self.tag(&c.key)).is_some_and(|&until| now_us < until))
+            && checks.iter().any(|c| {
+                tags.get(&self.tag(&c.key))
+                    .is_some_and(|&until| now_us < until)
+            })
     }
 
     /// A counter's hash tag, hashed (what decides its Cluster slot: the domain, and the first
@@ -250,7 +251,10 @@ impl Shared {
                 // Its own counter: what it admits now counts against the share of what was
                 // left at that answer, not against an earlier outage's local counter.
                 let mut entries = c.key.entries.to_vec();
-                entries.push(("\u{0}learned".into(), format!("{}@{}", l.remaining, l.until_us)));
+                entries.push((
+                    "\u{0}learned".into(),
+                    format!("{}@{}", l.remaining, l.until_us),
+                ));
                 local.key.entries = Arc::from(entries);
             }
             _ => limit.requests_per_unit = roster.share(limit.requests_per_unit),
@@ -402,11 +406,10 @@ impl Shared {
         let token = format!("{}-{}", self.id, send.token);
         let now_us = self.now_us();
         // The guard outlives every retry: the window, and a minute for clocks that disagree.
-        let ttl = Duration::from_micros(send.until_us.saturating_sub(now_us))
-            + Duration::from_secs(60);
+        let ttl =
+            Duration::from_micros(send.until_us.saturating_sub(now_us)) + Duration::from_secs(60);
         let checks = [check];
-        let r =
-            tokio::time::timeout_at(give_up, self.inner.write_back(&checks, &token, ttl)).await;
+        let r = tokio::time::timeout_at(give_up, self.inner.write_back(&checks, &token, ttl)).await;
         match r {
             Ok(Ok(())) => {
                 self.ledger.confirm(&send);
@@ -468,9 +471,11 @@ impl Shared {
 fn replica_id() -> String {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos()));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
     h.write_u32(std::process::id());
     format!("{:016x}", h.finish())
 }
@@ -504,8 +509,7 @@ async fn background(shared: Weak<Shared>, members: Option<Arc<dyn Membership>>) 
             .held
             .store(u64::try_from(held).unwrap_or(u64::MAX), Ordering::Relaxed);
         s.tallies.skipped.store(
-            s.shares.skipped.load(Ordering::Relaxed)
-                + s.ledger.dropped.load(Ordering::Relaxed),
+            s.shares.skipped.load(Ordering::Relaxed) + s.ledger.dropped.load(Ordering::Relaxed),
             Ordering::Relaxed,
         );
     }
@@ -516,54 +520,52 @@ impl CounterStore for LocalFallback {
         &'a self,
         checks: &'a [LimitCheck],
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        self.decide_by(checks, None)
+        self.decide_by(checks.to_vec(), None)
     }
 
-    fn decide_by<'a>(
-        &'a self,
-        checks: &'a [LimitCheck],
+    fn decide_by(
+        &self,
+        checks: Vec<LimitCheck>,
         deadline: Option<Instant>,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+    ) -> BoxFuture<'_, Result<Decision, StoreError>> {
         Box::pin(async move {
             let s = &self.shared;
             let now_us = s.now_us();
-            if s.skip_store(checks, now_us) || s.outstanding.load(Ordering::Relaxed) >= MAX_OUTSTANDING
+            if s.skip_store(&checks, now_us)
+                || s.outstanding.load(Ordering::Relaxed) >= MAX_OUTSTANDING
             {
-                return Ok(s.decide_locally(checks, now_us).await);
+                return Ok(s.decide_locally(&checks, now_us).await);
             }
             let give_up = s.give_up_at(deadline);
-            if !s.ledger.is_empty() && !s.settle(checks, give_up).await {
-                return Ok(s.decide_locally(checks, s.now_us()).await);
+            if !s.ledger.is_empty() && !s.settle(&checks, give_up).await {
+                return Ok(s.decide_locally(&checks, s.now_us()).await);
             }
-            // Owned, so the call can outlive this request if the store answers late.
-            let owned = checks.to_vec();
+            // Shared with the call, which outlives this request if the store answers late.
+            let checks: Arc<[LimitCheck]> = Arc::from(checks);
+            let owned = Arc::clone(&checks);
             let inner = Arc::clone(&s.inner);
-            let mut call = Box::pin(async move {
-                let r = inner.decide(&owned).await;
-                (owned, r)
-            });
+            let mut call = Box::pin(async move { inner.decide(&owned).await });
             match tokio::time::timeout_at(give_up, &mut call).await {
-                Ok((_, Ok(d))) => {
-                    s.store_answered(checks, &d, s.now_us());
+                Ok(Ok(d)) => {
+                    s.store_answered(&checks, &d, s.now_us());
                     Ok(d)
                 }
-                Ok((_, Err(e))) => {
+                Ok(Err(e)) => {
                     let now_us = s.now_us();
                     if matches!(e, StoreError::Transient(_)) {
-                        s.suspect_now(checks, now_us);
+                        s.suspect_now(&checks, now_us);
                     }
-                    Ok(s.decide_locally(checks, now_us).await)
+                    Ok(s.decide_locally(&checks, now_us).await)
                 }
                 Err(_) => {
                     let now_us = s.now_us();
-                    s.suspect_now(checks, now_us);
-                    let d = s.decide_locally(checks, now_us).await;
+                    s.suspect_now(&checks, now_us);
+                    let d = s.decide_locally(&checks, now_us).await;
                     s.outstanding.fetch_add(1, Ordering::Relaxed);
                     let late = Arc::clone(s);
                     tokio::spawn(async move {
-                        let (owned, r) = call.await;
-                        if let Ok(d) = r {
-                            late.reconcile(&owned, &d);
+                        if let Ok(d) = call.await {
+                            late.reconcile(&checks, &d);
                         }
                         late.outstanding.fetch_sub(1, Ordering::Relaxed);
                     });

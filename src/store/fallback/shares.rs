@@ -4,9 +4,10 @@
 //! shares of `x` are `x / replicas`, and the first `x % replicas` replicas by rank take one
 //! more, so the shares add up to exactly `x`.
 
+use crate::store::memory::with_key_bytes;
 use crate::store::{CounterKey, Decision, LimitCheck};
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -53,11 +54,36 @@ pub struct Learned {
 
 const SHARDS: usize = 16;
 
+/// A map keyed by a keyed 64-bit fingerprint of the counter (random per process, so a client
+/// cannot aim for a collision; two counters share one with probability 2^-64 per pair, which
+/// would only mix up what they learned): no key is cloned or compared on the healthy path.
+type ByFingerprint = HashMap<u64, Learned, BuildHasherDefault<Identity>>;
+
+/// The fingerprint is already a keyed hash: used as it is.
+#[derive(Debug, Default)]
+struct Identity(u64);
+
+impl Hasher for Identity {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 /// The learned counters (bounded: a full shard learns nothing new until its expired entries are
 /// swept) and the roster.
 #[derive(Debug)]
 pub struct Shares {
-    shards: Vec<Mutex<HashMap<CounterKey, Learned>>>,
+    shards: Vec<Mutex<ByFingerprint>>,
     hasher: RandomState,
     per_shard: usize,
     roster: Mutex<Roster>,
@@ -74,7 +100,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shares {
     pub fn new(max_counters: usize, roster: Roster) -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(ByFingerprint::default()))
+                .collect(),
             hasher: RandomState::new(),
             per_shard: max_counters.div_ceil(SHARDS),
             roster: Mutex::new(roster),
@@ -83,9 +111,12 @@ impl Shares {
         }
     }
 
-    fn shard(&self, key: &CounterKey) -> &Mutex<HashMap<CounterKey, Learned>> {
-        let i = usize::try_from(self.hasher.hash_one(key) % SHARDS as u64).unwrap_or(0);
-        &self.shards[i]
+    fn fingerprint(&self, key: &CounterKey) -> u64 {
+        with_key_bytes(key, |bytes| self.hasher.hash_one(bytes))
+    }
+
+    fn shard(&self, fp: u64) -> &Mutex<ByFingerprint> {
+        &self.shards[(fp >> 60) as usize % SHARDS]
     }
 
     pub fn roster(&self) -> Roster {
@@ -107,11 +138,12 @@ impl Shares {
                 remaining: o.remaining,
                 until_us: now_us.saturating_add(reset),
             };
-            let mut shard = lock(self.shard(&c.key));
-            if let Some(e) = shard.get_mut(&c.key) {
+            let fp = self.fingerprint(&c.key);
+            let mut shard = lock(self.shard(fp));
+            if let Some(e) = shard.get_mut(&fp) {
                 *e = learned;
             } else if shard.len() < self.per_shard {
-                shard.insert(c.key.clone(), learned);
+                shard.insert(fp, learned);
             } else {
                 self.skipped.fetch_add(1, Ordering::Relaxed);
             }
@@ -120,8 +152,9 @@ impl Shares {
 
     /// What the store said about `key`, if it still holds at `now_us`.
     pub fn learned(&self, key: &CounterKey, now_us: u64) -> Option<Learned> {
-        lock(self.shard(key))
-            .get(key)
+        let fp = self.fingerprint(key);
+        lock(self.shard(fp))
+            .get(&fp)
             .copied()
             .filter(|l| l.until_us > now_us)
     }
@@ -136,6 +169,10 @@ impl Shares {
     /// Counters learned (expired ones not yet swept included).
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| lock(s).len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 

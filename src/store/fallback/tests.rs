@@ -65,7 +65,10 @@ async fn run(n: u32, limit: u32, demand: Vec<u32>, before: usize, during: usize,
     let mut stream = demand.iter().cycle().map(|&r| r as usize % n as usize);
     for _ in 0..before {
         let r = stream.next().unwrap_or(0);
-        let d = s.replicas[r].decide(std::slice::from_ref(&c)).await.expect("decides");
+        let d = s.replicas[r]
+            .decide(std::slice::from_ref(&c))
+            .await
+            .expect("decides");
         admitted += u32::from(d.admitted);
         last_seen[r] = Some(store_count(&s.store, limit).await);
     }
@@ -74,7 +77,10 @@ async fn run(n: u32, limit: u32, demand: Vec<u32>, before: usize, during: usize,
         .fail_with(Some(StoreError::Transient("down".into())));
     for _ in 0..during {
         let r = stream.next().unwrap_or(0);
-        let d = s.replicas[r].decide(std::slice::from_ref(&c)).await.expect("decides");
+        let d = s.replicas[r]
+            .decide(std::slice::from_ref(&c))
+            .await
+            .expect("decides");
         admitted += u32::from(d.admitted);
     }
     s.store.fail_with(None);
@@ -84,8 +90,15 @@ async fn run(n: u32, limit: u32, demand: Vec<u32>, before: usize, during: usize,
     let mut w = 0u32;
     for _ in 0..after {
         let r = stream.next().unwrap_or(0);
-        let others_owe = s.replicas.iter().enumerate().any(|(i, o)| i != r && o.owed() > 0);
-        let d = s.replicas[r].decide(std::slice::from_ref(&c)).await.expect("decides");
+        let others_owe = s
+            .replicas
+            .iter()
+            .enumerate()
+            .any(|(i, o)| i != r && o.owed() > 0);
+        let d = s.replicas[r]
+            .decide(std::slice::from_ref(&c))
+            .await
+            .expect("decides");
         admitted += u32::from(d.admitted);
         w += u32::from(d.admitted && others_owe);
     }

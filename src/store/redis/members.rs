@@ -62,7 +62,11 @@ impl RedisMembers {
 }
 
 impl Membership for RedisMembers {
-    fn beat<'a>(&'a self, id: &'a str, lease: Duration) -> BoxFuture<'a, Result<Roster, StoreError>> {
+    fn beat<'a>(
+        &'a self,
+        id: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Roster, StoreError>> {
         Box::pin(self.beat_now(id, lease))
     }
 }

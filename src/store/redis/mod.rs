@@ -18,10 +18,10 @@ mod settings;
 mod standalone;
 
 pub use board::{board_key, RedisBoard};
-pub use members::RedisMembers;
 use cluster::Cluster;
 use codec::{decide_script, Call, ScriptTime};
 use conn::Conn;
+pub use members::RedisMembers;
 use settings::is_tls;
 pub use settings::{
     redact_url, RedisKind, RedisSettings, RedisTlsSettings, SentinelSettings, DEFAULT_POOL_SIZE,
