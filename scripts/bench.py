@@ -86,7 +86,7 @@ def limitador_binary():
     return out
 
 
-def start_server(system, store, redis_port, variants):
+def start_server(system, store, redis_port, variants, envs=None):
     port, http = free_port(), free_port()
     env = dict(os.environ)
     if system == "sluice" or system in variants:
@@ -94,6 +94,7 @@ def start_server(system, store, redis_port, variants):
                     "PORT": str(http), "LOG_LEVEL": "warn"})
         if store == "redis":
             env["REDIS_URL"] = f"127.0.0.1:{redis_port}"
+        env.update((envs or {}).get(system, {}))
         binary = variants.get(system, SLUICE)
         cmd = [binary, "serve", "--config", CONFIG_DIR[0]]
     elif system == "limitador":
@@ -124,7 +125,7 @@ def run_one(system, workload, args, tmp):
     redis_port = 0
     if args.store == "redis" and system != "floor":
         redis, redis_port = start_redis(tmp)
-    server, port = start_server(system, args.store, redis_port, args.variant_map)
+    server, port = start_server(system, args.store, redis_port, args.variant_map, args.env_map)
     try:
         bench(port, workload, args, args.warmup)  # connections, scripts, allocator warm
         s0 = cpu_seconds(server.pid)
@@ -173,8 +174,17 @@ def main():
     p.add_argument("--config", help="sluice rules directory for every sluice variant")
     p.add_argument("--variant", action="append", default=[],
                    help="NAME=PATH: another sluice binary to run as system NAME (list it in --systems)")
+    p.add_argument("--env", action="append", default=[],
+                   help="NAME:KEY=VALUE: an environment variable for variant NAME, e.g. "
+                        "local:FAILURE_MODE=local, down:REDIS_URL=127.0.0.1:9 (nothing listens: "
+                        "every decision local), mem:REDIS_URL= (the memory store)")
     args = p.parse_args()
     args.variant_map = dict(v.split("=", 1) for v in args.variant)
+    args.env_map = {}
+    for e in args.env:
+        name, kv = e.split(":", 1)
+        key, value = kv.split("=", 1)
+        args.env_map.setdefault(name, {})[key] = value
     if args.config:
         CONFIG_DIR[0] = args.config
     systems = args.systems.split(",")

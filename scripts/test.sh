@@ -77,7 +77,8 @@ python3 scripts/check_structure.py
 echo "==> docs: README at most 300 lines, every relative link resolves (scripts/check_docs.py)"
 python3 scripts/check_docs.py
 echo "==> cargo test"
-cargo test --all-targets -- --skip cases::local_mode
+cargo test --lib --bins --tests -- --skip cases::local_mode
+cargo test --benches
 # FAILURE_MODE=local through Envoy: Envoy's real 20 ms deadline does the timing there, so these
 # run after the rest, one at a time, with the machine to themselves (the same build).
 echo "==> cargo test: deciding locally through Envoy (tests/cases/local_mode.rs), one at a time"
