@@ -331,6 +331,32 @@ async fn local_decisions(rig: &Rig) -> f64 {
     n
 }
 
+/// When answers were 500s: when they were sent, whether Envoy timed the call out or sluice
+/// answered an error, and what the replicas logged (what a failure needs to be understood).
+async fn report_late(name: &str, rig: &Rig, a: &Answers) {
+    let late: Vec<f64> = a
+        .hot
+        .iter()
+        .chain(&a.fresh)
+        .filter(|(_, s, _)| *s == 500)
+        .map(|(t, _, _)| *t)
+        .collect();
+    if late.is_empty() {
+        return;
+    }
+    eprintln!("{name}: 500s sent at {late:?} s into the window");
+    let (_, stats) = http(rig.envoy.admin, "GET", "/stats", "").await;
+    for l in stats.lines().filter(|l| {
+        l.starts_with("cluster.sluice.")
+            && (l.contains("timeout") || l.contains(".grpc.") || l.contains("rq_error"))
+    }) {
+        eprintln!("{name}: envoy {l}");
+    }
+    for (replica, s) in [("a", &rig.a), ("b", &rig.b)] {
+        eprintln!("{name}: replica {replica} logged:\n{}", s.log());
+    }
+}
+
 /// No answer missed Envoy's deadline, and the limits held within the bound.
 async fn assert_within_bound(name: &str, rig: &Rig, a: &Answers) {
     eprintln!(
@@ -342,16 +368,7 @@ async fn assert_within_bound(name: &str, rig: &Rig, a: &Answers) {
         a.status_count(500),
         local_decisions(rig).await
     );
-    let late: Vec<f64> = a
-        .hot
-        .iter()
-        .chain(&a.fresh)
-        .filter(|(_, s, _)| *s == 500)
-        .map(|(t, _, _)| *t)
-        .collect();
-    if !late.is_empty() {
-        eprintln!("{name}: 500s sent at {late:?} s into the window");
-    }
+    report_late(name, rig, a).await;
     assert_eq!(a.status_count(500), 0, "{name}: 500s");
     assert_eq!(
         rig.envoy.stat("cluster.backend.ratelimit.error").await,
@@ -437,6 +454,7 @@ async fn outages_through_envoy_are_answered_in_time_within_the_bound_and_written
     );
     // 2. Killed and restarted empty: in time; the empty Redis gets the outage's usage back
     // (the fresh key's whole usage; the hot key's from the kill on).
+    report_late("killed", &r2, &a2).await;
     assert_eq!(a2.status_count(500), 0, "killed: 500s");
     assert_eq!(r2.envoy.stat("cluster.backend.ratelimit.error").await, 0);
     let fresh2 = Answers::admitted(&a2.fresh, 0.0) as u64;

@@ -87,6 +87,9 @@ async fn run(n: u32, limit: u32, demand: Vec<u32>, before: usize, during: usize,
     // The replicas' suspicion of the store ends. Each writes back before its own next store
     // decision; until every replica has, the store may admit what the others still owe (w).
     clock.advance(Duration::from_secs(2));
+    for r in &s.replicas {
+        r.probe_now().await;
+    }
     let mut w = 0u32;
     for _ in 0..after {
         let r = stream.next().unwrap_or(0);
