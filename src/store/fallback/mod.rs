@@ -196,7 +196,7 @@ impl Shared {
     /// Whether the request goes straight to the local decision: the store is down (until a
     /// probe answers), or on Cluster the slot of one of its counters failed or hung less than
     /// `retry_every` ago (there a request tries the slot again: one slot cannot be probed).
-    fn skip_store(&self, checks: &[LimitCheck], now_us: u64) -> bool {
+    fn skip_store(&self, checks: &[LimitCheck]) -> bool {
         if self.suspect() {
             return true;
         }
@@ -204,11 +204,14 @@ impl Shared {
             return false;
         }
         let tags = self.suspect_tags.lock().unwrap_or_else(|e| e.into_inner());
-        !tags.is_empty()
-            && checks.iter().any(|c| {
-                tags.get(&self.tag(&c.key))
-                    .is_some_and(|&until| now_us < until)
-            })
+        if tags.is_empty() {
+            return false;
+        }
+        let now_us = self.now_us();
+        checks.iter().any(|c| {
+            tags.get(&self.tag(&c.key))
+                .is_some_and(|&until| now_us < until)
+        })
     }
 
     /// A counter's hash tag, hashed (what decides its Cluster slot: the domain, and the first
@@ -482,7 +485,7 @@ impl Shared {
                 record: true,
                 stop_over: false,
             };
-            if self.skip_store(std::slice::from_ref(&like), now_us) {
+            if self.skip_store(std::slice::from_ref(&like)) {
                 continue;
             }
             let Ok(Some(send)) = self.ledger.take(&like.key, now_us) else {
@@ -576,18 +579,16 @@ impl CounterStore for LocalFallback {
     ) -> BoxFuture<'_, Result<Decision, StoreError>> {
         Box::pin(async move {
             let s = &self.shared;
-            let now_us = s.now_us();
-            if s.skip_store(&checks, now_us)
-                || s.outstanding.load(Ordering::Relaxed) >= MAX_OUTSTANDING
-            {
-                return Ok(s.decide_locally(&checks, now_us).await);
+            if s.skip_store(&checks) || s.outstanding.load(Ordering::Relaxed) >= MAX_OUTSTANDING {
+                return Ok(s.decide_locally(&checks, s.now_us()).await);
             }
             let give_up = s.give_up_at(deadline);
             if !s.ledger.is_empty() && !s.settle(&checks, give_up).await {
                 return Ok(s.decide_locally(&checks, s.now_us()).await);
             }
-            // Shared with the call, which outlives this request if the store answers late.
-            let checks: Arc<[LimitCheck]> = Arc::from(checks);
+            // Shared with the call, which outlives this request if the store answers late
+            // (the list moves behind the `Arc`; its checks are not copied).
+            let checks = Arc::new(checks);
             let owned = Arc::clone(&checks);
             let inner = Arc::clone(&s.inner);
             let mut call = Box::pin(async move { inner.decide(&owned).await });
