@@ -616,7 +616,15 @@ async fn failovers_through_envoy_keep_the_limits_and_the_written_back_usage() {
         .iter()
         .filter(|(_, _, r)| !r.is_some_and(|r| exact.contains(&r)))
         .count();
-    eprintln!("cluster failover: {local} of {n} answers for a key on another master were local");
+    let when: Vec<f64> = elsewhere
+        .iter()
+        .filter(|(_, _, r)| !r.is_some_and(|r| exact.contains(&r)))
+        .map(|(t, _, _)| *t)
+        .collect();
+    eprintln!(
+        "cluster failover: {local} of {n} answers for a key on another master were local \
+         (sent at {when:?} s into the window)"
+    );
     assert!(
         local <= 12,
         "{local} of {n} decided locally on a healthy master"

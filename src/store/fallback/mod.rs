@@ -12,6 +12,7 @@
 mod alarm;
 mod ledger;
 mod shares;
+mod write_back;
 
 pub use ledger::Ledger;
 pub use shares::{Learned, Roster, Shares};
@@ -48,8 +49,6 @@ pub const DEFAULT_PATIENCE: Duration = Duration::from_secs(60);
 /// Store calls still running after their caller was answered locally: past this many, requests
 /// are decided locally without asking the store (bounded memory while the store hangs).
 const MAX_OUTSTANDING: usize = 4096;
-/// Counters the background task writes back per tick.
-const WRITE_BACK_PER_TICK: usize = 1024;
 /// How often the replica beats, and its lease (three beats).
 const BEAT_EVERY: Duration = Duration::from_secs(1);
 /// How often a store that is down is probed.
@@ -375,130 +374,6 @@ impl Shared {
                 written_back = self.tallies.write_backs.get(),
                 "deciding on the store again: every local decision is written back"
             );
-        }
-    }
-
-    /// A store call that answered after its caller was answered locally: what it charged is
-    /// already in the store, so it is taken off the debt.
-    fn reconcile(&self, checks: &[LimitCheck], d: &Decision) {
-        let now_us = self.now_us();
-        let allowed: Vec<bool> = d.outcomes.iter().map(|o| o.allowed).collect();
-        for (c, was) in checks.iter().zip(charged(checks, &allowed, d.admitted)) {
-            if was && c.hits > 0 {
-                let hits = i64::try_from(c.hits).unwrap_or(i64::MAX);
-                let hits = if c.refund { hits } else { -hits };
-                self.ledger
-                    .add(&c.key, hits, Self::until_us(c, now_us), now_us);
-            }
-        }
-        // Not learned from: it predates the local decisions made meanwhile, and a share of
-        // what it says was left would admit them a second time.
-    }
-
-    /// Writes back what the request's counters owe before the store decides them; false if it
-    /// could not (the request is then decided locally).
-    async fn settle(&self, checks: &[LimitCheck], give_up: Instant) -> bool {
-        for (i, c) in checks.iter().enumerate() {
-            if checks[..i].iter().any(|p| p.key == c.key) {
-                continue;
-            }
-            match self.ledger.take(&c.key, self.now_us()) {
-                Ok(None) => {}
-                Err(ledger::Busy::Sending) => return false,
-                Ok(Some(send)) => {
-                    if !self.send(send, give_up).await {
-                        return false;
-                    }
-                }
-            }
-        }
-        true
-    }
-
-    /// One write-back: the counter records (or gives back) the owed hits, once per token.
-    async fn send(&self, send: ledger::Send, give_up: Instant) -> bool {
-        let check = LimitCheck {
-            key: send.key.clone(),
-            hits: send.amount.unsigned_abs(),
-            refund: send.amount < 0,
-            shadow: false,
-            quota: false,
-            record: true,
-            stop_over: false,
-        };
-        let token = format!("{}-{}", self.id, send.token);
-        let now_us = self.now_us();
-        // The guard outlives every retry: the window, and a minute for clocks that disagree.
-        let ttl =
-            Duration::from_micros(send.until_us.saturating_sub(now_us)) + Duration::from_secs(60);
-        let checks = [check];
-        let r = tokio::time::timeout_at(give_up, self.inner.write_back(&checks, &token, ttl)).await;
-        match r {
-            Ok(Ok(())) => {
-                self.ledger.confirm(&send);
-                self.tallies.write_backs.add(1);
-                true
-            }
-            Ok(Err(e)) => {
-                self.ledger.fail(&send);
-                self.tallies.write_back_failures.add(1);
-                if matches!(e, StoreError::Transient(_)) {
-                    self.suspect_now(&checks, self.now_us());
-                }
-                false
-            }
-            Err(_) => {
-                self.ledger.fail(&send);
-                self.tallies.write_back_failures.add(1);
-                self.suspect_now(&checks, self.now_us());
-                false
-            }
-        }
-    }
-
-    /// While the store is down, asks it (a PING through the breaker, which it also closes)
-    /// once `retry_every` has passed since it last failed; requests use it again once it
-    /// answers.
-    async fn probe(&self) {
-        if !self.suspect() || self.now_us() < self.suspect_until_us.load(Ordering::Relaxed) {
-            return;
-        }
-        let answered = tokio::time::timeout(self.settings.budget, self.inner.probe()).await;
-        if answered == Ok(true) {
-            self.down.store(false, Ordering::Relaxed);
-        }
-    }
-
-    /// The background write-back: counters nobody asks about again are written back too.
-    async fn write_back_all(&self) {
-        if self.ledger.is_empty() || self.suspect() {
-            return;
-        }
-        for key in self.ledger.keys(WRITE_BACK_PER_TICK) {
-            let now_us = self.now_us();
-            let like = LimitCheck {
-                key,
-                hits: 0,
-                refund: false,
-                shadow: false,
-                quota: false,
-                record: true,
-                stop_over: false,
-            };
-            if self.skip_store(std::slice::from_ref(&like)) {
-                continue;
-            }
-            let Ok(Some(send)) = self.ledger.take(&like.key, now_us) else {
-                continue;
-            };
-            let give_up = Instant::now() + self.settings.budget;
-            // One store down: the rest waits for the next tick. One slot down: the others go on.
-            if !self.send(send, give_up).await && self.settings.whole_store {
-                return;
-            }
-        }
-        if self.settled() && !self.suspect() {
-            self.end_episode();
         }
     }
 }
