@@ -30,6 +30,9 @@ descriptors:
       - key: path
         value: /api/fresh
         rate_limit: {unit: minute, requests_per_unit: 100}
+      - key: path
+        value: /api/warm
+        rate_limit: {unit: minute, requests_per_unit: 100000}
   - key: user
     rate_limit: {unit: minute, requests_per_unit: 5}
 ";
@@ -105,6 +108,13 @@ async fn rig_on(store: &[(&str, &str)]) -> Rig {
             metric(s, "sluice_local_replicas").await == Some(2.0)
         })
         .await;
+    }
+    // Warm before the window: Envoy's rate-limit client and both replicas have served a call
+    // and loaded the script (a process's first call, on the debug build, costs milliseconds the
+    // window's first requests, sent by four rigs at once, must not pay against 20 ms).
+    for _ in 0..6 {
+        let (status, _) = envoy.get("/api/warm", &[("x-tenant", "warmup")]).await;
+        assert_eq!(status, 200, "a warm-up call through Envoy");
     }
     Rig {
         a,
@@ -599,11 +609,9 @@ async fn failovers_through_envoy_keep_the_limits_and_the_written_back_usage() {
         held + 5 >= hot && held <= hot,
         "cluster: hot counter {held} of {hot}"
     );
-    // A key on another master is decided on the store: its answers count down one by one.
-    // Not all of them: while the Cluster client rebuilds its slot map after the master died,
-    // every slot's calls wait behind it (redis-rs holds them in its one connection task), and
-    // the few that miss the deadline are decided locally, within the share. Known and stated
-    // in docs/redis.md; the count is printed and bounded here, and the counter is still whole.
+    // A key on another master is decided on the store throughout: its answers count down one
+    // by one (the cluster runs with `cluster-require-full-coverage no`, so the other masters
+    // keep serving while the dead one's replica takes over).
     let elsewhere = lock(&elsewhere);
     let n = elsewhere.len() as u32;
     assert_eq!(
@@ -611,23 +619,23 @@ async fn failovers_through_envoy_keep_the_limits_and_the_written_back_usage() {
         n,
         "all admitted (600/min)"
     );
-    let exact: std::collections::BTreeSet<u32> = ((600 - n)..600).collect();
-    let local = elsewhere
+    let mut by_time: Vec<&Answer> = elsewhere.iter().collect();
+    by_time.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // The store's own count down, one per answer: 599, 598, ... in the order they were sent.
+    let off: Vec<(f64, Option<u32>)> = by_time
         .iter()
-        .filter(|(_, _, r)| !r.is_some_and(|r| exact.contains(&r)))
-        .count();
-    let when: Vec<f64> = elsewhere
-        .iter()
-        .filter(|(_, _, r)| !r.is_some_and(|r| exact.contains(&r)))
-        .map(|(t, _, _)| *t)
+        .zip((0..600u32).rev())
+        .filter(|((_, _, r), want)| *r != Some(*want))
+        .map(|((t, _, r), _)| (*t, *r))
         .collect();
     eprintln!(
-        "cluster failover: {local} of {n} answers for a key on another master were local \
-         (sent at {when:?} s into the window)"
+        "cluster failover: {} of {n} answers for a key on another master were not the store's \
+         count down {off:?}",
+        off.len()
     );
     assert!(
-        local <= 12,
-        "{local} of {n} decided locally on a healthy master"
+        off.is_empty(),
+        "decided other than on a healthy master: {off:?}"
     );
     assert_eq!(
         cluster_count(&c, &other, "/api/hot"),

@@ -515,12 +515,16 @@ impl RedisCluster {
     }
 
     /// Three masters and three replicas (one per master), failing over fast: a master that
-    /// stops answering for 1 s is replaced by its replica. For failover tests.
+    /// stops answering for 1 s is replaced by its replica. For failover tests. The other
+    /// masters keep serving their slots meanwhile (`cluster-require-full-coverage no`: by
+    /// default, once a master is marked failed, every node answers CLUSTERDOWN for every slot
+    /// until its replica is promoted).
     pub fn start_replicated() -> Self {
         let mut node_args: Vec<String> = CLUSTER_NODE_ARGS.iter().map(|s| s.to_string()).collect();
         if let Some(t) = node_args.iter_mut().find(|a| *a == "5000") {
             *t = "1000".into();
         }
+        node_args.extend(["--cluster-require-full-coverage".into(), "no".into()]);
         let mut failures = Vec::new();
         for attempt in 1..=CLUSTER_ATTEMPTS {
             let cluster = Self {
