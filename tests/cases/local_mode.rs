@@ -112,10 +112,17 @@ async fn rig_on(store: &[(&str, &str)]) -> Rig {
     // Warm before the window: Envoy's rate-limit client and both replicas have served a call
     // and loaded the script (a process's first call, on the debug build, costs milliseconds the
     // window's first requests, sent by four rigs at once, must not pay against 20 ms).
-    for _ in 0..6 {
+    // Until six calls in a row are answered in time (a cold call may not be: that is what
+    // warming is for), at most 60 calls.
+    let mut in_a_row = 0;
+    for _ in 0..60 {
         let (status, _) = envoy.get("/api/warm", &[("x-tenant", "warmup")]).await;
-        assert_eq!(status, 200, "a warm-up call through Envoy");
+        in_a_row = if status == 200 { in_a_row + 1 } else { 0 };
+        if in_a_row == 6 {
+            break;
+        }
     }
+    assert_eq!(in_a_row, 6, "warm-up calls through Envoy answered in time");
     Rig {
         a,
         b,
@@ -431,21 +438,7 @@ async fn outages_through_envoy_are_answered_in_time_within_the_bound_and_written
         unix() < start + Duration::from_secs(60),
         "the run left its window"
     );
-    let start = next_minute();
-    let (a3, a4) = tokio::join!(
-        window(
-            &r3,
-            Some(Arc::clone(&slow)),
-            Fault::Hold(Arc::clone(&proxy)),
-            start
-        ),
-        window(&r4, Some(Arc::clone(&flapping)), Fault::Flap, start),
-    );
-    assert!(
-        unix() < start + Duration::from_secs(60),
-        "the run left its window"
-    );
-    tokio::join!(settled(&r1), settled(&r2), settled(&r3), settled(&r4));
+    tokio::join!(settled(&r1), settled(&r2));
 
     // 1. Frozen 20 s: in time, within the bound.
     assert_within_bound("frozen", &r1, &a1).await;
@@ -489,6 +482,23 @@ async fn outages_through_envoy_are_answered_in_time_within_the_bound_and_written
         (hot_after_kill..=hot_after_kill + 2).contains(&hot2),
         "killed: the restarted Redis holds {hot2} of the {hot_after_kill} admitted from the kill on"
     );
+
+    // The second window: its counters are read right after it, before they expire.
+    let start = next_minute();
+    let (a3, a4) = tokio::join!(
+        window(
+            &r3,
+            Some(Arc::clone(&slow)),
+            Fault::Hold(Arc::clone(&proxy)),
+            start
+        ),
+        window(&r4, Some(Arc::clone(&flapping)), Fault::Flap, start),
+    );
+    assert!(
+        unix() < start + Duration::from_secs(60),
+        "the run left its window"
+    );
+    tokio::join!(settled(&r3), settled(&r4));
 
     // 3. Slower than every deadline: in time, and the store's counters equal what was admitted.
     assert_within_bound("slow", &r3, &a3).await;
