@@ -33,6 +33,8 @@ TICK = os.sysconf("SC_CLK_TCK")
 # The sluice rules every sluice variant serves (`--config` changes it, e.g. for an older build
 # that does not know a newer key).
 CONFIG_DIR = [os.path.join(ROOT, "config", "bench", "sluice")]
+# `--workers`: WORKER_THREADS of every sluice variant (0: sluice's default, one per CPU).
+WORKERS = [0]
 
 WORKLOADS = {
     # name: (domain, descriptor templates)
@@ -94,6 +96,8 @@ def start_server(system, store, redis_port, variants, envs=None):
                     "PORT": str(http), "LOG_LEVEL": "warn"})
         if store == "redis":
             env["REDIS_URL"] = f"127.0.0.1:{redis_port}"
+        if WORKERS[0]:
+            env["WORKER_THREADS"] = str(WORKERS[0])
         env.update((envs or {}).get(system, {}))
         binary = variants.get(system, SLUICE)
         cmd = [binary, "serve", "--config", CONFIG_DIR[0]]
@@ -113,7 +117,8 @@ def bench(port, workload, args, duration):
     domain, descriptors = WORKLOADS[workload]
     cmd = [SLUICE, "bench", "--target", f"http://127.0.0.1:{port}", "--domain", domain,
            "--consumers", str(args.consumers), "--concurrency", str(args.concurrency),
-           "--connections", str(args.connections), "--duration", f"{duration}s", "--json"]
+           "--connections", str(args.connections), "--duration", f"{duration}s",
+           "--rate", str(args.rate), "--json"]
     for d in descriptors:
         cmd += ["--descriptor", d]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -168,6 +173,13 @@ def main():
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--connections", type=int, default=4)
     p.add_argument("--consumers", type=int, default=10000)
+    p.add_argument("--rate", type=int, default=0,
+                   help="open loop: requests per second on a fixed schedule, the same work for "
+                        "every system (0: closed loop, as fast as each answers)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="WORKER_THREADS of every sluice variant. With 2 threads, how the "
+                        "connections happen to fall on them changes CPU per decision by up to "
+                        "30 %% from run to run; 1 removes that from an A/B of two builds")
     p.add_argument("--json", help="also write every run to this file")
     p.add_argument("--stat", choices=["mean", "median"], default="mean",
                    help="how the rounds of one system are summarised")
@@ -185,6 +197,7 @@ def main():
         name, kv = e.split(":", 1)
         key, value = kv.split("=", 1)
         args.env_map.setdefault(name, {})[key] = value
+    WORKERS[0] = args.workers
     if args.config:
         CONFIG_DIR[0] = args.config
     systems = args.systems.split(",")
@@ -203,7 +216,7 @@ def main():
                           f"slowlog {r.get('redis_slowlog', '-')}", flush=True)
     print()
     print(f"store={args.store}  concurrency={args.concurrency}  connections={args.connections}  "
-          f"consumers={args.consumers}  {args.duration}s x {args.rounds} rounds ({args.stat}s)")
+          f"consumers={args.consumers}  rate={args.rate or 'closed loop'}  {args.duration}s x {args.rounds} rounds ({args.stat}s)")
     keys = [("decisions_per_s", "decisions/s"), ("p99_us", "p99 us"),
             ("server_cpu_us", "server CPU us/decision"), ("redis_cpu_us", "Redis CPU us/decision")]
     for workload in args.workloads.split(","):

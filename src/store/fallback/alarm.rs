@@ -35,6 +35,8 @@ struct Queue {
     /// Milliseconds since `base` → the requests due then.
     due: Mutex<BTreeMap<u64, Vec<oneshot::Sender<()>>>>,
     queued: AtomicUsize,
+    /// Times the task woke to ring (what the pruning saves is visible in tests).
+    wakes: AtomicUsize,
     /// Wakes the task when a deadline earlier than every queued one arrives.
     sooner: Notify,
     base: Instant,
@@ -65,6 +67,7 @@ impl Alarms {
         let shared = Arc::new(Queue {
             due: Mutex::new(BTreeMap::new()),
             queued: AtomicUsize::new(0),
+            wakes: AtomicUsize::new(0),
             sooner: Notify::new(),
             base: Instant::now(),
         });
@@ -113,16 +116,34 @@ impl Queue {
     fn instant_of(&self, tick: u64) -> Instant {
         self.base + Duration::from_millis(tick)
     }
+
+    /// Drops the entries of requests already answered from the front of the queue and returns
+    /// the earliest tick with a request still waiting. Almost every request is answered long
+    /// before its deadline: without this the task would wake once a millisecond under load to
+    /// ring nobody; with it, it sleeps until the oldest request still waiting is due (about a
+    /// deadline's length, less the store's answer time). Each entry is looked at once here.
+    fn prune_answered(&self) -> Option<u64> {
+        let mut due = self.due.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let mut first = due.first_entry()?;
+            let waiting = first.get_mut();
+            let before = waiting.len();
+            waiting.retain(|tx| !tx.is_closed());
+            self.queued
+                .fetch_sub(before - waiting.len(), Ordering::Relaxed);
+            if !waiting.is_empty() {
+                return Some(*first.key());
+            }
+            first.remove();
+        }
+    }
 }
 
 /// Sleeps until the earliest queued tick (or until a sooner one is queued) and fires every
 /// request due by then.
 async fn fire(q: Arc<Queue>) {
     loop {
-        let first = {
-            let due = q.due.lock().unwrap_or_else(|e| e.into_inner());
-            due.first_key_value().map(|(&t, _)| t)
-        };
+        let first = q.prune_answered();
         let Some(first) = first else {
             q.sooner.notified().await;
             continue;
@@ -140,6 +161,7 @@ async fn fire(q: Arc<Queue>) {
             let later = due.split_off(&now_tick.saturating_add(1));
             std::mem::replace(&mut *due, later)
         };
+        q.wakes.fetch_add(1, Ordering::Relaxed);
         for tx in fired.into_values().flatten() {
             q.queued.fetch_sub(1, Ordering::Relaxed);
             // The request was answered already (its receiver dropped): nothing to ring.
@@ -210,6 +232,25 @@ mod tests {
         }
         assert_eq!(alarms.shared.queued.load(Ordering::Relaxed), 100);
         alarms.at(t0 + Duration::from_millis(8)).ring().await;
+        assert_eq!(alarms.shared.queued.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn answered_requests_never_wake_the_task() {
+        let alarms = Alarms::start();
+        let t0 = Instant::now();
+        // A millisecond's worth of requests for each of 10 ms, all answered but the last one.
+        for ms in 1..=10u64 {
+            for _ in 0..100 {
+                drop(alarms.at(t0 + Duration::from_millis(ms)));
+            }
+        }
+        let last = alarms.at(t0 + Duration::from_millis(10));
+        assert_eq!(alarms.shared.queued.load(Ordering::Relaxed), 1001);
+        last.ring().await;
+        assert!(Instant::now() - t0 >= Duration::from_millis(9));
+        // One wake-up, for the one request still waiting: not one per millisecond queued.
+        assert_eq!(alarms.shared.wakes.load(Ordering::Relaxed), 1);
         assert_eq!(alarms.shared.queued.load(Ordering::Relaxed), 0);
     }
 }
