@@ -87,6 +87,7 @@ fn benches(c: &mut Criterion) {
                     quota: false,
                     record: false,
                     stop_over: false,
+                    lease: None,
                 },
                 LimitCheck {
                     key: counter(n),
@@ -96,6 +97,7 @@ fn benches(c: &mut Criterion) {
                     quota: false,
                     record: false,
                     stop_over: false,
+                    lease: None,
                 },
             ];
             rt.block_on(store.decide(black_box(&checks)))

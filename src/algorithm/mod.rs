@@ -8,7 +8,9 @@
 use crate::config::Algorithm;
 use std::time::Duration;
 
+mod in_flight;
 mod log;
+pub use in_flight::{in_flight, Lease, Slots};
 pub use log::Log;
 
 /// A limit as the math sees it.
@@ -40,6 +42,8 @@ pub enum State {
     /// token_bucket: the theoretical arrival time (GCRA's TAT), `tat + frac / limit`
     /// microseconds, so `period / limit` is added exactly whatever the rate.
     Bucket { tat: u64, frac: u64 },
+    /// in_flight: the slots held (boxed, as the log).
+    Slots(Box<Slots>),
 }
 
 /// What one limit says about one request.
@@ -110,6 +114,15 @@ pub fn decide(
         Algorithm::SlidingWindow => sliding_window(state, now, p, hits, mode),
         Algorithm::SlidingLog => sliding_log(state, now, p, hits, mode),
         Algorithm::TokenBucket => token_bucket(state, now, p, hits, mode),
+        // Without a request id: whether a slot is free (the store passes ids to `in_flight`).
+        Algorithm::InFlight => {
+            let slots = match state {
+                Some(State::Slots(s)) => Some(&**s),
+                _ => None,
+            };
+            let (o, s) = in_flight(slots, now, p, Lease::Check);
+            (o, State::Slots(Box::new(s)))
+        }
     }
 }
 
@@ -550,6 +563,7 @@ pub fn expires_at(state: &State, p: LimitParams) -> u64 {
         State::Sliding { window_start, .. } => window_start + 2 * p.period_us,
         State::Log(l) => log_expires_at(l, p),
         State::Bucket { tat, frac } => tat + u64::from(*frac > 0),
+        State::Slots(s) => s.expires_at(),
     }
 }
 

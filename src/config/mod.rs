@@ -11,7 +11,10 @@ mod yaml;
 #[cfg(test)]
 mod tests;
 
-pub use load::{fingerprint, load_path, load_sources, ConfigError, ConfigErrors, LoadOptions};
+pub use load::{
+    fingerprint, load_path, load_sources, ConfigError, ConfigErrors, LoadOptions, MAX_IN_FLIGHT,
+    MAX_LEASE_ID_BYTES,
+};
 pub use xds::load_xds;
 
 use std::collections::HashMap;
@@ -108,6 +111,10 @@ pub enum Algorithm {
     SlidingLog,
     /// GCRA (the redis-cell math): one stored value, smooth rate with a burst allowance.
     TokenBucket,
+    /// `in_flight`: not a rate but requests holding a slot, `requests_per_unit` slots, each
+    /// held until its request's stream-done call frees it or its lease (`period`) ends. Never
+    /// written as `algorithm:`; a descriptor's `in_flight` block makes it.
+    InFlight,
 }
 
 impl Algorithm {
@@ -128,6 +135,8 @@ impl Algorithm {
             Algorithm::SlidingWindow => ("sliding_window", 1, "sw"),
             Algorithm::SlidingLog => ("sliding_log", 2, "slw"),
             Algorithm::TokenBucket => ("token_bucket", 3, "tb"),
+            // Decided by its own branch of the script, not by the algorithm code.
+            Algorithm::InFlight => ("in_flight", 0, "if"),
         }
     }
 
@@ -291,6 +300,17 @@ pub struct DescriptorNode {
     /// `metadata`: returned to Envoy for a descriptor this node passed, with
     /// `RESPONSE_DYNAMIC_METADATA`.
     pub metadata: Option<Arc<prost_types::Struct>>,
+    /// `in_flight`'s entry names: a descriptor one entry longer than this node, ending in one
+    /// of them, is this node's, that entry naming the request (not part of the counter).
+    pub lease_keys: Option<LeaseKeys>,
+}
+
+/// The names of the trailing entry that names a request on a lease limit (`in_flight`): the
+/// request-time call carries `id_key`, the stream-done call `done_key`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseKeys {
+    pub id_key: String,
+    pub done_key: String,
 }
 
 /// The nodes of one `descriptors` list, indexed for the per-level lookup order: exact key+value,

@@ -24,6 +24,18 @@ pub struct Matched<'a> {
     /// `value_to_metric`, and every level carries the request's value when the last node says
     /// `detailed_metric`.
     pub stat_key: String,
+    /// The trailing entry that names the request on the node's `in_flight` limit, if the
+    /// descriptor has one.
+    pub lease: Option<LeaseEntry>,
+}
+
+/// A descriptor's trailing request entry on a lease node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseEntry {
+    /// The entry was the node's `done_key` (the stream-done call), not its `id_key`.
+    pub release: bool,
+    /// The request id: the entry's value.
+    pub id: String,
 }
 
 /// Finds the node for one level: exact, then the first wildcard (file order), then the bare key.
@@ -52,7 +64,8 @@ where
     let mut counter_entries = Vec::with_capacity(last + 1);
     let mut ancestors = Vec::new();
     let mut segments: Vec<(&'a DescriptorNode, &'e str)> = Vec::with_capacity(last + 1);
-    for (i, (key, value)) in entries.enumerate() {
+    let mut entries = entries.enumerate().peekable();
+    while let Some((i, (key, value))) = entries.next() {
         let node = find_in_level(level, key, value)?;
         segments.push((node, value));
         let counted_value = match &node.value {
@@ -60,12 +73,24 @@ where
             _ => value.to_string(),
         };
         counter_entries.push((key.to_string(), counted_value));
-        if i == last {
+        // A lease node's descriptor ends in one more entry naming the request (`in_flight`'s
+        // `id_key` or `done_key`): it is this node's, and that entry keys no counter.
+        let lease = match (i + 1 == last, &node.lease_keys, entries.peek()) {
+            (true, Some(keys), Some(&(_, (k, id)))) if k == keys.id_key || k == keys.done_key => {
+                Some(LeaseEntry {
+                    release: k == keys.done_key,
+                    id: id.to_string(),
+                })
+            }
+            _ => None,
+        };
+        if i == last || lease.is_some() {
             return Some(Matched {
                 node,
                 counter_entries,
                 ancestors,
                 stat_key: stat_key(&segments, node.detailed_metric),
+                lease,
             });
         }
         // A request deeper than the config matches nothing.

@@ -3,11 +3,13 @@
 //! checks the store decides together. Pure: no I/O, no clock.
 
 use super::{RequestError, ServiceOptions};
-use crate::config::{Counting, DomainRules, Limit, Quota, RuleSet, Unit};
+use crate::config::{
+    Algorithm, Counting, DomainRules, Limit, Quota, RuleSet, Unit, MAX_LEASE_ID_BYTES,
+};
 use crate::proto::envoy::r#type::v3::RateLimitUnit;
 use crate::proto::{rate_limit_descriptor, RateLimitDescriptor, RateLimitRequest};
 use crate::rules;
-use crate::store::{CounterKey, LimitCheck};
+use crate::store::{CounterKey, LeaseCall, LimitCheck};
 use std::sync::Arc;
 
 /// What one descriptor resolved to.
@@ -70,6 +72,8 @@ struct Matching<'a> {
     stat_key: String,
     /// The matched node's config `metadata`.
     metadata: Option<Arc<prost_types::Struct>>,
+    /// The trailing entry naming the request on the node's `in_flight` limit.
+    lease: Option<rules::LeaseEntry>,
 }
 
 /// A limit before `replaces` is applied.
@@ -115,10 +119,21 @@ pub(super) fn plan(
     // Per descriptor: its counter entries and its candidate limits.
     let mut per_descriptor: Vec<Matching<'_>> = Vec::with_capacity(request.descriptors.len());
     for (i, d) in request.descriptors.iter().enumerate() {
-        per_descriptor.push(match &d.limit {
+        let matching = match &d.limit {
             Some(o) => override_matching(domain, i, d, o)?,
             None => config_matching(domain, d),
-        });
+        };
+        if let Some(l) = &matching.lease {
+            // Each id is kept with its counter while its slot is held: bounded here.
+            if l.id.len() > MAX_LEASE_ID_BYTES {
+                return Err(RequestError::Invalid(format!(
+                    "descriptors[{i}]: the request id entry is {} bytes; at most \
+                     {MAX_LEASE_ID_BYTES} are accepted",
+                    l.id.len()
+                )));
+            }
+        }
+        per_descriptor.push(matching);
     }
 
     // `replaces`: a matched limit named in another matched limit's `replaces` is dropped.
@@ -211,6 +226,7 @@ fn override_matching<'a>(
         candidates: vec![candidate],
         stat_key,
         metadata: None,
+        lease: None,
     })
 }
 
@@ -225,6 +241,7 @@ fn config_matching<'a>(domain: &'a DomainRules, d: &RateLimitDescriptor) -> Matc
             candidates: Vec::new(),
             stat_key: String::new(),
             metadata: None,
+            lease: None,
         };
     };
     let depth = m.counter_entries.len();
@@ -249,6 +266,7 @@ fn config_matching<'a>(domain: &'a DomainRules, d: &RateLimitDescriptor) -> Matc
         candidates,
         stat_key: m.stat_key,
         metadata: m.node.metadata.clone(),
+        lease: m.lease,
     }
 }
 
@@ -266,8 +284,19 @@ impl Plan {
             candidates,
             stat_key,
             metadata,
+            lease,
         } = matching;
-        let resolution = self.add_limits(entries, &candidates, charge, resource_checks);
+        let lease = lease.map(|l| LeaseCall {
+            id: Arc::from(l.id),
+            release: l.release,
+        });
+        let resolution = self.add_limits(
+            entries,
+            &candidates,
+            charge,
+            lease.as_ref(),
+            resource_checks,
+        );
         self.descriptors.push(PlannedDescriptor {
             resolution,
             stat_key,
@@ -282,6 +311,7 @@ impl Plan {
         entries: Vec<(String, String)>,
         candidates: &[Candidate<'_>],
         charge: &Charge<'_>,
+        lease: Option<&LeaseCall>,
         resource_checks: &mut Vec<usize>,
     ) -> Resolution {
         let live: Vec<&Candidate<'_>> = candidates
@@ -301,6 +331,11 @@ impl Plan {
             let Quota::Limited(limit) = c.quota else {
                 continue;
             };
+            let in_flight = limit.algorithm == Algorithm::InFlight;
+            // A stream-done call frees its slot; it charges none of the descriptor's rates.
+            if lease.is_some_and(|l| l.release) && !in_flight {
+                continue;
+            }
             let depth = c.depth.min(full.len());
             let key_entries = if depth == full.len() {
                 Arc::clone(&full)
@@ -325,8 +360,23 @@ impl Plan {
                 resource_checks.push(self.limits.len());
             }
             indexes.push(self.limits.len());
-            self.limits.push(PlannedLimit {
-                check: LimitCheck {
+            let check = if in_flight {
+                // A slot, whatever the hits: taken or freed once per request id; without an id,
+                // a check. A take is all or nothing in every counting (a slot is never taken
+                // past `max`); a free is applied whatever the verdict.
+                let release = lease.is_some_and(|l| l.release);
+                LimitCheck {
+                    key,
+                    hits: u64::from(lease.is_some()),
+                    refund: false,
+                    shadow: c.shadow || charge.options.global_shadow_mode,
+                    quota: !release && (c.quota_mode || charge.options.global_quota_mode),
+                    record: release,
+                    stop_over: false,
+                    lease: lease.cloned(),
+                }
+            } else {
+                LimitCheck {
                     key,
                     hits: charge.hits,
                     refund: charge.refund,
@@ -334,7 +384,11 @@ impl Plan {
                     quota: c.quota_mode || charge.options.global_quota_mode,
                     record: envoyproxy || c.record_usage,
                     stop_over: envoyproxy && charge.options.stop_increment_when_over,
-                },
+                    lease: None,
+                }
+            };
+            self.limits.push(PlannedLimit {
+                check,
                 name: c.name.unwrap_or_default().to_string(),
                 shadow: c.shadow,
             });

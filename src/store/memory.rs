@@ -18,7 +18,7 @@ use super::{
     charged, Admission, BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, StoreError,
     StoreSignals, Tally,
 };
-use crate::algorithm::{self, LimitParams, Log, Mode, Outcome, State};
+use crate::algorithm::{self, Lease, LimitParams, Log, Mode, Outcome, State};
 use crate::clock::Clock;
 use crate::config::Algorithm;
 use std::cmp::Reverse;
@@ -346,7 +346,7 @@ fn decide_in_place(
             (peek_log(counter, now, check), None)
         } else {
             let stored = counter.map(|c| &c.state);
-            let (o, s) = algorithm::decide(stored, now, p, check.hits, check.mode());
+            let (o, s) = decide_check(stored, now, check);
             (o, Some(s))
         };
         admission.add(check, outcome.allowed);
@@ -429,6 +429,32 @@ fn remaining_now(counter: Option<&mut Counter>, check: &LimitCheck, now: u64) ->
     }
 }
 
+/// One check on a stored state: its algorithm's math, with the request id for an `in_flight`
+/// slot.
+fn decide_check(state: Option<&State>, now: u64, check: &LimitCheck) -> (Outcome, State) {
+    let p = check.params();
+    match &check.lease {
+        Some(l) if p.algorithm == Algorithm::InFlight => {
+            let slots = match state {
+                Some(State::Slots(s)) => Some(&**s),
+                _ => None,
+            };
+            // Ids kept as keyed fingerprints (random per process): 16 bytes a slot whatever the
+            // id's length, and no id a client picks collides with another on purpose.
+            static IDS: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
+            let id = IDS.get_or_init(Default::default).hash_one(&*l.id);
+            let op = if l.release {
+                Lease::Free(id)
+            } else {
+                Lease::Take(id)
+            };
+            let (o, s) = algorithm::in_flight(slots, now, p, op);
+            (o, State::Slots(Box::new(s)))
+        }
+        _ => algorithm::decide(state, now, p, check.hits, check.mode()),
+    }
+}
+
 /// The state this request's earlier checks left for `fp`, if any.
 fn latest(pending: &[(Fingerprint, State)], fp: Fingerprint) -> Option<&State> {
     pending.iter().rev().find(|(f, _)| *f == fp).map(|(_, s)| s)
@@ -449,8 +475,7 @@ fn decide_on_copies(
     for (i, check) in checks.iter().enumerate() {
         let stored = guards[slot[i]].counters.get(fps[i]).map(|c| &c.state);
         let current = latest(&pending, fps[i]).or(stored);
-        let (outcome, next) =
-            algorithm::decide(current, now, check.params(), check.hits, check.mode());
+        let (outcome, next) = decide_check(current, now, check);
         admission.add(check, outcome.allowed);
         pending.push((fps[i], next));
         outcomes.push(outcome);
@@ -479,8 +504,7 @@ fn decide_on_copies(
                 continue;
             }
             let current = latest(&pending, fps[i]).or(stored);
-            let (_, next) =
-                algorithm::decide(current, now, check.params(), check.hits, check.mode());
+            let (_, next) = decide_check(current, now, check);
             pending.push((fps[i], next));
         }
     }

@@ -72,6 +72,20 @@ pub struct LimitCheck {
     /// envoyproxy's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (set on every check of such a
     /// request): if any recording check would exceed its limit, only those are charged.
     pub stop_over: bool,
+    /// On an `in_flight` limit: the request the descriptor's trailing id entry names, and
+    /// whether this is its stream-done call (which frees the slot) or its request-time call
+    /// (which takes one). `None` on other limits, and on an `in_flight` limit whose descriptor
+    /// names no request (a check: allowed while a slot is free).
+    pub lease: Option<LeaseCall>,
+}
+
+/// A request's own entry on an `in_flight` limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseCall {
+    /// The request id (at most `MAX_LEASE_ID_BYTES`).
+    pub id: Arc<str>,
+    /// The stream-done call: frees the id's slot (never denied).
+    pub release: bool,
 }
 
 impl LimitCheck {
@@ -191,6 +205,7 @@ impl LimitCheck {
             quota: false,
             record: false,
             stop_over: false,
+            lease: None,
         }
     }
 }

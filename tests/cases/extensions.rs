@@ -252,6 +252,7 @@ async fn memory_and_redis_decide_identically_for_every_algorithm() {
                     quota: false,
                     record: record_shared,
                     stop_over: stop,
+                    lease: None,
                 },
                 LimitCheck {
                     key: key(
@@ -267,6 +268,7 @@ async fn memory_and_redis_decide_identically_for_every_algorithm() {
                     quota: false,
                     record: record_consumer,
                     stop_over: stop,
+                    lease: None,
                 },
             ];
             let m = memory.decide(&checks).await.expect("memory decides");
@@ -325,6 +327,7 @@ async fn measure_redis_memory_per_counter() {
             hits: 1,
             record: false,
             stop_over: false,
+            lease: None,
             refund: false,
             shadow: false,
             quota: false,
@@ -351,5 +354,6 @@ fn short(alg: Algorithm) -> &'static str {
         Algorithm::SlidingWindow => "sw",
         Algorithm::SlidingLog => "slw",
         Algorithm::TokenBucket => "tb",
+        Algorithm::InFlight => "if",
     }
 }

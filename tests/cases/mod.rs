@@ -59,6 +59,7 @@ mod extensions;
 mod fuzz;
 mod grpcurl;
 mod http;
+mod in_flight;
 mod local_mode;
 mod observability;
 mod process;

@@ -2,7 +2,7 @@
 //! its flags and its children, with every error of the subtree collected.
 
 use super::super::yaml::{Node, Value};
-use super::super::{DescriptorNode, Level, Location, RateLimitRule, ValueMatch};
+use super::super::{DescriptorNode, LeaseKeys, Level, Location, RateLimitRule, ValueMatch};
 use super::ctx::{join, kind, Ctx, ParsedLimit};
 use super::schema::Scope;
 use std::collections::HashMap;
@@ -27,6 +27,8 @@ struct DescriptorKeys<'a> {
     value_to_metric: bool,
     share_threshold: Option<usize>,
     metadata: Option<Arc<prost_types::Struct>>,
+    /// (value node, path) of `in_flight`.
+    in_flight: Option<(&'a Node, String)>,
 }
 
 impl Ctx {
@@ -73,7 +75,8 @@ impl Ctx {
         if let Some(c) = composite {
             self.check_unique(c, &stats_path, item.line, path, seen);
         }
-        let rules = self.descriptor_limits(&keys, path);
+        let mut rules = self.descriptor_limits(&keys, path);
+        let lease_keys = self.lease_limit(&keys, &mut rules);
         let mut level = Level::default();
         if let Some((node, p)) = &keys.children {
             // Children are checked even when this descriptor is broken, so all errors show.
@@ -100,7 +103,56 @@ impl Ctx {
             },
             path: stats_path,
             metadata: keys.metadata,
+            lease_keys,
         })
+    }
+
+    /// The `in_flight` block, added to the node's limits (with its shadow and quota modes);
+    /// its entry names must not also be the keys of child descriptors, which they would hide.
+    fn lease_limit(
+        &mut self,
+        keys: &DescriptorKeys<'_>,
+        rules: &mut Vec<RateLimitRule>,
+    ) -> Option<LeaseKeys> {
+        let (node, p) = keys.in_flight.as_ref()?;
+        let (parsed, lease) = self.in_flight(node, p)?;
+        if let Some((
+            Node {
+                value: Value::Seq(items),
+                ..
+            },
+            cp,
+        )) = &keys.children
+        {
+            for (n, item) in items.iter().enumerate() {
+                let Value::Map(entries) = &item.value else {
+                    continue;
+                };
+                let child_key = entries
+                    .iter()
+                    .find_map(|(k, v)| match (&k.value, &v.value) {
+                        (Value::Scalar(k), Value::Scalar(v)) if k.text == "key" => Some(&v.text),
+                        _ => None,
+                    });
+                if let Some(ck) =
+                    child_key.filter(|ck| **ck == lease.id_key || **ck == lease.done_key)
+                {
+                    self.err(
+                        item.line,
+                        &format!("{cp}[{n}]"),
+                        format!(
+                            "a child descriptor with key '{ck}', which this descriptor's                              `in_flight` uses to name requests: the two would be mistaken for                              each other; rename one"
+                        ),
+                    );
+                }
+            }
+        }
+        rules.push(RateLimitRule {
+            shadow_mode: keys.shadow_mode,
+            quota_mode: keys.quota_mode,
+            ..parsed.rule
+        });
+        Some(lease)
     }
 
     /// Two siblings with the same key and value would count on one counter: an error naming
@@ -148,6 +200,7 @@ impl Ctx {
                 "rate_limit" => d.rate_limit = Some((v, p, k.line)),
                 "rate_limits" => d.rate_limits = Some((v, p, k.line)),
                 "descriptors" => d.children = Some((v, p)),
+                "in_flight" => d.in_flight = Some((v, p)),
                 "shadow_mode" => d.shadow_mode = self.flag(v, &p, name).unwrap_or(false),
                 "quota_mode" => d.quota_mode = self.flag(v, &p, name).unwrap_or(false),
                 "detailed_metric" => d.detailed_metric = self.flag(v, &p, name).unwrap_or(false),

@@ -14,12 +14,14 @@
 mod ctx;
 mod descriptor;
 mod errors;
+mod lease;
 mod limit;
 mod schema;
 
 use ctx::{is_null, Ctx};
 use errors::file_error;
 pub use errors::{ConfigError, ConfigErrors};
+pub use lease::{MAX_IN_FLIGHT, MAX_LEASE_ID_BYTES};
 
 use super::yaml::{self, Node};
 use super::{DomainRules, Level, RuleSet};

@@ -11,6 +11,8 @@ pub(super) enum Scope {
     /// One entry of a descriptor's `rate_limits` list (sluice extension).
     RateLimitsEntry,
     Replaces,
+    /// A descriptor's `in_flight` block.
+    InFlight,
 }
 
 const ROOT_KEYS: &[&str] = &["domain", "descriptors", "hash_tag", "counting"];
@@ -26,6 +28,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "share_threshold",
     "quota_mode",
     "metadata",
+    "in_flight",
 ];
 /// The keys of one limit: envoyproxy/ratelimit's, then the sluice extensions (docs/semantics.md, "sluice extensions").
 const LIMIT_KEYS: &[&str] = &[
@@ -41,6 +44,7 @@ const LIMIT_KEYS: &[&str] = &[
     "record_usage",
 ];
 const REPLACES_KEYS: &[&str] = &["name"];
+const IN_FLIGHT_KEYS: &[&str] = &["max", "lease", "id_key", "done_key"];
 
 impl Scope {
     pub(super) fn keys(self) -> &'static [&'static str] {
@@ -49,6 +53,7 @@ impl Scope {
             Scope::Descriptor => DESCRIPTOR_KEYS,
             Scope::RateLimit | Scope::RateLimitsEntry => LIMIT_KEYS,
             Scope::Replaces => REPLACES_KEYS,
+            Scope::InFlight => IN_FLIGHT_KEYS,
         }
     }
 
@@ -63,6 +68,7 @@ impl Scope {
             Scope::RateLimit => "in `rate_limit`",
             Scope::RateLimitsEntry => "in a `rate_limits` entry",
             Scope::Replaces => "in a `replaces` entry",
+            Scope::InFlight => "in `in_flight`",
         }
     }
 }

@@ -60,6 +60,7 @@ impl Shared {
             quota: false,
             record: true,
             stop_over: false,
+            lease: None,
         };
         let token = format!("{}-{}", self.id, send.token);
         let now_us = self.now_us();
@@ -119,6 +120,7 @@ impl Shared {
                 quota: false,
                 record: true,
                 stop_over: false,
+                lease: None,
             };
             if self.skip_store(std::slice::from_ref(&like)) {
                 continue;

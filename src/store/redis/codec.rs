@@ -4,12 +4,14 @@
 //! undo, and a batch of requests (the general and the packed layouts), and decoding the
 //! replies. The rest of the Redis store speaks in `LimitCheck`s and `Outcome`s.
 
+#[cfg(any(test, feature = "test-util"))]
+use crate::clock::Clock;
+use crate::config::Algorithm;
 use crate::store::{CounterKey, LimitCheck, Outcome, StoreError};
 use redis::{Script, ScriptInvocation};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
-#[cfg(any(test, feature = "test-util"))]
-use {crate::clock::Clock, std::sync::Arc};
 
 /// The decision script, `decide.lua`, joined from its five files; KEYS/ARGV are documented at
 /// the top of the first.
@@ -87,38 +89,7 @@ pub(super) const COUNTING_META: u64 = (FLAG_RECORD | FLAG_STOP) << 2;
 /// The undo flag, as placed in `meta`.
 pub(super) const UNDO: u64 = 4 << 2;
 
-/// What a call asks the script to return (ARGV[2], see the top of `decide.lua`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Reply {
-    /// "0": each limit's outcome.
-    Answer,
-    /// "1": the outcome, what an undo of the charge needs, and what the counter had left
-    /// before the request (one slot of a Cluster request spanning slots).
-    Tokens,
-    /// "d": as `Tokens`, deciding without writing anything.
-    Dry,
-    /// "x<a><o>": as `Tokens`, with the verdict of the request's other slots folded in.
-    Verdict { admitted: bool, over: bool },
-    /// "g<ttl_ms>": as `Answer`, applied at most once: the call's last key is its guard (a
-    /// write-back of usage decided locally, `FAILURE_MODE=local`, retried without charging
-    /// twice). The script returns `{-1}` when the guard was already set.
-    Guarded { ttl_ms: u64 },
-}
-
-impl Reply {
-    /// ARGV[2].
-    pub(super) fn arg(self) -> String {
-        match self {
-            Reply::Answer => "0".into(),
-            Reply::Tokens => "1".into(),
-            Reply::Dry => "d".into(),
-            Reply::Verdict { admitted, over } => {
-                format!("x{}{}", u8::from(admitted), u8::from(over))
-            }
-            Reply::Guarded { ttl_ms } => format!("g{}", ttl_ms.max(1)),
-        }
-    }
-}
+pub(super) use super::reply::Reply;
 
 /// One script call: its keys and the numeric arguments after ARGV[2].
 #[derive(Debug, Clone)]
@@ -132,6 +103,9 @@ pub(super) struct Call {
     pub(super) plain: bool,
     /// A plain call's counting `m` (decide.lua): 0 all or nothing, 1 record, 3 record + stop.
     pub(super) counting: u64,
+    /// A call with an `in_flight` limit: per limit, its op and request id (decide.lua's layout
+    /// with K = 6); empty for every other call.
+    pub(super) lease: Vec<(u64, Arc<str>)>,
 }
 
 impl Call {
@@ -208,20 +182,44 @@ pub(super) fn encode(
         && idx.iter().all(|&i| {
             meta(&checks[i]) & !COUNTING_META == 0 && meta(&checks[i]) & COUNTING_META == counting
         });
+    let in_flight = idx
+        .iter()
+        .any(|&i| checks[i].key.limit.algorithm == Algorithm::InFlight);
     let mut keys = Vec::with_capacity(idx.len());
     let mut args = Vec::with_capacity(idx.len() * ARGS_PER_KEY);
+    let mut lease = Vec::new();
     for &i in idx {
         let c = &checks[i];
         let p = c.params();
         keys.push(key_of(&c.key));
         args.extend([u64::from(p.limit), p.period_us, c.hits, meta(c)]);
+        if in_flight {
+            lease.push(lease_arg(c));
+        }
     }
     Call {
         keys,
         args,
         reply: if whole { Reply::Answer } else { Reply::Tokens },
-        plain,
-        counting: if plain { counting >> 6 } else { 0 },
+        plain: plain && !in_flight,
+        counting: if plain && !in_flight {
+            counting >> 6
+        } else {
+            0
+        },
+        lease,
+    }
+}
+
+/// decide.lua's `op` and `id` of one limit of a call with an `in_flight` limit.
+fn lease_arg(c: &LimitCheck) -> (u64, Arc<str>) {
+    if c.key.limit.algorithm != Algorithm::InFlight {
+        return (0, Arc::from(""));
+    }
+    match &c.lease {
+        Some(l) if l.release => (2, Arc::clone(&l.id)),
+        Some(l) => (1, Arc::clone(&l.id)),
+        None => (3, Arc::from("")),
     }
 }
 
@@ -234,6 +232,7 @@ pub(super) fn encode_undo(call: &Call, slot: &SlotReply, undo: &[bool]) -> Call 
         reply: Reply::Answer,
         plain: false,
         counting: 0,
+        lease: Vec::new(),
     };
     for (n, (key, args)) in call
         .keys
@@ -382,11 +381,24 @@ impl<'a> Batch<'a> {
                 inv.arg(now).arg(reply.arg()).arg(calls.len());
                 for call in calls.iter() {
                     let limits = call.args.len() / call.per_key();
-                    inv.arg(limits);
-                    for (key, args) in call.keys.iter().zip(call.args.chunks(call.per_key())) {
+                    if call.lease.is_empty() {
+                        inv.arg(limits);
+                    } else {
+                        // The in_flight layout: -n, then K = 6 per limit.
+                        inv.arg(-i64::try_from(limits).unwrap_or(i64::MAX));
+                    }
+                    for (n, (key, args)) in call
+                        .keys
+                        .iter()
+                        .zip(call.args.chunks(call.per_key()))
+                        .enumerate()
+                    {
                         inv.key(key.as_str());
                         for a in args {
                             inv.arg(*a);
+                        }
+                        if let Some((op, id)) = call.lease.get(n) {
+                            inv.arg(*op).arg(&**id);
                         }
                     }
                     // A guarded call's guard: a key after its limits' keys, not a limit.
@@ -573,6 +585,7 @@ mod tests {
             reply: Reply::Tokens,
             plain: false,
             counting: 0,
+            lease: Vec::new(),
         }
     }
 

@@ -13,6 +13,7 @@ mod codec;
 mod conn;
 pub mod keys;
 mod members;
+mod reply;
 mod sentinel;
 mod settings;
 mod standalone;

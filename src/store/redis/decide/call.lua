@@ -115,6 +115,37 @@ local function left_on(key, v, alg, limit, period, meta)
   return remaining
 end
 
+-- in_flight on the slots at `key` (see head.lua): allowed, remaining, retry_us, whether the
+-- request changes the slots if charged, and the slots free as they stand.
+local function in_flight(key, limit, op, id)
+  call('ZREMRANGEBYSCORE', key, '-inf', now)
+  local n = call('ZCARD', key)
+  local free = 0
+  if n < limit then free = limit - n end
+  local held = op ~= 3 and call('ZSCORE', key, id)
+  if op == 2 then
+    if held then return true, limit - n + 1, 0, true, free end
+    return true, free, 0, false, free
+  end
+  if held then return true, free, 0, false, free end
+  if n < limit then
+    if op == 3 then return true, free, 0, false, free end
+    return true, free - 1, 0, true, free
+  end
+  local first = call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  return false, 0, tonumber(first[2]) - now, false, free
+end
+
+-- Writes a charged in_flight change: the slot taken (until its lease ends) or freed.
+local function slot_write(key, period, op, id)
+  if op == 1 then
+    call('ZADD', key, now + period, id)
+    call('PEXPIRE', key, ttl_ms(period))
+  else
+    call('ZREM', key, id)
+  end
+end
+
 local function general(KB, AB, n)
   local out = {1}
   local views = {}
@@ -124,6 +155,7 @@ local function general(KB, AB, n)
   local logslot = {} -- check index -> position of its entry among its key's adds
   local before = {} -- key -> what it had left before this request (tokens_wanted)
   local tokens = {} -- check index -> its undo token, if its charge is written
+  local ops, free = {}, {} -- in_flight: check index -> op (0: not in_flight), slots free
 
   for i = 1, n do
     local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
@@ -135,14 +167,23 @@ local function general(KB, AB, n)
     local quota = floor(flags / 8) % 2 == 1 and flags % 2 == 0 and not refund
     local record = floor(flags / 16) % 2 == 1
     if flags >= 32 then stop = true end
+    local op, touched_slot = 0, false
+    if K == 6 then op = tonumber(ARGV[b + 4]) end
+    ops[i] = op
     local v = views[key]
-    if not v then
+    if not v and op == 0 then
       v = load_view(key, alg, period)
       views[key] = v
       if tokens_wanted then before[key] = left_on(key, v, alg, limit, period, meta) end
     end
     local allowed, remaining, reset, retry, token
-    if alg == 0 then
+    if op > 0 then
+      local change
+      allowed, remaining, retry, change, free[i] = in_flight(key, limit, op, ARGV[b + 5])
+      reset, token = period, 0
+      before[key] = free[i]
+      touched_slot = change
+    elseif alg == 0 then
       allowed, remaining, reset, retry, token = fixed(v, limit, period, hits, refund, record)
     elseif alg == 1 then
       allowed, remaining, reset, retry, token = sliding(v, limit, period, hits, refund, record)
@@ -157,7 +198,11 @@ local function general(KB, AB, n)
     end
     recs[i], oks[i], refs[i] = record, allowed, refund
     -- What this check did to its view: a charge or refund that changes the counter.
-    touched[i] = (hits > 0) and (allowed or record)
+    if op > 0 then
+      touched[i] = touched_slot
+    else
+      touched[i] = (hits > 0) and (allowed or record)
+    end
     if record and not allowed then over = true end
     if quota then quotas = quotas + 1 end
     local o = 2 + W * (i - 1)
@@ -208,7 +253,10 @@ local function general(KB, AB, n)
     -- again; a denial is the path an attacker drives, so it stays O(log n) too), then charge
     -- only the checks that are, on fresh views.
     for i = 1, n do
-      if not charged[i] then
+      if not charged[i] and ops[i] > 0 then
+        local o = 2 + W * (i - 1)
+        out[o] = out[o] % 2 + 2 * free[i]
+      elseif not charged[i] then
         local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
         local limit, period = tonumber(ARGV[b]), tonumber(ARGV[b + 1])
         local meta = tonumber(ARGV[b + 3])
@@ -220,7 +268,7 @@ local function general(KB, AB, n)
     end
     views_written, slots = {}, {}
     for i = 1, n do
-      if charged[i] and touched[i] then
+      if charged[i] and touched[i] and ops[i] == 0 then
         local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
         local meta = tonumber(ARGV[b + 3])
         local v = views_written[key]
@@ -235,6 +283,12 @@ local function general(KB, AB, n)
     end
   end
   local written = write_views(KB, AB, n, views_written)
+  for i = 1, n do
+    if charged[i] and touched[i] and ops[i] > 0 then
+      local b = AB + 1 + K * (i - 1)
+      slot_write(KEYS[KB + i], tonumber(ARGV[b + 1]), ops[i], ARGV[b + 5])
+    end
+  end
   if tokens_wanted then
     -- The undo token of each charge written: its window (fixed, sliding), its entry's id
     -- (sliding_log), 1 for a token bucket (whose undo is arithmetic); 0 for nothing to undo.
@@ -259,6 +313,8 @@ end
 local result, p, kb = {}, 4, 0
 for _ = 1, R do
   local n = tonumber(ARGV[p])
+  K = 4
+  if n < 0 then n, K = -n, 6 end
   local o = general(kb, p, n)
   for j = 1, #o do result[#result + 1] = o[j] end
   p, kb = p + 1 + K * n, kb + n

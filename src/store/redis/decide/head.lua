@@ -51,6 +51,14 @@
 --                                    limit would exceed, only those are charged
 --              burst      token_bucket: requests allowed at once above the steady rate
 --   token      undo calls only: what the charge returned as its token
+--   A request with an `in_flight` limit sends -n instead of n, and K = 6: after meta, per
+--   limit,
+--   op         0 not in_flight; 1 take a slot for `id`; 2 free `id`'s slot; 3 check (no id)
+--   id         the request id ("" for op 0 and 3)
+--   Its slots are a sorted set at the limit's key: member = request id, score = when its
+--   lease ends (us); `limit` slots, `period_us` the lease. Expired members are dropped by the
+--   next call on the counter (ZREMRANGEBYSCORE; at most `limit` of them plus those a lease
+--   ended), and the key expires a lease after its last take: no sweeper walks the keys.
 -- (One number for algorithm, flags and burst: every argument is a Lua string to convert, and
 -- this script's cost is measured against a minimal one; see docs/performance.md.)
 --
@@ -240,9 +248,10 @@ local has = {}
 do
   local p = 4
   for _ = 1, R do
-    local n = tonumber(ARGV[p])
-    for i = 1, n do has[tonumber(ARGV[p + 4 + K * (i - 1)]) % 4] = true end
-    p = p + 1 + K * n
+    local n, k = tonumber(ARGV[p]), K
+    if n < 0 then n, k = -n, 6 end
+    for i = 1, n do has[tonumber(ARGV[p + 4 + k * (i - 1)]) % 4] = true end
+    p = p + 1 + k * n
   end
 end
 

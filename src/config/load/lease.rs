@@ -1,0 +1,153 @@
+//! A descriptor's `in_flight` block: a limit on requests holding a slot at once, taken by the
+//! request-time call and freed by the stream-done call (or when its lease ends). It loads to an
+//! ordinary [`RateLimitRule`] of algorithm [`Algorithm::InFlight`] (`max` slots, the lease as
+//! its period), so every part that handles limits (replaces, shadow, quota mode, metrics,
+//! `/rlconfig`) handles it too, and to the node's [`LeaseKeys`].
+
+use super::super::yaml::{Node, Resolved, Value};
+use super::super::{Algorithm, LeaseKeys, Limit, Quota, RateLimitRule};
+use super::ctx::{describe, join, kind, Ctx, ParsedLimit};
+use super::limit::parse_period;
+use super::schema::Scope;
+
+/// Slots one `in_flight` limit may have: each slot is an entry (its request id) kept with the
+/// counter, in memory and in Redis, so this bounds what one counter holds.
+pub const MAX_IN_FLIGHT: u32 = 10_000;
+/// Longest request id a lease entry may carry (bytes); a longer one is INVALID_ARGUMENT. Envoy's
+/// `x-request-id` is a 36-character UUID.
+pub const MAX_LEASE_ID_BYTES: usize = 128;
+
+impl Ctx {
+    /// `in_flight: {max, lease, id_key, done_key}`.
+    pub(super) fn in_flight(
+        &mut self,
+        node: &Node,
+        path: &str,
+    ) -> Option<(ParsedLimit, LeaseKeys)> {
+        let Value::Map(entries) = &node.value else {
+            self.err(
+                node.line,
+                path,
+                format!(
+                    "`in_flight` must be a mapping like {{max: 3, lease: 5s, id_key: request_id, \
+                     done_key: request_done}}, not a {}",
+                    kind(node)
+                ),
+            );
+            return None;
+        };
+        let errors_before = self.errors.len();
+        let (mut max, mut lease, mut id_key, mut done_key) = (None, None, None, None);
+        for (key, _, v) in self.entries(entries, path, Scope::InFlight) {
+            let p = join(path, key);
+            match key {
+                "max" => max = self.slots(v, &p),
+                "lease" => {
+                    let expected = "a duration such as 500ms, 10s or 5m";
+                    if let Some(text) = self.text(v, &p, key, expected) {
+                        match parse_period(&text) {
+                            Ok(period) => lease = Some(period),
+                            Err(e) => self.err(
+                                v.line,
+                                &p,
+                                format!("`lease` {e}; a lease of 0 would free every slot at once"),
+                            ),
+                        }
+                    }
+                }
+                "id_key" => id_key = self.entry_name(v, &p, key),
+                "done_key" => done_key = self.entry_name(v, &p, key),
+                _ => {}
+            }
+        }
+        for (name, missing) in [
+            ("max", max.is_none()),
+            ("lease", lease.is_none()),
+            ("id_key", id_key.is_none()),
+            ("done_key", done_key.is_none()),
+        ] {
+            if missing && self.errors.len() == errors_before {
+                self.err(
+                    node.line,
+                    path,
+                    format!("`in_flight` needs `{name}` (max, lease, id_key and done_key)"),
+                );
+            }
+        }
+        if let (Some(id), Some(done)) = (&id_key, &done_key) {
+            if id == done {
+                self.err(
+                    node.line,
+                    &join(path, "done_key"),
+                    format!(
+                        "`id_key` and `done_key` are both '{id}': the request-time call and the \
+                         stream-done call could not be told apart"
+                    ),
+                );
+            }
+        }
+        if self.errors.len() > errors_before {
+            return None;
+        }
+        let (max, lease, id_key, done_key) = (max?, lease?, id_key?, done_key?);
+        let rule = RateLimitRule {
+            name: None,
+            quota: Quota::Limited(Limit {
+                requests_per_unit: max,
+                period: lease,
+                algorithm: Algorithm::InFlight,
+                burst: 0,
+            }),
+            replaces: Vec::new(),
+            shadow_mode: false,
+            quota_mode: false,
+            applies_to_descendants: false,
+            record_usage: false,
+        };
+        let parsed = ParsedLimit {
+            rule,
+            path: path.to_owned(),
+            name_line: None,
+            descendants_line: None,
+        };
+        Some((parsed, LeaseKeys { id_key, done_key }))
+    }
+
+    /// `max`: 1 to [`MAX_IN_FLIGHT`].
+    fn slots(&mut self, node: &Node, path: &str) -> Option<u32> {
+        if let Value::Scalar(s) = &node.value {
+            if let Resolved::Int(n) = s.resolve() {
+                if let Ok(n) = u32::try_from(n) {
+                    if (1..=MAX_IN_FLIGHT).contains(&n) {
+                        return Some(n);
+                    }
+                }
+            }
+        }
+        self.err(
+            node.line,
+            path,
+            format!(
+                "`max` must be an integer from 1 to {MAX_IN_FLIGHT} (slots held at once), got {}",
+                describe(node)
+            ),
+        );
+        None
+    }
+
+    /// `id_key` / `done_key`: a descriptor entry's key, not empty.
+    fn entry_name(&mut self, node: &Node, path: &str, name: &str) -> Option<String> {
+        let s = self.string(node, path, name)?;
+        if s.is_empty() {
+            self.err(
+                node.line,
+                path,
+                format!(
+                    "`{name}` is empty; it names the descriptor entry that carries the request id"
+                ),
+            );
+            return None;
+        }
+        Some(s)
+    }
+}

@@ -1,0 +1,35 @@
+//! What a script call asks `decide.lua` to return (its ARGV[2]): one enum, so the codec, the
+//! batcher and the Cluster path name the same modes.
+
+/// What a call asks the script to return (ARGV[2], see the top of `decide.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reply {
+    /// "0": each limit's outcome.
+    Answer,
+    /// "1": the outcome, what an undo of the charge needs, and what the counter had left
+    /// before the request (one slot of a Cluster request spanning slots).
+    Tokens,
+    /// "d": as `Tokens`, deciding without writing anything.
+    Dry,
+    /// "x<a><o>": as `Tokens`, with the verdict of the request's other slots folded in.
+    Verdict { admitted: bool, over: bool },
+    /// "g<ttl_ms>": as `Answer`, applied at most once: the call's last key is its guard (a
+    /// write-back of usage decided locally, `FAILURE_MODE=local`, retried without charging
+    /// twice). The script returns `{-1}` when the guard was already set.
+    Guarded { ttl_ms: u64 },
+}
+
+impl Reply {
+    /// ARGV[2].
+    pub(super) fn arg(self) -> String {
+        match self {
+            Reply::Answer => "0".into(),
+            Reply::Tokens => "1".into(),
+            Reply::Dry => "d".into(),
+            Reply::Verdict { admitted, over } => {
+                format!("x{}{}", u8::from(admitted), u8::from(over))
+            }
+            Reply::Guarded { ttl_ms } => format!("g{}", ttl_ms.max(1)),
+        }
+    }
+}

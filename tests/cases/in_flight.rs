@@ -1,0 +1,132 @@
+//! `in_flight` limits on every store: a slot per request id, taken by the request-time call
+//! (the descriptor ends in `id_key`), freed by the stream-done call (`done_key`) or when its
+//! lease ends; the same id twice holds one slot; a done without a slot is a no-op. The Envoy
+//! test (`envoy.rs`) drives the same through a real Envoy.
+
+use super::store::make_store;
+use crate::support::*;
+use sluice::proto::rate_limit_response::Code;
+use sluice::service::ServiceOptions;
+use std::time::Duration;
+
+const CONFIG: &str = r#"
+domain: ai
+descriptors:
+  - key: tenant
+    in_flight: {max: 3, lease: 5s, id_key: request_id, done_key: request_done}
+    rate_limit: {unit: hour, requests_per_unit: 1000}
+"#;
+
+fn take(tenant: &str, id: &str) -> sluice::proto::RateLimitRequest {
+    one("ai", &[("tenant", tenant), ("request_id", id)])
+}
+
+fn done(tenant: &str, id: &str) -> sluice::proto::RateLimitRequest {
+    one("ai", &[("tenant", tenant), ("request_done", id)])
+}
+
+async fn slots_are_taken_freed_and_end_with_their_lease(kind: &str) {
+    let (store, clock, _backend) = make_store(kind).await;
+    let s = TestServer::start_on(
+        CONFIG,
+        ServiceOptions::default(),
+        Some(store),
+        clock.clone(),
+    )
+    .await;
+    for id in ["a", "b", "c"] {
+        assert_eq!(
+            code(&s.call(take("t", id)).await),
+            Code::Ok,
+            "{kind}: {id} takes a slot"
+        );
+    }
+    let r = s.call(take("t", "d")).await;
+    assert_eq!(code(&r), Code::OverLimit, "{kind}: a 4th request in flight");
+    // The in_flight status speaks: nothing free, a retry when the first lease ends.
+    let denied = r
+        .statuses
+        .iter()
+        .find(|st| status_code(st) == Code::OverLimit);
+    assert_eq!(denied.map(|st| st.limit_remaining), Some(0), "{kind}");
+    // Another tenant has its own slots.
+    assert_eq!(
+        code(&s.call(take("u", "d")).await),
+        Code::Ok,
+        "{kind}: tenant u"
+    );
+    // The same id again holds its one slot.
+    assert_eq!(
+        code(&s.call(take("t", "a")).await),
+        Code::Ok,
+        "{kind}: a retry of a"
+    );
+    // A done without a slot frees nothing; a's done frees a's.
+    assert_eq!(
+        code(&s.call(done("t", "zz")).await),
+        Code::Ok,
+        "{kind}: done of no slot"
+    );
+    assert_eq!(
+        code(&s.call(take("t", "d")).await),
+        Code::OverLimit,
+        "{kind}: still full"
+    );
+    assert_eq!(
+        code(&s.call(done("t", "a")).await),
+        Code::Ok,
+        "{kind}: done of a"
+    );
+    assert_eq!(
+        code(&s.call(take("t", "d")).await),
+        Code::Ok,
+        "{kind}: d takes a's slot"
+    );
+    assert_eq!(
+        code(&s.call(take("t", "e")).await),
+        Code::OverLimit,
+        "{kind}: full again"
+    );
+    // A descriptor without the id entry checks without taking.
+    let check = one("ai", &[("tenant", "t")]);
+    assert_eq!(
+        code(&s.call(check.clone()).await),
+        Code::OverLimit,
+        "{kind}: check, full"
+    );
+    // Leases end: b, c and d taken at this clock's start free themselves after 5 s.
+    clock.advance(Duration::from_secs(5));
+    assert_eq!(code(&s.call(check).await), Code::Ok, "{kind}: check, free");
+    for id in ["f", "g", "h"] {
+        assert_eq!(
+            code(&s.call(take("t", id)).await),
+            Code::Ok,
+            "{kind}: {id} after the lease"
+        );
+    }
+    assert_eq!(
+        code(&s.call(take("t", "i")).await),
+        Code::OverLimit,
+        "{kind}: max again"
+    );
+    s.stop().await;
+}
+
+test_with_all_stores!(in_flight_on, kind => slots_are_taken_freed_and_end_with_their_lease);
+
+/// A request id longer than the cap is refused: each id is kept with its counter while its slot
+/// is held.
+#[tokio::test]
+async fn a_long_request_id_is_invalid_argument() {
+    let s = TestServer::start(CONFIG).await;
+    let long = "x".repeat(10 * 1024);
+    let err = s
+        .client()
+        .await
+        .should_rate_limit(take("t", &long))
+        .await
+        .expect_err("a 10 KB id is refused");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+    assert_eq!(code(&s.call(take("t", &"x".repeat(128))).await), Code::Ok);
+    s.stop().await;
+}
