@@ -162,9 +162,10 @@ pub fn entry_bytes(key: &CounterKey) -> usize {
 }
 
 /// Whether a check may be answered from, and may fill, the cache. A quota-mode limit's denial
-/// alone does not deny its request, so it never answers one.
+/// alone does not deny its request, so it never answers one. An `in_flight` limit never does
+/// either: a stream-done call can free a slot at any moment (and must reach the store itself).
 fn eligible(c: &LimitCheck) -> bool {
-    !c.shadow && !c.refund && !c.quota && c.hits > 0
+    !c.shadow && !c.refund && !c.quota && c.hits > 0 && c.lease.is_none()
 }
 
 /// A deny cache in front of a [`CounterStore`] `S`.
@@ -247,6 +248,13 @@ impl<S: CounterStore> LocalDenyCache<S> {
     /// The local answer, if a live entry covers one of `checks`. Also drops what refunds and
     /// expiry made stale.
     fn lookup(&self, checks: &[LimitCheck], now: Duration) -> Option<Decision> {
+        // A stream-done call frees an `in_flight` slot: it always reaches the store.
+        if checks
+            .iter()
+            .any(|c| c.lease.as_ref().is_some_and(|l| l.release))
+        {
+            return None;
+        }
         let mut entries = self.lock();
         if entries.map.is_empty() {
             return None;

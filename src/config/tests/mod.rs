@@ -9,6 +9,7 @@ use std::path::Path;
 mod envoy;
 mod extensions;
 mod files;
+mod in_flight;
 
 const FILE: &str = "test.yaml";
 

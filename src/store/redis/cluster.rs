@@ -146,8 +146,9 @@ pub(super) fn groups(checks: &[LimitCheck]) -> Vec<Vec<usize>> {
 
 /// A refund that gives quota back only if the request is admitted: applied in one slot, it
 /// could not be taken back exactly if another slot denied, so its slot is decided dry first.
+/// So is an `in_flight` slot taken (a slot has no undo token).
 fn waits_for_verdict(c: &LimitCheck) -> bool {
-    c.refund && !c.record && c.hits > 0
+    (c.refund && !c.record && c.hits > 0) || c.lease.as_ref().is_some_and(|l| !l.release)
 }
 
 /// Decides a request spanning slots exactly as one atomic call would. Every slot's call runs
