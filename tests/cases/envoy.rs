@@ -18,7 +18,7 @@ fn rules_dir() -> std::path::PathBuf {
     envoy::example("sluice")
 }
 
-async fn sluice(envs: &[(&str, &str)]) -> SluiceProcess {
+pub(super) async fn sluice(envs: &[(&str, &str)]) -> SluiceProcess {
     let mut cmd = binary::serve(rules_dir());
     for (k, v) in envs {
         cmd.env(k, v);
@@ -27,7 +27,7 @@ async fn sluice(envs: &[(&str, &str)]) -> SluiceProcess {
 }
 
 /// Envoy on the shipped `envoy.yaml`: the backend and the two sluice endpoints substituted.
-async fn front(backend: &Backend, a: SocketAddr, b: SocketAddr) -> EnvoyProcess {
+pub(super) async fn front(backend: &Backend, a: SocketAddr, b: SocketAddr) -> EnvoyProcess {
     EnvoyProcess::start(
         &envoy::example("envoy.yaml"),
         &[
@@ -41,11 +41,11 @@ async fn front(backend: &Backend, a: SocketAddr, b: SocketAddr) -> EnvoyProcess 
 
 /// RLS calls Envoy made to sluice that completed (request phase and stream done alike; active
 /// health checks are counted apart).
-const RLS_OK: &str = "cluster.sluice.upstream_rq_completed";
+pub(super) const RLS_OK: &str = "cluster.sluice.upstream_rq_completed";
 
 /// One request; for a token route, waits until Envoy's report at stream end has been answered
 /// (`calls` more RLS calls than before), so the next request sees it recorded.
-async fn request_then_wait(
+pub(super) async fn request_then_wait(
     e: &EnvoyProcess,
     path: &str,
     headers: &[(&str, &str)],
@@ -69,7 +69,7 @@ async fn sequence(e: &EnvoyProcess, path: &str, headers: &[(&str, &str)], n: usi
     out
 }
 
-async fn wait_healthy(e: &EnvoyProcess, n: u64) {
+pub(super) async fn wait_healthy(e: &EnvoyProcess, n: u64) {
     eventually(&format!("Envoy sees {n} healthy sluice hosts"), || async {
         e.healthy_hosts("sluice").await == n
     })

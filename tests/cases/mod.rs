@@ -54,6 +54,7 @@ mod dashboards;
 mod demand;
 mod differential;
 mod envoy;
+mod envoy_in_flight;
 mod envoy_stats;
 mod extensions;
 mod fuzz;

@@ -153,22 +153,40 @@ impl EnvoyProcess {
     }
 }
 
-/// The test's backend: 200 for every request, with the request's `x-tokens` echoed.
+/// The test's backend: 200 for every request, with the request's `x-tokens` echoed. A request
+/// with `x-hold: 1` is held (in flight, after Envoy's rate-limit filter) until the test
+/// [`Backend::release`]s it.
 pub struct Backend {
     pub port: u16,
     task: tokio::task::JoinHandle<()>,
+    gate: std::sync::Arc<tokio::sync::Semaphore>,
+    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Backend {
     pub async fn start() -> Self {
         use axum::http::{HeaderMap, HeaderValue};
-        let app = axum::Router::new().fallback(|headers: HeaderMap| async move {
-            let mut out = HeaderMap::new();
-            if let Some(t) = headers.get("x-tokens") {
-                out.insert("x-tokens", t.clone());
+        use std::sync::atomic::Ordering;
+        let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+        let held = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (g, h) = (gate.clone(), held.clone());
+        let app = axum::Router::new().fallback(move |headers: HeaderMap| {
+            let (g, h) = (g.clone(), h.clone());
+            async move {
+                if headers.get("x-hold").is_some() {
+                    h.fetch_add(1, Ordering::SeqCst);
+                    if let Ok(permit) = g.acquire().await {
+                        permit.forget();
+                    }
+                    h.fetch_sub(1, Ordering::SeqCst);
+                }
+                let mut out = HeaderMap::new();
+                if let Some(t) = headers.get("x-tokens") {
+                    out.insert("x-tokens", t.clone());
+                }
+                out.insert("content-type", HeaderValue::from_static("text/plain"));
+                (out, "ok")
             }
-            out.insert("content-type", HeaderValue::from_static("text/plain"));
-            (out, "ok")
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -177,7 +195,22 @@ impl Backend {
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Backend { port, task }
+        Backend {
+            port,
+            task,
+            gate,
+            held,
+        }
+    }
+
+    /// Requests held now.
+    pub fn held(&self) -> usize {
+        self.held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Lets `n` held requests (or the next `n` to arrive) answer.
+    pub fn release(&self, n: usize) {
+        self.gate.add_permits(n);
     }
 }
 

@@ -1,0 +1,112 @@
+//! `in_flight` through a real Envoy 1.40 (the shipped `envoy.yaml`, route `/inflight`, domain
+//! `ai` of `config/examples/envoy/sluice/ai.yaml`: 3 per tenant): the request-time call takes a
+//! slot for Envoy's `x-request-id`, the `apply_on_stream_done` call frees it. Requests are held
+//! in flight by the test's backend (after Envoy's rate-limit filter) until the test releases
+//! them, so "in flight" is a fact of the test, not a matter of timing.
+
+use super::envoy::{front, request_then_wait, sluice, wait_healthy, RLS_OK};
+use crate::support::envoy::{Backend, EnvoyProcess};
+use crate::support::redis::start_redis;
+use crate::support::*;
+use std::sync::Arc;
+
+const PATH: &str = "/inflight/chat";
+
+/// Sends `n` requests of `tenant` at once, held at the backend; waits until every denied one
+/// has its answer and the admitted ones are all held. Returns the admitted requests' tasks and
+/// how many were denied.
+async fn burst(
+    e: &Arc<EnvoyProcess>,
+    backend: &Backend,
+    tenant: &'static str,
+    n: usize,
+) -> (Vec<tokio::task::JoinHandle<u16>>, usize) {
+    let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let denied = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (e, answered, denied) = (e.clone(), answered.clone(), denied.clone());
+            tokio::spawn(async move {
+                let (status, _) = e.get(PATH, &[("x-tenant", tenant), ("x-hold", "1")]).await;
+                if status == 429 {
+                    denied.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                status
+            })
+        })
+        .collect();
+    let count =
+        |a: &Arc<std::sync::atomic::AtomicUsize>| a.load(std::sync::atomic::Ordering::SeqCst);
+    eventually(&format!("{n} requests: each held or answered"), || async {
+        backend.held() + count(&answered) == n
+    })
+    .await;
+    (tasks, count(&denied))
+}
+
+async fn three_in_flight_per_tenant(envs: &[(&str, &str)], replicas: usize) {
+    let backend = Backend::start().await;
+    let a = sluice(envs).await;
+    let b = if replicas == 2 {
+        Some(sluice(envs).await)
+    } else {
+        None
+    };
+    let b_addr = b.as_ref().map_or(a.grpc, |b| b.grpc);
+    let e = Arc::new(front(&backend, a.grpc, b_addr).await);
+    wait_healthy(&e, 2).await;
+
+    for round in 1..=2 {
+        let (tasks, denied) = burst(&e, &backend, "acme", 10).await;
+        assert_eq!(
+            (backend.held(), denied),
+            (3, 7),
+            "round {round}: 10 at once, 3 in flight admitted, 7 denied"
+        );
+        // While they are in flight, another request of the tenant is denied; another tenant's
+        // is not.
+        let (s, _) = e.get(PATH, &[("x-tenant", "acme")]).await;
+        assert_eq!(s, 429, "round {round}: a 4th in flight");
+        assert_eq!(
+            request_then_wait(&e, PATH, &[("x-tenant", "other")], 2).await,
+            200
+        );
+        let before = e.stat(RLS_OK).await;
+        backend.release(3);
+        let mut statuses = Vec::new();
+        for t in tasks {
+            statuses.push(t.await.expect("request task"));
+        }
+        statuses.sort_unstable();
+        assert_eq!(
+            statuses.iter().filter(|&&s| s == 200).count(),
+            3,
+            "{statuses:?}"
+        );
+        // Their stream-done calls free the slots (each request makes one when it ends).
+        eventually("the 3 stream-done calls answered", || async {
+            e.stat(RLS_OK).await >= before + 3
+        })
+        .await;
+    }
+    // One at a time, a request is never denied: each ends (and frees its slot) before the next.
+    for i in 0..10 {
+        let s = request_then_wait(&e, PATH, &[("x-tenant", "acme")], 2).await;
+        assert_eq!(s, 200, "sequential request {i}");
+    }
+    assert_eq!(e.stat("cluster.backend.ratelimit.error").await, 0);
+    assert_eq!(e.stat("cluster.sluice.upstream_rq_timeout").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_in_flight_per_tenant_through_envoy_on_memory() {
+    // One replica (both of Envoy's endpoints): memory counters are the replica's own.
+    three_in_flight_per_tenant(&[], 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_in_flight_per_tenant_through_envoy_on_redis_with_two_replicas() {
+    let redis = start_redis(&[]).await;
+    three_in_flight_per_tenant(&[("REDIS_URL", redis.url().as_str())], 2).await;
+}
