@@ -110,3 +110,96 @@ async fn three_in_flight_per_tenant_through_envoy_on_redis_with_two_replicas() {
     let redis = start_redis(&[]).await;
     three_in_flight_per_tenant(&[("REDIS_URL", redis.url().as_str())], 2).await;
 }
+
+/// Redis's clock in microseconds (what the script stamps leases with).
+fn redis_now_us(redis: &crate::support::redis::RedisServer) -> u64 {
+    let out = redis.cli(&["TIME"]);
+    let mut parts = out
+        .split_whitespace()
+        .map(|p| p.parse::<u64>().expect("TIME"));
+    let (s, us) = (
+        parts.next().expect("seconds"),
+        parts.next().expect("micros"),
+    );
+    s * 1_000_000 + us
+}
+
+/// Envoy SIGKILLed with 3 requests of a tenant in flight: no stream-done call ever comes. The
+/// slots stay taken (a restarted Envoy's requests are denied) until each lease ends, a lease
+/// after its take, and are free then. Counts and Redis's own clock, never a latency: the lease
+/// ends are read from the stored slots and compared with when the first request was admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_of_a_killed_envoy_end_with_their_lease() {
+    let redis = start_redis(&[]).await;
+    let envs = [("REDIS_URL", redis.url())];
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let backend = Backend::start().await;
+    let (a, b) = (sluice(&envs).await, sluice(&envs).await);
+    let e = Arc::new(front(&backend, a.grpc, b.grpc).await);
+    wait_healthy(&e, 2).await;
+
+    let taken_after = redis_now_us(&redis);
+    let (tasks, denied) = burst(&e, &backend, "crash", 3).await;
+    let taken_before = redis_now_us(&redis);
+    assert_eq!((backend.held(), denied), (3, 0), "3 in flight");
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &e.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    for t in tasks {
+        let _ = t.await;
+    }
+    backend.release(3);
+    drop(e);
+
+    // The tenant's slots: 3 ids, each ending a lease (5 s) after it was taken.
+    let keys = redis.cli(&["--scan", "--pattern", "*tenant=crash*"]);
+    let key = keys
+        .lines()
+        .next()
+        .expect("the in_flight key")
+        .trim()
+        .to_string();
+    let members = redis.cli(&["ZRANGE", &key, "0", "-1", "WITHSCORES"]);
+    let ends: Vec<u64> = members
+        .lines()
+        .skip(1)
+        .step_by(2)
+        .map(|l| l.trim().parse().expect("score"))
+        .collect();
+    assert_eq!(ends.len(), 3, "3 slots held after the kill: {members}");
+    for end in &ends {
+        assert!(
+            (taken_after + 5_000_000..=taken_before + 5_000_000).contains(end),
+            "a lease ends 5 s after its take: {end} not in [{taken_after}, {taken_before}] + 5 s"
+        );
+    }
+    let first_end = ends.iter().copied().min().unwrap_or(0);
+
+    // A new Envoy: the tenant's requests are denied until the slots' leases end, then admitted.
+    let e = Arc::new(front(&backend, a.grpc, b.grpc).await);
+    wait_healthy(&e, 2).await;
+    let admitted_at = poll_until("a request of the tenant is admitted again", || {
+        let e = e.clone();
+        let redis = &redis;
+        async move {
+            let before = redis_now_us(redis);
+            let (s, _) = e.get(PATH, &[("x-tenant", "crash")]).await;
+            if s == 200 {
+                Ok(before)
+            } else {
+                Err(format!("status {s}"))
+            }
+        }
+    })
+    .await;
+    // Redis's clock when the admitted request was sent was at most its answer's time: the
+    // first slot had ended by then, not before (never freed early).
+    let answered = redis_now_us(&redis);
+    assert!(
+        answered >= first_end,
+        "admitted at {admitted_at}..{answered}, before the first lease ended at {first_end}"
+    );
+    assert_eq!(e.stat("cluster.backend.ratelimit.error").await, 0);
+}
