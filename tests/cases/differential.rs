@@ -1,6 +1,6 @@
 //! The randomized differential test: random request sequences (descriptors, hits, overrides,
 //! shadow and quota limits, all four algorithms, hierarchies, several limits per descriptor,
-//! both countings, refunds) under a manual clock that jumps across window edges, run through
+//! both countings, refunds, and, besides the golden seeds, `in_flight` slots) under a manual clock that jumps across window edges, run through
 //! the gRPC API on memory, Redis, a Redis Cluster, Valkey and a Valkey cluster. Every answer
 //! (overall code, and per status its code, limit, remaining and reset) must be the same on the
 //! five stores, and, for
@@ -39,6 +39,8 @@ const COMMON: &str = r#"  - key: api
   - key: quota
     quota_mode: true
     rate_limit: {requests_per_unit: 6, unit: minute}
+  - key: slot
+    in_flight: {max: 2, lease: 3s, id_key: rid, done_key: rdone}
 "#;
 const HIERARCHY: &str = r#"  - key: resource
     value: r
@@ -155,6 +157,24 @@ fn random_request(rng: &mut Rng) -> (Duration, RateLimitRequest) {
     (dt, r)
 }
 
+/// Sometimes one more descriptor, on the `in_flight` limit: a take, a free (of an id that may
+/// or may not hold a slot) or a check. Drawn from its own generator, so the golden seeds (run
+/// without it) keep their sequences.
+fn maybe_lease(rng: &mut Rng, r: &mut RateLimitRequest) {
+    if rng.below(3) != 0 {
+        return;
+    }
+    let slot = format!("s{}", rng.below(2));
+    let id = format!("r{}", rng.below(6));
+    let mut entries = vec![("slot", slot.as_str())];
+    match rng.below(10) {
+        0..=4 => entries.push(("rid", &id)),
+        5..=8 => entries.push(("rdone", &id)),
+        _ => {}
+    }
+    r.descriptors.push(desc(&entries));
+}
+
 /// The answer as one comparable line.
 fn answer_line(r: &RateLimitResponse) -> String {
     let mut line = format!("{}", r.overall_code);
@@ -175,7 +195,7 @@ fn answer_line(r: &RateLimitResponse) -> String {
 }
 
 /// Runs `seed`'s sequence on one store kind; returns one answer line per request.
-async fn run(kind: &str, seed: u64, options: ServiceOptions) -> Vec<String> {
+async fn run(kind: &str, seed: u64, options: ServiceOptions, leases: bool) -> Vec<String> {
     let (store, clock, _backend) = make_store(kind).await;
     let base = sluice::app::Ingredients::for_tests(
         rules_of(&[
@@ -194,9 +214,13 @@ async fn run(kind: &str, seed: u64, options: ServiceOptions) -> Vec<String> {
     });
     let s = TestServer::start_config(config, clock.clone()).await;
     let mut rng = Rng::new(seed);
+    let mut lease_rng = Rng::new(seed ^ 0x5eed_1ea5e);
     let mut lines = Vec::with_capacity(STEPS);
     for _ in 0..STEPS {
-        let (dt, req) = random_request(&mut rng);
+        let (dt, mut req) = random_request(&mut rng);
+        if leases {
+            maybe_lease(&mut lease_rng, &mut req);
+        }
         clock.advance(dt);
         if std::env::var("SLUICE_DIFF_DEBUG").is_ok() && kind == "memory" {
             println!("{} {:?} {:?}", lines.len(), dt, req);
@@ -230,7 +254,7 @@ fn read_golden() -> Vec<(u64, usize, String)> {
 }
 
 async fn compare(seed: u64, golden: Option<&[String]>) -> Vec<String> {
-    compare_with(seed, golden, ServiceOptions::default()).await
+    compare_with(seed, golden, ServiceOptions::default(), false).await
 }
 
 /// Runs `seed` on the three stores and compares every answer, and with `golden` when given.
@@ -238,15 +262,16 @@ async fn compare_with(
     seed: u64,
     golden: Option<&[String]>,
     options: ServiceOptions,
+    leases: bool,
 ) -> Vec<String> {
     let stop = options.stop_increment_when_over;
     // The five stores run side by side: each has its own servers and clock.
     let (memory, redis, cluster, valkey, valkey_cluster) = tokio::join!(
-        run("memory", seed, options.clone()),
-        run("redis", seed, options.clone()),
-        run("cluster", seed, options.clone()),
-        run("valkey", seed, options.clone()),
-        run("valkey_cluster", seed, options),
+        run("memory", seed, options.clone(), leases),
+        run("redis", seed, options.clone(), leases),
+        run("cluster", seed, options.clone(), leases),
+        run("valkey", seed, options.clone(), leases),
+        run("valkey_cluster", seed, options, leases),
     );
     for step in 0..STEPS {
         let m = &memory[step];
@@ -325,7 +350,8 @@ async fn stores_agree_on_fresh_random_sequences() {
                 stop_increment_when_over: stop,
                 ..ServiceOptions::default()
             };
-            compare_with(seed, None, options)
+            // The in_flight limit too (slots taken, freed and ending with their lease).
+            compare_with(seed, None, options, true)
         })
     });
     futures_util::stream::iter(runs)
