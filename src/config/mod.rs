@@ -488,6 +488,17 @@ impl RuleSet {
                 for rl in &n.rate_limits {
                     let quota = match rl.quota {
                         Quota::Unlimited => "unlimited=true".to_string(),
+                        Quota::Limited(l) if l.algorithm == Algorithm::InFlight => {
+                            let keys = n
+                                .lease_keys
+                                .as_ref()
+                                .map(|k| format!(" id_key={} done_key={}", k.id_key, k.done_key))
+                                .unwrap_or_default();
+                            format!(
+                                "in_flight max={} lease={}{keys}",
+                                l.requests_per_unit, l.period
+                            )
+                        }
                         Quota::Limited(l) => {
                             let mut q = format!(
                                 "unit={} requests_per_unit={}",

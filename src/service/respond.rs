@@ -31,9 +31,21 @@ pub fn response_unit(unit: Unit) -> rate_limit::Unit {
 /// is 30 per MINUTE; 100 per 500 ms is 200 per SECOND) and, when unnamed, named after its real
 /// shape ("5/10s"), so Envoy's headers stay truthful about the rate while the exact window is
 /// visible. A period that divides no unit (or a scaled count beyond u32) is reported with its
-/// configured count and unit UNKNOWN.
+/// configured count and unit UNKNOWN, as is an `in_flight` limit (slots, not a rate).
 pub fn describe_limit(name: &str, limit: &Limit) -> rate_limit_response::RateLimit {
     let period = limit.period;
+    if limit.algorithm == crate::config::Algorithm::InFlight {
+        // Not a rate: `max` requests at once, unit UNKNOWN, named after what it is.
+        return rate_limit_response::RateLimit {
+            name: if name.is_empty() {
+                format!("{} in flight, lease {period}", limit.requests_per_unit)
+            } else {
+                name.to_string()
+            },
+            requests_per_unit: limit.requests_per_unit,
+            unit: rate_limit::Unit::Unknown as i32,
+        };
+    }
     if let Some(unit) = period.unit() {
         return rate_limit_response::RateLimit {
             name: name.to_string(),

@@ -130,3 +130,26 @@ async fn a_long_request_id_is_invalid_argument() {
     assert_eq!(code(&s.call(take("t", &"x".repeat(128))).await), Code::Ok);
     s.stop().await;
 }
+
+/// An `in_flight` limit is not a rate: the response reports its slots with unit UNKNOWN and says
+/// what it is, and the slots left.
+#[tokio::test]
+async fn the_response_reports_slots_not_a_rate() {
+    let s = TestServer::start(CONFIG).await;
+    let r = s.call(take("t", "a")).await;
+    let status = r
+        .statuses
+        .iter()
+        .find(|st| {
+            st.current_limit
+                .as_ref()
+                .is_some_and(|l| l.requests_per_unit == 3)
+        })
+        .expect("the in_flight status");
+    assert_eq!(limit_of(status), Some((3, "UNKNOWN".into())));
+    assert_eq!(
+        status.current_limit.as_ref().map(|l| l.name.as_str()),
+        Some("3 in flight, lease 5s")
+    );
+    s.stop().await;
+}

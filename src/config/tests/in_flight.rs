@@ -25,6 +25,14 @@ fn an_in_flight_block_loads_to_a_limit_and_the_lease_keys() {
             burst: 0,
         })
     );
+    assert!(
+        rs.dump().contains(
+            "ai.tenant: in_flight max=3 lease=5s id_key=request_id done_key=request_done, \
+             shadow_mode: false"
+        ),
+        "/rlconfig: {}",
+        rs.dump()
+    );
     assert_eq!(
         node.lease_keys,
         Some(LeaseKeys {
