@@ -153,3 +153,86 @@ async fn the_response_reports_slots_not_a_rate() {
     );
     s.stop().await;
 }
+
+/// 100 000 distinct request ids against one counter: each take denied past `max` holds
+/// nothing, so the counter keeps `max` slots (memory: the store's one counter; Redis: the
+/// sorted set's size) and every later take is decided the same.
+async fn distinct_ids_keep_the_counter_at_max(kind: &str) {
+    use sluice::config::{Algorithm, Limit, Period};
+    use sluice::store::{LeaseCall, LimitCheck};
+    let (store, _clock, backend) = make_store(kind).await;
+    let limit = Limit {
+        requests_per_unit: 3,
+        period: Period::from_millis(60_000).expect("1 min"),
+        algorithm: Algorithm::InFlight,
+        burst: 0,
+    };
+    let check = |i: u32| {
+        let mut c = LimitCheck::for_tests("ai", "flood", limit, 1);
+        c.lease = Some(LeaseCall {
+            id: std::sync::Arc::from(format!("request-{i}")),
+            release: false,
+        });
+        c
+    };
+    let mut admitted = Vec::new();
+    for chunk in (0..100_000u32).collect::<Vec<_>>().chunks(500) {
+        let decisions = futures_util::future::join_all(chunk.iter().map(|&i| {
+            let store = store.clone();
+            async move { (i, store.decide(&[check(i)]).await.expect("decided")) }
+        }))
+        .await;
+        admitted.extend(
+            decisions
+                .iter()
+                .filter(|(_, d)| d.admitted)
+                .map(|(i, _)| *i),
+        );
+    }
+    assert_eq!(
+        admitted.len(),
+        3,
+        "{kind}: max slots taken, every other id denied"
+    );
+    match &backend {
+        super::store::Backend::Redis(r) => {
+            let keys = r.cli(&["--scan", "--pattern", "*flood*"]);
+            let key = keys.lines().next().expect("the slots' key").trim();
+            assert_eq!(r.cli(&["ZCARD", key]).trim(), "3", "{kind}: slots kept");
+            assert_eq!(r.cli(&["DBSIZE"]).trim(), "1", "{kind}: one key in all");
+        }
+        super::store::Backend::Cluster(c) => {
+            let sizes: u64 = (0..3)
+                .map(|n| c.cli(n, &["DBSIZE"]).trim().parse::<u64>().unwrap_or(0))
+                .sum();
+            assert_eq!(sizes, 1, "{kind}: one key in all");
+        }
+        super::store::Backend::Memory => {}
+    }
+    // The store still decides: a free of a holder lets exactly one more in.
+    let mut free = check(0);
+    free.lease = Some(LeaseCall {
+        id: std::sync::Arc::from(format!("request-{}", admitted[0])),
+        release: true,
+    });
+    free.record = true;
+    assert!(store.decide(&[free]).await.expect("freed").admitted);
+    assert!(
+        store
+            .decide(&[check(100_001)])
+            .await
+            .expect("taken")
+            .admitted,
+        "{kind}"
+    );
+    assert!(
+        !store
+            .decide(&[check(100_002)])
+            .await
+            .expect("full")
+            .admitted,
+        "{kind}"
+    );
+}
+
+test_with_all_stores!(a_flood_of_ids_on, kind => distinct_ids_keep_the_counter_at_max);
