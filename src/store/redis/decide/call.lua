@@ -115,25 +115,51 @@ local function left_on(key, v, alg, limit, period, meta)
   return remaining
 end
 
--- in_flight on the slots at `key` (see head.lua): allowed, remaining, retry_us, whether the
--- request changes the slots if charged, and the slots free as they stand.
-local function in_flight(key, limit, op, id)
+-- in_flight on the slots at `key` (see head.lua), as this request's earlier checks left them
+-- (`sv`, the key's view for this request: a take or free is seen by the checks after it, as the
+-- memory store decides on copies). Returns allowed, remaining, retry_us, whether the request
+-- changes the slots if charged, and the slots free as stored.
+local function slot_view(key, limit)
   call('ZREMRANGEBYSCORE', key, '-inf', now)
   local n = call('ZCARD', key)
   local free = 0
   if n < limit then free = limit - n end
-  local held = op ~= 3 and call('ZSCORE', key, id)
+  return {n = n, free = free, ids = {}, frees = 0}
+end
+
+local function holds(key, sv, id)
+  local t = sv.ids[id]
+  if t ~= nil then return t end
+  return call('ZSCORE', key, id) ~= false
+end
+
+-- When the first slot of the view ends: the earliest stored one this request has not freed,
+-- or a slot it took (a lease from now).
+local function first_end(key, sv, period)
+  local got = call('ZRANGE', key, 0, sv.frees, 'WITHSCORES')
+  for j = 1, #got, 2 do
+    if sv.ids[got[j]] ~= false then return tonumber(got[j + 1]) end
+  end
+  return now + period
+end
+
+local function in_flight(key, sv, limit, period, op, id)
+  local n = sv.n
+  local function left(m) if m < limit then return limit - m end return 0 end
   if op == 2 then
-    if held then return true, limit - n + 1, 0, true, free end
-    return true, free, 0, false, free
+    if holds(key, sv, id) then
+      sv.ids[id], sv.n, sv.frees = false, n - 1, sv.frees + 1
+      return true, left(n - 1), 0, true
+    end
+    return true, left(n), 0, false
   end
-  if held then return true, free, 0, false, free end
+  if op == 1 and holds(key, sv, id) then return true, left(n), 0, false end
   if n < limit then
-    if op == 3 then return true, free, 0, false, free end
-    return true, free - 1, 0, true, free
+    if op == 3 then return true, left(n), 0, false end
+    sv.ids[id], sv.n = true, n + 1
+    return true, left(n + 1), 0, true
   end
-  local first = call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  return false, 0, tonumber(first[2]) - now, false, free
+  return false, 0, first_end(key, sv, period) - now, false
 end
 
 -- Writes a charged in_flight change: the slot taken (until its lease ends) or freed.
@@ -156,6 +182,8 @@ local function general(KB, AB, n)
   local before = {} -- key -> what it had left before this request (tokens_wanted)
   local tokens = {} -- check index -> its undo token, if its charge is written
   local ops, free = {}, {} -- in_flight: check index -> op (0: not in_flight), slots free
+  local slots = {} -- in_flight: key -> its view for this request
+  local changes = {} -- in_flight: check index -> whether it changes the slots
 
   for i = 1, n do
     local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
@@ -178,11 +206,15 @@ local function general(KB, AB, n)
     end
     local allowed, remaining, reset, retry, token
     if op > 0 then
-      local change
-      allowed, remaining, retry, change, free[i] = in_flight(key, limit, op, ARGV[b + 5])
+      local sv = slots[key]
+      if not sv then
+        sv = slot_view(key, limit)
+        slots[key] = sv
+      end
+      free[i] = sv.free
+      allowed, remaining, retry, touched_slot = in_flight(key, sv, limit, period, op, ARGV[b + 5])
       reset, token = period, 0
-      before[key] = free[i]
-      touched_slot = change
+      before[key] = sv.free
     elseif alg == 0 then
       allowed, remaining, reset, retry, token = fixed(v, limit, period, hits, refund, record)
     elseif alg == 1 then
@@ -198,11 +230,10 @@ local function general(KB, AB, n)
     end
     recs[i], oks[i], refs[i] = record, allowed, refund
     -- What this check did to its view: a charge or refund that changes the counter.
-    if op > 0 then
-      touched[i] = touched_slot
-    else
-      touched[i] = (hits > 0) and (allowed or record)
-    end
+    -- (An in_flight take or free counts as a change here whether or not it changes the slots,
+    -- as for the memory store; what it writes is `changes`.)
+    touched[i] = (hits > 0) and (allowed or record)
+    changes[i] = touched_slot
     if record and not allowed then over = true end
     if quota then quotas = quotas + 1 end
     local o = 2 + W * (i - 1)
@@ -284,7 +315,7 @@ local function general(KB, AB, n)
   end
   local written = write_views(KB, AB, n, views_written)
   for i = 1, n do
-    if charged[i] and touched[i] and ops[i] > 0 then
+    if charged[i] and changes[i] and ops[i] > 0 then
       local b = AB + 1 + K * (i - 1)
       slot_write(KEYS[KB + i], tonumber(ARGV[b + 1]), ops[i], ARGV[b + 5])
     end
