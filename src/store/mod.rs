@@ -116,7 +116,7 @@ impl LimitCheck {
 /// - any other check is charged only if the request is admitted and it allowed it (a shadow or
 ///   quota limit that would deny is not);
 /// - with `stop_over`, if some recording check would exceed its limit, only those are (and
-///   recording refunds, which give quota back whatever the others say).
+///   recording refunds, which give quota back whatever the others say, and `in_flight` frees).
 pub fn charged(checks: &[LimitCheck], allowed: &[bool], admitted: bool) -> Vec<bool> {
     let stop = checks.iter().any(|c| c.stop_over)
         && checks.iter().zip(allowed).any(|(c, &ok)| c.record && !ok);
@@ -125,7 +125,8 @@ pub fn charged(checks: &[LimitCheck], allowed: &[bool], admitted: bool) -> Vec<b
         .zip(allowed)
         .map(|(c, &ok)| {
             if stop {
-                c.record && (!ok || c.refund)
+                // A stream-done call frees its `in_flight` slot whatever else is over.
+                (c.record && (!ok || c.refund)) || c.lease.as_ref().is_some_and(|l| l.release)
             } else {
                 c.record || (admitted && ok)
             }

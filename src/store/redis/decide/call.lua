@@ -271,7 +271,7 @@ local function general(KB, AB, n)
   local charged, exact = {}, true
   for i = 1, n do
     if stop and over then
-      charged[i] = recs[i] and (refs[i] or not oks[i])
+      charged[i] = (recs[i] and (refs[i] or not oks[i])) or ops[i] == 2
     else
       charged[i] = recs[i] or (admitted == 1 and oks[i])
     end
