@@ -88,7 +88,11 @@ const GOLDEN_SEEDS: [u64; 3] = [1, 2, 3];
 /// descriptors, a take of an id already holding its slot on a denied request reported after
 /// the request by the script and as stored by memory. 722060521966259239: two quota-mode checks of one
 /// counter on Cluster, the second denied and not charged, reports what it saw.
-const REGRESSION_SEEDS: [u64; 11] = [
+/// 1795607807879463867: an in_flight free under STOP on a request whose other limit was over:
+/// not applied by memory, applied (and not undoable) in its own Cluster slot; a free is now
+/// always applied.
+const REGRESSION_SEEDS: [u64; 12] = [
+    1_795_607_807_879_463_867,
     1_795_568_438_354_380_472,
     722_060_521_966_259_239,
     1_795_491_180_310_110_749,
