@@ -40,7 +40,11 @@ WORKLOADS = {
     # name: (domain, descriptor templates)
     "resource+consumer": ("bench", ["resource=api,consumer={id}"]),
     "two-descriptors": ("bench2", ["remote_address={id}", "path=/api"]),
+    # An in_flight slot taken and freed by one request (the two calls of a request in one):
+    # what each in_flight call costs, beside the plain limits above. Not run by default.
+    "in-flight": ("ai", ["tenant={id},request_id={req}", "tenant={id},request_done={req}"]),
 }
+DEFAULT_WORKLOADS = ["resource+consumer", "two-descriptors"]
 
 
 def free_port():
@@ -166,7 +170,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--store", choices=["redis", "memory"], default="redis")
     p.add_argument("--systems", default="sluice,limitador", help="comma list: sluice,limitador,floor")
-    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
+                   help="comma list of " + ", ".join(WORKLOADS))
     p.add_argument("--duration", type=int, default=20, help="seconds per measured run")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rounds", type=int, default=2, help="alternations of the systems")

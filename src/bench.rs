@@ -31,7 +31,8 @@ pub struct BenchArgs {
     #[arg(long, default_value = "bench")]
     pub domain: String,
     /// A descriptor template, `key=value,key=value`; repeat the flag for several descriptors per
-    /// request. `{id}` in a value is replaced by a random consumer id.
+    /// request. `{id}` in a value is replaced by a random consumer id, `{req}` by a random
+    /// request id (both drawn once per request, the same in each of its descriptors).
     #[arg(long = "descriptor", default_value = "resource=api,consumer={id}")]
     pub descriptors: Vec<String>,
     /// Distinct ids `{id}` takes (uniformly random).
@@ -95,14 +96,16 @@ impl Template {
         Ok(Self(entries))
     }
 
-    fn render(&self, id: u64) -> RateLimitDescriptor {
+    fn render(&self, id: u64, req: u64) -> RateLimitDescriptor {
         RateLimitDescriptor {
             entries: self
                 .0
                 .iter()
                 .map(|(k, v)| Entry {
                     key: k.clone(),
-                    value: v.replace("{id}", &id.to_string()),
+                    value: v
+                        .replace("{id}", &id.to_string())
+                        .replace("{req}", &format!("{req:016x}")),
                 })
                 .collect(),
             ..Default::default()
@@ -270,11 +273,11 @@ struct Shared {
 impl Shared {
     fn request(&self, rng: &mut Rng) -> tonic::Request<RateLimitRequest> {
         let consumers = self.args.consumers.max(1);
-        let descriptors = self
-            .templates
-            .iter()
-            .map(|t| t.render(rng.next() % consumers))
-            .collect();
+        // One consumer and one request id per request, shared by its descriptors (an
+        // in_flight take and free of one request: `tenant={id},request_id={req}` and
+        // `tenant={id},request_done={req}`).
+        let (id, req) = (rng.next() % consumers, rng.next());
+        let descriptors = self.templates.iter().map(|t| t.render(id, req)).collect();
         let mut req = tonic::Request::new(RateLimitRequest {
             domain: self.args.domain.clone(),
             descriptors,
@@ -529,7 +532,7 @@ mod tests {
     #[test]
     fn templates_replace_the_id() {
         let t = Template::parse("resource=api,consumer=c{id}").expect("parses");
-        let d = t.render(42);
+        let d = t.render(42, 7);
         assert_eq!(d.entries[1].value, "c42");
         assert_eq!(d.entries[0].key, "resource");
         assert!(Template::parse("noequals").is_err());
