@@ -10,8 +10,10 @@ use std::time::Duration;
 
 mod in_flight;
 mod log;
+mod reserve;
 pub use in_flight::{in_flight, Lease, Slots};
 pub use log::Log;
+pub use reserve::{reserve, Reserved, Settle, Terms};
 
 /// A limit as the math sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +46,8 @@ pub enum State {
     Bucket { tat: u64, frac: u64 },
     /// in_flight: the slots held (boxed, as the log).
     Slots(Box<Slots>),
+    /// A rate limit with `reservations`: its own state and the reservations held.
+    Reserved(Box<Reserved>),
 }
 
 /// What one limit says about one request.
@@ -109,6 +113,16 @@ pub fn decide(
     hits: u64,
     mode: Mode,
 ) -> (Outcome, State) {
+    if let Some(State::Reserved(r)) = state {
+        // A request without an id on a limit with reservations: the counter as usual, the
+        // reservations kept.
+        let (o, s) = decide(r.inner.as_ref(), now, p, hits, mode);
+        let kept = Reserved {
+            inner: Some(s),
+            held: r.held.clone(),
+        };
+        return (o, State::Reserved(Box::new(kept)));
+    }
     match p.algorithm {
         Algorithm::FixedWindow => fixed_window(state, now, p, hits, mode),
         Algorithm::SlidingWindow => sliding_window(state, now, p, hits, mode),
@@ -564,6 +578,7 @@ pub fn expires_at(state: &State, p: LimitParams) -> u64 {
         State::Log(l) => log_expires_at(l, p),
         State::Bucket { tat, frac } => tat + u64::from(*frac > 0),
         State::Slots(s) => s.expires_at(),
+        State::Reserved(r) => r.expires_at(p),
     }
 }
 

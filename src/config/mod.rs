@@ -269,6 +269,17 @@ pub struct RateLimitRule {
     /// `record_usage: true`: always charged, also on a rejected request, and denies only when
     /// its count is above the limit (what `all_or_nothing` domains use for reported usage).
     pub record_usage: bool,
+    /// The descriptor's `reservations`: a request-time call naming a request reserves its hits
+    /// on this limit, its stream-done call settles them at the actual.
+    pub reservations: Option<Reservations>,
+}
+
+/// A rate limit's `reservations` terms: how long a reservation waits for its settle, and how
+/// many one counter holds at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Reservations {
+    pub lease: Period,
+    pub max: u32,
 }
 
 /// How a config node's `value` matches a request entry's value.
@@ -300,12 +311,14 @@ pub struct DescriptorNode {
     /// `metadata`: returned to Envoy for a descriptor this node passed, with
     /// `RESPONSE_DYNAMIC_METADATA`.
     pub metadata: Option<Arc<prost_types::Struct>>,
-    /// `in_flight`'s entry names: a descriptor one entry longer than this node, ending in one
+    /// `in_flight`'s and `reservations`' entry names: a descriptor one entry longer than this
+    /// node, ending in one
     /// of them, is this node's, that entry naming the request (not part of the counter).
     pub lease_keys: Option<LeaseKeys>,
 }
 
-/// The names of the trailing entry that names a request on a lease limit (`in_flight`): the
+/// The names of the trailing entry that names a request on a lease limit (`in_flight`,
+/// `reservations`): the
 /// request-time call carries `id_key`, the stream-done call `done_key`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseKeys {
@@ -509,6 +522,12 @@ impl RuleSet {
                             }
                             if l.algorithm == Algorithm::TokenBucket {
                                 q.push_str(&format!(" burst={}", l.burst));
+                            }
+                            if let (Some(r), Some(k)) = (rl.reservations, &n.lease_keys) {
+                                q.push_str(&format!(
+                                    " reservations lease={} max={} id_key={} done_key={}",
+                                    r.lease, r.max, k.id_key, k.done_key
+                                ));
                             }
                             q
                         }

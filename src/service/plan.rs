@@ -4,7 +4,7 @@
 
 use super::{RequestError, ServiceOptions};
 use crate::config::{
-    Algorithm, Counting, DomainRules, Limit, Quota, RuleSet, Unit, MAX_LEASE_ID_BYTES,
+    Algorithm, Counting, DomainRules, Limit, Quota, Reservations, RuleSet, Unit, MAX_LEASE_ID_BYTES,
 };
 use crate::proto::envoy::r#type::v3::RateLimitUnit;
 use crate::proto::{rate_limit_descriptor, RateLimitDescriptor, RateLimitRequest};
@@ -84,6 +84,8 @@ struct Candidate<'a> {
     shadow: bool,
     quota_mode: bool,
     record_usage: bool,
+    /// The limit's `reservations`, if the descriptor has them.
+    reservations: Option<Reservations>,
     overridden: bool,
     /// How many leading counter entries key the counter (all of them, except for a resource
     /// limit above the descriptor's last node).
@@ -217,6 +219,7 @@ fn override_matching<'a>(
         shadow: false,
         quota_mode: false,
         record_usage: false,
+        reservations: None,
         overridden: true,
         depth,
         resource: false,
@@ -256,6 +259,7 @@ fn config_matching<'a>(domain: &'a DomainRules, d: &RateLimitDescriptor) -> Matc
             shadow: r.shadow_mode,
             quota_mode: r.quota_mode,
             record_usage: r.record_usage,
+            reservations: r.reservations,
             overridden: false,
             depth,
             resource,
@@ -289,6 +293,7 @@ impl Plan {
         let lease = lease.map(|l| LeaseCall {
             id: Arc::from(l.id),
             release: l.release,
+            reservations: None,
         });
         let resolution = self.add_limits(
             entries,
@@ -332,8 +337,10 @@ impl Plan {
                 continue;
             };
             let in_flight = limit.algorithm == Algorithm::InFlight;
-            // A stream-done call frees its slot; it charges none of the descriptor's rates.
-            if lease.is_some_and(|l| l.release) && !in_flight {
+            let reserving = lease.filter(|_| c.reservations.is_some());
+            // A stream-done call frees its slot and settles its reservations; it charges none
+            // of the descriptor's other rates.
+            if lease.is_some_and(|l| l.release) && !in_flight && reserving.is_none() {
                 continue;
             }
             let depth = c.depth.min(full.len());
@@ -374,6 +381,23 @@ impl Plan {
                     record: release,
                     stop_over: false,
                     lease: lease.cloned(),
+                }
+            } else if let Some(l) = reserving {
+                // A reservation: the request-time call charges its hits (the estimate) all or
+                // nothing in every counting; the stream-done call settles at its hits (the
+                // actual), whatever the verdict and never denied.
+                LimitCheck {
+                    key,
+                    hits: charge.hits,
+                    refund: false,
+                    shadow: c.shadow || charge.options.global_shadow_mode,
+                    quota: !l.release && (c.quota_mode || charge.options.global_quota_mode),
+                    record: l.release,
+                    stop_over: false,
+                    lease: Some(LeaseCall {
+                        reservations: c.reservations,
+                        ..l.clone()
+                    }),
                 }
             } else {
                 LimitCheck {

@@ -18,7 +18,7 @@ use super::{
     charged, Admission, BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, StoreError,
     StoreSignals, Tally,
 };
-use crate::algorithm::{self, Lease, LimitParams, Log, Mode, Outcome, State};
+use crate::algorithm::{self, Lease, LimitParams, Log, Mode, Outcome, Settle, State};
 use crate::clock::Clock;
 use crate::config::Algorithm;
 use std::cmp::Reverse;
@@ -342,13 +342,17 @@ fn decide_in_place(
     for (i, check) in checks.iter().enumerate() {
         let p = check.params();
         let counter = guards[slot[i]].counters.get_mut(fps[i]);
-        let (outcome, state) = if p.algorithm == Algorithm::SlidingLog {
-            (peek_log(counter, now, check), None)
-        } else {
-            let stored = counter.map(|c| &c.state);
-            let (o, s) = decide_check(stored, now, check);
-            (o, Some(s))
-        };
+        let reserved = counter
+            .as_ref()
+            .is_some_and(|c| matches!(c.state, State::Reserved(_)));
+        let (outcome, state) =
+            if p.algorithm == Algorithm::SlidingLog && check.lease.is_none() && !reserved {
+                (peek_log(counter, now, check), None)
+            } else {
+                let stored = counter.map(|c| &c.state);
+                let (o, s) = decide_check(stored, now, check);
+                (o, Some(s))
+            };
         admission.add(check, outcome.allowed);
         outcomes.push(outcome);
         next.push(state);
@@ -365,8 +369,9 @@ fn decide_in_place(
                 remaining_now(guards[slot[i]].counters.get_mut(fps[i]), check, now);
             continue;
         }
-        // A check charges nothing.
-        if check.hits == 0 {
+        // A check charges nothing (a reservation or its settle of 0 hits still changes what
+        // is held).
+        if check.hits == 0 && check.lease.is_none() {
             continue;
         }
         let p = check.params();
@@ -430,19 +435,32 @@ fn remaining_now(counter: Option<&mut Counter>, check: &LimitCheck, now: u64) ->
 }
 
 /// One check on a stored state: its algorithm's math, with the request id for an `in_flight`
-/// slot.
+/// slot or a reservation.
 fn decide_check(state: Option<&State>, now: u64, check: &LimitCheck) -> (Outcome, State) {
     let p = check.params();
+    // Ids kept as keyed fingerprints (random per process): a few bytes an entry whatever the
+    // id's length, and no id a client picks collides with another on purpose.
+    static IDS: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
+    let fingerprint = |id: &str| IDS.get_or_init(Default::default).hash_one(id);
     match &check.lease {
-        Some(l) if p.algorithm == Algorithm::InFlight => {
+        Some(l) if p.algorithm != Algorithm::InFlight => match l.terms() {
+            Some(terms) => {
+                let id = fingerprint(&l.id);
+                let op = if l.release {
+                    Settle::Settle(id)
+                } else {
+                    Settle::Reserve(id)
+                };
+                algorithm::reserve(state, now, p, check.hits, op, terms)
+            }
+            None => algorithm::decide(state, now, p, check.hits, check.mode()),
+        },
+        Some(l) => {
             let slots = match state {
                 Some(State::Slots(s)) => Some(&**s),
                 _ => None,
             };
-            // Ids kept as keyed fingerprints (random per process): 16 bytes a slot whatever the
-            // id's length, and no id a client picks collides with another on purpose.
-            static IDS: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
-            let id = IDS.get_or_init(Default::default).hash_one(&*l.id);
+            let id = fingerprint(&l.id);
             let op = if l.release {
                 Lease::Free(id)
             } else {
@@ -489,7 +507,7 @@ fn decide_on_copies(
         .iter()
         .zip(&allowed)
         .zip(&charge)
-        .all(|((c, &ok), &w)| w || c.hits == 0 || !(ok || c.record));
+        .all(|((c, &ok), &w)| w || (c.hits == 0 && c.lease.is_none()) || !(ok || c.record));
     if !exact {
         // Only some checks are written: replay just those on fresh copies, and report what the
         // others' counters really have left.
@@ -519,7 +537,7 @@ fn decide_on_copies(
             .iter()
             .zip(fps)
             .zip(&charge)
-            .any(|((c, f), &w)| f == fp && w && c.hits > 0);
+            .any(|((c, f), &w)| f == fp && w && (c.hits > 0 || c.lease.is_some()));
         if written {
             let p = checks[i].params();
             evicted += u64::from(guards[slot[i]].write(*fp, state.clone(), p, now));

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 pub use crate::algorithm::Outcome;
 use crate::algorithm::{LimitParams, Mode};
-use crate::config::Limit;
+use crate::config::{Limit, Reservations};
 pub use chain::{LocalChain, StoreChain};
 pub use signals::{DenialFinality, LocalTallies, StoreSignals, Tally};
 
@@ -72,20 +72,34 @@ pub struct LimitCheck {
     /// envoyproxy's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (set on every check of such a
     /// request): if any recording check would exceed its limit, only those are charged.
     pub stop_over: bool,
-    /// On an `in_flight` limit: the request the descriptor's trailing id entry names, and
-    /// whether this is its stream-done call (which frees the slot) or its request-time call
-    /// (which takes one). `None` on other limits, and on an `in_flight` limit whose descriptor
-    /// names no request (a check: allowed while a slot is free).
+    /// On an `in_flight` limit or a rate limit with `reservations`: the request the
+    /// descriptor's trailing id entry names, and whether this is its stream-done call (which
+    /// frees the slot or settles the reservation) or its request-time call (which takes one or
+    /// reserves `hits`). `None` on other limits, and on a descriptor that names no request
+    /// (an `in_flight` check: allowed while a slot is free; a plain charge on a rate limit).
     pub lease: Option<LeaseCall>,
 }
 
-/// A request's own entry on an `in_flight` limit.
+/// A request's own entry on an `in_flight` limit or a rate limit with `reservations`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseCall {
     /// The request id (at most `MAX_LEASE_ID_BYTES`).
     pub id: Arc<str>,
-    /// The stream-done call: frees the id's slot (never denied).
+    /// The stream-done call: frees the id's slot, or settles its reservation at the check's
+    /// hits (never denied).
     pub release: bool,
+    /// On a rate limit with `reservations`: its terms (`None` on an `in_flight` limit).
+    pub reservations: Option<Reservations>,
+}
+
+impl LeaseCall {
+    /// The reservation terms as the algorithm takes them, if this is a reservation.
+    pub fn terms(&self) -> Option<crate::algorithm::Terms> {
+        self.reservations.map(|r| crate::algorithm::Terms {
+            lease_us: r.lease.millis().saturating_mul(1000),
+            max: r.max,
+        })
+    }
 }
 
 impl LimitCheck {
@@ -125,7 +139,8 @@ pub fn charged(checks: &[LimitCheck], allowed: &[bool], admitted: bool) -> Vec<b
         .zip(allowed)
         .map(|(c, &ok)| {
             if stop {
-                // A stream-done call frees its `in_flight` slot whatever else is over.
+                // A stream-done call frees its `in_flight` slot or settles its reservation
+                // whatever else is over.
                 (c.record && (!ok || c.refund)) || c.lease.as_ref().is_some_and(|l| l.release)
             } else {
                 c.record || (admitted && ok)

@@ -172,6 +172,7 @@ async fn distinct_ids_keep_the_counter_at_max(kind: &str) {
         c.lease = Some(LeaseCall {
             id: std::sync::Arc::from(format!("request-{i}")),
             release: false,
+            reservations: None,
         });
         c
     };
@@ -214,6 +215,7 @@ async fn distinct_ids_keep_the_counter_at_max(kind: &str) {
     free.lease = Some(LeaseCall {
         id: std::sync::Arc::from(format!("request-{}", admitted[0])),
         release: true,
+        reservations: None,
     });
     free.record = true;
     assert!(store.decide(&[free]).await.expect("freed").admitted);

@@ -70,6 +70,7 @@ mod redis_faults;
 mod redis_path;
 mod redis_support;
 mod reload;
+mod reservations;
 mod rlqs;
 mod semantics;
 mod sentinel;

@@ -2,7 +2,9 @@
 //! its flags and its children, with every error of the subtree collected.
 
 use super::super::yaml::{Node, Value};
-use super::super::{DescriptorNode, LeaseKeys, Level, Location, RateLimitRule, ValueMatch};
+use super::super::{
+    DescriptorNode, LeaseKeys, Level, Location, Quota, RateLimitRule, Reservations, ValueMatch,
+};
 use super::ctx::{join, kind, Ctx, ParsedLimit};
 use super::schema::Scope;
 use std::collections::HashMap;
@@ -27,8 +29,9 @@ struct DescriptorKeys<'a> {
     value_to_metric: bool,
     share_threshold: Option<usize>,
     metadata: Option<Arc<prost_types::Struct>>,
-    /// (value node, path) of `in_flight`.
+    /// (value node, path) of `in_flight` and of `reservations`.
     in_flight: Option<(&'a Node, String)>,
+    reservations: Option<(&'a Node, String)>,
 }
 
 impl Ctx {
@@ -107,52 +110,128 @@ impl Ctx {
         })
     }
 
-    /// The `in_flight` block, added to the node's limits (with its shadow and quota modes);
-    /// its entry names must not also be the keys of child descriptors, which they would hide.
+    /// The lease blocks: `in_flight` added to the node's limits (with its shadow and quota
+    /// modes), `reservations` set on the node's rate limits. Both name requests by the node's
+    /// one pair of entry names, which must not also be the keys of child descriptors (they would
+    /// hide them).
     fn lease_limit(
         &mut self,
         keys: &DescriptorKeys<'_>,
         rules: &mut Vec<RateLimitRule>,
     ) -> Option<LeaseKeys> {
-        let (node, p) = keys.in_flight.as_ref()?;
-        let (parsed, lease) = self.in_flight(node, p)?;
-        if let Some((
+        let in_flight = match &keys.in_flight {
+            Some((node, p)) => Some((self.in_flight(node, p)?, p.as_str())),
+            None => None,
+        };
+        let reservations = match &keys.reservations {
+            Some((node, p)) => Some((self.reservations(node, p)?, node.line, p.as_str())),
+            None => None,
+        };
+        let mut lease: Option<(LeaseKeys, &str)> = None;
+        if let Some(((terms, lk), line, p)) = reservations {
+            self.reserve_on(rules, terms, line, p);
+            lease = Some((lk, p));
+        }
+        if let Some(((parsed, lk), p)) = in_flight {
+            if let Some((other, op)) = &lease {
+                if *other != lk {
+                    self.err(
+                        keys.in_flight.as_ref().map_or(0, |(n, _)| n.line),
+                        p,
+                        format!(
+                            "`in_flight` names requests by '{}'/'{}' but `reservations` ({op}) by                              '{}'/'{}': one descriptor names its requests one way; use the same                              `id_key` and `done_key`",
+                            lk.id_key, lk.done_key, other.id_key, other.done_key
+                        ),
+                    );
+                    return None;
+                }
+            }
+            rules.push(RateLimitRule {
+                shadow_mode: keys.shadow_mode,
+                quota_mode: keys.quota_mode,
+                ..parsed.rule
+            });
+            lease = Some((lk, p));
+        }
+        let (lease, p) = lease?;
+        self.check_lease_children(keys, &lease, p);
+        Some(lease)
+    }
+
+    /// Sets `reservations` on the node's rate limits: it needs one, never `unlimited` (which has
+    /// nothing to reserve) nor a resource limit (whose requests are other nodes').
+    fn reserve_on(
+        &mut self,
+        rules: &mut [RateLimitRule],
+        terms: Reservations,
+        line: usize,
+        path: &str,
+    ) {
+        if rules.is_empty() {
+            self.err(
+                line,
+                path,
+                "`reservations` reserves against the descriptor's `rate_limit`, and it has none"
+                    .to_string(),
+            );
+        }
+        for r in rules.iter_mut() {
+            if r.quota == Quota::Unlimited {
+                self.err(
+                    line,
+                    path,
+                    "`reservations` on an `unlimited` limit: there is nothing to reserve against"
+                        .to_string(),
+                );
+            } else if r.applies_to_descendants {
+                self.err(
+                    line,
+                    path,
+                    "`reservations` on a limit with `applies_to_descendants`: its requests name \
+                     nodes below, not this one; put `reservations` on those nodes"
+                        .to_string(),
+                );
+            } else {
+                r.reservations = Some(terms);
+            }
+        }
+    }
+
+    /// A child whose key is one of the lease entry names would be mistaken for it.
+    fn check_lease_children(&mut self, keys: &DescriptorKeys<'_>, lease: &LeaseKeys, block: &str) {
+        let Some((
             Node {
                 value: Value::Seq(items),
                 ..
             },
             cp,
         )) = &keys.children
-        {
-            for (n, item) in items.iter().enumerate() {
-                let Value::Map(entries) = &item.value else {
-                    continue;
-                };
-                let child_key = entries
-                    .iter()
-                    .find_map(|(k, v)| match (&k.value, &v.value) {
-                        (Value::Scalar(k), Value::Scalar(v)) if k.text == "key" => Some(&v.text),
-                        _ => None,
-                    });
-                if let Some(ck) =
-                    child_key.filter(|ck| **ck == lease.id_key || **ck == lease.done_key)
-                {
-                    self.err(
-                        item.line,
-                        &format!("{cp}[{n}]"),
-                        format!(
-                            "a child descriptor with key '{ck}', which this descriptor's                              `in_flight` uses to name requests: the two would be mistaken for                              each other; rename one"
-                        ),
-                    );
-                }
+        else {
+            return;
+        };
+        for (n, item) in items.iter().enumerate() {
+            let Value::Map(entries) = &item.value else {
+                continue;
+            };
+            let child_key = entries
+                .iter()
+                .find_map(|(k, v)| match (&k.value, &v.value) {
+                    (Value::Scalar(k), Value::Scalar(v)) if k.text == "key" => Some(&v.text),
+                    _ => None,
+                });
+            if let Some(ck) = child_key.filter(|ck| **ck == lease.id_key || **ck == lease.done_key)
+            {
+                self.err(
+                    item.line,
+                    &format!("{cp}[{n}]"),
+                    format!(
+                        "a child descriptor with key '{ck}', which this descriptor's lease \
+                         block ({block}) uses to name requests: the two would be mistaken for \
+                         each other; rename one"
+                    ),
+                );
             }
         }
-        rules.push(RateLimitRule {
-            shadow_mode: keys.shadow_mode,
-            quota_mode: keys.quota_mode,
-            ..parsed.rule
-        });
-        Some(lease)
     }
 
     /// Two siblings with the same key and value would count on one counter: an error naming
@@ -201,6 +280,7 @@ impl Ctx {
                 "rate_limits" => d.rate_limits = Some((v, p, k.line)),
                 "descriptors" => d.children = Some((v, p)),
                 "in_flight" => d.in_flight = Some((v, p)),
+                "reservations" => d.reservations = Some((v, p)),
                 "shadow_mode" => d.shadow_mode = self.flag(v, &p, name).unwrap_or(false),
                 "quota_mode" => d.quota_mode = self.flag(v, &p, name).unwrap_or(false),
                 "detailed_metric" => d.detailed_metric = self.flag(v, &p, name).unwrap_or(false),

@@ -1,21 +1,36 @@
-//! A descriptor's `in_flight` block: a limit on requests holding a slot at once, taken by the
-//! request-time call and freed by the stream-done call (or when its lease ends). It loads to an
-//! ordinary [`RateLimitRule`] of algorithm [`Algorithm::InFlight`] (`max` slots, the lease as
-//! its period), so every part that handles limits (replaces, shadow, quota mode, metrics,
-//! `/rlconfig`) handles it too, and to the node's [`LeaseKeys`].
+//! A descriptor's lease blocks, the limits a request holds from its request-time call to its
+//! stream-done call (or until a lease ends):
+//! - `in_flight: {max, lease, id_key, done_key}`: requests holding a slot at once. It loads to an
+//!   ordinary [`RateLimitRule`] of algorithm [`Algorithm::InFlight`] (`max` slots, the lease as
+//!   its period), so every part that handles limits (replaces, shadow, quota mode, metrics,
+//!   `/rlconfig`) handles it too;
+//! - `reservations: {lease, id_key, done_key, max}`: the node's rate limits reserve a request's
+//!   hits when it starts and settle them at the actual when it ends ([`Reservations`] on each
+//!   of the node's limits).
+//!
+//! Both name the request by the same trailing entry: the node's [`LeaseKeys`].
 
 use super::super::yaml::{Node, Resolved, Value};
-use super::super::{Algorithm, LeaseKeys, Limit, Quota, RateLimitRule};
+use super::super::{Algorithm, LeaseKeys, Limit, Period, Quota, RateLimitRule, Reservations};
 use super::ctx::{describe, join, kind, Ctx, ParsedLimit};
 use super::limit::parse_period;
 use super::schema::Scope;
 
-/// Slots one `in_flight` limit may have: each slot is an entry (its request id) kept with the
-/// counter, in memory and in Redis, so this bounds what one counter holds.
+/// Slots one `in_flight` limit may have, and reservations one counter may hold: each is an
+/// entry (its request id) kept with the counter, in memory and in Redis, so this bounds what one
+/// counter holds.
 pub const MAX_IN_FLIGHT: u32 = 10_000;
 /// Longest request id a lease entry may carry (bytes); a longer one is INVALID_ARGUMENT. Envoy's
 /// `x-request-id` is a 36-character UUID.
 pub const MAX_LEASE_ID_BYTES: usize = 128;
+
+/// A lease block as written: `max` (required for `in_flight`, optional for `reservations`),
+/// the lease and the entry names.
+struct LeaseBlock {
+    max: Option<u32>,
+    lease: Period,
+    keys: LeaseKeys,
+}
 
 impl Ctx {
     /// `in_flight: {max, lease, id_key, done_key}`.
@@ -24,13 +39,64 @@ impl Ctx {
         node: &Node,
         path: &str,
     ) -> Option<(ParsedLimit, LeaseKeys)> {
+        let block = self.lease_block(node, path, Scope::InFlight)?;
+        let rule = RateLimitRule {
+            name: None,
+            quota: Quota::Limited(Limit {
+                requests_per_unit: block.max?,
+                period: block.lease,
+                algorithm: Algorithm::InFlight,
+                burst: 0,
+            }),
+            replaces: Vec::new(),
+            shadow_mode: false,
+            quota_mode: false,
+            applies_to_descendants: false,
+            record_usage: false,
+            reservations: None,
+        };
+        let parsed = ParsedLimit {
+            rule,
+            path: path.to_owned(),
+            name_line: None,
+            descendants_line: None,
+        };
+        Some((parsed, block.keys))
+    }
+
+    /// `reservations: {lease, id_key, done_key, max}` (`max` defaults to [`MAX_IN_FLIGHT`]).
+    pub(super) fn reservations(
+        &mut self,
+        node: &Node,
+        path: &str,
+    ) -> Option<(Reservations, LeaseKeys)> {
+        let block = self.lease_block(node, path, Scope::Reservations)?;
+        let terms = Reservations {
+            lease: block.lease,
+            max: block.max.unwrap_or(MAX_IN_FLIGHT),
+        };
+        Some((terms, block.keys))
+    }
+
+    fn lease_block(&mut self, node: &Node, path: &str, scope: Scope) -> Option<LeaseBlock> {
+        let (name, example, max_means) = match scope {
+            Scope::InFlight => (
+                "in_flight",
+                "{max: 3, lease: 5s, id_key: request_id, done_key: request_done}",
+                "slots held at once",
+            ),
+            _ => (
+                "reservations",
+                "{lease: 5m, id_key: request_id, done_key: request_done}",
+                "reservations held at once per counter",
+            ),
+        };
         let Value::Map(entries) = &node.value else {
             self.err(
                 node.line,
                 path,
                 format!(
-                    "`in_flight` must be a mapping like {{max: 3, lease: 5s, id_key: request_id, \
-                     done_key: request_done}}, not a {}",
+                    "`{name}` must be a mapping like {example}, not a {}",
                     kind(node)
                 ),
             );
@@ -38,10 +104,10 @@ impl Ctx {
         };
         let errors_before = self.errors.len();
         let (mut max, mut lease, mut id_key, mut done_key) = (None, None, None, None);
-        for (key, _, v) in self.entries(entries, path, Scope::InFlight) {
+        for (key, _, v) in self.entries(entries, path, scope) {
             let p = join(path, key);
             match key {
-                "max" => max = self.slots(v, &p),
+                "max" => max = self.slots(v, &p, max_means),
                 "lease" => {
                     let expected = "a duration such as 500ms, 10s or 5m";
                     if let Some(text) = self.text(v, &p, key, expected) {
@@ -50,7 +116,14 @@ impl Ctx {
                             Err(e) => self.err(
                                 v.line,
                                 &p,
-                                format!("`lease` {e}; a lease of 0 would free every slot at once"),
+                                format!(
+                                    "`lease` {e}; a lease of 0 would end every {} at once",
+                                    if scope == Scope::InFlight {
+                                        "slot"
+                                    } else {
+                                        "reservation"
+                                    }
+                                ),
                             ),
                         }
                     }
@@ -60,18 +133,28 @@ impl Ctx {
                 _ => {}
             }
         }
-        for (name, missing) in [
-            ("max", max.is_none()),
-            ("lease", lease.is_none()),
-            ("id_key", id_key.is_none()),
-            ("done_key", done_key.is_none()),
-        ] {
+        let required: &[(&str, bool)] = if scope == Scope::InFlight {
+            &[
+                ("max", max.is_none()),
+                ("lease", lease.is_none()),
+                ("id_key", id_key.is_none()),
+                ("done_key", done_key.is_none()),
+            ]
+        } else {
+            &[
+                ("lease", lease.is_none()),
+                ("id_key", id_key.is_none()),
+                ("done_key", done_key.is_none()),
+            ]
+        };
+        let all = if scope == Scope::InFlight {
+            "max, lease, id_key and done_key"
+        } else {
+            "lease, id_key and done_key"
+        };
+        for &(key, missing) in required {
             if missing && self.errors.len() == errors_before {
-                self.err(
-                    node.line,
-                    path,
-                    format!("`in_flight` needs `{name}` (max, lease, id_key and done_key)"),
-                );
+                self.err(node.line, path, format!("`{name}` needs `{key}` ({all})"));
             }
         }
         if let (Some(id), Some(done)) = (&id_key, &done_key) {
@@ -89,32 +172,18 @@ impl Ctx {
         if self.errors.len() > errors_before {
             return None;
         }
-        let (max, lease, id_key, done_key) = (max?, lease?, id_key?, done_key?);
-        let rule = RateLimitRule {
-            name: None,
-            quota: Quota::Limited(Limit {
-                requests_per_unit: max,
-                period: lease,
-                algorithm: Algorithm::InFlight,
-                burst: 0,
-            }),
-            replaces: Vec::new(),
-            shadow_mode: false,
-            quota_mode: false,
-            applies_to_descendants: false,
-            record_usage: false,
-        };
-        let parsed = ParsedLimit {
-            rule,
-            path: path.to_owned(),
-            name_line: None,
-            descendants_line: None,
-        };
-        Some((parsed, LeaseKeys { id_key, done_key }))
+        Some(LeaseBlock {
+            max,
+            lease: lease?,
+            keys: LeaseKeys {
+                id_key: id_key?,
+                done_key: done_key?,
+            },
+        })
     }
 
     /// `max`: 1 to [`MAX_IN_FLIGHT`].
-    fn slots(&mut self, node: &Node, path: &str) -> Option<u32> {
+    fn slots(&mut self, node: &Node, path: &str, means: &str) -> Option<u32> {
         if let Value::Scalar(s) = &node.value {
             if let Resolved::Int(n) = s.resolve() {
                 if let Ok(n) = u32::try_from(n) {
@@ -128,7 +197,7 @@ impl Ctx {
             node.line,
             path,
             format!(
-                "`max` must be an integer from 1 to {MAX_IN_FLIGHT} (slots held at once), got {}",
+                "`max` must be an integer from 1 to {MAX_IN_FLIGHT} ({means}), got {}",
                 describe(node)
             ),
         );

@@ -154,6 +154,7 @@ impl Ctx {
                 quota_mode: false,
                 applies_to_descendants: descendants_line.is_some(),
                 record_usage,
+                reservations: None,
             },
             descendants_line,
         })

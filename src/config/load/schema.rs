@@ -13,6 +13,8 @@ pub(super) enum Scope {
     Replaces,
     /// A descriptor's `in_flight` block.
     InFlight,
+    /// A descriptor's `reservations` block.
+    Reservations,
 }
 
 const ROOT_KEYS: &[&str] = &["domain", "descriptors", "hash_tag", "counting"];
@@ -29,6 +31,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "quota_mode",
     "metadata",
     "in_flight",
+    "reservations",
 ];
 /// The keys of one limit: envoyproxy/ratelimit's, then the sluice extensions (docs/semantics.md, "sluice extensions").
 const LIMIT_KEYS: &[&str] = &[
@@ -45,6 +48,7 @@ const LIMIT_KEYS: &[&str] = &[
 ];
 const REPLACES_KEYS: &[&str] = &["name"];
 const IN_FLIGHT_KEYS: &[&str] = &["max", "lease", "id_key", "done_key"];
+const RESERVATIONS_KEYS: &[&str] = &["lease", "id_key", "done_key", "max"];
 
 impl Scope {
     pub(super) fn keys(self) -> &'static [&'static str] {
@@ -54,6 +58,7 @@ impl Scope {
             Scope::RateLimit | Scope::RateLimitsEntry => LIMIT_KEYS,
             Scope::Replaces => REPLACES_KEYS,
             Scope::InFlight => IN_FLIGHT_KEYS,
+            Scope::Reservations => RESERVATIONS_KEYS,
         }
     }
 
@@ -69,6 +74,7 @@ impl Scope {
             Scope::RateLimitsEntry => "in a `rate_limits` entry",
             Scope::Replaces => "in a `replaces` entry",
             Scope::InFlight => "in `in_flight`",
+            Scope::Reservations => "in `reservations`",
         }
     }
 }

@@ -43,6 +43,7 @@ fn envoyproxy_config_keeps_its_exact_model() {
             quota_mode: false,
             applies_to_descendants: false,
             record_usage: false,
+            reservations: None,
         }]
     );
     let Quota::Limited(l) = n.rate_limits[0].quota else {

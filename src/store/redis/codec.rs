@@ -13,13 +13,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The decision script, `decide.lua`, joined from its five files; KEYS/ARGV are documented at
+/// The decision script, `decide.lua`, joined from its six files; KEYS/ARGV are documented at
 /// the top of the first.
 pub(super) const DECIDE_LUA: &str = concat!(
     include_str!("decide/head.lua"),
     include_str!("decide/window.lua"),
     include_str!("decide/log.lua"),
     include_str!("decide/bucket.lua"),
+    include_str!("decide/lease.lua"),
     include_str!("decide/call.lua"),
 );
 
@@ -103,9 +104,9 @@ pub(super) struct Call {
     pub(super) plain: bool,
     /// A plain call's counting `m` (decide.lua): 0 all or nothing, 1 record, 3 record + stop.
     pub(super) counting: u64,
-    /// A call with an `in_flight` limit: per limit, its op and request id (decide.lua's layout
-    /// with K = 6); empty for every other call.
-    pub(super) lease: Vec<(u64, Arc<str>)>,
+    /// A call with a lease limit (`in_flight`, `reservations`): per limit, its op, request id,
+    /// lease and cap (decide.lua's layout with K = 8); empty for every other call.
+    pub(super) lease: Vec<LeaseArg>,
 }
 
 impl Call {
@@ -182,9 +183,9 @@ pub(super) fn encode(
         && idx.iter().all(|&i| {
             meta(&checks[i]) & !COUNTING_META == 0 && meta(&checks[i]) & COUNTING_META == counting
         });
-    let in_flight = idx
-        .iter()
-        .any(|&i| checks[i].key.limit.algorithm == Algorithm::InFlight);
+    let in_flight = idx.iter().any(|&i| {
+        checks[i].key.limit.algorithm == Algorithm::InFlight || checks[i].lease.is_some()
+    });
     let mut keys = Vec::with_capacity(idx.len());
     let mut args = Vec::with_capacity(idx.len() * ARGS_PER_KEY);
     let mut lease = Vec::new();
@@ -211,15 +212,39 @@ pub(super) fn encode(
     }
 }
 
-/// decide.lua's `op` and `id` of one limit of a call with an `in_flight` limit.
-fn lease_arg(c: &LimitCheck) -> (u64, Arc<str>) {
+/// decide.lua's `op`, `id`, `lease` and `cap` of one limit of a call with a lease limit.
+#[derive(Debug, Clone)]
+pub(super) struct LeaseArg {
+    /// 0 none, 1 take a slot, 2 free it, 3 check for one, 4 reserve, 5 settle; the request id;
+    /// a reservation's lease (µs) and how many its counter holds (0 unless op 4 or 5).
+    op: u64,
+    id: Arc<str>,
+    lease_us: u64,
+    cap: u64,
+}
+
+fn lease_arg(c: &LimitCheck) -> LeaseArg {
+    let arg = |op, id: &Arc<str>| LeaseArg {
+        op,
+        id: Arc::clone(id),
+        lease_us: 0,
+        cap: 0,
+    };
+    let none = Arc::from("");
     if c.key.limit.algorithm != Algorithm::InFlight {
-        return (0, Arc::from(""));
+        return match (&c.lease, c.lease.as_ref().and_then(|l| l.terms())) {
+            (Some(l), Some(t)) => LeaseArg {
+                lease_us: t.lease_us,
+                cap: u64::from(t.max),
+                ..arg(if l.release { 5 } else { 4 }, &l.id)
+            },
+            _ => arg(0, &none),
+        };
     }
     match &c.lease {
-        Some(l) if l.release => (2, Arc::clone(&l.id)),
-        Some(l) => (1, Arc::clone(&l.id)),
-        None => (3, Arc::from("")),
+        Some(l) if l.release => arg(2, &l.id),
+        Some(l) => arg(1, &l.id),
+        None => arg(3, &none),
     }
 }
 
@@ -384,7 +409,7 @@ impl<'a> Batch<'a> {
                     if call.lease.is_empty() {
                         inv.arg(limits);
                     } else {
-                        // The in_flight layout: -n, then K = 6 per limit.
+                        // The lease layout: -n, then K = 8 per limit.
                         inv.arg(-i64::try_from(limits).unwrap_or(i64::MAX));
                     }
                     for (n, (key, args)) in call
@@ -397,8 +422,8 @@ impl<'a> Batch<'a> {
                         for a in args {
                             inv.arg(*a);
                         }
-                        if let Some((op, id)) = call.lease.get(n) {
-                            inv.arg(*op).arg(&**id);
+                        if let Some(l) = call.lease.get(n) {
+                            inv.arg(l.op).arg(&*l.id).arg(l.lease_us).arg(l.cap);
                         }
                     }
                     // A guarded call's guard: a key after its limits' keys, not a limit.

@@ -1,4 +1,4 @@
--- decide.lua, part 5 of 5: an undo call, and one request decided by the charging rule, for
+-- decide.lua, part 6 of 6: an undo call, and one request decided by the charging rule, for
 -- every request of the call (see head.lua for KEYS and ARGV).
 ------------------------------------------------------------------------------------- the call
 
@@ -115,63 +115,6 @@ local function left_on(key, v, alg, limit, period, meta)
   return remaining
 end
 
--- in_flight on the slots at `key` (see head.lua), as this request's earlier checks left them
--- (`sv`, the key's view for this request: a take or free is seen by the checks after it, as the
--- memory store decides on copies). Returns allowed, remaining, retry_us, whether the request
--- changes the slots if charged, and the slots free as stored.
-local function slot_view(key, limit)
-  call('ZREMRANGEBYSCORE', key, '-inf', now)
-  local n = call('ZCARD', key)
-  local free = 0
-  if n < limit then free = limit - n end
-  return {n = n, free = free, ids = {}, frees = 0}
-end
-
-local function holds(key, sv, id)
-  local t = sv.ids[id]
-  if t ~= nil then return t end
-  return call('ZSCORE', key, id) ~= false
-end
-
--- When the first slot of the view ends: the earliest stored one this request has not freed,
--- or a slot it took (a lease from now).
-local function first_end(key, sv, period)
-  local got = call('ZRANGE', key, 0, sv.frees, 'WITHSCORES')
-  for j = 1, #got, 2 do
-    if sv.ids[got[j]] ~= false then return tonumber(got[j + 1]) end
-  end
-  return now + period
-end
-
-local function in_flight(key, sv, limit, period, op, id)
-  local n = sv.n
-  local function left(m) if m < limit then return limit - m end return 0 end
-  if op == 2 then
-    if holds(key, sv, id) then
-      sv.ids[id], sv.n, sv.frees = false, n - 1, sv.frees + 1
-      return true, left(n - 1), 0, true
-    end
-    return true, left(n), 0, false
-  end
-  if op == 1 and holds(key, sv, id) then return true, left(n), 0, false end
-  if n < limit then
-    if op == 3 then return true, left(n), 0, false end
-    sv.ids[id], sv.n = true, n + 1
-    return true, left(n + 1), 0, true
-  end
-  return false, 0, first_end(key, sv, period) - now, false
-end
-
--- Writes a charged in_flight change: the slot taken (until its lease ends) or freed.
-local function slot_write(key, period, op, id)
-  if op == 1 then
-    call('ZADD', key, now + period, id)
-    call('PEXPIRE', key, ttl_ms(period))
-  else
-    call('ZREM', key, id)
-  end
-end
-
 local function general(KB, AB, n)
   local out = {1}
   local views = {}
@@ -184,6 +127,8 @@ local function general(KB, AB, n)
   local ops, free = {}, {} -- in_flight: check index -> op (0: not in_flight), slots free
   local slots = {} -- in_flight: key -> its view for this request
   local changes = {} -- in_flight: check index -> whether it changes the slots
+  local resv = {} -- reservations: key -> its view for this request
+  local held = {} -- reservations: check index -> the change to write if charged
 
   for i = 1, n do
     local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
@@ -196,16 +141,26 @@ local function general(KB, AB, n)
     local record = floor(flags / 16) % 2 == 1
     if flags >= 32 then stop = true end
     local op, touched_slot = 0, false
-    if K == 6 then op = tonumber(ARGV[b + 4]) end
+    if K == 8 then op = tonumber(ARGV[b + 4]) end
     ops[i] = op
     local v = views[key]
-    if not v and op == 0 then
+    if not v and (op == 0 or op >= 4) then
       v = load_view(key, alg, period)
       views[key] = v
       if tokens_wanted then before[key] = left_on(key, v, alg, limit, period, meta) end
     end
     local allowed, remaining, reset, retry, token
-    if op > 0 then
+    if op >= 4 then
+      local rv = resv[key]
+      if not rv then
+        rv = res_view(key)
+        resv[key] = rv
+      end
+      local changed
+      allowed, remaining, reset, retry, changed, held[i] = reserve(key, v, rv, alg, limit, period,
+        meta, hits, op, ARGV[b + 5], tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7]))
+      token, touched_slot = 0, changed
+    elseif op > 0 then
       local sv = slots[key]
       if not sv then
         sv = slot_view(key, limit)
@@ -233,6 +188,11 @@ local function general(KB, AB, n)
     -- (An in_flight take or free counts as a change here whether or not it changes the slots,
     -- as for the memory store; what it writes is `changes`.)
     touched[i] = (hits > 0) and (allowed or record)
+    if op >= 4 then
+      -- A reservation or its settle changes what is held even at 0 hits (the memory store's
+      -- rule); `touched_slot` is whether it changed the counter.
+      touched[i] = allowed or record
+    end
     changes[i] = touched_slot
     if record and not allowed then over = true end
     if quota then quotas = quotas + 1 end
@@ -250,7 +210,7 @@ local function general(KB, AB, n)
       -- Only a written charge has something to undo (set below, once it is written).
       out[o + 3] = 0
       out[o + 4] = before[key]
-      if not (allowed and hits > 0 and not refund) then
+      if op > 0 or not (allowed and hits > 0 and not refund) then
         token = 0
       elseif alg >= 2 then
         token = 1 -- a token bucket's undo is arithmetic; a log entry's id is known once written
@@ -271,7 +231,7 @@ local function general(KB, AB, n)
   local charged, exact = {}, true
   for i = 1, n do
     if stop and over then
-      charged[i] = (recs[i] and (refs[i] or not oks[i])) or ops[i] == 2
+      charged[i] = (recs[i] and (refs[i] or not oks[i])) or ops[i] == 2 or ops[i] == 5
     else
       charged[i] = recs[i] or (admitted == 1 and oks[i])
     end
@@ -284,7 +244,7 @@ local function general(KB, AB, n)
     -- again; a denial is the path an attacker drives, so it stays O(log n) too), then charge
     -- only the checks that are, on fresh views.
     for i = 1, n do
-      if not charged[i] and ops[i] > 0 then
+      if not charged[i] and ops[i] > 0 and ops[i] < 4 then
         local o = 2 + W * (i - 1)
         out[o] = out[o] % 2 + 2 * free[i]
       elseif not charged[i] then
@@ -298,8 +258,29 @@ local function general(KB, AB, n)
       end
     end
     views_written, slots = {}, {}
+    local resv2 = {}
     for i = 1, n do
-      if charged[i] and touched[i] and ops[i] == 0 then
+      if charged[i] and ops[i] >= 4 then
+        -- A reservation or settle charged: decided again on fresh views (of the counter and of
+        -- the reservations), as the memory store replays it on fresh copies.
+        local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
+        local limit, period = tonumber(ARGV[b]), tonumber(ARGV[b + 1])
+        local meta = tonumber(ARGV[b + 3])
+        local v = views_written[key]
+        if not v then
+          v = load_view(key, meta % 4, period)
+          views_written[key] = v
+        end
+        local rv = resv2[key]
+        if not rv then
+          rv = res_view(key)
+          resv2[key] = rv
+        end
+        local _
+        _, _, _, _, _, held[i] = reserve(key, v, rv, meta % 4, limit, period, meta,
+          tonumber(ARGV[b + 2]), ops[i], ARGV[b + 5], tonumber(ARGV[b + 6]),
+          tonumber(ARGV[b + 7]))
+      elseif charged[i] and touched[i] and ops[i] == 0 then
         local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
         local meta = tonumber(ARGV[b + 3])
         local v = views_written[key]
@@ -315,8 +296,12 @@ local function general(KB, AB, n)
   end
   local written = write_views(KB, AB, n, views_written)
   for i = 1, n do
-    if charged[i] and changes[i] and ops[i] > 0 then
-      local b = AB + 1 + K * (i - 1)
+    local b = AB + 1 + K * (i - 1)
+    if charged[i] and ops[i] >= 4 then
+      if held[i] ~= nil then
+        res_write(KEYS[KB + i], ARGV[b + 5], held[i], tonumber(ARGV[b + 6]))
+      end
+    elseif charged[i] and changes[i] and ops[i] > 0 then
       slot_write(KEYS[KB + i], tonumber(ARGV[b + 1]), ops[i], ARGV[b + 5])
     end
   end
@@ -345,7 +330,7 @@ local result, p, kb = {}, 4, 0
 for _ = 1, R do
   local n = tonumber(ARGV[p])
   K = 4
-  if n < 0 then n, K = -n, 6 end
+  if n < 0 then n, K = -n, 8 end
   local o = general(kb, p, n)
   for j = 1, #o do result[#result + 1] = o[j] end
   p, kb = p + 1 + K * n, kb + n

@@ -4,9 +4,10 @@
 -- charging rule of src/store/mod.rs (`charged`: all or nothing, except limits flagged record,
 -- charged whatever the verdict); the whole call is atomic.
 --
--- One script, kept in five files of src/store/redis/decide/ that codec.rs joins in this order
+-- One script, kept in six files of src/store/redis/decide/ that codec.rs joins in this order
 -- (each under 600 lines): head.lua (this: arguments, clock, the packed layout), window.lua,
--- log.lua, bucket.lua (one algorithm each), call.lua (undo, the charging rule, the loop).
+-- log.lua, bucket.lua (one algorithm each), lease.lua (in_flight slots, reservations), call.lua
+-- (undo, the charging rule, the loop).
 --
 -- KEYS      the counter keys of every request, request after request. On Cluster all keys of
 --           one call share a slot.
@@ -51,14 +52,23 @@
 --                                    limit would exceed, only those are charged
 --              burst      token_bucket: requests allowed at once above the steady rate
 --   token      undo calls only: what the charge returned as its token
---   A request with an `in_flight` limit sends -n instead of n, and K = 6: after meta, per
---   limit,
---   op         0 not in_flight; 1 take a slot for `id`; 2 free `id`'s slot; 3 check (no id)
+--   A request with a lease limit (`in_flight`, or a rate limit with `reservations` whose
+--   descriptor names a request) sends -n instead of n, and K = 8: after meta, per limit,
+--   op         0 none; 1 take a slot for `id`; 2 free `id`'s slot; 3 check for a free slot (no
+--              id); 4 reserve `hits` for `id`; 5 settle `id`'s reservation at `hits`
 --   id         the request id ("" for op 0 and 3)
---   Its slots are a sorted set at the limit's key: member = request id, score = when its
---   lease ends (us); `limit` slots, `period_us` the lease. Expired members are dropped by the
---   next call on the counter (ZREMRANGEBYSCORE; at most `limit` of them plus those a lease
---   ended), and the key expires a lease after its last take: no sweeper walks the keys.
+--   lease      ops 4 and 5: a reservation's lease in us (else 0)
+--   cap        ops 4 and 5: the reservations one counter holds at most (else 0)
+--   Slots are a sorted set at the limit's key: member = request id, score = when its lease ends
+--   (us); `limit` slots, `period_us` the lease. Expired members are dropped by the next call on
+--   the counter (ZREMRANGEBYSCORE; at most `limit` of them plus those a lease ended), and the
+--   key expires a lease after its last take: no sweeper walks the keys.
+--   Reservations ride beside the counter's own state (which is the algorithm's, unchanged):
+--   "<KEYS[i]>:e", a sorted set, member = request id, score = when its lease ends (us), and
+--   "<KEYS[i]>:r", a hash, field = request id, value "<hits>:<until us>" (until when a settle
+--   may give hits back: the end of the window that took them). Both share KEYS[i]'s hash tag;
+--   each call drops at most 64 ended entries and both keys expire a lease after the last
+--   reservation. src/algorithm/reserve.rs has the rules.
 -- (One number for algorithm, flags and burst: every argument is a Lua string to convert, and
 -- this script's cost is measured against a minimal one; see docs/performance.md.)
 --
@@ -249,7 +259,7 @@ do
   local p = 4
   for _ = 1, R do
     local n, k = tonumber(ARGV[p]), K
-    if n < 0 then n, k = -n, 6 end
+    if n < 0 then n, k, has.lease = -n, 8, true end
     for i = 1, n do has[tonumber(ARGV[p + 4 + k * (i - 1)]) % 4] = true end
     p = p + 1 + k * n
   end

@@ -1,0 +1,251 @@
+//! `reservations` on every store: the request-time call (the descriptor ends in `id_key`)
+//! reserves its hits (the estimate) and is admitted only if used + reserved + estimate fits;
+//! the stream-done call (`done_key`) settles at the actual, never denied; a reservation whose
+//! settle never comes stays charged at its estimate. On Redis the settle goes through a second
+//! replica (its own store and server on the same Redis). The Envoy test (`envoy_reservations.rs`)
+//! drives the same through a real Envoy.
+
+use super::store::{make_store, redis_store, Backend};
+use crate::support::*;
+use sluice::proto::rate_limit_response::Code;
+use sluice::proto::RateLimitRequest;
+use sluice::service::ServiceOptions;
+use sluice::store::redis::RedisKind;
+use std::time::Duration;
+
+const CONFIG: &str = r#"
+domain: ai
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000}
+    reservations: {lease: 5m, id_key: request_id, done_key: request_done}
+"#;
+
+fn with_hits(mut r: RateLimitRequest, hits: u64) -> RateLimitRequest {
+    r.descriptors[0].hits_addend = Some(hits);
+    r
+}
+
+/// The request-time call of request `id` of `user`, reserving `estimate`.
+pub(super) fn reserve(user: &str, id: &str, estimate: u64) -> RateLimitRequest {
+    with_hits(one("ai", &[("user", user), ("request_id", id)]), estimate)
+}
+
+/// The stream-done call of request `id`, settling at `actual`.
+pub(super) fn settle(user: &str, id: &str, actual: u64) -> RateLimitRequest {
+    with_hits(one("ai", &[("user", user), ("request_done", id)]), actual)
+}
+
+async fn reservations_are_made_settled_and_kept(kind: &str) {
+    let (store, clock, backend) = make_store(kind).await;
+    // The replica that settles: on Redis another store and server on the same Redis.
+    let other = match &backend {
+        Backend::Memory => store.clone(),
+        Backend::Redis(r) => redis_store(vec![r.url()], RedisKind::Single, &clock),
+        Backend::Cluster(c) => redis_store(c.seeds(), RedisKind::Cluster, &clock),
+    };
+    let opts = ServiceOptions::default;
+    let a = TestServer::start_on(CONFIG, opts(), Some(store), clock.clone()).await;
+    let b = TestServer::start_on(CONFIG, opts(), Some(other), clock.clone()).await;
+
+    // Budget 1000, estimate 400, 10 at once: exactly 2 fit.
+    let calls = (0..10).map(|i| {
+        let a = &a;
+        async move { (i, code(&a.call(reserve("u", &format!("r{i}"), 400)).await)) }
+    });
+    let codes = futures_util::future::join_all(calls).await;
+    let admitted: Vec<i32> = codes
+        .iter()
+        .filter(|(_, c)| *c == Code::Ok)
+        .map(|(i, _)| *i)
+        .collect();
+    assert_eq!(admitted.len(), 2, "{kind}: {codes:?}");
+    // They settle at 250 each, on the other replica (a settle is never denied).
+    for i in &admitted {
+        let r = b.call(settle("u", &format!("r{i}"), 250)).await;
+        assert_eq!(code(&r), Code::Ok, "{kind}: settle of r{i}");
+    }
+    // 500 used: 500 + 400 fits, then 750 + 400 does not, twice.
+    let mut seq = Vec::new();
+    for id in ["s1", "s2", "s3"] {
+        let c = code(&a.call(reserve("u", id, 400)).await);
+        if c == Code::Ok {
+            assert_eq!(code(&b.call(settle("u", id, 250)).await), Code::Ok);
+        }
+        seq.push(c);
+    }
+    assert_eq!(
+        seq,
+        [Code::Ok, Code::OverLimit, Code::OverLimit],
+        "{kind}: sequential requests after the settles"
+    );
+    // 750 + 200 fits.
+    let r = a.call(reserve("u", "s4", 200)).await;
+    assert_eq!(code(&r), Code::Ok, "{kind}: an estimate of 200");
+    assert_eq!(r.statuses[0].limit_remaining, 50, "{kind}: 950 used");
+    // A settle above the estimate charges the difference: 750 + 300 = 1050, over the limit,
+    // and the settle itself is still OK.
+    assert_eq!(
+        code(&b.call(settle("u", "s4", 300)).await),
+        Code::Ok,
+        "{kind}"
+    );
+    let r = a.call(reserve("u", "s5", 1)).await;
+    assert_eq!(code(&r), Code::OverLimit, "{kind}: 1050 used");
+    assert_eq!(r.statuses[0].limit_remaining, 0, "{kind}");
+    // The same settle again finds no reservation: it records its hits (the caller sent it).
+    // Another user: a settle without a reservation records 600; 400 more fit, 1 more not.
+    assert_eq!(code(&b.call(settle("v", "zz", 600)).await), Code::Ok);
+    assert_eq!(
+        code(&a.call(reserve("v", "x1", 400)).await),
+        Code::Ok,
+        "{kind}"
+    );
+    assert_eq!(
+        code(&a.call(reserve("v", "x2", 1)).await),
+        Code::OverLimit,
+        "{kind}: a done without a reservation recorded its hits"
+    );
+    // A retry of a request-time call holds one reservation: no second charge.
+    assert_eq!(code(&a.call(reserve("w", "y", 600)).await), Code::Ok);
+    assert_eq!(
+        code(&a.call(reserve("w", "y", 600)).await),
+        Code::Ok,
+        "{kind}"
+    );
+    assert_eq!(
+        code(&a.call(reserve("w", "y2", 400)).await),
+        Code::Ok,
+        "{kind}: 600 + 400 (the retry charged nothing)"
+    );
+    // A reservation whose settle never comes stays charged at its estimate when its lease ends
+    // (1000 used by w); a settle after the lease records its hits on top.
+    clock.advance(Duration::from_secs(301));
+    assert_eq!(
+        code(&a.call(reserve("w", "y3", 1)).await),
+        Code::OverLimit,
+        "{kind}: unsettled reservations stay charged"
+    );
+    let r = b.call(settle("w", "y", 0)).await;
+    assert_eq!(code(&r), Code::Ok, "{kind}: a late settle");
+    assert_eq!(
+        r.statuses[0].limit_remaining, 0,
+        "{kind}: nothing given back"
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
+test_with_all_stores!(reservations_on, kind => reservations_are_made_settled_and_kept);
+
+/// A settle below the estimate gives back only into the window that took it: a request reserved
+/// just before an hour ends and settled after gives nothing to the new hour.
+async fn a_give_back_stays_in_its_window(kind: &str) {
+    let (store, clock, _backend) = make_store(kind).await;
+    let s = TestServer::start_on(
+        CONFIG,
+        ServiceOptions::default(),
+        Some(store),
+        clock.clone(),
+    )
+    .await;
+    clock.advance(Duration::from_secs(3599));
+    assert_eq!(code(&s.call(reserve("u", "a", 900)).await), Code::Ok);
+    clock.advance(Duration::from_secs(2));
+    // In the new hour: 1000 left whatever the settle says.
+    let r = s.call(settle("u", "a", 100)).await;
+    assert_eq!(r.statuses[0].limit_remaining, 1000, "{kind}");
+    assert_eq!(
+        code(&s.call(reserve("u", "b", 1000)).await),
+        Code::Ok,
+        "{kind}"
+    );
+    s.stop().await;
+}
+
+test_with_all_stores!(give_back_window_on, kind => a_give_back_stays_in_its_window);
+
+/// 100 000 distinct request ids against one counter with `max: 3`: a reservation past the cap
+/// is denied and holds nothing, so memory keeps 3 entries and Redis 3 (a sorted set and a hash
+/// beside the counter's window key); the budget itself takes only the admitted estimates.
+async fn distinct_ids_keep_the_reservations_at_the_cap(kind: &str) {
+    use sluice::config::{Algorithm, Limit, Period, Reservations};
+    use sluice::store::{LeaseCall, LimitCheck};
+    let (store, _clock, backend) = make_store(kind).await;
+    let limit = Limit {
+        requests_per_unit: 1_000_000,
+        period: Period::from_millis(3_600_000).expect("1 h"),
+        algorithm: Algorithm::FixedWindow,
+        burst: 0,
+    };
+    let terms = Reservations {
+        lease: Period::from_millis(300_000).expect("5 min"),
+        max: 3,
+    };
+    let check = |id: String, release: bool| {
+        let mut c = LimitCheck::for_tests("ai", "flood", limit, 1);
+        c.record = release;
+        c.lease = Some(LeaseCall {
+            id: std::sync::Arc::from(id),
+            release,
+            reservations: Some(terms),
+        });
+        c
+    };
+    let mut admitted = Vec::new();
+    for chunk in (0..100_000u32).collect::<Vec<_>>().chunks(500) {
+        let decisions = futures_util::future::join_all(chunk.iter().map(|&i| {
+            let store = store.clone();
+            let c = check(format!("request-{i}"), false);
+            async move { (i, store.decide(&[c]).await.expect("decided")) }
+        }))
+        .await;
+        admitted.extend(
+            decisions
+                .iter()
+                .filter(|(_, d)| d.admitted)
+                .map(|(i, _)| *i),
+        );
+    }
+    assert_eq!(admitted.len(), 3, "{kind}: the cap, every other id denied");
+    match &backend {
+        Backend::Redis(r) => {
+            let keys = r.cli(&["--scan", "--pattern", "*flood*"]);
+            let found: Vec<&str> = keys.lines().map(str::trim).collect();
+            assert_eq!(found.len(), 3, "{kind}: window, :e and :r ({found:?})");
+            let e = found.iter().find(|k| k.ends_with(":e")).expect(":e");
+            let h = found.iter().find(|k| k.ends_with(":r")).expect(":r");
+            assert_eq!(r.cli(&["ZCARD", e]).trim(), "3", "{kind}");
+            assert_eq!(r.cli(&["HLEN", h]).trim(), "3", "{kind}");
+        }
+        Backend::Cluster(c) => {
+            let sizes: u64 = (0..3)
+                .map(|n| c.cli(n, &["DBSIZE"]).trim().parse::<u64>().unwrap_or(0))
+                .sum();
+            assert_eq!(sizes, 3, "{kind}: three keys in all");
+        }
+        Backend::Memory => {}
+    }
+    // The counter took the 3 admitted estimates only.
+    let plain = LimitCheck::for_tests("ai", "flood", limit, 0);
+    let d = store.decide(&[plain]).await.expect("checked");
+    assert_eq!(d.outcomes[0].remaining, 1_000_000 - 3, "{kind}");
+    // A settle frees an entry: exactly one more reservation fits.
+    let settled = store
+        .decide(&[check(format!("request-{}", admitted[0]), true)])
+        .await
+        .expect("settled");
+    assert!(settled.admitted, "{kind}");
+    let next = store
+        .decide(&[check("n1".into(), false)])
+        .await
+        .expect("n1");
+    assert!(next.admitted, "{kind}: room for one");
+    let full = store
+        .decide(&[check("n2".into(), false)])
+        .await
+        .expect("n2");
+    assert!(!full.admitted, "{kind}: full again");
+}
+
+test_with_all_stores!(a_flood_of_reservations_on, kind => distinct_ids_keep_the_reservations_at_the_cap);
