@@ -1,6 +1,7 @@
 //! The randomized differential test: random request sequences (descriptors, hits, overrides,
 //! shadow and quota limits, all four algorithms, hierarchies, several limits per descriptor,
-//! both countings, refunds, and, besides the golden seeds, `in_flight` slots) under a manual clock that jumps across window edges, run through
+//! both countings, refunds, and, besides the golden seeds, `in_flight` slots and reservations)
+//! under a manual clock that jumps across window edges, run through
 //! the gRPC API on memory, Redis, a Redis Cluster, Valkey and a Valkey cluster. Every answer
 //! (overall code, and per status its code, limit, remaining and reset) must be the same on the
 //! five stores, and, for
@@ -41,6 +42,18 @@ const COMMON: &str = r#"  - key: api
     rate_limit: {requests_per_unit: 6, unit: minute}
   - key: slot
     in_flight: {max: 2, lease: 3s, id_key: rid, done_key: rdone}
+  - key: tok
+    rate_limits:
+      - {requests_per_unit: 20, unit: minute}
+      - {requests_per_unit: 12, period: 5s, algorithm: sliding_window}
+    reservations: {lease: 2s, id_key: rid, done_key: rdone, max: 3}
+  - key: tokl
+    rate_limit: {requests_per_unit: 10, period: 3s, algorithm: sliding_log}
+    reservations: {lease: 2s, id_key: rid, done_key: rdone, max: 3}
+  - key: tokb
+    rate_limit: {requests_per_unit: 8, period: 4s, algorithm: token_bucket, burst: 4}
+    in_flight: {max: 2, lease: 3s, id_key: rid, done_key: rdone}
+    reservations: {lease: 4s, id_key: rid, done_key: rdone}
 "#;
 const HIERARCHY: &str = r#"  - key: resource
     value: r
@@ -90,8 +103,11 @@ const GOLDEN_SEEDS: [u64; 3] = [1, 2, 3];
 /// counter on Cluster, the second denied and not charged, reports what it saw.
 /// 1795607807879463867: an in_flight free under STOP on a request whose other limit was over:
 /// not applied by memory, applied (and not undoable) in its own Cluster slot; a free is now
-/// always applied.
-const REGRESSION_SEEDS: [u64; 12] = [
+/// always applied. 1795655488708527156: a reservation of 0 hits on a Cluster request spanning
+/// slots: its dry slot was never committed (nothing "charged"), so the reservation was not kept
+/// and a retry of its id reserved again.
+const REGRESSION_SEEDS: [u64; 13] = [
+    1_795_655_488_708_527_156,
     1_795_607_807_879_463_867,
     1_795_568_438_354_380_472,
     722_060_521_966_259_239,
@@ -186,6 +202,30 @@ fn maybe_lease(rng: &mut Rng, r: &mut RateLimitRequest) {
     }
 }
 
+/// Sometimes one or two more descriptors on the limits with `reservations` (fixed, sliding
+/// window, sliding_log, a token bucket beside an `in_flight` limit): a reservation of 0 to 6
+/// hits, a settle at 0 to 6 (of an id that may or may not hold one) or a plain charge. From a
+/// generator of its own, so the seeds found before keep their sequences.
+fn maybe_reserve(rng: &mut Rng, r: &mut RateLimitRequest) {
+    if rng.below(3) != 0 {
+        return;
+    }
+    for _ in 0..[1, 1, 2][rng.below(3) as usize] {
+        let key = ["tok", "tokl", "tokb"][rng.below(3) as usize];
+        let value = format!("u{}", rng.below(2));
+        let id = format!("q{}", rng.below(5));
+        let mut entries = vec![(key, value.as_str())];
+        match rng.below(10) {
+            0..=4 => entries.push(("rid", &id)),
+            5..=8 => entries.push(("rdone", &id)),
+            _ => {}
+        }
+        let mut d = desc(&entries);
+        d.hits_addend = Some(rng.below(7));
+        r.descriptors.push(d);
+    }
+}
+
 /// The answer as one comparable line.
 fn answer_line(r: &RateLimitResponse) -> String {
     let mut line = format!("{}", r.overall_code);
@@ -226,11 +266,13 @@ async fn run(kind: &str, seed: u64, options: ServiceOptions, leases: bool) -> Ve
     let s = TestServer::start_config(config, clock.clone()).await;
     let mut rng = Rng::new(seed);
     let mut lease_rng = Rng::new(seed ^ 0x5eed_1ea5e);
+    let mut reserve_rng = Rng::new(seed ^ 0x7e5e_47e5);
     let mut lines = Vec::with_capacity(STEPS);
     for _ in 0..STEPS {
         let (dt, mut req) = random_request(&mut rng);
         if leases {
             maybe_lease(&mut lease_rng, &mut req);
+            maybe_reserve(&mut reserve_rng, &mut req);
         }
         clock.advance(dt);
         if std::env::var("SLUICE_DIFF_DEBUG").is_ok() && kind == "memory" {
@@ -361,7 +403,8 @@ async fn stores_agree_on_fresh_random_sequences() {
                 stop_increment_when_over: stop,
                 ..ServiceOptions::default()
             };
-            // The in_flight limit too (slots taken, freed and ending with their lease).
+            // The lease limits too (in_flight slots taken, freed and ending with their lease;
+            // reservations made, settled and ending with theirs).
             compare_with(seed, None, options, true)
         })
     });

@@ -146,7 +146,7 @@ pub(super) fn groups(checks: &[LimitCheck]) -> Vec<Vec<usize>> {
 
 /// A refund that gives quota back only if the request is admitted: applied in one slot, it
 /// could not be taken back exactly if another slot denied, so its slot is decided dry first.
-/// So is an `in_flight` slot taken (a slot has no undo token).
+/// So are an `in_flight` slot taken and a reservation made (neither has an undo token).
 fn waits_for_verdict(c: &LimitCheck) -> bool {
     (c.refund && !c.record && c.hits > 0) || c.lease.as_ref().is_some_and(|l| !l.release)
 }
@@ -218,7 +218,9 @@ async fn charge_or_undo(
         if calls[n].reply != Reply::Dry || slots[n].is_none() {
             continue;
         }
-        if !g.iter().any(|&i| charge[i] && checks[i].hits > 0) {
+        // (A reservation or settle of 0 hits still changes what is held.)
+        let writes = |c: &LimitCheck| c.hits > 0 || c.lease.is_some();
+        if !g.iter().any(|&i| charge[i] && writes(&checks[i])) {
             continue;
         }
         let commit = calls[n].with_reply(Reply::Verdict {
@@ -275,7 +277,7 @@ async fn charge_or_undo(
         .iter()
         .zip(&outcomes)
         .zip(&charge)
-        .all(|((c, o), &w)| w || c.hits == 0 || !(o.allowed || c.record));
+        .all(|((c, o), &w)| w || (c.hits == 0 && c.lease.is_none()) || !(o.allowed || c.record));
     for (g, slot) in groups.iter().zip(&slots).filter(|_| !exact) {
         let Some(slot) = slot else { continue };
         for (&i, &before) in g.iter().zip(&slot.before) {

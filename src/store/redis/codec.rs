@@ -224,27 +224,19 @@ pub(super) struct LeaseArg {
 }
 
 fn lease_arg(c: &LimitCheck) -> LeaseArg {
-    let arg = |op, id: &Arc<str>| LeaseArg {
-        op,
-        id: Arc::clone(id),
-        lease_us: 0,
-        cap: 0,
+    let in_flight = c.key.limit.algorithm == Algorithm::InFlight;
+    let terms = c.lease.as_ref().and_then(|l| l.terms());
+    let (op, id) = match (&c.lease, in_flight) {
+        (Some(l), false) if terms.is_some() => (4 + u64::from(l.release), Arc::clone(&l.id)),
+        (Some(l), true) => (1 + u64::from(l.release), Arc::clone(&l.id)),
+        (None, true) => (3, Arc::from("")),
+        _ => (0, Arc::from("")),
     };
-    let none = Arc::from("");
-    if c.key.limit.algorithm != Algorithm::InFlight {
-        return match (&c.lease, c.lease.as_ref().and_then(|l| l.terms())) {
-            (Some(l), Some(t)) => LeaseArg {
-                lease_us: t.lease_us,
-                cap: u64::from(t.max),
-                ..arg(if l.release { 5 } else { 4 }, &l.id)
-            },
-            _ => arg(0, &none),
-        };
-    }
-    match &c.lease {
-        Some(l) if l.release => arg(2, &l.id),
-        Some(l) => arg(1, &l.id),
-        None => arg(3, &none),
+    LeaseArg {
+        op,
+        id,
+        lease_us: terms.map_or(0, |t| t.lease_us),
+        cap: terms.map_or(0, |t| u64::from(t.max)),
     }
 }
 
