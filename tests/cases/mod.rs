@@ -55,6 +55,7 @@ mod demand;
 mod differential;
 mod envoy;
 mod envoy_in_flight;
+mod envoy_reservations;
 mod envoy_stats;
 mod extensions;
 mod fuzz;

@@ -1,0 +1,122 @@
+//! Token budgets with `reservations` through a real Envoy 1.40 (the shipped `envoy.yaml`, route
+//! `/budget`, domain `ai` of `config/examples/envoy/sluice/ai.yaml`: 1000 tokens an hour per API
+//! key). The request-time call reserves the `x-token-estimate` request header for Envoy's
+//! `x-request-id`; the `apply_on_stream_done` call settles it at the `x-tokens` response header
+//! (the test's backend echoes the request's `x-tokens`). Requests are held at the backend, after
+//! Envoy's rate-limit filter, until the test releases them, so "concurrent" is a fact of the
+//! test, not a matter of timing. The measurement without reservations: all 10 admitted
+//! (a check of 0 at request time), or 2 and then every later request denied (estimates and
+//! actuals both recorded).
+
+use super::envoy::{front, request_then_wait, sluice, wait_healthy, RLS_OK};
+use crate::support::envoy::Backend;
+use crate::support::redis::start_redis;
+use crate::support::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+const PATH: &str = "/budget/chat";
+
+async fn budget_of_1000(envs: &[(&str, &str)], replicas: usize) {
+    let backend = Backend::start().await;
+    let a = sluice(envs).await;
+    let b = if replicas == 2 {
+        Some(sluice(envs).await)
+    } else {
+        None
+    };
+    let e = Arc::new(front(&backend, a.grpc, b.as_ref().map_or(a.grpc, |b| b.grpc)).await);
+    wait_healthy(&e, 2).await;
+    let key = [
+        ("x-api-key", "k1"),
+        ("x-token-estimate", "400"),
+        ("x-tokens", "250"),
+    ];
+
+    // 10 at once, each reserving 400 of 1000: exactly 2 admitted (held), 8 denied.
+    let denied = Arc::new(AtomicUsize::new(0));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..10)
+        .map(|_| {
+            let (e, denied, answered) = (e.clone(), denied.clone(), answered.clone());
+            tokio::spawn(async move {
+                let mut h = key.to_vec();
+                h.push(("x-hold", "1"));
+                let (status, _) = e.get(PATH, &h).await;
+                if status == 429 {
+                    denied.fetch_add(1, Ordering::SeqCst);
+                }
+                answered.fetch_add(1, Ordering::SeqCst);
+                status
+            })
+        })
+        .collect();
+    eventually("10 requests: each held or answered", || async {
+        backend.held() + answered.load(Ordering::SeqCst) == 10
+    })
+    .await;
+    assert_eq!(
+        (backend.held(), denied.load(Ordering::SeqCst)),
+        (2, 8),
+        "10 concurrent estimates of 400 against 1000"
+    );
+    // They end, each reporting 250: the two settles give 150 back each (500 used).
+    let before = e.stat(RLS_OK).await;
+    backend.release(2);
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.expect("request task"));
+    }
+    assert_eq!(statuses.iter().filter(|&&s| s == 200).count(), 2);
+    eventually("the 2 settles answered", || async {
+        e.stat(RLS_OK).await >= before + 2
+    })
+    .await;
+    // 500 + 400 fits; then 750 + 400 does not, twice.
+    let mut seq = Vec::new();
+    for _ in 0..3 {
+        seq.push(request_then_wait(&e, PATH, &key, 2).await);
+    }
+    assert_eq!(seq, [200, 429, 429], "sequential after the settles");
+    // 750 + 200 fits.
+    let smaller = [
+        ("x-api-key", "k1"),
+        ("x-token-estimate", "200"),
+        ("x-tokens", "200"),
+    ];
+    assert_eq!(request_then_wait(&e, PATH, &smaller, 2).await, 200);
+    // Now 950: a settle above its estimate charges the difference (50 + 100 = 1050 used), so
+    // even an estimate of 1 is denied.
+    let more = [
+        ("x-api-key", "k2"),
+        ("x-token-estimate", "100"),
+        ("x-tokens", "1000"),
+    ];
+    assert_eq!(request_then_wait(&e, PATH, &more, 2).await, 200);
+    let one = [
+        ("x-api-key", "k2"),
+        ("x-token-estimate", "1"),
+        ("x-tokens", "1"),
+    ];
+    assert_eq!(
+        request_then_wait(&e, PATH, &one, 2).await,
+        429,
+        "a settle of 1000 on an estimate of 100 charged 900 more"
+    );
+    assert_eq!(e.stat("cluster.backend.ratelimit.error").await, 0);
+    assert_eq!(e.stat("cluster.sluice.upstream_rq_timeout").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_budget_through_envoy_on_memory() {
+    // One replica (both of Envoy's endpoints): memory counters are the replica's own.
+    budget_of_1000(&[], 1).await;
+}
+
+/// Two replicas on one Redis: Envoy's round robin sends a request's settle to either, so
+/// settles on the replica that did not reserve are part of the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_budget_through_envoy_on_redis_with_two_replicas() {
+    let redis = start_redis(&[]).await;
+    budget_of_1000(&[("REDIS_URL", redis.url().as_str())], 2).await;
+}
