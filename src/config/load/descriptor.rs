@@ -139,7 +139,9 @@ impl Ctx {
                         keys.in_flight.as_ref().map_or(0, |(n, _)| n.line),
                         p,
                         format!(
-                            "`in_flight` names requests by '{}'/'{}' but `reservations` ({op}) by                              '{}'/'{}': one descriptor names its requests one way; use the same                              `id_key` and `done_key`",
+                            "`in_flight` names requests by '{}'/'{}' but `reservations` ({op}) \
+                             by '{}'/'{}': one descriptor names its requests one way; use the \
+                             same `id_key` and `done_key`",
                             lk.id_key, lk.done_key, other.id_key, other.done_key
                         ),
                     );

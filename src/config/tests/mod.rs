@@ -10,6 +10,7 @@ mod envoy;
 mod extensions;
 mod files;
 mod in_flight;
+mod reservations;
 
 const FILE: &str = "test.yaml";
 
