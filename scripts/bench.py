@@ -43,6 +43,9 @@ WORKLOADS = {
     # An in_flight slot taken and freed by one request (the two calls of a request in one):
     # what each in_flight call costs, beside the plain limits above. Not run by default.
     "in-flight": ("ai", ["tenant={id},request_id={req}", "tenant={id},request_done={req}"]),
+    # A reservation of 1 and its settle at 1 on a fixed-window budget (both calls of a request
+    # in one, as above). Not run by default.
+    "reservation": ("ai", ["user={id},request_id={req}", "user={id},request_done={req}"]),
 }
 DEFAULT_WORKLOADS = ["resource+consumer", "two-descriptors"]
 
