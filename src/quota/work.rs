@@ -5,7 +5,9 @@
 //! not 30 000, and the stream keeps up with Envoy's 5 s period. The stream's own state is read
 //! before ([`Step`]) and written after ([`Assigned`]); nothing here touches it.
 
-use super::allocate::{available_rate, max_min_shares, strategy, token_rate};
+use super::allocate::{available_rate, blanket, max_min_shares, strategy, token_rate};
+use crate::config::Algorithm;
+use crate::proto::envoy::r#type::v3::rate_limit_strategy::BlanketRule;
 use crate::proto::envoy::r#type::v3::RateLimitStrategy;
 use crate::service::{RateLimiter, Recorded};
 use crate::store::demand::Posting;
@@ -140,6 +142,32 @@ impl Worker {
         let Ok(recorded) = self.limiter.record_usage(domain, descriptor, delta).await else {
             return Assigned::Failed;
         };
+        // An `in_flight` limit is not a rate and a quota bucket names no request, so it takes
+        // no slot: the bucket is denied while every slot is held (until the first lease ends)
+        // and otherwise paced by the descriptor's rates alone (allowed, if it has none).
+        let (slots, recorded): (Vec<Recorded>, Vec<Recorded>) = recorded
+            .into_iter()
+            .partition(|r| r.key.limit.algorithm == Algorithm::InFlight);
+        if let Some(full) = slots.iter().find(|r| r.outcome.remaining == 0) {
+            return Assigned::Paced {
+                tightest: full.key.clone(),
+                remaining: 0,
+                left: full.outcome.retry_after.min(full.outcome.reset),
+                strategy: blanket(BlanketRule::DenyAll),
+                reserved: None,
+                board_full: false,
+            };
+        }
+        if let (true, Some(free)) = (recorded.is_empty(), slots.first()) {
+            return Assigned::Paced {
+                tightest: free.key.clone(),
+                remaining: u64::from(free.outcome.remaining),
+                left: free.outcome.reset,
+                strategy: blanket(BlanketRule::AllowAll),
+                reserved: None,
+                board_full: false,
+            };
+        }
         // The tightest limit: the lowest rate it can still afford.
         let Some(tightest) = recorded.into_iter().min_by(|a, b| {
             let rate =

@@ -458,3 +458,47 @@ async fn a_report_straddling_a_window_end_is_split_on_the_injected_clock() {
     assert_eq!(remaining(&server, "k3").await, 600 - 10 - 72);
     server.stop().await;
 }
+
+/// An RLQS bucket on an `in_flight` limit: a bucket names no request, so it takes no slot; it is
+/// allowed (for one assignment's time) while a slot is free and denied until the first lease
+/// ends while every slot is held, never paced as if slots were a rate.
+#[tokio::test]
+async fn a_bucket_on_an_in_flight_limit_is_allowed_while_a_slot_is_free() {
+    const SLOTS: &str = "
+domain: ai
+descriptors:
+  - key: tenant
+    in_flight: {max: 2, lease: 5s, id_key: request_id, done_key: request_done}
+";
+    let server = TestServer::start(SLOTS).await;
+    let mut a = Stream::open(&server).await;
+    let actions = a.report("ai", vec![usage(&[("tenant", "t")], 3, 0)]).await;
+    assert_eq!(strategy_of(&actions[0]), Err("allow_all"), "slots free");
+    assert_eq!(ttl_of(&actions[0]), 15, "renewed like any assignment");
+    for id in ["a", "b"] {
+        let r = server
+            .call(support::one("ai", &[("tenant", "t"), ("request_id", id)]))
+            .await;
+        assert_eq!(
+            support::code(&r),
+            sluice::proto::rate_limit_response::Code::Ok,
+            "{id} takes a slot"
+        );
+    }
+    let actions = a.report("ai", vec![usage(&[("tenant", "t")], 3, 0)]).await;
+    assert_eq!(strategy_of(&actions[0]), Err("deny_all"), "every slot held");
+    assert_eq!(ttl_of(&actions[0]), 5, "until the first lease ends");
+    let r = server
+        .call(support::one(
+            "ai",
+            &[("tenant", "t"), ("request_done", "a")],
+        ))
+        .await;
+    assert_eq!(
+        support::code(&r),
+        sluice::proto::rate_limit_response::Code::Ok
+    );
+    let actions = a.report("ai", vec![usage(&[("tenant", "t")], 0, 4)]).await;
+    assert_eq!(strategy_of(&actions[0]), Err("allow_all"), "a slot freed");
+    server.stop().await;
+}
