@@ -203,3 +203,60 @@ async fn slots_of_a_killed_envoy_end_with_their_lease() {
     );
     assert_eq!(e.stat("cluster.backend.ratelimit.error").await, 0);
 }
+
+/// The same on memory (one replica, both of Envoy's endpoints): with Envoy SIGKILLed holding 3
+/// requests of a tenant in flight, a restarted Envoy's requests of the tenant are denied while
+/// the slots are held, and admitted once the leases end; never before a lease (5 s) after the
+/// takes, by the system clock the memory store reads (a lower bound: a slow machine only makes
+/// the admission later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_of_a_killed_envoy_end_with_their_lease_on_memory() {
+    let now_us = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64)
+    };
+    let backend = Backend::start().await;
+    let a = sluice(&[]).await;
+    let e = Arc::new(front(&backend, a.grpc, a.grpc).await);
+    wait_healthy(&e, 2).await;
+    let taken_after = now_us();
+    let (tasks, denied) = burst(&e, &backend, "crash", 3).await;
+    assert_eq!((backend.held(), denied), (3, 0), "3 in flight");
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &e.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    for t in tasks {
+        let _ = t.await;
+    }
+    backend.release(3);
+    drop(e);
+
+    let e = Arc::new(front(&backend, a.grpc, a.grpc).await);
+    wait_healthy(&e, 2).await;
+    let (first, _) = e.get(PATH, &[("x-tenant", "crash")]).await;
+    let checked_at = now_us();
+    if checked_at < taken_after + 5_000_000 {
+        assert_eq!(first, 429, "the killed Envoy's 3 slots are still held");
+    }
+    poll_until("a request of the tenant is admitted again", || {
+        let e = e.clone();
+        async move {
+            let (s, _) = e.get(PATH, &[("x-tenant", "crash")]).await;
+            if s == 200 {
+                Ok(())
+            } else {
+                Err(format!("status {s}"))
+            }
+        }
+    })
+    .await;
+    let answered = now_us();
+    assert!(
+        answered >= taken_after + 5_000_000,
+        "admitted at {answered}, before any lease could end ({taken_after} + 5 s)"
+    );
+    assert_eq!(e.stat("cluster.backend.ratelimit.error").await, 0);
+}

@@ -249,3 +249,25 @@ async fn distinct_ids_keep_the_reservations_at_the_cap(kind: &str) {
 }
 
 test_with_all_stores!(a_flood_of_reservations_on, kind => distinct_ids_keep_the_reservations_at_the_cap);
+
+/// A request id longer than the cap is refused on a reservation as on a slot: each id is kept
+/// with its counter while its reservation is held.
+#[tokio::test]
+async fn a_long_reservation_id_is_invalid_argument() {
+    let s = TestServer::start(CONFIG).await;
+    let long = "x".repeat(10 * 1024);
+    for r in [reserve("u", &long, 1), settle("u", &long, 1)] {
+        let err = s
+            .client()
+            .await
+            .should_rate_limit(r)
+            .await
+            .expect_err("a 10 KB id is refused");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+    }
+    assert_eq!(
+        code(&s.call(reserve("u", &"x".repeat(128), 1)).await),
+        Code::Ok
+    );
+    s.stop().await;
+}
