@@ -256,7 +256,7 @@ mod tests {
         assert!(!o.allowed, "max 3 reservations held");
         assert_eq!(o.retry_after, Duration::from_micros(T.lease_us));
         // After the lease the entries are gone and their estimates stay charged.
-        let later = 1 + T.lease_us;
+        let later = 3 + T.lease_us;
         let (o, s) = reserve(Some(&s), later, P, 10, Settle::Reserve(4), T);
         assert!(o.allowed && used(&s) == 40);
         let State::Reserved(r) = &s else {

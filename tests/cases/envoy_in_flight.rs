@@ -111,6 +111,25 @@ async fn three_in_flight_per_tenant_through_envoy_on_redis_with_two_replicas() {
     three_in_flight_per_tenant(&[("REDIS_URL", redis.url().as_str())], 2).await;
 }
 
+/// SIGKILLs Envoy with requests held at the backend: their stream-done calls never come.
+async fn kill_mid_request(
+    e: Arc<EnvoyProcess>,
+    backend: &Backend,
+    tasks: Vec<tokio::task::JoinHandle<u16>>,
+) {
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &e.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let held = tasks.len();
+    for t in tasks {
+        let _ = t.await;
+    }
+    backend.release(held);
+    drop(e);
+}
+
 /// Redis's clock in microseconds (what the script stamps leases with).
 fn redis_now_us(redis: &crate::support::redis::RedisServer) -> u64 {
     let out = redis.cli(&["TIME"]);
@@ -142,16 +161,7 @@ async fn slots_of_a_killed_envoy_end_with_their_lease() {
     let (tasks, denied) = burst(&e, &backend, "crash", 3).await;
     let taken_before = redis_now_us(&redis);
     assert_eq!((backend.held(), denied), (3, 0), "3 in flight");
-    let status = std::process::Command::new("kill")
-        .args(["-KILL", &e.pid().to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-    for t in tasks {
-        let _ = t.await;
-    }
-    backend.release(3);
-    drop(e);
+    kill_mid_request(e, &backend, tasks).await;
 
     // The tenant's slots: 3 ids, each ending a lease (5 s) after it was taken.
     let keys = redis.cli(&["--scan", "--pattern", "*tenant=crash*"]);
@@ -223,16 +233,7 @@ async fn slots_of_a_killed_envoy_end_with_their_lease_on_memory() {
     let taken_after = now_us();
     let (tasks, denied) = burst(&e, &backend, "crash", 3).await;
     assert_eq!((backend.held(), denied), (3, 0), "3 in flight");
-    let status = std::process::Command::new("kill")
-        .args(["-KILL", &e.pid().to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-    for t in tasks {
-        let _ = t.await;
-    }
-    backend.release(3);
-    drop(e);
+    kill_mid_request(e, &backend, tasks).await;
 
     let e = Arc::new(front(&backend, a.grpc, a.grpc).await);
     wait_healthy(&e, 2).await;
