@@ -2,9 +2,10 @@
 //! offenders view. Runs after [`super::respond`] built the response, so the decision itself
 //! never waits on any of it.
 
-use super::plan::Plan;
+use super::plan::{Plan, Resolution};
 use super::respond::{respond, Judged, Verdict};
 use super::RateLimiter;
+use crate::config::Algorithm;
 use crate::proto::{RateLimitRequest, RateLimitResponse};
 use crate::store::Decision;
 use crate::telemetry::metrics::DescriptorHits;
@@ -61,8 +62,16 @@ impl RateLimiter {
             // Offenders are denied requests (a quota-mode denial in an admitted one is not).
             if j.over_limit && !j.shadow && !self.options.global_shadow_mode && !decision.admitted {
                 if let Some(d) = request.descriptors.get(i) {
-                    let rendered = d
-                        .entries
+                    // A descriptor naming a request (an in_flight take, a reservation) is shown
+                    // without its id entry: the offender is the tenant, not one request.
+                    let named = match &info.resolution {
+                        Resolution::Limited(ix) => ix
+                            .iter()
+                            .any(|&k| plan.limits.get(k).is_some_and(|l| l.check.lease.is_some())),
+                        _ => false,
+                    };
+                    let shown = d.entries.len().saturating_sub(usize::from(named));
+                    let rendered = d.entries[..shown]
                         .iter()
                         .map(|e| format!("{}={}", e.key, e.value))
                         .collect::<Vec<_>>()
@@ -72,6 +81,20 @@ impl RateLimiter {
                         .record(&request.domain, &rendered, 1);
                 }
             }
+        }
+        for (l, o) in plan.limits.iter().zip(&decision.outcomes) {
+            let in_flight = l.check.key.limit.algorithm == Algorithm::InFlight;
+            let call = match (&l.check.lease, in_flight) {
+                (Some(c), true) if c.release => "free",
+                (Some(_), true) => "take",
+                (None, true) => "check",
+                (Some(c), false) if c.reservations.is_some() && c.release => "settle",
+                (Some(c), false) if c.reservations.is_some() => "reserve",
+                _ => continue,
+            };
+            self.telemetry
+                .metrics
+                .lease_call(&request.domain, call, o.allowed);
         }
     }
 }

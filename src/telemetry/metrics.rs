@@ -98,6 +98,8 @@ pub struct Metrics {
     offenders_dropped: IntCounter,
     undo_failures: IntCounter,
     evictions: IntCounter,
+    /// Calls on lease limits (`in_flight`, `reservations`), by domain, call and outcome.
+    lease_calls: IntCounterVec,
     local: LocalMetrics,
     /// The quota service's series.
     pub quota: QuotaMetrics,
@@ -386,6 +388,15 @@ impl Metrics {
                 "Live memory-store counters evicted to make room under MEMORY_MAX_COUNTERS (the \
                  closest to expiry first): each starts afresh, which can only admit more.",
             ))?,
+            lease_calls: r.add(IntCounterVec::new(
+                Opts::new(
+                    "sluice_lease_calls_total",
+                    "Calls on `in_flight` limits (take, free, check) and on limits with \
+                     `reservations` (reserve, settle), by domain, call and outcome (ok, \
+                     over_limit; a free or a settle is never denied).",
+                ),
+                &["domain", "call", "outcome"],
+            ))?,
             local: LocalMetrics::register(&r)?,
             quota: QuotaMetrics::register(&r)?,
             descriptor_series: Default::default(),
@@ -413,6 +424,14 @@ impl Metrics {
                 self.near_limit.with_label_values(&labels).inc_by(d.hits);
             }
         }
+    }
+
+    /// One call on a lease limit: `call` is take, free, check, reserve or settle.
+    pub fn lease_call(&self, domain: &str, call: &str, allowed: bool) {
+        let outcome = if allowed { "ok" } else { "over_limit" };
+        self.lease_calls
+            .with_label_values(&[domain, call, outcome])
+            .inc();
     }
 
     /// `key`, or [`OVERFLOW_KEY`] once [`MAX_DESCRIPTOR_SERIES`] other pairs have series.

@@ -26,6 +26,8 @@ descriptors:
   - key: shadowed
     shadow_mode: true
     rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: slot
+    in_flight: {max: 1, lease: 5s, id_key: rid, done_key: rdone}
 "#;
 
 fn chart_file(name: &str) -> String {
@@ -169,6 +171,11 @@ async fn every_dashboard_and_alert_query_parses_and_names_live_series() {
             Code::Ok
         );
     }
+    // An in_flight slot taken, a second take denied, the slot freed: the lease calls' series.
+    let slot = |k: &str, id: &str| one("dash", &[("slot", "s"), (k, id)]);
+    assert_eq!(code(&s.call(slot("rid", "a")).await), Code::Ok);
+    assert_eq!(code(&s.call(slot("rid", "b")).await), Code::OverLimit);
+    assert_eq!(code(&s.call(slot("rdone", "a")).await), Code::Ok);
     // The store fails: decided locally.
     fake.fail_with(Some(sluice::store::StoreError::Transient("down".into())));
     assert_eq!(

@@ -238,3 +238,33 @@ async fn distinct_ids_keep_the_counter_at_max(kind: &str) {
 }
 
 test_with_all_stores!(a_flood_of_ids_on, kind => distinct_ids_keep_the_counter_at_max);
+
+/// In-flight denials are visible: `/debug/offenders` names the tenant (without the request id,
+/// which differs per request), and `sluice_lease_calls_total` counts takes, frees and checks by
+/// outcome.
+#[tokio::test]
+async fn denials_show_in_offenders_and_the_lease_calls_metric() {
+    let s = TestServer::start(CONFIG).await;
+    for id in ["a", "b", "c", "d", "e"] {
+        s.call(take("t", id)).await;
+    }
+    s.call(done("t", "a")).await;
+    s.call(one("ai", &[("tenant", "t")])).await;
+    let (status, body) = http(s.http_addr, "GET", "/debug/offenders?domain=ai", "").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains(r#"{"descriptor":"tenant=t","denied":2"#),
+        "{body}"
+    );
+    let (_, metrics) = http(s.http_addr, "GET", "/metrics", "").await;
+    for (line, n) in [
+        (r#"call="take",domain="ai",outcome="ok""#, 3),
+        (r#"call="take",domain="ai",outcome="over_limit""#, 2),
+        (r#"call="free",domain="ai",outcome="ok""#, 1),
+        (r#"call="check",domain="ai",outcome="ok""#, 1),
+    ] {
+        let want = format!("sluice_lease_calls_total{{{line}}} {n}");
+        assert!(metrics.contains(&want), "{want}\n{metrics}");
+    }
+    s.stop().await;
+}
