@@ -21,13 +21,28 @@ async fn burst(
     tenant: &'static str,
     n: usize,
 ) -> (Vec<tokio::task::JoinHandle<u16>>, usize) {
+    held_burst(e, backend, PATH, &[("x-tenant", tenant)], n).await
+}
+
+/// Sends `n` requests to `path` with `headers` at once, each held at the backend once admitted;
+/// waits until each is held or answered. Returns the requests' tasks and how many were denied.
+pub(super) async fn held_burst(
+    e: &Arc<EnvoyProcess>,
+    backend: &Backend,
+    path: &'static str,
+    headers: &[(&'static str, &'static str)],
+    n: usize,
+) -> (Vec<tokio::task::JoinHandle<u16>>, usize) {
+    let mut headers = headers.to_vec();
+    headers.push(("x-hold", "1"));
     let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let denied = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let tasks: Vec<_> = (0..n)
         .map(|_| {
             let (e, answered, denied) = (e.clone(), answered.clone(), denied.clone());
+            let headers = headers.clone();
             tokio::spawn(async move {
-                let (status, _) = e.get(PATH, &[("x-tenant", tenant), ("x-hold", "1")]).await;
+                let (status, _) = e.get(path, &headers).await;
                 if status == 429 {
                     denied.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 }

@@ -9,10 +9,10 @@
 //! actuals both recorded).
 
 use super::envoy::{front, request_then_wait, sluice, wait_healthy, RLS_OK};
+use super::envoy_in_flight::held_burst;
 use crate::support::envoy::Backend;
 use crate::support::redis::start_redis;
 use crate::support::*;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 const PATH: &str = "/budget/chat";
@@ -34,29 +34,9 @@ async fn budget_of_1000(envs: &[(&str, &str)], replicas: usize) {
     ];
 
     // 10 at once, each reserving 400 of 1000: exactly 2 admitted (held), 8 denied.
-    let denied = Arc::new(AtomicUsize::new(0));
-    let answered = Arc::new(AtomicUsize::new(0));
-    let tasks: Vec<_> = (0..10)
-        .map(|_| {
-            let (e, denied, answered) = (e.clone(), denied.clone(), answered.clone());
-            tokio::spawn(async move {
-                let mut h = key.to_vec();
-                h.push(("x-hold", "1"));
-                let (status, _) = e.get(PATH, &h).await;
-                if status == 429 {
-                    denied.fetch_add(1, Ordering::SeqCst);
-                }
-                answered.fetch_add(1, Ordering::SeqCst);
-                status
-            })
-        })
-        .collect();
-    eventually("10 requests: each held or answered", || async {
-        backend.held() + answered.load(Ordering::SeqCst) == 10
-    })
-    .await;
+    let (tasks, denied) = held_burst(&e, &backend, PATH, &key, 10).await;
     assert_eq!(
-        (backend.held(), denied.load(Ordering::SeqCst)),
+        (backend.held(), denied),
         (2, 8),
         "10 concurrent estimates of 400 against 1000"
     );
