@@ -134,9 +134,11 @@ impl RateLimiter {
 
     /// The Prometheus text exposition, with the store gauges read now.
     pub fn render_metrics(&self) -> String {
-        self.telemetry
-            .metrics
-            .render(&self.signals, self.telemetry.offenders.dropped())
+        self.telemetry.metrics.render(
+            &self.signals,
+            self.telemetry.offenders.dropped(),
+            self.telemetry.clock.now(),
+        )
     }
 
     /// Records a config reload that failed (`error` says why); the rules in force stay.

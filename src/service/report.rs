@@ -8,6 +8,7 @@ use super::RateLimiter;
 use crate::config::Algorithm;
 use crate::proto::{RateLimitRequest, RateLimitResponse};
 use crate::store::Decision;
+use crate::telemetry::leases::LeaseKind;
 use crate::telemetry::metrics::DescriptorHits;
 
 impl RateLimiter {
@@ -82,6 +83,7 @@ impl RateLimiter {
                 }
             }
         }
+        self.book_leases(request, plan, decision);
         for (l, o) in plan.limits.iter().zip(&decision.outcomes) {
             let in_flight = l.check.key.limit.algorithm == Algorithm::InFlight;
             let call = match (&l.check.lease, in_flight) {
@@ -95,6 +97,32 @@ impl RateLimiter {
             self.telemetry
                 .metrics
                 .lease_call(&request.domain, call, o.allowed);
+        }
+    }
+
+    /// What the store did to lease entries, into the lease metrics.
+    fn book_leases(&self, request: &RateLimitRequest, plan: &Plan, decision: &Decision) {
+        if decision.leases.is_empty() {
+            return;
+        }
+        let now = self.telemetry.clock.now();
+        for (l, e) in plan.limits.iter().zip(&decision.leases) {
+            if e.is_empty() {
+                continue;
+            }
+            let limit = l.check.key.limit;
+            let (kind, lease) = if limit.algorithm == Algorithm::InFlight {
+                (LeaseKind::InFlight, limit.period)
+            } else if let Some(r) = l.check.lease.as_ref().and_then(|c| c.reservations) {
+                (LeaseKind::Reservation, r.lease)
+            } else {
+                continue;
+            };
+            let lease = std::time::Duration::from_millis(lease.millis());
+            self.telemetry
+                .metrics
+                .leases
+                .record(&request.domain, kind, *e, lease, now);
         }
     }
 }

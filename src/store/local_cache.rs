@@ -300,6 +300,7 @@ impl<S: CounterStore> LocalDenyCache<S> {
             outcomes,
             local: true,
             steps: 0,
+            leases: Vec::new(),
         })
     }
 
@@ -473,6 +474,7 @@ mod tests {
                 }],
                 local: true,
                 steps: 0,
+                leases: Vec::new(),
             }
         );
 

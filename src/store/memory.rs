@@ -15,8 +15,8 @@
 mod table;
 
 use super::{
-    charged, Admission, BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, StoreError,
-    StoreSignals, Tally,
+    charged, Admission, BoxFuture, CounterKey, CounterStore, Decision, LeaseEffect, LimitCheck,
+    StoreError, StoreSignals, Tally,
 };
 use crate::algorithm::{self, Lease, LimitParams, Log, Mode, Outcome, Settle, State};
 use crate::clock::Clock;
@@ -339,6 +339,7 @@ fn decide_in_place(
     let mut outcomes = Vec::with_capacity(checks.len());
     let mut next: Vec<Option<State>> = Vec::with_capacity(checks.len());
     let mut admission = Admission::default();
+    let mut leases = LeaseEffect::per_check(checks);
     for (i, check) in checks.iter().enumerate() {
         let p = check.params();
         let counter = guards[slot[i]].counters.get_mut(fps[i]);
@@ -393,6 +394,10 @@ fn decide_in_place(
                 State::Log(log)
             }
         };
+        if !leases.is_empty() {
+            let old = shard.counters.get(fps[i]).map(|c| &c.state);
+            leases[i] = LeaseEffect::between(old, &state, now, LeaseEffect::releases(check));
+        }
         evicted += u64::from(shard.write(fps[i], state, p, now));
     }
     let decision = Decision {
@@ -400,6 +405,7 @@ fn decide_in_place(
         outcomes,
         local: false,
         steps: 1,
+        leases,
     };
     (decision, evicted)
 }
@@ -490,10 +496,14 @@ fn decide_on_copies(
     let mut pending: Vec<(Fingerprint, State)> = Vec::with_capacity(checks.len());
     let mut outcomes: Vec<Outcome> = Vec::with_capacity(checks.len());
     let mut admission = Admission::default();
+    let mut leases = LeaseEffect::per_check(checks);
     for (i, check) in checks.iter().enumerate() {
         let stored = guards[slot[i]].counters.get(fps[i]).map(|c| &c.state);
         let current = latest(&pending, fps[i]).or(stored);
         let (outcome, next) = decide_check(current, now, check);
+        if !leases.is_empty() {
+            leases[i] = LeaseEffect::between(current, &next, now, LeaseEffect::releases(check));
+        }
         admission.add(check, outcome.allowed);
         pending.push((fps[i], next));
         outcomes.push(outcome);
@@ -523,7 +533,16 @@ fn decide_on_copies(
             }
             let current = latest(&pending, fps[i]).or(stored);
             let (_, next) = decide_check(current, now, check);
+            if !leases.is_empty() {
+                leases[i] = LeaseEffect::between(current, &next, now, LeaseEffect::releases(check));
+            }
             pending.push((fps[i], next));
+        }
+    }
+    // Only what is written counts.
+    for ((e, &w), c) in leases.iter_mut().zip(&charge).zip(checks) {
+        if !w || (c.hits == 0 && c.lease.is_none()) {
+            *e = LeaseEffect::default();
         }
     }
     // Each counter ends in the state its last written check left.
@@ -548,6 +567,7 @@ fn decide_on_copies(
         outcomes,
         local: false,
         steps: 1,
+        leases,
     };
     (decision, evicted)
 }

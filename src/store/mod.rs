@@ -14,6 +14,7 @@ pub mod demand;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
 pub mod fallback;
+pub mod lease_effect;
 pub mod local_cache;
 pub mod memory;
 pub mod redis;
@@ -27,6 +28,7 @@ pub use crate::algorithm::Outcome;
 use crate::algorithm::{LimitParams, Mode};
 use crate::config::{Limit, Reservations};
 pub use chain::{LocalChain, StoreChain};
+pub use lease_effect::{LeaseChange, LeaseEffect};
 pub use signals::{DenialFinality, LocalTallies, StoreSignals, Tally};
 
 /// A boxed future, so the trait stays object safe (`Arc<dyn CounterStore>`).
@@ -189,6 +191,9 @@ pub struct Decision {
     /// Atomic steps the backend took: one script call per Cluster slot group, 1 on memory or
     /// standalone Redis, 0 when answered locally (for the trace span).
     pub steps: usize,
+    /// What each check did to its lease entries (see [`LeaseEffect`]): one per check when the
+    /// request has an `in_flight` limit or a reservation, else empty (no allocation).
+    pub leases: Vec<LeaseEffect>,
 }
 
 /// Why a store could not decide.

@@ -103,6 +103,8 @@ pub struct Metrics {
     local: LocalMetrics,
     /// The quota service's series.
     pub quota: QuotaMetrics,
+    /// Slots and reservations held, leases expired, releases without an entry.
+    pub leases: std::sync::Arc<super::leases::LeaseMetrics>,
 }
 
 /// `FAILURE_MODE=local`'s series, read from the stack's [`crate::store::LocalTallies`] when
@@ -399,6 +401,7 @@ impl Metrics {
             ))?,
             local: LocalMetrics::register(&r)?,
             quota: QuotaMetrics::register(&r)?,
+            leases: std::sync::Arc::new(super::leases::LeaseMetrics::register(&r.0)?),
             descriptor_series: Default::default(),
             registry: r.0,
         })
@@ -502,9 +505,11 @@ impl Metrics {
         self.config_loads.with_label_values(&["failure"]).inc();
     }
 
-    /// The text exposition of every metric, with the gauges read now: the store's breaker and
-    /// health, and the offenders tracker's running total of denials it could not record.
-    pub fn render(&self, store: &StoreSignals, offenders_dropped: u64) -> String {
+    /// The text exposition of every metric, with the gauges read now (`now`, the service's
+    /// clock): the store's breaker and health, the offenders tracker's running total of denials
+    /// it could not record, the leases held.
+    pub fn render(&self, store: &StoreSignals, offenders_dropped: u64, now: Duration) -> String {
+        self.leases.update(now);
         let (breaker, store_up) = (store.breaker_state(), *store.health.borrow());
         let seen = self.undo_failures.get();
         let total = store.undo_failures.get();

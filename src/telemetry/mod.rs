@@ -4,6 +4,7 @@
 
 pub mod assignments;
 pub mod envoy_stats;
+pub mod leases;
 pub mod metrics;
 pub mod offenders;
 pub mod spans;

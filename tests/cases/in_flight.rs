@@ -17,11 +17,11 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1000}
 "#;
 
-fn take(tenant: &str, id: &str) -> sluice::proto::RateLimitRequest {
+pub(super) fn take(tenant: &str, id: &str) -> sluice::proto::RateLimitRequest {
     one("ai", &[("tenant", tenant), ("request_id", id)])
 }
 
-fn done(tenant: &str, id: &str) -> sluice::proto::RateLimitRequest {
+pub(super) fn done(tenant: &str, id: &str) -> sluice::proto::RateLimitRequest {
     one("ai", &[("tenant", tenant), ("request_done", id)])
 }
 

@@ -62,6 +62,7 @@ mod fuzz;
 mod grpcurl;
 mod http;
 mod in_flight;
+mod lease_metrics;
 mod local_mode;
 mod observability;
 mod process;

@@ -316,6 +316,7 @@ impl Shared {
                 ],
                 local: false,
                 steps: 0,
+                leases: Vec::new(),
             },
         };
         let allowed: Vec<bool> = d.outcomes.iter().map(|o| o.allowed).collect();

@@ -104,13 +104,18 @@ impl Cluster {
             )
             .await;
             common.record_health(&r);
-            let mut outcomes = vec![DENIED; checks.len()];
-            let admitted = codec::decode(&r?, only, &mut outcomes)?;
+            let (mut outcomes, mut leases) = (vec![DENIED; checks.len()], Vec::new());
+            let into = codec::Fold {
+                outcomes: &mut outcomes,
+                leases: &mut leases,
+            };
+            let admitted = codec::decode(&r?, call.layout(), only, into)?;
             return Ok(Decision {
                 admitted,
                 outcomes,
                 local: false,
                 steps: 1,
+                leases,
             });
         }
         // The slots' calls and, where the verdict says so, the undo or the commit that follows
@@ -182,15 +187,18 @@ async fn charge_or_undo(
             .map(|c| run(script, conn.clone(), &now, c, timeout)),
     )
     .await;
-    let mut outcomes = vec![DENIED; checks.len()];
+    let (mut outcomes, mut leases) = (vec![DENIED; checks.len()], Vec::new());
     let mut slots: Vec<Option<SlotReply>> = Vec::with_capacity(groups.len());
     let mut first_error = None;
     for ((g, call), r) in groups.iter().zip(&calls).zip(&results) {
         common.record_health(r);
-        let decoded = r
-            .as_ref()
-            .map_err(Clone::clone)
-            .and_then(|values| codec::decode_slot(values, g, call.width(), &mut outcomes));
+        let decoded = r.as_ref().map_err(Clone::clone).and_then(|values| {
+            let into = codec::Fold {
+                outcomes: &mut outcomes,
+                leases: &mut leases,
+            };
+            codec::decode_slot(values, call.layout(), g, into)
+        });
         match decoded {
             Ok(slot) => slots.push(Some(slot)),
             Err(e) => {
@@ -230,7 +238,13 @@ async fn charge_or_undo(
         steps += 1;
         let r = run(script, conn.clone(), &time.arg(), &commit, timeout).await;
         common.record_health(&r);
-        let decoded = r.and_then(|v| codec::decode_slot(&v, g, commit.width(), &mut outcomes));
+        let decoded = r.and_then(|v| {
+            let into = codec::Fold {
+                outcomes: &mut outcomes,
+                leases: &mut leases,
+            };
+            codec::decode_slot(&v, commit.layout(), g, into)
+        });
         match decoded {
             Ok(slot) => {
                 if admitted && !slot.admitted {
@@ -291,6 +305,7 @@ async fn charge_or_undo(
         outcomes,
         local: false,
         steps,
+        leases,
     })
 }
 

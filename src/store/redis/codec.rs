@@ -4,10 +4,11 @@
 //! undo, and a batch of requests (the general and the packed layouts), and decoding the
 //! replies. The rest of the Redis store speaks in `LimitCheck`s and `Outcome`s.
 
+use super::lease_arg::{lease_arg, Layout, LeaseArg};
 #[cfg(any(test, feature = "test-util"))]
 use crate::clock::Clock;
 use crate::config::Algorithm;
-use crate::store::{CounterKey, LimitCheck, Outcome, StoreError};
+use crate::store::{CounterKey, LeaseEffect, LimitCheck, Outcome, StoreError};
 use redis::{Script, ScriptInvocation};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -117,14 +118,30 @@ impl Call {
             .any(|a| a.get(3).is_some_and(|m| m & (FLAG_RECORD << 2) != 0))
     }
 
-    /// Values per limit in the reply.
+    /// Values per limit in the reply (a lease request's carry two more: its lease effect).
     pub(super) fn width(&self) -> usize {
         if self.is_undo() {
             1
         } else if matches!(self.reply, Reply::Answer | Reply::Guarded { .. }) {
-            3
+            3 + self.lease_width()
         } else {
-            5
+            5 + self.lease_width()
+        }
+    }
+
+    fn lease_width(&self) -> usize {
+        if self.lease.is_empty() {
+            0
+        } else {
+            2
+        }
+    }
+
+    /// How to read the call's reply.
+    pub(super) fn layout(&self) -> Layout {
+        Layout {
+            width: self.width(),
+            lease: !self.lease.is_empty(),
         }
     }
 
@@ -212,34 +229,6 @@ pub(super) fn encode(
     }
 }
 
-/// decide.lua's `op`, `id`, `lease` and `cap` of one limit of a call with a lease limit.
-#[derive(Debug, Clone)]
-pub(super) struct LeaseArg {
-    /// 0 none, 1 take a slot, 2 free it, 3 check for one, 4 reserve, 5 settle; the request id;
-    /// a reservation's lease (µs) and how many its counter holds (0 unless op 4 or 5).
-    op: u64,
-    id: Arc<str>,
-    lease_us: u64,
-    cap: u64,
-}
-
-fn lease_arg(c: &LimitCheck) -> LeaseArg {
-    let in_flight = c.key.limit.algorithm == Algorithm::InFlight;
-    let terms = c.lease.as_ref().and_then(|l| l.terms());
-    let (op, id) = match (&c.lease, in_flight) {
-        (Some(l), false) if terms.is_some() => (4 + u64::from(l.release), Arc::clone(&l.id)),
-        (Some(l), true) => (1 + u64::from(l.release), Arc::clone(&l.id)),
-        (None, true) => (3, Arc::from("")),
-        _ => (0, Arc::from("")),
-    };
-    LeaseArg {
-        op,
-        id,
-        lease_us: terms.map_or(0, |t| t.lease_us),
-        cap: terms.map_or(0, |t| u64::from(t.max)),
-    }
-}
-
 /// The call that takes back the charges of `call` that `undo` selects (by position), each by
 /// its token from the decoded reply: the same window, the same sorted-set entry.
 pub(super) fn encode_undo(call: &Call, slot: &SlotReply, undo: &[bool]) -> Call {
@@ -312,23 +301,33 @@ pub(super) struct SlotReply {
     pub(super) before: Vec<u32>,
 }
 
+/// What a decoded reply is folded into: each check's outcome and, on a lease request, its
+/// lease effect (`leases` is filled to one per check when the call has any).
+pub(super) struct Fold<'a> {
+    pub(super) outcomes: &'a mut [Outcome],
+    pub(super) leases: &'a mut Vec<LeaseEffect>,
+}
+
 /// Folds one call's reply into `outcomes` (at `idx`); returns whether the call admitted.
 pub(super) fn decode(
     values: &[i64],
+    layout: Layout,
     idx: &[usize],
-    outcomes: &mut [Outcome],
+    into: Fold<'_>,
 ) -> Result<bool, StoreError> {
-    decode_slot(values, idx, 3, outcomes).map(|s| s.admitted)
+    decode_slot(values, layout, idx, into).map(|s| s.admitted)
 }
 
-/// Folds a reply of `width` values per limit into `outcomes` (at `idx`); the reply is checked
-/// whole before anything is read from it.
+/// Folds `call`'s reply into `into` (at `idx`); the reply is checked whole before anything is
+/// read from it.
 pub(super) fn decode_slot(
     values: &[i64],
+    layout: Layout,
     idx: &[usize],
-    width: usize,
-    outcomes: &mut [Outcome],
+    into: Fold<'_>,
 ) -> Result<SlotReply, StoreError> {
+    let (width, outcomes) = (layout.width, into.outcomes);
+    let extra = if layout.lease { 2 } else { 0 };
     if values.len() != 1 + width * idx.len() || width < 3 {
         return Err(StoreError::Permanent(format!(
             "decide.lua returned {} values for {} limits",
@@ -352,9 +351,17 @@ pub(super) fn decode_slot(
                 micros(v[2])
             },
         };
-        if width >= 5 {
+        if width - extra >= 5 {
             slot.tokens.push(v[3]);
             slot.before.push(remaining(v[4]));
+        }
+        if layout.lease {
+            if into.leases.is_empty() {
+                into.leases.resize(outcomes.len(), LeaseEffect::default());
+            }
+            if let Some(e) = into.leases.get_mut(i) {
+                e.merge(LeaseEffect::from_script(v[width - 2], v[width - 1]));
+            }
         }
     }
     Ok(slot)
@@ -619,6 +626,7 @@ mod tests {
             };
             2
         ];
+        let mut leases = Vec::new();
         // Empty, short by one value, one limit short, and a reply of the answer-only width.
         for reply in [
             vec![],
@@ -626,7 +634,15 @@ mod tests {
             vec![1, 3, 0, 0, 5],
             vec![1, 3, 0, 0, 9, 4, 3, 0, 0, 9],
         ] {
-            let r = decode_slot(&reply, &idx, call.width(), &mut outcomes);
+            let r = decode_slot(
+                &reply,
+                call.layout(),
+                &idx,
+                Fold {
+                    outcomes: &mut outcomes,
+                    leases: &mut leases,
+                },
+            );
             assert!(r.is_err(), "{reply:?} was taken");
         }
         // An undo built from what a failed reply left (nothing) undoes nothing.
@@ -634,7 +650,16 @@ mod tests {
         assert!(undo.keys.is_empty() && undo.args.is_empty());
         // A whole reply: each written charge is undone by its own token, only where asked.
         let reply = [1, 3, 0, 0, 77, 4, 3, 0, 0, 0, 4];
-        let slot = decode_slot(&reply, &idx, call.width(), &mut outcomes).expect("whole");
+        let slot = decode_slot(
+            &reply,
+            call.layout(),
+            &idx,
+            Fold {
+                outcomes: &mut outcomes,
+                leases: &mut leases,
+            },
+        )
+        .expect("whole");
         assert_eq!(
             (slot.tokens.clone(), slot.before.clone()),
             (vec![77, 0], vec![4, 4])

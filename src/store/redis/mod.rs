@@ -12,6 +12,7 @@ mod cluster;
 mod codec;
 mod conn;
 pub mod keys;
+mod lease_arg;
 mod members;
 mod reply;
 mod sentinel;

@@ -100,6 +100,7 @@ impl Standalone {
         let all: Vec<usize> = (0..checks.len()).collect();
         let (reply, answer) = tokio::sync::oneshot::channel();
         let call = common.call_for(checks, &all, true);
+        let layout = call.layout();
         let r = async {
             tx.send(Job { call, reply })
                 .await
@@ -116,13 +117,18 @@ impl Standalone {
             ))),
         };
         common.record_health(&r);
-        let mut outcomes = vec![DENIED; checks.len()];
-        let admitted = codec::decode(&r?, &all, &mut outcomes)?;
+        let (mut outcomes, mut leases) = (vec![DENIED; checks.len()], Vec::new());
+        let into = codec::Fold {
+            outcomes: &mut outcomes,
+            leases: &mut leases,
+        };
+        let admitted = codec::decode(&r?, layout, &all, into)?;
         Ok(Decision {
             admitted,
             outcomes,
             local: false,
             steps: 1,
+            leases,
         })
     }
 }

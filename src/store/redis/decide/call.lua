@@ -117,6 +117,10 @@ end
 
 local function general(KB, AB, n)
   local out = {1}
+  -- A lease request's limits return two more values each: the lease effect (head.lua).
+  local w = W
+  if K == 8 then w = W + 2 end
+  local gone, left = {}, {} -- lease entries: check index -> ended ones dropped, lease left
   local views = {}
   local recs, oks, refs, touched, stop, over = {}, {}, {}, {}, false, false
   local admitted = 1
@@ -154,7 +158,7 @@ local function general(KB, AB, n)
       local rv = resv[key]
       if not rv then
         rv = res_view(key)
-        resv[key] = rv
+        resv[key], gone[i] = rv, rv.gone
       end
       local changed
       allowed, remaining, reset, retry, changed, held[i] = reserve(key, v, rv, alg, limit, period,
@@ -164,10 +168,11 @@ local function general(KB, AB, n)
       local sv = slots[key]
       if not sv then
         sv = slot_view(key, limit)
-        slots[key] = sv
+        slots[key], gone[i] = sv, sv.gone
       end
       free[i] = sv.free
       allowed, remaining, retry, touched_slot = in_flight(key, sv, limit, period, op, ARGV[b + 5])
+      left[i] = slot_left(sv, op, ARGV[b + 5], period)
       reset, token = period, 0
       before[key] = sv.free
     elseif alg == 0 then
@@ -196,7 +201,7 @@ local function general(KB, AB, n)
     changes[i] = touched_slot
     if record and not allowed then over = true end
     if quota then quotas = quotas + 1 end
-    local o = 2 + W * (i - 1)
+    local o = 2 + w * (i - 1)
     if allowed then
       out[o] = 1 + 2 * remaining
       if quota then quotas_allowed = quotas_allowed + 1 end
@@ -206,6 +211,9 @@ local function general(KB, AB, n)
     end
     out[o + 1] = reset
     out[o + 2] = retry
+    if K == 8 then
+      out[o + W], out[o + W + 1] = 4 * (gone[i] or 0), 0
+    end
     if tokens_wanted then
       -- Only a written charge has something to undo (set below, once it is written).
       out[o + 3] = 0
@@ -245,7 +253,7 @@ local function general(KB, AB, n)
     -- only the checks that are, on fresh views.
     for i = 1, n do
       if not charged[i] and ops[i] > 0 and ops[i] < 4 then
-        local o = 2 + W * (i - 1)
+        local o = 2 + w * (i - 1)
         out[o] = out[o] % 2 + 2 * free[i]
       elseif not charged[i] then
         local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
@@ -253,12 +261,12 @@ local function general(KB, AB, n)
         local meta = tonumber(ARGV[b + 3])
         local v = views[key]
         if v.dirty then v = load_view(key, meta % 4, period) end
-        local o = 2 + W * (i - 1)
+        local o = 2 + w * (i - 1)
         out[o] = out[o] % 2 + 2 * left_on(key, v, meta % 4, limit, period, meta)
       end
     end
     views_written, slots = {}, {}
-    local resv2 = {}
+    local resv2, slots2 = {}, {}
     for i = 1, n do
       if charged[i] and ops[i] >= 4 then
         -- A reservation or settle charged: decided again on fresh views (of the counter and of
@@ -275,11 +283,26 @@ local function general(KB, AB, n)
         if not rv then
           rv = res_view(key)
           resv2[key] = rv
+          local o = 2 + w * (i - 1) + W
+          out[o] = out[o] + 4 * rv.gone
         end
         local _
         _, _, _, _, _, held[i] = reserve(key, v, rv, meta % 4, limit, period, meta,
           tonumber(ARGV[b + 2]), ops[i], ARGV[b + 5], tonumber(ARGV[b + 6]),
           tonumber(ARGV[b + 7]))
+      elseif charged[i] and ops[i] > 0 then
+        -- An in_flight take or free charged: decided again on a fresh view of the slots (a
+        -- free of a slot only an uncharged take of this request held frees nothing).
+        local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
+        local limit, period, id = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), ARGV[b + 5]
+        local sv = slots2[key]
+        if not sv then
+          sv = slot_view(key, limit)
+          slots2[key] = sv
+        end
+        local _
+        _, _, _, changes[i] = in_flight(key, sv, limit, period, ops[i], id)
+        left[i] = slot_left(sv, ops[i], id, period)
       elseif charged[i] and touched[i] and ops[i] == 0 then
         local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
         local meta = tonumber(ARGV[b + 3])
@@ -297,12 +320,30 @@ local function general(KB, AB, n)
   local written = write_views(KB, AB, n, views_written)
   for i = 1, n do
     local b = AB + 1 + K * (i - 1)
+    -- What is written, as a lease effect: 1 an entry added, 2 one released (with the lease
+    -- it had left), 3 a release that found none.
+    local code = 0
     if charged[i] and ops[i] >= 4 then
-      if held[i] ~= nil then
-        res_write(KEYS[KB + i], ARGV[b + 5], held[i], tonumber(ARGV[b + 6]))
+      local c = held[i]
+      if c ~= nil then
+        res_write(KEYS[KB + i], ARGV[b + 5], c, tonumber(ARGV[b + 6]))
+        if c.released then
+          code, left[i] = 2, c.released - now
+        else
+          code, left[i] = 1, tonumber(ARGV[b + 6])
+        end
+      elseif ops[i] == 5 then
+        code = 3
       end
     elseif charged[i] and changes[i] and ops[i] > 0 then
       slot_write(KEYS[KB + i], tonumber(ARGV[b + 1]), ops[i], ARGV[b + 5])
+      code = ops[i]
+    elseif charged[i] and ops[i] == 2 then
+      code = 3
+    end
+    if code > 0 then
+      local o = 2 + w * (i - 1) + W
+      out[o], out[o + 1] = out[o] + code, left[i] or 0
     end
   end
   if tokens_wanted then
@@ -310,7 +351,7 @@ local function general(KB, AB, n)
     -- (sliding_log), 1 for a token bucket (whose undo is arithmetic); 0 for nothing to undo.
     for i = 1, n do
       if charged[i] and touched[i] and tokens[i] ~= 0 then
-        local o = 5 + W * (i - 1)
+        local o = 5 + w * (i - 1)
         local pos = slots[i]
         if pos then
           local t = written[KEYS[KB + i]]

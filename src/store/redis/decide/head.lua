@@ -73,7 +73,7 @@
 -- this script's cost is measured against a minimal one; see docs/performance.md.)
 --
 -- Returns, request after request, {admitted, state_1, reset_us_1, retry_us_1, [token_1,
--- before_1,] state_2, ...}:
+-- before_1,] [effect_1, left_us_1,] state_2, ...}:
 --   admitted    1 if every enforced limit allowed the request and, if it has quota limits, one
 --               of them did; only then is anything written (a shadow or quota limit that
 --               denies is never written), record limits aside (see the flags)
@@ -87,6 +87,12 @@
 --               the window start (fixed and sliding window), the entry's id (sliding_log), 1
 --               for token_bucket (its undo is exact arithmetic); 0 when nothing was written
 --   before_i    (the same calls) what the counter had left before the request
+--   effect_i, left_us_i  (a request in the lease layout, K = 8, on each of its limits) what
+--               the call did to the limit's lease entries: effect = code + 4 * the ended
+--               entries it dropped, code 0 nothing, 1 an entry added (a slot taken, a
+--               reservation made), 2 one released before its lease ended (a free, a settle),
+--               3 a release that found none; left_us the added or released entry's lease left
+--               (src/store/lease_effect.rs)
 -- An undo call returns {1, done_1, done_2, ...}: done 0 when the charge could not be taken back
 -- within the bounded work below (the caller counts it).
 --

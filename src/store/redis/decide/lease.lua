@@ -2,26 +2,29 @@
 -- limit (see head.lua for KEYS, ARGV and where they are stored).
 ------------------------------------------------------------------------------------ the leases
 
-local slot_view, holds, first_end, in_flight, slot_write
+local slot_view, holds, first_end, in_flight, slot_left, slot_write
 local res_view, res_get, run_alg, reserve, res_write
 -- Built only for a call that has a lease limit (see `has` in head.lua).
 if has.lease then
   -- in_flight on the slots at `key` (see head.lua), as this request's earlier checks left them
   -- (`sv`, the key's view for this request: a take or free is seen by the checks after it, as the
   -- memory store decides on copies). Returns allowed, remaining, retry_us, whether the request
-  -- changes the slots if charged, and the slots free as stored.
+  -- changes the slots if charged, and the slots free as stored. `gone`: the ended slots it
+  -- dropped; `ends`: when the slots it looked up end.
   slot_view = function(key, limit)
-    call('ZREMRANGEBYSCORE', key, '-inf', now)
+    local gone = call('ZREMRANGEBYSCORE', key, '-inf', now)
     local n = call('ZCARD', key)
     local free = 0
     if n < limit then free = limit - n end
-    return {n = n, free = free, ids = {}, frees = 0}
+    return {n = n, free = free, ids = {}, frees = 0, gone = gone, ends = {}}
   end
 
   holds = function(key, sv, id)
     local t = sv.ids[id]
     if t ~= nil then return t end
-    return call('ZSCORE', key, id) ~= false
+    local e = call('ZSCORE', key, id)
+    if e then sv.ends[id] = tonumber(e) end
+    return e ~= false
   end
 
   -- When the first slot of the view ends: the earliest stored one this request has not freed,
@@ -53,6 +56,13 @@ if has.lease then
     return false, 0, first_end(key, sv, period) - now, false
   end
 
+  -- The lease left of the slot a take or free of `id` on view `sv` changes (a slot this
+  -- request took itself has its whole lease left).
+  slot_left = function(sv, op, id, period)
+    if op == 1 then return period end
+    return (sv.ends[id] or now + period) - now
+  end
+
   -- Writes a charged in_flight change: the slot taken (until its lease ends) or freed.
   slot_write = function(key, period, op, id)
     if op == 1 then
@@ -73,10 +83,10 @@ if has.lease then
       call('ZREM', ek, unpack(old))
       call('HDEL', key .. ':r', unpack(old))
     end
-    return {n = call('ZCOUNT', ek, fmt('(%d', now), '+inf'), ids = {}}
+    return {n = call('ZCOUNT', ek, fmt('(%d', now), '+inf'), ids = {}, gone = #old}
   end
 
-  -- The id's live reservation on the view: {hits, until} or false.
+  -- The id's live reservation on the view: {hits, until, lease end} or false.
   res_get = function(key, rv, id)
     local t = rv.ids[id]
     if t ~= nil then return t end
@@ -84,7 +94,7 @@ if has.lease then
     local h = e and tonumber(e) > now and call('HGET', key .. ':r', id)
     if h then
       local a, b = pair(h)
-      t = {a, b}
+      t = {a, b, tonumber(e)}
     else
       t = false
     end
@@ -103,7 +113,8 @@ if has.lease then
   -- A reservation (op 4) or its settle (op 5) of `hits` for `id` on the counter at `key`
   -- (src/algorithm/reserve.rs, operation for operation). Returns allowed, remaining, reset_us,
   -- retry_us, whether the counter's view changed, and the change to the reservations if the
-  -- request is charged: {hits, until} a reservation made, true one settled, nil none.
+  -- request is charged: {hits, until, lease end} a reservation made, {released = its lease
+  -- end} one settled, nil none.
   reserve = function(key, v, rv, alg, limit, period, meta, hits, op, id, lease, cap)
     local held = res_get(key, rv, id)
     local function as_is()
@@ -126,7 +137,7 @@ if has.lease then
       local ends = now + lease
       local until_ = ends
       if alg <= 1 then until_ = token + period elseif alg == 2 then until_ = now + period end
-      local entry = {hits, until_}
+      local entry = {hits, until_, ends}
       rv.ids[id], rv.n = entry, rv.n + 1
       return true, remaining, reset, 0, hits > 0, entry
     end
@@ -147,14 +158,14 @@ if has.lease then
       changed = false
     end
     local settled = nil
-    if held then settled = true end
+    if held then settled = {released = held[3]} end
     return true, remaining, reset, 0, changed, settled
   end
 
   -- Writes a charged reservation change: made (kept until its lease ends) or settled.
   res_write = function(key, id, change, lease)
     local ek, rk = key .. ':e', key .. ':r'
-    if change == true then
+    if change.released then
       call('ZREM', ek, id)
       call('HDEL', rk, id)
     else

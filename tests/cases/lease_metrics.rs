@@ -1,0 +1,114 @@
+//! The lease metrics on every store, read from `/metrics` of two replicas (on Redis, two stores
+//! and servers on the same Redis; on memory, one store behind two servers): slots in use and
+//! reservations outstanding (gauges whose sum over the replicas is the fleet's), leases that
+//! ended unreleased, and releases that found nothing. The store says what each call did, so a
+//! retry is not a new slot and a free of nothing frees nothing.
+
+use super::in_flight::{done, take};
+use super::reservations::{reserve, settle};
+use super::store::{make_store, redis_store, Backend};
+use crate::support::*;
+use sluice::proto::rate_limit_response::Code;
+use sluice::service::ServiceOptions;
+use sluice::store::redis::RedisKind;
+use std::time::Duration;
+
+const CONFIG: &str = r#"
+domain: ai
+descriptors:
+  - key: tenant
+    in_flight: {max: 3, lease: 5s, id_key: request_id, done_key: request_done}
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000}
+    reservations: {lease: 5m, id_key: request_id, done_key: request_done}
+"#;
+
+/// A series' value in a `/metrics` text (0 when absent: an untouched counter has no series).
+fn value(metrics: &str, series: &str) -> i64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0, |v| v as i64)
+}
+
+async fn metrics(s: &TestServer) -> String {
+    http(s.http_addr, "GET", "/metrics", "").await.1
+}
+
+/// The fleet's figure: the series summed over both replicas.
+async fn fleet(a: &TestServer, b: &TestServer, series: &str) -> i64 {
+    value(&metrics(a).await, series) + value(&metrics(b).await, series)
+}
+
+const SLOTS: &str = r#"sluice_in_flight_slots{domain="ai"}"#;
+const RESERVED: &str = r#"sluice_reservations_outstanding{domain="ai"}"#;
+const EXPIRED_SLOTS: &str = r#"sluice_leases_expired_total{domain="ai",kind="in_flight"}"#;
+const EXPIRED_RES: &str = r#"sluice_leases_expired_total{domain="ai",kind="reservations"}"#;
+const UNMATCHED_FREES: &str =
+    r#"sluice_lease_releases_unmatched_total{domain="ai",kind="in_flight"}"#;
+const UNMATCHED_SETTLES: &str =
+    r#"sluice_lease_releases_unmatched_total{domain="ai",kind="reservations"}"#;
+
+async fn the_lease_metrics_follow_the_store(kind: &str) {
+    let (store, clock, backend) = make_store(kind).await;
+    let other = match &backend {
+        Backend::Memory => store.clone(),
+        Backend::Redis(r) => redis_store(vec![r.url()], RedisKind::Single, &clock),
+        Backend::Cluster(c) => redis_store(c.seeds(), RedisKind::Cluster, &clock),
+    };
+    let opts = ServiceOptions::default;
+    let a = TestServer::start_on(CONFIG, opts(), Some(store), clock.clone()).await;
+    let b = TestServer::start_on(CONFIG, opts(), Some(other), clock.clone()).await;
+
+    // Three slots taken on a; a retry and a denial add none.
+    for id in ["a", "b", "c", "a"] {
+        assert_eq!(code(&a.call(take("t", id)).await), Code::Ok, "{kind}: {id}");
+    }
+    assert_eq!(code(&a.call(take("t", "d")).await), Code::OverLimit);
+    assert_eq!(fleet(&a, &b, SLOTS).await, 3, "{kind}");
+    // Freed on b: b's share is -1, the fleet's 2. Frees of nothing count as unmatched.
+    for id in ["a", "zz", "a"] {
+        assert_eq!(code(&b.call(done("t", id)).await), Code::Ok);
+    }
+    assert_eq!(fleet(&a, &b, SLOTS).await, 2, "{kind}");
+    assert_eq!(value(&metrics(&b).await, SLOTS), -1, "{kind}: b's share");
+    assert_eq!(fleet(&a, &b, UNMATCHED_FREES).await, 2, "{kind}");
+
+    // Two reservations on a; one settled on b; a settle of a request never reserved.
+    for id in ["r1", "r2"] {
+        assert_eq!(code(&a.call(reserve("u", id, 400)).await), Code::Ok);
+    }
+    assert_eq!(
+        code(&a.call(reserve("u", "r1", 400)).await),
+        Code::Ok,
+        "retry"
+    );
+    assert_eq!(fleet(&a, &b, RESERVED).await, 2, "{kind}");
+    assert_eq!(code(&b.call(settle("u", "r1", 250)).await), Code::Ok);
+    assert_eq!(code(&b.call(settle("u", "r9", 10)).await), Code::Ok);
+    assert_eq!(fleet(&a, &b, RESERVED).await, 1, "{kind}");
+    assert_eq!(fleet(&a, &b, UNMATCHED_SETTLES).await, 1, "{kind}");
+    assert_eq!(fleet(&a, &b, EXPIRED_SLOTS).await, 0, "{kind}");
+
+    // Past the slots' lease: b and c were never freed. They leave the gauge with their lease;
+    // the next call on the tenant drops them from the store and counts them expired.
+    clock.advance(Duration::from_secs(6));
+    assert_eq!(fleet(&a, &b, SLOTS).await, 0, "{kind}");
+    assert_eq!(code(&b.call(take("t", "e")).await), Code::Ok);
+    assert_eq!(fleet(&a, &b, EXPIRED_SLOTS).await, 2, "{kind}");
+    assert_eq!(fleet(&a, &b, SLOTS).await, 1, "{kind}");
+
+    // Past the reservations' lease: r2 was never settled; its settle now finds nothing.
+    clock.advance(Duration::from_secs(300));
+    assert_eq!(fleet(&a, &b, RESERVED).await, 0, "{kind}");
+    assert_eq!(code(&a.call(reserve("u", "r3", 100)).await), Code::Ok);
+    assert_eq!(fleet(&a, &b, EXPIRED_RES).await, 1, "{kind}");
+    assert_eq!(code(&b.call(settle("u", "r2", 400)).await), Code::Ok);
+    assert_eq!(fleet(&a, &b, UNMATCHED_SETTLES).await, 2, "{kind}");
+    assert_eq!(fleet(&a, &b, RESERVED).await, 1, "{kind}: r3");
+    a.stop().await;
+    b.stop().await;
+}
+
+test_with_all_stores!(the_lease_metrics_on, kind => the_lease_metrics_follow_the_store);
