@@ -105,8 +105,15 @@ const GOLDEN_SEEDS: [u64; 3] = [1, 2, 3];
 /// not applied by memory, applied (and not undoable) in its own Cluster slot; a free is now
 /// always applied. 1795655488708527156: a reservation of 0 hits on a Cluster request spanning
 /// slots: its dry slot was never committed (nothing "charged"), so the reservation was not kept
-/// and a retry of its id reserved again.
-const REGRESSION_SEEDS: [u64; 13] = [
+/// and a retry of its id reserved again. 1795664549246848383: a Cluster slot naming one token
+/// bucket twice (a plain charge and a settle's recorded excess) charged both, then undid the
+/// charge the request's verdict did not take: the excess had been clamped after that charge,
+/// so the bucket ended 2 s emptier than memory's; such a slot is now decided dry and
+/// committed with the verdict. 1795568438354380472 (again, once the lease metrics were
+/// compared): a free of a slot only an uncharged take of the same request held was reported
+/// as freeing it.
+const REGRESSION_SEEDS: [u64; 14] = [
+    1_795_664_549_246_848_383,
     1_795_655_488_708_527_156,
     1_795_607_807_879_463_867,
     1_795_568_438_354_380_472,

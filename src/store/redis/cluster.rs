@@ -156,6 +156,15 @@ fn waits_for_verdict(c: &LimitCheck) -> bool {
     (c.refund && !c.record && c.hits > 0) || c.lease.as_ref().is_some_and(|l| !l.release)
 }
 
+/// Whether a slot's call names one counter twice. Its charges cannot be undone one by one:
+/// each was decided on what the one before it left (a token bucket's recorded excess is clamped
+/// after the charge before it), so the slot is decided dry and committed with the verdict.
+fn names_a_key_twice(call: &Call) -> bool {
+    let mut keys: Vec<&String> = call.keys.iter().collect();
+    keys.sort_unstable();
+    keys.windows(2).any(|w| w[0] == w[1])
+}
+
 /// Decides a request spanning slots exactly as one atomic call would. Every slot's call runs
 /// concurrently: a slot is charged by its own verdict (quota-mode limits go as shadow, so a
 /// slot never applies the quota rule alone), or decided dry when it holds a refund that waits
@@ -172,7 +181,7 @@ async fn charge_or_undo(
         .iter()
         .map(|g| {
             let call = common.call_for(&checks, g, false);
-            if g.iter().any(|&i| waits_for_verdict(&checks[i])) {
+            if g.iter().any(|&i| waits_for_verdict(&checks[i])) || names_a_key_twice(&call) {
                 call.with_reply(Reply::Dry)
             } else {
                 call
