@@ -88,6 +88,7 @@ fn benches(c: &mut Criterion) {
                     record: false,
                     stop_over: false,
                     lease: None,
+                    leased: false,
                 },
                 LimitCheck {
                     key: counter(n),
@@ -98,6 +99,7 @@ fn benches(c: &mut Criterion) {
                     record: false,
                     stop_over: false,
                     lease: None,
+                    leased: false,
                 },
             ];
             rt.block_on(store.decide(black_box(&checks)))

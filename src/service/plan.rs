@@ -381,6 +381,7 @@ impl Plan {
                     record: release,
                     stop_over: false,
                     lease: lease.cloned(),
+                    leased: true,
                 }
             } else if let Some(l) = reserving {
                 // A reservation: the request-time call charges its hits (the estimate) all or
@@ -398,6 +399,7 @@ impl Plan {
                         reservations: c.reservations,
                         ..l.clone()
                     }),
+                    leased: true,
                 }
             } else {
                 LimitCheck {
@@ -409,6 +411,7 @@ impl Plan {
                     record: envoyproxy || c.record_usage,
                     stop_over: envoyproxy && charge.options.stop_increment_when_over,
                     lease: None,
+                    leased: c.reservations.is_some(),
                 }
             };
             self.limits.push(PlannedLimit {

@@ -3,7 +3,8 @@
 //! resets, so until then a request on it is denied here, without a Redis round trip. Under an
 //! attack that hammers one over-limit key this takes the load off Redis entirely.
 //!
-//! - Only non-shadow, non-refund, non-quota checks that charge (`hits > 0`) use or fill the
+//! - Only non-shadow, non-refund, non-quota checks that charge (`hits > 0`), on limits no
+//!   stream-done call can give room to (not `in_flight`, no `reservations`), use or fill the
 //!   cache: a shadow limit never denies, a quota-mode limit denies only together with the
 //!   request's other quota limits, a refund must reach the counter, and a check-only request
 //!   (`hits_addend` 0) asks for the counter's current state.
@@ -162,10 +163,12 @@ pub fn entry_bytes(key: &CounterKey) -> usize {
 }
 
 /// Whether a check may be answered from, and may fill, the cache. A quota-mode limit's denial
-/// alone does not deny its request, so it never answers one. An `in_flight` limit never does
-/// either: a stream-done call can free a slot at any moment (and must reach the store itself).
+/// alone does not deny its request, so it never answers one. Nor does a lease limit's (an
+/// `in_flight` limit, a rate limit with `reservations`), even on a request that names no
+/// request id: another request's stream-done call can free a slot or give a reservation back
+/// at any moment (and must reach the store itself).
 fn eligible(c: &LimitCheck) -> bool {
-    !c.shadow && !c.refund && !c.quota && c.hits > 0 && c.lease.is_none()
+    !c.shadow && !c.refund && !c.quota && c.hits > 0 && c.lease.is_none() && !c.leased
 }
 
 /// A deny cache in front of a [`CounterStore`] `S`.

@@ -80,6 +80,10 @@ pub struct LimitCheck {
     /// reserves `hits`). `None` on other limits, and on a descriptor that names no request
     /// (an `in_flight` check: allowed while a slot is free; a plain charge on a rate limit).
     pub lease: Option<LeaseCall>,
+    /// The counter is an `in_flight` limit's or a rate limit's with `reservations`: another
+    /// request's stream-done call can give it room at any moment, so its denials are never
+    /// cached (whether or not this request names one).
+    pub leased: bool,
 }
 
 /// A request's own entry on an `in_flight` limit or a rate limit with `reservations`.
@@ -227,6 +231,7 @@ impl LimitCheck {
             record: false,
             stop_over: false,
             lease: None,
+            leased: false,
         }
     }
 }

@@ -253,6 +253,7 @@ async fn memory_and_redis_decide_identically_for_every_algorithm() {
                     record: record_shared,
                     stop_over: stop,
                     lease: None,
+                    leased: false,
                 },
                 LimitCheck {
                     key: key(
@@ -269,6 +270,7 @@ async fn memory_and_redis_decide_identically_for_every_algorithm() {
                     record: record_consumer,
                     stop_over: stop,
                     lease: None,
+                    leased: false,
                 },
             ];
             let m = memory.decide(&checks).await.expect("memory decides");
@@ -328,6 +330,7 @@ async fn measure_redis_memory_per_counter() {
             record: false,
             stop_over: false,
             lease: None,
+            leased: false,
             refund: false,
             shadow: false,
             quota: false,

@@ -271,3 +271,64 @@ async fn a_long_reservation_id_is_invalid_argument() {
     );
     s.stop().await;
 }
+
+/// With the local deny cache on, a denial that a release can end is never kept: a plain request
+/// on a counter with reservations (no id entry) or an `in_flight` check (no id) is denied while
+/// the budget or the slots are taken, and admitted as soon as a settle gives back or a done
+/// frees, never answered from the cache meanwhile.
+async fn a_release_ends_a_denial_the_deny_cache_never_kept(kind: &str) {
+    const LEASED: &str = r#"
+domain: ai
+descriptors:
+  - key: tenant
+    in_flight: {max: 1, lease: 5s, id_key: request_id, done_key: request_done}
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 10}
+    reservations: {lease: 5m, id_key: request_id, done_key: request_done}
+"#;
+    let (inner, clock, _backend) = make_store(kind).await;
+    // Memory and standalone Redis: every denial is final, so only the rule keeps these out.
+    let cache = std::sync::Arc::new(sluice::store::local_cache::LocalDenyCache::new(
+        inner,
+        1 << 20,
+        std::sync::Arc::new(clock.clone()),
+        sluice::store::DenialFinality::Always,
+    ));
+    let store: std::sync::Arc<dyn sluice::store::CounterStore> = cache.clone();
+    let s = TestServer::start_on(LEASED, ServiceOptions::default(), Some(store), clock).await;
+    let plain = || one("ai", &[("user", "u")]);
+    let check = || one("ai", &[("tenant", "t")]);
+
+    assert_eq!(code(&s.call(reserve("u", "r1", 10)).await), Code::Ok);
+    assert_eq!(code(&s.call(plain()).await), Code::OverLimit, "{kind}");
+    assert_eq!(code(&s.call(plain()).await), Code::OverLimit, "{kind}");
+    assert_eq!(code(&s.call(settle("u", "r1", 4)).await), Code::Ok);
+    assert_eq!(
+        code(&s.call(plain()).await),
+        Code::Ok,
+        "{kind}: 6 given back"
+    );
+
+    let take = super::in_flight::take;
+    assert_eq!(code(&s.call(take("t", "a")).await), Code::Ok);
+    assert_eq!(code(&s.call(check()).await), Code::OverLimit, "{kind}");
+    assert_eq!(code(&s.call(check()).await), Code::OverLimit, "{kind}");
+    assert_eq!(
+        code(&s.call(super::in_flight::done("t", "a")).await),
+        Code::Ok
+    );
+    assert_eq!(
+        code(&s.call(check()).await),
+        Code::Ok,
+        "{kind}: a's slot freed"
+    );
+    assert_eq!(
+        cache.local_denials(),
+        0,
+        "{kind}: nothing answered from the cache"
+    );
+    assert!(cache.is_empty(), "{kind}: nothing kept");
+    s.stop().await;
+}
+
+test_with_all_stores!(the_deny_cache_and_releases_on, kind => a_release_ends_a_denial_the_deny_cache_never_kept);

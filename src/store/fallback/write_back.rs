@@ -61,6 +61,7 @@ impl Shared {
             record: true,
             stop_over: false,
             lease: None,
+            leased: false,
         };
         let token = format!("{}-{}", self.id, send.token);
         let now_us = self.now_us();
@@ -121,6 +122,7 @@ impl Shared {
                 record: true,
                 stop_over: false,
                 lease: None,
+                leased: false,
             };
             if self.skip_store(std::slice::from_ref(&like)) {
                 continue;
