@@ -28,6 +28,9 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1}
   - key: slot
     in_flight: {max: 1, lease: 5s, id_key: rid, done_key: rdone}
+  - key: budget
+    rate_limit: {unit: minute, requests_per_unit: 100}
+    reservations: {lease: 5m, id_key: rid, done_key: rdone}
 "#;
 
 fn chart_file(name: &str) -> String {
@@ -155,7 +158,7 @@ async fn every_dashboard_and_alert_query_parses_and_names_live_series() {
         failure_mode: Some(sluice::service::FailureMode::Local),
         ..ServiceOptions::default()
     };
-    let s = TestServer::start_stack(CONFIG, options, stack, clock).await;
+    let s = TestServer::start_stack(CONFIG, options, stack, clock.clone()).await;
     let tenant = one("dash", &[("tenant", "acme")]);
     let codes: Vec<Code> = {
         let mut v = Vec::new();
@@ -176,6 +179,15 @@ async fn every_dashboard_and_alert_query_parses_and_names_live_series() {
     assert_eq!(code(&s.call(slot("rid", "a")).await), Code::Ok);
     assert_eq!(code(&s.call(slot("rid", "b")).await), Code::OverLimit);
     assert_eq!(code(&s.call(slot("rdone", "a")).await), Code::Ok);
+    // The lease gauges and counters: a free of nothing, a slot left to end by its lease and
+    // dropped by the next take, a reservation held, a settle of nothing.
+    assert_eq!(code(&s.call(slot("rdone", "zz")).await), Code::Ok);
+    assert_eq!(code(&s.call(slot("rid", "c")).await), Code::Ok);
+    clock.advance(std::time::Duration::from_secs(6));
+    assert_eq!(code(&s.call(slot("rid", "d")).await), Code::Ok);
+    let budget = |k: &str, id: &str| one("dash", &[("budget", "b"), (k, id)]);
+    assert_eq!(code(&s.call(budget("rid", "r1")).await), Code::Ok);
+    assert_eq!(code(&s.call(budget("rdone", "zz")).await), Code::Ok);
     // The store fails: decided locally.
     fake.fail_with(Some(sluice::store::StoreError::Transient("down".into())));
     assert_eq!(
@@ -232,6 +244,10 @@ async fn every_dashboard_and_alert_query_parses_and_names_live_series() {
         "sluice_rlqs_reported_requests_total",
         "sluice_rlqs_bucket_reports_total",
         "sluice_rlqs_refused_total",
+        "sluice_in_flight_slots",
+        "sluice_reservations_outstanding",
+        "sluice_leases_expired_total",
+        "sluice_lease_releases_unmatched_total",
     ] {
         assert!(
             used.contains(name),
