@@ -5,6 +5,7 @@
 //! them, so "in flight" is a fact of the test, not a matter of timing.
 
 use super::envoy::{front, request_then_wait, sluice, wait_healthy, RLS_OK};
+use crate::support::binary::SluiceProcess;
 use crate::support::envoy::{Backend, EnvoyProcess};
 use crate::support::redis::start_redis;
 use crate::support::*;
@@ -201,6 +202,12 @@ async fn slots_of_a_killed_envoy_end_with_their_lease() {
         );
     }
     let first_end = ends.iter().copied().min().unwrap_or(0);
+    let last_end = ends.iter().copied().max().unwrap_or(0);
+    // The lease gauge, summed over the two replicas: the 3 slots, while their leases run.
+    let held = fleet(&[&a, &b], SLOTS).await;
+    if redis_now_us(&redis) < first_end {
+        assert_eq!(held, 3, "3 slots held, as the gauge has it");
+    }
 
     // A new Envoy: the tenant's requests are denied until the slots' leases end, then admitted.
     let e = Arc::new(front(&backend, a.grpc, b.grpc).await);
@@ -226,7 +233,38 @@ async fn slots_of_a_killed_envoy_end_with_their_lease() {
         answered >= first_end,
         "admitted at {admitted_at}..{answered}, before the first lease ended at {first_end}"
     );
+    // Once every lease has ended (and the second the gauge books it in), a take drops what is
+    // left of them: the 3 counted as expired, none held.
+    eventually("every lease of the killed Envoy's slots ended", || async {
+        redis_now_us(&redis) >= last_end + 1_000_000
+    })
+    .await;
+    assert_eq!(
+        request_then_wait(&e, PATH, &[("x-tenant", "crash")], 2).await,
+        200
+    );
+    eventually("the expired slots counted, every slot freed", || async {
+        fleet(&[&a, &b], EXPIRED).await == 3 && fleet(&[&a, &b], SLOTS).await == 0
+    })
+    .await;
     assert_eq!(e.stat("cluster.backend.ratelimit.error").await, 0);
+}
+
+const SLOTS: &str = r#"sluice_in_flight_slots{domain="ai"}"#;
+const EXPIRED: &str = r#"sluice_leases_expired_total{domain="ai",kind="in_flight"}"#;
+
+/// A lease series of `/metrics` summed over the replicas (0 where a replica has none).
+async fn fleet(replicas: &[&SluiceProcess], series: &str) -> i64 {
+    let mut sum = 0;
+    for r in replicas {
+        let (_, _, body) = http_request(r.http, "GET", "/metrics", &[], "").await;
+        sum += body
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(0, |v| v as i64);
+    }
+    sum
 }
 
 /// The same on memory (one replica, both of Envoy's endpoints): with Envoy SIGKILLed holding 3
@@ -247,6 +285,7 @@ async fn slots_of_a_killed_envoy_end_with_their_lease_on_memory() {
     wait_healthy(&e, 2).await;
     let taken_after = now_us();
     let (tasks, denied) = burst(&e, &backend, "crash", 3).await;
+    let taken_before = now_us();
     assert_eq!((backend.held(), denied), (3, 0), "3 in flight");
     kill_mid_request(e, &backend, tasks).await;
 
@@ -274,5 +313,19 @@ async fn slots_of_a_killed_envoy_end_with_their_lease_on_memory() {
         answered >= taken_after + 5_000_000,
         "admitted at {answered}, before any lease could end ({taken_after} + 5 s)"
     );
+    // Every lease ended (and the second the gauge books it in): a take drops what is left of
+    // them, the 3 counted as expired, none held.
+    eventually("every lease of the killed Envoy's slots ended", || async {
+        now_us() >= taken_before + 6_000_000
+    })
+    .await;
+    assert_eq!(
+        request_then_wait(&e, PATH, &[("x-tenant", "crash")], 2).await,
+        200
+    );
+    eventually("the expired slots counted, every slot freed", || async {
+        fleet(&[&a], EXPIRED).await == 3 && fleet(&[&a], SLOTS).await == 0
+    })
+    .await;
     assert_eq!(e.stat("cluster.backend.ratelimit.error").await, 0);
 }
