@@ -118,9 +118,8 @@ end
 local function general(KB, AB, n)
   local out = {1}
   -- A lease request's limits return two more values each: the lease effect (head.lua).
-  local w = W
-  if K == 8 then w = W + 2 end
-  local gone, left = {}, {} -- lease entries: check index -> ended ones dropped, lease left
+  local w, gone, left = W, nil, nil -- lease entries: check index -> ended ones dropped, lease left
+  if K == 8 then w, gone, left = W + 2, {}, {} end
   local views = {}
   local recs, oks, refs, touched, stop, over = {}, {}, {}, {}, false, false
   local admitted = 1
