@@ -32,6 +32,8 @@ pub enum LeaseKind {
 }
 
 impl LeaseKind {
+    const ALL: [Self; 2] = [Self::InFlight, Self::Reservation];
+
     fn label(self) -> &'static str {
         match self {
             LeaseKind::InFlight => "in_flight",
@@ -40,8 +42,9 @@ impl LeaseKind {
     }
 }
 
-/// Per (domain, kind): bucket end (ms since the epoch) -> entries booked to end in it.
-type Ledgers = HashMap<(Box<str>, LeaseKind), BTreeMap<u64, i64>>;
+/// Per domain, per kind (in [`LeaseKind::ALL`] order): bucket end (ms since the epoch) ->
+/// entries booked to end in it. Looked up by `&str`, so a booking allocates nothing.
+type Ledgers = HashMap<Box<str>, [BTreeMap<u64, i64>; 2]>;
 
 #[derive(Debug)]
 pub struct LeaseMetrics {
@@ -117,10 +120,11 @@ impl LeaseMetrics {
         let end = now.saturating_add(Duration::from_micros(left_us));
         let at = bucket(end, lease);
         let mut ledgers = self.lock();
-        let ledger = match ledgers.get_mut(&(Box::from(domain), kind)) {
+        let kinds = match ledgers.get_mut(domain) {
             Some(l) => l,
-            None => ledgers.entry((Box::from(domain), kind)).or_default(),
+            None => ledgers.entry(Box::from(domain)).or_default(),
         };
+        let ledger = &mut kinds[kind as usize];
         let n = ledger.entry(at).or_insert(0);
         *n += delta;
         if *n == 0 {
@@ -132,15 +136,17 @@ impl LeaseMetrics {
     pub fn update(&self, now: Duration) {
         let now_ms = u64::try_from(now.as_millis()).unwrap_or(u64::MAX);
         let mut ledgers = self.lock();
-        for ((domain, kind), ledger) in ledgers.iter_mut() {
-            let live = ledger.split_off(&now_ms.saturating_add(1));
-            *ledger = live;
-            let held: i64 = ledger.values().sum();
-            let gauge = match kind {
-                LeaseKind::InFlight => &self.slots,
-                LeaseKind::Reservation => &self.reservations,
-            };
-            gauge.with_label_values(&[domain]).set(held);
+        for (domain, kinds) in ledgers.iter_mut() {
+            for (kind, ledger) in LeaseKind::ALL.into_iter().zip(kinds.iter_mut()) {
+                let live = ledger.split_off(&now_ms.saturating_add(1));
+                *ledger = live;
+                let held: i64 = ledger.values().sum();
+                let gauge = match kind {
+                    LeaseKind::InFlight => &self.slots,
+                    LeaseKind::Reservation => &self.reservations,
+                };
+                gauge.with_label_values(&[domain]).set(held);
+            }
         }
     }
 
@@ -209,7 +215,10 @@ mod tests {
         ma.update(t5);
         mb.update(t5);
         assert_eq!(sum(&a, &b), 0);
-        assert!(ma.lock().values().all(BTreeMap::is_empty), "nothing kept");
+        assert!(
+            ma.lock().values().flatten().all(BTreeMap::is_empty),
+            "nothing kept"
+        );
     }
 
     #[test]
@@ -232,7 +241,7 @@ mod tests {
                 Duration::from_secs(s),
             );
         }
-        let buckets: usize = m.lock().values().map(BTreeMap::len).sum();
+        let buckets: usize = m.lock().values().flatten().map(BTreeMap::len).sum();
         assert!(
             buckets <= 1_100,
             "{buckets} buckets for a day of reservations"

@@ -118,8 +118,8 @@ end
 local function general(KB, AB, n)
   local out = {1}
   -- A lease request's limits return two more values each: the lease effect (head.lua).
-  local w, gone, left = W, nil, nil -- lease entries: check index -> ended ones dropped, lease left
-  if K == 8 then w, gone, left = W + 2, {}, {} end
+  local w = W
+  if K == 8 then w = W + 2 end
   local views = {}
   local recs, oks, refs, touched, stop, over = {}, {}, {}, {}, false, false
   local admitted = 1
@@ -153,11 +153,12 @@ local function general(KB, AB, n)
       if tokens_wanted then before[key] = left_on(key, v, alg, limit, period, meta) end
     end
     local allowed, remaining, reset, retry, token
+    local gone, left = 0, 0 -- the lease effect's: ended entries dropped, the lease left
     if op >= 4 then
       local rv = resv[key]
       if not rv then
         rv = res_view(key)
-        resv[key], gone[i] = rv, rv.gone
+        resv[key], gone = rv, rv.gone
       end
       local changed
       allowed, remaining, reset, retry, changed, held[i] = reserve(key, v, rv, alg, limit, period,
@@ -167,11 +168,11 @@ local function general(KB, AB, n)
       local sv = slots[key]
       if not sv then
         sv = slot_view(key, limit)
-        slots[key], gone[i] = sv, sv.gone
+        slots[key], gone = sv, sv.gone
       end
       free[i] = sv.free
-      allowed, remaining, retry, touched_slot = in_flight(key, sv, limit, period, op, ARGV[b + 5])
-      left[i] = slot_left(sv, op, ARGV[b + 5], period)
+      allowed, remaining, retry, touched_slot, left =
+        in_flight(key, sv, limit, period, op, ARGV[b + 5])
       reset, token = period, 0
       before[key] = sv.free
     elseif alg == 0 then
@@ -211,7 +212,7 @@ local function general(KB, AB, n)
     out[o + 1] = reset
     out[o + 2] = retry
     if K == 8 then
-      out[o + W], out[o + W + 1] = 4 * (gone[i] or 0), 0
+      out[o + W], out[o + W + 1] = 4 * gone, left
     end
     if tokens_wanted then
       -- Only a written charge has something to undo (set below, once it is written).
@@ -300,8 +301,8 @@ local function general(KB, AB, n)
           slots2[key] = sv
         end
         local _
-        _, _, _, changes[i] = in_flight(key, sv, limit, period, ops[i], id)
-        left[i] = slot_left(sv, ops[i], id, period)
+        _, _, _, changes[i], out[2 + w * (i - 1) + W + 1] =
+          in_flight(key, sv, limit, period, ops[i], id)
       elseif charged[i] and touched[i] and ops[i] == 0 then
         local key, b = KEYS[KB + i], AB + 1 + K * (i - 1)
         local meta = tonumber(ARGV[b + 3])
@@ -320,16 +321,16 @@ local function general(KB, AB, n)
   for i = 1, n do
     local b = AB + 1 + K * (i - 1)
     -- What is written, as a lease effect: 1 an entry added, 2 one released (with the lease
-    -- it had left), 3 a release that found none.
-    local code = 0
+    -- it had left, set by the first pass for a slot), 3 a release that found none.
+    local code, left = 0, nil
     if charged[i] and ops[i] >= 4 then
       local c = held[i]
       if c ~= nil then
         res_write(KEYS[KB + i], ARGV[b + 5], c, tonumber(ARGV[b + 6]))
         if c.released then
-          code, left[i] = 2, c.released - now
+          code, left = 2, c.released - now
         else
-          code, left[i] = 1, tonumber(ARGV[b + 6])
+          code, left = 1, tonumber(ARGV[b + 6])
         end
       elseif ops[i] == 5 then
         code = 3
@@ -342,7 +343,8 @@ local function general(KB, AB, n)
     end
     if code > 0 then
       local o = 2 + w * (i - 1) + W
-      out[o], out[o + 1] = out[o] + code, left[i] or 0
+      out[o] = out[o] + code
+      if left then out[o + 1] = left end
     end
   end
   if tokens_wanted then

@@ -2,7 +2,7 @@
 -- limit (see head.lua for KEYS, ARGV and where they are stored).
 ------------------------------------------------------------------------------------ the leases
 
-local slot_view, holds, first_end, in_flight, slot_left, slot_write
+local slot_view, holds, first_end, in_flight, slot_write
 local res_view, res_get, run_alg, reserve, res_write
 -- Built only for a call that has a lease limit (see `has` in head.lua).
 if has.lease then
@@ -10,21 +10,21 @@ if has.lease then
   -- (`sv`, the key's view for this request: a take or free is seen by the checks after it, as the
   -- memory store decides on copies). Returns allowed, remaining, retry_us, whether the request
   -- changes the slots if charged, and the slots free as stored. `gone`: the ended slots it
-  -- dropped; `ends`: when the slots it looked up end.
+  -- dropped.
   slot_view = function(key, limit)
     local gone = call('ZREMRANGEBYSCORE', key, '-inf', now)
     local n = call('ZCARD', key)
     local free = 0
     if n < limit then free = limit - n end
-    return {n = n, free = free, ids = {}, frees = 0, gone = gone, ends = {}}
+    return {n = n, free = free, ids = {}, frees = 0, gone = gone}
   end
 
+  -- Whether `id` holds a slot on the view, and when a stored one ends.
   holds = function(key, sv, id)
     local t = sv.ids[id]
     if t ~= nil then return t end
     local e = call('ZSCORE', key, id)
-    if e then sv.ends[id] = tonumber(e) end
-    return e ~= false
+    return e ~= false, e and tonumber(e)
   end
 
   -- When the first slot of the view ends: the earliest stored one this request has not freed,
@@ -37,30 +37,26 @@ if has.lease then
     return now + period
   end
 
+  -- Returns allowed, remaining, retry_us, whether it changes the slots and, if it does, the
+  -- lease left of the slot it takes or frees (one this request took itself: a whole lease).
   in_flight = function(key, sv, limit, period, op, id)
     local n = sv.n
     local function left(m) if m < limit then return limit - m end return 0 end
     if op == 2 then
-      if holds(key, sv, id) then
+      local held, ends = holds(key, sv, id)
+      if held then
         sv.ids[id], sv.n, sv.frees = false, n - 1, sv.frees + 1
-        return true, left(n - 1), 0, true
+        return true, left(n - 1), 0, true, (ends or now + period) - now
       end
-      return true, left(n), 0, false
+      return true, left(n), 0, false, 0
     end
-    if op == 1 and holds(key, sv, id) then return true, left(n), 0, false end
+    if op == 1 and holds(key, sv, id) then return true, left(n), 0, false, 0 end
     if n < limit then
-      if op == 3 then return true, left(n), 0, false end
+      if op == 3 then return true, left(n), 0, false, 0 end
       sv.ids[id], sv.n = true, n + 1
-      return true, left(n + 1), 0, true
+      return true, left(n + 1), 0, true, period
     end
-    return false, 0, first_end(key, sv, period) - now, false
-  end
-
-  -- The lease left of the slot a take or free of `id` on view `sv` changes (a slot this
-  -- request took itself has its whole lease left).
-  slot_left = function(sv, op, id, period)
-    if op == 1 then return period end
-    return (sv.ends[id] or now + period) - now
+    return false, 0, first_end(key, sv, period) - now, false, 0
   end
 
   -- Writes a charged in_flight change: the slot taken (until its lease ends) or freed.
@@ -75,7 +71,8 @@ if has.lease then
 
   -- Reservations on the counter at `key` as this request's earlier checks left them (`rv`, the
   -- key's view for this request, as for slots). Drops at most TRIM entries whose lease ended;
-  -- `n` counts the live ones.
+  -- `dn` is what this request's checks changed the live count by (the count itself is read
+  -- only when a reservation needs it for the cap: a settle never does).
   res_view = function(key)
     local ek = key .. ':e'
     local old = call('ZRANGEBYSCORE', ek, '-inf', now, 'LIMIT', 0, TRIM)
@@ -83,7 +80,13 @@ if has.lease then
       call('ZREM', ek, unpack(old))
       call('HDEL', key .. ':r', unpack(old))
     end
-    return {n = call('ZCOUNT', ek, fmt('(%d', now), '+inf'), ids = {}, gone = #old}
+    return {dn = 0, ids = {}, gone = #old}
+  end
+
+  -- The live reservations on the view.
+  local function res_count(key, rv)
+    if not rv.stored then rv.stored = call('ZCOUNT', key .. ':e', fmt('(%d', now), '+inf') end
+    return rv.stored + rv.dn
   end
 
   -- The id's live reservation on the view: {hits, until, lease end} or false.
@@ -126,7 +129,7 @@ if has.lease then
         local remaining, reset = as_is()
         return true, remaining, reset, 0, false, nil
       end
-      if rv.n >= cap then
+      if res_count(key, rv) >= cap then
         local remaining, reset = as_is()
         return false, remaining, reset, lease, false, nil
       end
@@ -138,13 +141,13 @@ if has.lease then
       local until_ = ends
       if alg <= 1 then until_ = token + period elseif alg == 2 then until_ = now + period end
       local entry = {hits, until_, ends}
-      rv.ids[id], rv.n = entry, rv.n + 1
+      rv.ids[id], rv.dn = entry, rv.dn + 1
       return true, remaining, reset, 0, hits > 0, entry
     end
     local reserved, until_ = 0, 0
     if held then
       reserved, until_ = held[1], held[2]
-      rv.ids[id], rv.n = false, rv.n - 1
+      rv.ids[id], rv.dn = false, rv.dn - 1
     end
     local _, remaining, reset, changed
     if hits > reserved then
