@@ -60,35 +60,36 @@ impl LeaseEffect {
         }
     }
 
-    /// The effect of writing `new` over `old` (the memory store), for a check that `release`s
-    /// or not: entries are told apart by id, so a retry changes nothing.
-    pub(crate) fn between(old: Option<&State>, new: &State, now: u64, release: bool) -> Self {
-        let before = entries(old);
-        let after = entries(Some(new));
-        // Ended entries the new state no longer keeps (one a plain charge carries over is
-        // not dropped yet).
-        let expired = before
-            .iter()
-            .filter(|&&(id, end)| end <= now && !after.contains(&(id, end)))
-            .count();
-        let live = || before.iter().filter(|&&(_, end)| end > now);
-        let added = after
-            .iter()
-            .find(|&&(id, _)| !live().any(|&(i, _)| i == id));
-        let removed = live().find(|&&(id, _)| !after.iter().any(|&(i, _)| i == id));
-        let change = match (added, removed) {
-            (Some(&(_, end)), _) => LeaseChange::Added {
+    /// The effect of writing `new` over `old` (the memory store) for a check that, if it is a
+    /// stream-done call, releases the entry `release` (its id's fingerprint). One pass over
+    /// each state and no allocation, however many entries a counter holds: a call adds or
+    /// releases at most one entry, an added one is pushed last, and ended ones only ever go.
+    pub(crate) fn between(
+        old: Option<&State>,
+        new: &State,
+        now: u64,
+        release: Option<u64>,
+    ) -> Self {
+        let (old_live, old_ended) = census(old, now);
+        let (new_live, new_ended) = census(Some(new), now);
+        let change = if new_live > old_live {
+            let end = last_end(new).unwrap_or(now);
+            LeaseChange::Added {
                 left_us: end.saturating_sub(now),
-            },
-            (None, Some(&(_, end))) => LeaseChange::Released {
+            }
+        } else if new_live < old_live {
+            let end = release.and_then(|id| end_of(old, id, now)).unwrap_or(now);
+            LeaseChange::Released {
                 left_us: end.saturating_sub(now),
-            },
-            (None, None) if release => LeaseChange::Unmatched,
-            (None, None) => LeaseChange::None,
+            }
+        } else if release.is_some() {
+            LeaseChange::Unmatched
+        } else {
+            LeaseChange::None
         };
         Self {
             change,
-            expired: u32::try_from(expired).unwrap_or(u32::MAX),
+            expired: u32::try_from(old_ended.saturating_sub(new_ended)).unwrap_or(u32::MAX),
         }
     }
 
@@ -104,11 +105,6 @@ impl LeaseEffect {
         }
     }
 
-    /// Whether the check is a stream-done call (a free, a settle).
-    pub(crate) fn releases(check: &LimitCheck) -> bool {
-        check.lease.as_ref().is_some_and(|l| l.release)
-    }
-
     /// Whether there is anything to count.
     pub fn is_empty(&self) -> bool {
         self.change == LeaseChange::None && self.expired == 0
@@ -116,12 +112,38 @@ impl LeaseEffect {
 }
 
 /// The (id, lease end) of every entry a state keeps.
-fn entries(state: Option<&State>) -> Vec<(u64, u64)> {
-    match state {
-        Some(State::Slots(s)) => s.held.clone(),
-        Some(State::Reserved(r)) => r.held.iter().map(|r| (r.id, r.ends)).collect(),
-        _ => Vec::new(),
-    }
+fn entries(state: Option<&State>) -> impl Iterator<Item = (u64, u64)> + '_ {
+    let (slots, reservations) = match state {
+        Some(State::Slots(s)) => (s.held.as_slice(), &[][..]),
+        Some(State::Reserved(r)) => (&[][..], r.held.as_slice()),
+        _ => (&[][..], &[][..]),
+    };
+    slots
+        .iter()
+        .copied()
+        .chain(reservations.iter().map(|r| (r.id, r.ends)))
+}
+
+/// How many entries are live and how many ended, at `now`.
+fn census(state: Option<&State>, now: u64) -> (usize, usize) {
+    entries(state).fold((0, 0), |(live, ended), (_, end)| {
+        if end > now {
+            (live + 1, ended)
+        } else {
+            (live, ended + 1)
+        }
+    })
+}
+
+fn last_end(state: &State) -> Option<u64> {
+    entries(Some(state)).last().map(|(_, end)| end)
+}
+
+/// When the live entry of `id` ends.
+fn end_of(state: Option<&State>, id: u64, now: u64) -> Option<u64> {
+    entries(state)
+        .find(|&(i, end)| i == id && end > now)
+        .map(|(_, end)| end)
 }
 
 #[cfg(test)]
@@ -139,16 +161,16 @@ mod tests {
     fn the_memory_diff_tells_a_take_from_a_retry_and_counts_ended_leases() {
         let old = slots(&[(1, 50), (2, 500)]);
         // Id 1's lease ended at 50; id 3 takes a slot until 1100.
-        let e = LeaseEffect::between(Some(&old), &slots(&[(2, 500), (3, 1100)]), 100, false);
+        let e = LeaseEffect::between(Some(&old), &slots(&[(2, 500), (3, 1100)]), 100, None);
         assert_eq!(e.change, LeaseChange::Added { left_us: 1000 });
         assert_eq!(e.expired, 1);
         // A retry of id 2: nothing added.
-        let e = LeaseEffect::between(Some(&old), &slots(&[(2, 500)]), 100, false);
+        let e = LeaseEffect::between(Some(&old), &slots(&[(2, 500)]), 100, None);
         assert_eq!(e.change, LeaseChange::None);
         // A free of id 2 with 400 µs left; a free of an id without a slot.
-        let e = LeaseEffect::between(Some(&old), &slots(&[]), 100, true);
+        let e = LeaseEffect::between(Some(&old), &slots(&[]), 100, Some(2));
         assert_eq!(e.change, LeaseChange::Released { left_us: 400 });
-        let e = LeaseEffect::between(Some(&slots(&[])), &slots(&[]), 100, true);
+        let e = LeaseEffect::between(Some(&slots(&[])), &slots(&[]), 100, Some(7));
         assert_eq!(e.change, LeaseChange::Unmatched);
     }
 

@@ -12,15 +12,17 @@
 //! `sluice_memory_evictions_total`). Expired counters are also dropped a few per decision, so
 //! no call walks a whole shard.
 
+mod check;
 mod table;
 
 use super::{
     charged, Admission, BoxFuture, CounterKey, CounterStore, Decision, LeaseEffect, LimitCheck,
     StoreError, StoreSignals, Tally,
 };
-use crate::algorithm::{self, Lease, LimitParams, Log, Mode, Outcome, Settle, State};
+use crate::algorithm::{self, LimitParams, Log, Mode, Outcome, State};
 use crate::clock::Clock;
 use crate::config::Algorithm;
+use check::{decide_check, released};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::hash::{BuildHasher, Hash};
@@ -396,7 +398,7 @@ fn decide_in_place(
         };
         if !leases.is_empty() {
             let old = shard.counters.get(fps[i]).map(|c| &c.state);
-            leases[i] = LeaseEffect::between(old, &state, now, LeaseEffect::releases(check));
+            leases[i] = LeaseEffect::between(old, &state, now, released(check));
         }
         evicted += u64::from(shard.write(fps[i], state, p, now));
     }
@@ -440,45 +442,6 @@ fn remaining_now(counter: Option<&mut Counter>, check: &LimitCheck, now: u64) ->
     }
 }
 
-/// One check on a stored state: its algorithm's math, with the request id for an `in_flight`
-/// slot or a reservation.
-fn decide_check(state: Option<&State>, now: u64, check: &LimitCheck) -> (Outcome, State) {
-    let p = check.params();
-    // Ids kept as keyed fingerprints (random per process): a few bytes an entry whatever the
-    // id's length, and no id a client picks collides with another on purpose.
-    static IDS: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
-    let fingerprint = |id: &str| IDS.get_or_init(Default::default).hash_one(id);
-    match &check.lease {
-        Some(l) if p.algorithm != Algorithm::InFlight => match l.terms() {
-            Some(terms) => {
-                let id = fingerprint(&l.id);
-                let op = if l.release {
-                    Settle::Settle(id)
-                } else {
-                    Settle::Reserve(id)
-                };
-                algorithm::reserve(state, now, p, check.hits, op, terms)
-            }
-            None => algorithm::decide(state, now, p, check.hits, check.mode()),
-        },
-        Some(l) => {
-            let slots = match state {
-                Some(State::Slots(s)) => Some(&**s),
-                _ => None,
-            };
-            let id = fingerprint(&l.id);
-            let op = if l.release {
-                Lease::Free(id)
-            } else {
-                Lease::Take(id)
-            };
-            let (o, s) = algorithm::in_flight(slots, now, p, op);
-            (o, State::Slots(Box::new(s)))
-        }
-        _ => algorithm::decide(state, now, p, check.hits, check.mode()),
-    }
-}
-
 /// The state this request's earlier checks left for `fp`, if any.
 fn latest(pending: &[(Fingerprint, State)], fp: Fingerprint) -> Option<&State> {
     pending.iter().rev().find(|(f, _)| *f == fp).map(|(_, s)| s)
@@ -502,7 +465,7 @@ fn decide_on_copies(
         let current = latest(&pending, fps[i]).or(stored);
         let (outcome, next) = decide_check(current, now, check);
         if !leases.is_empty() {
-            leases[i] = LeaseEffect::between(current, &next, now, LeaseEffect::releases(check));
+            leases[i] = LeaseEffect::between(current, &next, now, released(check));
         }
         admission.add(check, outcome.allowed);
         pending.push((fps[i], next));
@@ -534,7 +497,7 @@ fn decide_on_copies(
             let current = latest(&pending, fps[i]).or(stored);
             let (_, next) = decide_check(current, now, check);
             if !leases.is_empty() {
-                leases[i] = LeaseEffect::between(current, &next, now, LeaseEffect::releases(check));
+                leases[i] = LeaseEffect::between(current, &next, now, released(check));
             }
             pending.push((fps[i], next));
         }
