@@ -5,12 +5,9 @@
 //! retry is not a new slot and a free of nothing frees nothing.
 
 use super::in_flight::{done, take};
-use super::reservations::{reserve, settle};
-use super::store::{make_store, redis_store, Backend};
+use super::reservations::{reserve, settle, two_replicas};
 use crate::support::*;
 use sluice::proto::rate_limit_response::Code;
-use sluice::service::ServiceOptions;
-use sluice::store::redis::RedisKind;
 use std::time::Duration;
 
 const CONFIG: &str = r#"
@@ -51,15 +48,7 @@ const UNMATCHED_SETTLES: &str =
     r#"sluice_lease_releases_unmatched_total{domain="ai",kind="reservations"}"#;
 
 async fn the_lease_metrics_follow_the_store(kind: &str) {
-    let (store, clock, backend) = make_store(kind).await;
-    let other = match &backend {
-        Backend::Memory => store.clone(),
-        Backend::Redis(r) => redis_store(vec![r.url()], RedisKind::Single, &clock),
-        Backend::Cluster(c) => redis_store(c.seeds(), RedisKind::Cluster, &clock),
-    };
-    let opts = ServiceOptions::default;
-    let a = TestServer::start_on(CONFIG, opts(), Some(store), clock.clone()).await;
-    let b = TestServer::start_on(CONFIG, opts(), Some(other), clock.clone()).await;
+    let (a, b, clock, _backend) = two_replicas(kind, CONFIG).await;
 
     // Three slots taken on a; a retry and a denial add none.
     for id in ["a", "b", "c", "a"] {

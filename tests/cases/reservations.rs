@@ -36,17 +36,27 @@ pub(super) fn settle(user: &str, id: &str, actual: u64) -> RateLimitRequest {
     with_hits(one("ai", &[("user", user), ("request_done", id)]), actual)
 }
 
-async fn reservations_are_made_settled_and_kept(kind: &str) {
+/// Two replicas on `config`: on Redis two stores and servers on the same Redis, on memory one
+/// store behind two servers. The backend is kept alive with them.
+pub(super) async fn two_replicas(
+    kind: &str,
+    config: &str,
+) -> (TestServer, TestServer, sluice::clock::ManualClock, Backend) {
     let (store, clock, backend) = make_store(kind).await;
-    // The replica that settles: on Redis another store and server on the same Redis.
     let other = match &backend {
         Backend::Memory => store.clone(),
         Backend::Redis(r) => redis_store(vec![r.url()], RedisKind::Single, &clock),
         Backend::Cluster(c) => redis_store(c.seeds(), RedisKind::Cluster, &clock),
     };
     let opts = ServiceOptions::default;
-    let a = TestServer::start_on(CONFIG, opts(), Some(store), clock.clone()).await;
-    let b = TestServer::start_on(CONFIG, opts(), Some(other), clock.clone()).await;
+    let a = TestServer::start_on(config, opts(), Some(store), clock.clone()).await;
+    let b = TestServer::start_on(config, opts(), Some(other), clock.clone()).await;
+    (a, b, clock, backend)
+}
+
+async fn reservations_are_made_settled_and_kept(kind: &str) {
+    // The replica that settles (b): on Redis another store and server on the same Redis.
+    let (a, b, clock, _backend) = two_replicas(kind, CONFIG).await;
 
     // Budget 1000, estimate 400, 10 at once: exactly 2 fit.
     let calls = (0..10).map(|i| {

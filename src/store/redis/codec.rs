@@ -627,6 +627,13 @@ mod tests {
             2
         ];
         let mut leases = Vec::new();
+        let mut decode = |reply: &[i64]| {
+            let into = Fold {
+                outcomes: &mut outcomes,
+                leases: &mut leases,
+            };
+            decode_slot(reply, call.layout(), &idx, into)
+        };
         // Empty, short by one value, one limit short, and a reply of the answer-only width.
         for reply in [
             vec![],
@@ -634,32 +641,13 @@ mod tests {
             vec![1, 3, 0, 0, 5],
             vec![1, 3, 0, 0, 9, 4, 3, 0, 0, 9],
         ] {
-            let r = decode_slot(
-                &reply,
-                call.layout(),
-                &idx,
-                Fold {
-                    outcomes: &mut outcomes,
-                    leases: &mut leases,
-                },
-            );
-            assert!(r.is_err(), "{reply:?} was taken");
+            assert!(decode(&reply).is_err(), "{reply:?} was taken");
         }
         // An undo built from what a failed reply left (nothing) undoes nothing.
         let undo = encode_undo(&call, &SlotReply::default(), &[true, true]);
         assert!(undo.keys.is_empty() && undo.args.is_empty());
         // A whole reply: each written charge is undone by its own token, only where asked.
-        let reply = [1, 3, 0, 0, 77, 4, 3, 0, 0, 0, 4];
-        let slot = decode_slot(
-            &reply,
-            call.layout(),
-            &idx,
-            Fold {
-                outcomes: &mut outcomes,
-                leases: &mut leases,
-            },
-        )
-        .expect("whole");
+        let slot = decode(&[1, 3, 0, 0, 77, 4, 3, 0, 0, 0, 4]).expect("whole");
         assert_eq!(
             (slot.tokens.clone(), slot.before.clone()),
             (vec![77, 0], vec![4, 4])
