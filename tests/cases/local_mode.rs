@@ -122,16 +122,22 @@ async fn rig_on(store: &[(&str, &str)]) -> Rig {
     // and loaded the script (a process's first call, on the debug build, costs milliseconds the
     // window's first requests, sent by four rigs at once, must not pay against 20 ms).
     // Until six calls in a row are answered in time (a cold call may not be: that is what
-    // warming is for), at most 60 calls.
+    // warming is for) and each of Envoy's two workers has its connection to each replica (a
+    // worker opens its own on its first call there: a window's first request must not pay
+    // for a TCP and HTTP/2 handshake against 20 ms; the health checker holds one per replica
+    // besides: 6 in all), at most 200 calls.
     let mut in_a_row = 0;
-    for _ in 0..60 {
+    for _ in 0..200 {
         let (status, _) = envoy.get("/api/warm", &[("x-tenant", "warmup")]).await;
         in_a_row = if status == 200 { in_a_row + 1 } else { 0 };
-        if in_a_row == 6 {
+        if in_a_row >= 6 && envoy.stat("cluster.sluice.upstream_cx_active").await >= 6 {
             break;
         }
     }
-    assert_eq!(in_a_row, 6, "warm-up calls through Envoy answered in time");
+    assert!(
+        in_a_row >= 6,
+        "warm-up calls through Envoy answered in time"
+    );
     let errors_before = envoy.stat("cluster.backend.ratelimit.error").await;
     Rig {
         a,
