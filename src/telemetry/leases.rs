@@ -84,8 +84,9 @@ impl LeaseMetrics {
             )?,
             unmatched: counter(
                 "sluice_lease_releases_unmatched_total",
-                "Stream-done calls that found nothing to release, by domain and kind: a free \
-                 without a slot, a settle without a reservation (never made, or its lease ended).",
+                "Stream-done calls that found nothing to release, by domain and kind: a settle \
+                 without a reservation (never made, or its lease ended), a free without a slot \
+                 (Envoy frees after every request, denied ones too).",
             )?,
             ledgers: Mutex::default(),
         })

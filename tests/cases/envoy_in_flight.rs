@@ -105,6 +105,19 @@ async fn three_in_flight_per_tenant(envs: &[(&str, &str)], replicas: usize) {
             e.stat(RLS_OK).await >= before + 3
         })
         .await;
+        // Envoy makes the stream-done call for a request its rate-limit filter denied too: the
+        // free finds no slot. So each round's 8 denials (7 of the burst, the 4th) are 8 frees
+        // of nothing, and none of the 3 admitted requests' frees is.
+        let replicas: Vec<&SluiceProcess> = std::iter::once(&a).chain(b.as_ref()).collect();
+        eventually("the denied requests' stream-done calls counted", || async {
+            fleet(&replicas, UNMATCHED).await == 8 * round
+        })
+        .await;
+        assert_eq!(
+            fleet(&replicas, SLOTS).await,
+            0,
+            "round {round}: every slot freed"
+        );
     }
     // One at a time, a request is never denied: each ends (and frees its slot) before the next.
     for i in 0..10 {
@@ -252,9 +265,10 @@ async fn slots_of_a_killed_envoy_end_with_their_lease() {
 
 const SLOTS: &str = r#"sluice_in_flight_slots{domain="ai"}"#;
 const EXPIRED: &str = r#"sluice_leases_expired_total{domain="ai",kind="in_flight"}"#;
+const UNMATCHED: &str = r#"sluice_lease_releases_unmatched_total{domain="ai",kind="in_flight"}"#;
 
 /// A lease series of `/metrics` summed over the replicas (0 where a replica has none).
-async fn fleet(replicas: &[&SluiceProcess], series: &str) -> i64 {
+pub(super) async fn fleet(replicas: &[&SluiceProcess], series: &str) -> i64 {
     let mut sum = 0;
     for r in replicas {
         let (_, _, body) = http_request(r.http, "GET", "/metrics", &[], "").await;

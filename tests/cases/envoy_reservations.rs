@@ -9,13 +9,16 @@
 //! actuals both recorded).
 
 use super::envoy::{front, request_then_wait, sluice, wait_healthy, RLS_OK};
-use super::envoy_in_flight::held_burst;
+use super::envoy_in_flight::{fleet, held_burst};
+use crate::support::binary::SluiceProcess;
 use crate::support::envoy::Backend;
 use crate::support::redis::start_redis;
 use crate::support::*;
 use std::sync::Arc;
 
 const PATH: &str = "/budget/chat";
+const RESERVED: &str = r#"sluice_reservations_outstanding{domain="ai"}"#;
+const UNMATCHED: &str = r#"sluice_lease_releases_unmatched_total{domain="ai",kind="reservations"}"#;
 
 async fn budget_of_1000(envs: &[(&str, &str)], replicas: usize) {
     let backend = Backend::start().await;
@@ -83,6 +86,14 @@ async fn budget_of_1000(envs: &[(&str, &str)], replicas: usize) {
         429,
         "a settle of 1000 on an estimate of 100 charged 900 more"
     );
+    // Every admitted request settled (none outstanding, summed over the replicas), and no
+    // settle found nothing: a denied request makes none (its 429 has no `x-tokens`).
+    let replicas: Vec<&SluiceProcess> = std::iter::once(&a).chain(b.as_ref()).collect();
+    eventually("every reservation settled", || async {
+        fleet(&replicas, RESERVED).await == 0
+    })
+    .await;
+    assert_eq!(fleet(&replicas, UNMATCHED).await, 0, "settles of nothing");
     assert_eq!(e.stat("cluster.backend.ratelimit.error").await, 0);
     assert_eq!(e.stat("cluster.sluice.upstream_rq_timeout").await, 0);
 }
