@@ -376,11 +376,20 @@ async fn burst(s: &SluiceProcess, requests: usize) {
             || text.contains(&format!("{requests} 2xx")),
         "{text}"
     );
-    assert_eq!(
-        e.stat("cluster.backend.ratelimit.ok").await,
-        requests as u64,
-        "{text}"
-    );
+    let ok = e.stat("cluster.backend.ratelimit.ok").await;
+    if ok != requests as u64 {
+        let errors = e.stat("cluster.backend.ratelimit.error").await;
+        let (_, metrics) = http(s.http, "GET", "/metrics", "").await;
+        let store: Vec<&str> = metrics
+            .lines()
+            .filter(|l| l.starts_with("sluice_store_errors_total"))
+            .collect();
+        panic!(
+            "ratelimit.ok {ok} of {requests}, ratelimit.error {errors}, sluice {store:?}\n{text}\n\
+             sluice logged:\n{}",
+            s.log()
+        );
+    }
     assert_eq!(e.stat("cluster.backend.ratelimit.error").await, 0);
     assert_eq!(
         e.stat("cluster.backend.ratelimit.failure_mode_allowed")
@@ -398,7 +407,14 @@ async fn a_burst_of_20000_through_envoy_has_no_rate_limit_errors_on_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_20000_through_envoy_has_no_rate_limit_errors_on_redis() {
     let redis = start_redis(&[]).await;
-    let s = sluice(&[("REDIS_URL", redis.url().as_str())]).await;
+    // The store's deadline as long as Envoy's own (the example's `timeout: 1s`): what this
+    // checks is that every call is decided, not that the suite's other tests, sharing two
+    // cores, never hold a Redis call past the default 100 ms. Two clean runs (`5051785`,
+    // `585f88e`) had 809 and 1 293 of 20 000 calls not `ratelimit.ok`, h2load crawling at
+    // 1 145 requests/s the second time; store timeouts are the likely cause (the failure now
+    // prints Envoy's error count and sluice's store errors and log). REDIS_TIMEOUT's own
+    // behaviour is tested in redis_faults.rs.
+    let s = sluice(&[("REDIS_URL", redis.url().as_str()), ("REDIS_TIMEOUT", "1s")]).await;
     burst(&s, 20_000).await;
 }
 
