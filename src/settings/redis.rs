@@ -212,6 +212,7 @@ impl RedisArgs {
         BreakerSettings {
             failure_threshold: self.redis_breaker_threshold,
             open_for: self.redis_breaker_open,
+            patience: self.redis_timeout,
         }
     }
 }

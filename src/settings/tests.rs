@@ -640,7 +640,8 @@ fn redis_tuning_and_service_switches() {
         chain.breaker,
         BreakerSettings {
             failure_threshold: 5,
-            open_for: Duration::from_secs(2)
+            open_for: Duration::from_secs(2),
+            patience: Duration::from_millis(250),
         }
     );
     assert_eq!(chain.local_cache_bytes, 1 << 20);

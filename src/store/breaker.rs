@@ -17,6 +17,7 @@
 
 use super::{BoxFuture, CounterStore, Decision, LimitCheck, StoreError, StoreSignals};
 use crate::clock::Clock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -33,6 +34,9 @@ pub struct BreakerSettings {
     pub failure_threshold: u32,
     /// How long the breaker stays open before one trial call is let through.
     pub open_for: Duration,
+    /// The store's own time to answer (`REDIS_TIMEOUT`): a call its caller gave up on sooner
+    /// says nothing about the store, which is then asked directly (a probe) within this time.
+    pub patience: Duration,
 }
 
 impl Default for BreakerSettings {
@@ -40,6 +44,7 @@ impl Default for BreakerSettings {
         Self {
             failure_threshold: DEFAULT_FAILURE_THRESHOLD,
             open_for: DEFAULT_OPEN_FOR,
+            patience: super::redis::DEFAULT_TIMEOUT,
         }
     }
 }
@@ -98,39 +103,88 @@ enum Permit {
     Reject,
 }
 
-/// A circuit breaker around a [`CounterStore`] `S`.
+/// A circuit breaker around a [`CounterStore`] `S`. Cheap to clone: clones share the store
+/// and the state (a call its caller dropped is judged after the caller is gone).
 #[derive(Debug)]
 pub struct CircuitBreaker<S> {
+    shared: Arc<Shared<S>>,
+}
+
+impl<S> Clone for CircuitBreaker<S> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S> std::ops::Deref for CircuitBreaker<S> {
+    type Target = Shared<S>;
+    fn deref(&self) -> &Shared<S> {
+        &self.shared
+    }
+}
+
+/// What every clone of a [`CircuitBreaker`] shares.
+#[derive(Debug)]
+pub struct Shared<S> {
     inner: S,
     clock: Arc<dyn Clock>,
     settings: BreakerSettings,
     state: Mutex<Inner>,
+    /// A dropped call is being judged (see `CallGuard`).
+    judging: AtomicBool,
     /// Where state changes are published (metrics, readiness).
     signal: Arc<watch::Sender<Option<BreakerState>>>,
 }
 
 impl<S: CounterStore> CircuitBreaker<S> {
     pub fn new(inner: S, settings: BreakerSettings, clock: Arc<dyn Clock>) -> Self {
-        Self {
+        Self::with_signal(
             inner,
+            settings,
             clock,
-            settings: BreakerSettings {
-                failure_threshold: settings.failure_threshold.max(1),
-                open_for: settings.open_for,
-            },
-            state: Mutex::new(Inner {
-                state: State::Closed { failures: 0 },
-                generation: 0,
+            Arc::new(watch::Sender::new(Some(BreakerState::Closed))),
+        )
+    }
+
+    fn with_signal(
+        inner: S,
+        settings: BreakerSettings,
+        clock: Arc<dyn Clock>,
+        signal: Arc<watch::Sender<Option<BreakerState>>>,
+    ) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                inner,
+                clock,
+                settings: BreakerSettings {
+                    failure_threshold: settings.failure_threshold.max(1),
+                    ..settings
+                },
+                state: Mutex::new(Inner {
+                    state: State::Closed { failures: 0 },
+                    generation: 0,
+                }),
+                judging: AtomicBool::new(false),
+                signal,
             }),
-            signal: Arc::new(watch::Sender::new(Some(BreakerState::Closed))),
         }
     }
 
-    /// Publishes the breaker's state on `signals` (for `/metrics` and readiness).
-    pub fn reporting_to(mut self, signals: &StoreSignals) -> Self {
-        self.signal = Arc::clone(&signals.breaker);
-        self.signal.send_replace(Some(self.state()));
-        self
+    /// Publishes the breaker's state on `signals` (for `/metrics` and readiness). Before the
+    /// breaker is used (it is rebuilt around the same store).
+    pub fn reporting_to(self, signals: &StoreSignals) -> Self {
+        let state = self.state();
+        let signal = Arc::clone(&signals.breaker);
+        signal.send_replace(Some(state));
+        match Arc::try_unwrap(self.shared) {
+            Ok(s) => Self::with_signal(s.inner, s.settings, s.clock, signal),
+            Err(shared) => {
+                tracing::error!("breaker already shared: its state is not reported");
+                Self { shared }
+            }
+        }
     }
 
     /// The current state. An open breaker whose `open_for` has elapsed still reports `Open`
@@ -141,6 +195,12 @@ impl<S: CounterStore> CircuitBreaker<S> {
 
     pub fn settings(&self) -> BreakerSettings {
         self.settings
+    }
+
+    /// Whether a dropped call is being judged now.
+    #[cfg(test)]
+    fn judging(&self) -> bool {
+        self.judging.load(Ordering::Acquire)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -228,26 +288,74 @@ impl<S: CounterStore> CircuitBreaker<S> {
     }
 }
 
-/// Records a call dropped before it finished as a transient failure. Envoy gives up on a
-/// rate-limit call at its deadline (`grpc-timeout`, 20 ms by default) and tonic then drops the
-/// handler: without this, a Redis slower than every caller's deadline would never open the
-/// breaker while every request still waited on it. A dropped half-open trial re-opens it.
-struct CallGuard<'a, S: CounterStore> {
+/// Judges a call dropped before it finished (Envoy gives up on a rate-limit call at its
+/// deadline, `grpc-timeout`, and tonic then drops the handler). The caller's patience is the
+/// caller's, not the store's: a call dropped after the store's own time (`patience`,
+/// `REDIS_TIMEOUT`) is a failure; one dropped sooner is judged by the store itself: the same
+/// call, as a check of 0 hits on its first counter (the same script, connection and slot;
+/// it writes nothing), given what is left of that time. So a Redis slower than every caller's
+/// deadline still opens the breaker, while a caller's 1 ms deadline never does. One judgement
+/// runs at a time (a hung store is not asked once per dropped call); a dropped half-open trial
+/// is always judged, and re-opens or closes the breaker by it.
+struct CallGuard<'a, S: CounterStore + 'static> {
     breaker: &'a CircuitBreaker<S>,
+    checks: &'a [LimitCheck],
     generation: u64,
     trial: bool,
+    started: tokio::time::Instant,
     done: bool,
 }
 
-impl<S: CounterStore> Drop for CallGuard<'_, S> {
+impl<S: CounterStore + 'static> Drop for CallGuard<'_, S> {
     fn drop(&mut self) {
-        if !self.done {
-            self.breaker.record(self.generation, self.trial, true);
+        if self.done {
+            return;
         }
+        let due = self.started + self.breaker.settings.patience;
+        let (generation, trial) = (self.generation, self.trial);
+        let (Some(first), Ok(rt)) = (self.checks.first(), tokio::runtime::Handle::try_current())
+        else {
+            self.breaker.record(generation, trial, true);
+            return;
+        };
+        if tokio::time::Instant::now() >= due {
+            self.breaker.record(generation, trial, true);
+            return;
+        }
+        if self.breaker.judging.swap(true, Ordering::AcqRel) && !trial {
+            return;
+        }
+        let check = LimitCheck {
+            hits: 0,
+            refund: false,
+            record: false,
+            stop_over: false,
+            lease: None,
+            ..first.clone()
+        };
+        let breaker = self.breaker.clone();
+        rt.spawn(async move {
+            let r =
+                tokio::time::timeout_at(due, breaker.inner.decide(std::slice::from_ref(&check)))
+                    .await;
+            breaker.judging.store(false, Ordering::Release);
+            match r {
+                // The store answers: the caller was impatient. A trial cut short closes the
+                // breaker; a normal call changes nothing (failures counted before it stand).
+                Ok(Ok(_) | Err(StoreError::Permanent(_))) => {
+                    if trial {
+                        breaker.record(generation, true, false);
+                    }
+                }
+                Ok(Err(StoreError::Transient(_))) | Err(_) => {
+                    breaker.record(generation, trial, true);
+                }
+            }
+        });
     }
 }
 
-impl<S: CounterStore> CounterStore for CircuitBreaker<S> {
+impl<S: CounterStore + 'static> CounterStore for CircuitBreaker<S> {
     fn decide<'a>(
         &'a self,
         checks: &'a [LimitCheck],
@@ -260,8 +368,10 @@ impl<S: CounterStore> CounterStore for CircuitBreaker<S> {
             };
             let mut guard = CallGuard {
                 breaker: self,
+                checks,
                 generation,
                 trial,
+                started: tokio::time::Instant::now(),
                 done: false,
             };
             let result = self.inner.decide(checks).await;
@@ -286,8 +396,10 @@ impl<S: CounterStore> CounterStore for CircuitBreaker<S> {
             };
             let mut guard = CallGuard {
                 breaker: self,
+                checks,
                 generation,
                 trial,
+                started: tokio::time::Instant::now(),
                 done: false,
             };
             let result = self.inner.write_back(checks, token, ttl).await;
@@ -496,21 +608,22 @@ mod tests {
         assert_eq!(breaker.state(), BreakerState::Closed);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_dropped_trial_reopens_it() {
         let (store, breaker, clock) = setup_open_gate();
-        let breaker = Arc::new(breaker);
         fail_until_open(&store, &breaker).await;
         clock.advance(DEFAULT_OPEN_FOR);
 
-        let b = Arc::clone(&breaker);
+        let b = breaker.clone();
         let before = store.calls();
         let trial = tokio::spawn(async move { b.decide(&checks()).await.is_ok() });
         store.wait_calls(before + 1).await;
         assert_eq!(breaker.state(), BreakerState::HalfOpen);
+        // Still down: it does not answer the judgement the dropped trial leads to either.
         trial.abort();
         assert!(trial.await.is_err());
-        assert_eq!(breaker.state(), BreakerState::Open);
+        tokio::time::advance(BreakerSettings::default().patience).await;
+        until(|| breaker.state() == BreakerState::Open).await;
         assert!(
             breaker.decide(&checks()).await.is_err(),
             "a trial cut short counts as a failure: open for another period"
@@ -543,19 +656,38 @@ mod tests {
         assert_eq!(breaker.state(), BreakerState::Closed);
     }
 
-    #[tokio::test]
+    /// Yields until `cond` holds (the task a dropped call leaves behind has run).
+    async fn until(cond: impl Fn() -> bool) {
+        for _ in 0..1000 {
+            if cond() {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("condition never held");
+    }
+
+    /// Starts a call on `breaker` and drops it once it reached the store (its caller's
+    /// deadline).
+    async fn dropped_call(store: &FakeStore, breaker: &Breaker) {
+        let b = breaker.clone();
+        let before = store.calls();
+        let call = tokio::spawn(async move { b.decide(&checks()).await.is_ok() });
+        store.wait_calls(before + 1).await;
+        call.abort();
+        assert!(call.await.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn calls_dropped_unfinished_count_as_failures() {
-        // A store that never answers: every call is cut by its caller (Envoy's deadline).
+        // A store that never answers (nor the judgement of a dropped call, a check on the same
+        // counter): every call is cut by its caller.
         let (store, breaker, _clock) = setup(true);
-        let breaker = Arc::new(breaker);
         for i in 0..DEFAULT_FAILURE_THRESHOLD {
             assert_eq!(breaker.state(), BreakerState::Closed, "call {i}");
-            let b = Arc::clone(&breaker);
-            let before = store.calls();
-            let call = tokio::spawn(async move { b.decide(&checks()).await.is_ok() });
-            store.wait_calls(before + 1).await;
-            call.abort();
-            assert!(call.await.is_err());
+            dropped_call(&store, &breaker).await;
+            tokio::time::advance(BreakerSettings::default().patience).await;
+            until(|| breaker.state() != BreakerState::Closed || !breaker.judging()).await;
         }
         assert_eq!(breaker.state(), BreakerState::Open);
         let before = store.calls();
@@ -565,6 +697,43 @@ mod tests {
             before,
             "an open breaker does not wait on the store"
         );
+    }
+
+    #[tokio::test]
+    async fn calls_their_callers_drop_on_a_live_store_never_open_it() {
+        // A caller's 1 ms deadline cuts every call short; the store answers the judgement:
+        // the breaker stays closed however many there are (issue 37: the caller's deadline is
+        // not the store's failure).
+        let (store, breaker, _clock) = setup(true);
+        for i in 0..10 * DEFAULT_FAILURE_THRESHOLD {
+            dropped_call(&store, &breaker).await;
+            // The judgement: one check through the gate.
+            store.open(1);
+            until(|| !breaker.judging()).await;
+            assert_eq!(
+                breaker.state(),
+                BreakerState::Closed,
+                "after {} dropped calls",
+                i + 1
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_dropped_after_the_store_timeout_is_a_failure() {
+        // The store had its whole REDIS_TIMEOUT: its probe answering now does not excuse it.
+        let (store, breaker, _clock) = setup(true);
+        store.set_probe(true);
+        for _ in 0..DEFAULT_FAILURE_THRESHOLD {
+            let b = breaker.clone();
+            let before = store.calls();
+            let call = tokio::spawn(async move { b.decide(&checks()).await.is_ok() });
+            store.wait_calls(before + 1).await;
+            tokio::time::advance(BreakerSettings::default().patience).await;
+            call.abort();
+            assert!(call.await.is_err());
+        }
+        assert_eq!(breaker.state(), BreakerState::Open);
     }
 
     #[tokio::test]
@@ -614,6 +783,7 @@ mod tests {
             BreakerSettings {
                 failure_threshold: 0,
                 open_for: Duration::from_millis(10),
+                ..BreakerSettings::default()
             },
             Arc::new(ManualClock::default()),
         );

@@ -60,6 +60,7 @@ mod envoy_stats;
 mod extensions;
 mod fuzz;
 mod grpcurl;
+mod hostile;
 mod http;
 mod in_flight;
 mod lease_metrics;

@@ -46,6 +46,10 @@ pub const DEFAULT_MAX_COUNTERS: usize = 100_000;
 pub const DEFAULT_MARGIN: Duration = Duration::from_millis(10);
 /// Default `LOCAL_STORE_PATIENCE`.
 pub const DEFAULT_PATIENCE: Duration = Duration::from_secs(60);
+/// The store always gets at least this long before a request is decided locally: a caller whose
+/// deadline leaves less (after the margin) waits on the store alone, so no caller can push a
+/// healthy store's requests local by being impatient.
+const MIN_STORE_WAIT: Duration = Duration::from_millis(2);
 /// Store calls still running after their caller was answered locally: past this many, requests
 /// are decided locally without asking the store (bounded memory while the store hangs).
 const MAX_OUTSTANDING: usize = 4096;
@@ -105,10 +109,16 @@ struct Shared {
     /// Standalone and Sentinel: the store failed or hung, and requests skip it until a probe
     /// answers (no request waits on a store that is known to be down).
     down: AtomicBool,
-    /// Not probed before (µs): a store that fails again at once is left alone this long.
+    /// Not probed before (µs on the monotonic clock, [`Shared::mono_us`]): a store that fails
+    /// again at once is left alone this long. Never the wall clock: an NTP step back must not
+    /// keep a replica local.
     suspect_until_us: AtomicU64,
     /// Cluster: the same per hash tag (a slot's master may be down while the others answer).
     suspect_tags: Mutex<std::collections::HashMap<u64, u64>>,
+    /// The monotonic clock's origin for the cool-downs above.
+    born: Instant,
+    /// Whether a caller's deadline too short to ever decide locally was logged (once).
+    told_short_deadline: AtomicBool,
     tag_hasher: std::hash::RandomState,
     outstanding: AtomicUsize,
     tallies: Arc<LocalTallies>,
@@ -157,6 +167,8 @@ impl LocalFallback {
             down: AtomicBool::new(false),
             suspect_until_us: AtomicU64::new(0),
             suspect_tags: Mutex::new(std::collections::HashMap::new()),
+            born: Instant::now(),
+            told_short_deadline: AtomicBool::new(false),
             tag_hasher: std::hash::RandomState::new(),
             outstanding: AtomicUsize::new(0),
             tallies,
@@ -187,6 +199,12 @@ impl Shared {
         micros(self.clock.now())
     }
 
+    /// Microseconds on the monotonic clock (tokio's, so paused in tests) since the layer began:
+    /// what the suspicion cool-downs are timed on.
+    fn mono_us(&self) -> u64 {
+        micros(Instant::now().saturating_duration_since(self.born))
+    }
+
     /// The whole store is down: requests skip it until [`Shared::probe`] sees it answer.
     fn suspect(&self) -> bool {
         self.down.load(Ordering::Relaxed)
@@ -206,7 +224,7 @@ impl Shared {
         if tags.is_empty() {
             return false;
         }
-        let now_us = self.now_us();
+        let now_us = self.mono_us();
         checks.iter().any(|c| {
             tags.get(&self.tag(&c.key))
                 .is_some_and(|&until| now_us < until)
@@ -226,8 +244,10 @@ impl Shared {
     }
 
     /// The store failed or hung for `checks`: the whole store (standalone, Sentinel), or their
-    /// slots (Cluster), skipped for `retry_every`.
-    fn suspect_now(&self, checks: &[LimitCheck], now_us: u64) {
+    /// slots (Cluster), skipped for `retry_every`. Only the store's own failure leads here (an
+    /// error, or no answer within its budget), never a caller's deadline.
+    fn suspect_now(&self, checks: &[LimitCheck]) {
+        let now_us = self.mono_us();
         let until = now_us.saturating_add(micros(self.settings.retry_every));
         if self.settings.whole_store {
             self.suspect_until_us.fetch_max(until, Ordering::Relaxed);
@@ -245,14 +265,57 @@ impl Shared {
         }
     }
 
-    /// When to stop waiting for the store: the caller's deadline less the margin, or the
-    /// budget from now for a caller without one.
-    fn give_up_at(&self, deadline: Option<Instant>) -> Instant {
-        match deadline {
-            Some(d) => d
-                .checked_sub(self.settings.margin)
-                .unwrap_or_else(Instant::now),
-            None => Instant::now() + self.settings.budget,
+    /// When to stop waiting for the store and decide locally: the caller's deadline less the
+    /// margin, never later than the store's budget (`REDIS_TIMEOUT`) from `now`. A caller whose
+    /// deadline leaves the store less than [`MIN_STORE_WAIT`] is treated as one without a
+    /// deadline: it waits on the store (up to its budget, or until the caller gives up), so an
+    /// impatient caller gets the store's answer and changes nothing for anyone else.
+    fn give_up_at(&self, deadline: Option<Instant>, now: Instant) -> Instant {
+        let budget = now + self.settings.budget;
+        let Some(d) = deadline else {
+            return budget;
+        };
+        match d.checked_sub(self.settings.margin) {
+            Some(at) if at >= now + MIN_STORE_WAIT.min(self.settings.budget) => at.min(budget),
+            _ => {
+                self.tell_short_deadline(d.saturating_duration_since(now));
+                budget
+            }
+        }
+    }
+
+    /// The store's answer, or its failure, for a request it was asked in time.
+    async fn answered(
+        &self,
+        checks: &[LimitCheck],
+        r: Result<Decision, StoreError>,
+    ) -> Result<Decision, StoreError> {
+        match r {
+            Ok(d) => {
+                self.store_answered(checks, &d, self.now_us());
+                Ok(d)
+            }
+            Err(e) => {
+                if matches!(e, StoreError::Transient(_)) {
+                    self.suspect_now(checks);
+                }
+                Ok(self.decide_locally(checks, self.now_us()).await)
+            }
+        }
+    }
+
+    /// Logs once that callers send deadlines too short to decide locally before them.
+    fn tell_short_deadline(&self, left: Duration) {
+        if !self.told_short_deadline.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                deadline_ms = left.as_secs_f64() * 1e3,
+                margin_ms = self.settings.margin.as_secs_f64() * 1e3,
+                min_store_wait_ms = MIN_STORE_WAIT.as_secs_f64() * 1e3,
+                "a caller's deadline is shorter than LOCAL_DEADLINE_MARGIN plus the store's \
+                 minimum wait: such requests wait on the store alone and are never decided \
+                 locally (FAILURE_MODE=local cannot answer them in time); raise the rate-limit \
+                 timeout in Envoy or lower LOCAL_DEADLINE_MARGIN (logged once)"
+            );
         }
     }
 
@@ -458,7 +521,8 @@ impl CounterStore for LocalFallback {
             if s.skip_store(&checks) || s.outstanding.load(Ordering::Relaxed) >= MAX_OUTSTANDING {
                 return Ok(s.decide_locally(&checks, s.now_us()).await);
             }
-            let give_up = s.give_up_at(deadline);
+            let started = Instant::now();
+            let give_up = s.give_up_at(deadline, started);
             if !s.ledger.is_empty() && !s.settle(&checks, give_up).await {
                 return Ok(s.decide_locally(&checks, s.now_us()).await);
             }
@@ -475,26 +539,32 @@ impl CounterStore for LocalFallback {
                 () = ring => Err(()),
             };
             match answer {
-                Ok(Ok(d)) => {
-                    s.store_answered(&checks, &d, s.now_us());
-                    Ok(d)
-                }
-                Ok(Err(e)) => {
-                    let now_us = s.now_us();
-                    if matches!(e, StoreError::Transient(_)) {
-                        s.suspect_now(&checks, now_us);
+                Ok(r) => s.answered(&checks, r).await,
+                Err(()) => {
+                    // The caller's time is up, not necessarily the store's: the store is
+                    // suspected only once the call has run for its whole budget.
+                    let store_due = started + s.settings.budget;
+                    let hung = Instant::now() >= store_due;
+                    if hung {
+                        s.suspect_now(&checks);
                     }
-                    Ok(s.decide_locally(&checks, now_us).await)
-                }
-                Err(_) => {
-                    let now_us = s.now_us();
-                    s.suspect_now(&checks, now_us);
-                    let d = s.decide_locally(&checks, now_us).await;
+                    let d = s.decide_locally(&checks, s.now_us()).await;
                     s.outstanding.fetch_add(1, Ordering::Relaxed);
                     let late = Arc::clone(s);
                     tokio::spawn(async move {
-                        if let Ok(d) = call.await {
-                            late.reconcile(&checks, &d);
+                        let r = match tokio::time::timeout_at(store_due, &mut call).await {
+                            Ok(r) => r,
+                            Err(_) => {
+                                if !hung {
+                                    late.suspect_now(&checks);
+                                }
+                                call.await
+                            }
+                        };
+                        match r {
+                            Ok(d) => late.reconcile(&checks, &d),
+                            Err(StoreError::Transient(_)) if !hung => late.suspect_now(&checks),
+                            Err(_) => {}
                         }
                         late.outstanding.fetch_sub(1, Ordering::Relaxed);
                     });
@@ -527,5 +597,7 @@ impl LocalFallback {
     }
 }
 
+#[cfg(test)]
+mod deadline_tests;
 #[cfg(test)]
 mod tests;

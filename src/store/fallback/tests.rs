@@ -86,7 +86,9 @@ async fn run(n: u32, limit: u32, demand: Vec<u32>, before: usize, during: usize,
     s.store.fail_with(None);
     // The replicas' suspicion of the store ends. Each writes back before its own next store
     // decision; until every replica has, the store may admit what the others still owe (w).
+    // (Both clocks: the window's is the wall clock, the cool-down's the monotonic one.)
     clock.advance(Duration::from_secs(2));
+    tokio::time::advance(Duration::from_secs(2)).await;
     for r in &s.replicas {
         r.probe_now().await;
     }
@@ -146,6 +148,7 @@ proptest! {
     ) {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
+            .start_paused(true)
             .build()
             .expect("runtime");
         rt.block_on(run(n, limit, demand, before, during, after));

@@ -69,6 +69,7 @@ impl Shared {
         let ttl =
             Duration::from_micros(send.until_us.saturating_sub(now_us)) + Duration::from_secs(60);
         let checks = [check];
+        let started = Instant::now();
         let r = tokio::time::timeout_at(give_up, self.inner.write_back(&checks, &token, ttl)).await;
         match r {
             Ok(Ok(())) => {
@@ -80,14 +81,18 @@ impl Shared {
                 self.ledger.fail(&send);
                 self.tallies.write_back_failures.add(1);
                 if matches!(e, StoreError::Transient(_)) {
-                    self.suspect_now(&checks, self.now_us());
+                    self.suspect_now(&checks);
                 }
                 false
             }
             Err(_) => {
                 self.ledger.fail(&send);
                 self.tallies.write_back_failures.add(1);
-                self.suspect_now(&checks, self.now_us());
+                // A write-back cut short by its caller's deadline says nothing about the store;
+                // one that ran the store's whole budget does.
+                if started.elapsed() >= self.settings.budget {
+                    self.suspect_now(&checks);
+                }
                 false
             }
         }
@@ -97,7 +102,7 @@ impl Shared {
     /// once `retry_every` has passed since it last failed; requests use it again once it
     /// answers.
     pub(super) async fn probe(&self) {
-        if !self.suspect() || self.now_us() < self.suspect_until_us.load(Ordering::Relaxed) {
+        if !self.suspect() || self.mono_us() < self.suspect_until_us.load(Ordering::Relaxed) {
             return;
         }
         let answered = tokio::time::timeout(self.settings.budget, self.inner.probe()).await;

@@ -1,0 +1,167 @@
+//! Deadlines are the caller's, suspicion is the store's (issue 37): a caller's short deadline
+//! never marks a healthy store down, a long one never waits past the store's budget, and the
+//! cool-downs run on the monotonic clock. On paused tokio time, with a gated store that answers
+//! when the test opens it.
+
+use super::*;
+use crate::clock::ManualClock;
+use crate::config::{Limit, Unit};
+use crate::store::fake::FakeStore;
+
+const T0: Duration = Duration::from_secs(60 * 1_000_000 + 5);
+const MS: Duration = Duration::from_millis(1);
+
+struct Rig {
+    store: Arc<FakeStore>,
+    layer: LocalFallback,
+    signals: StoreSignals,
+    clock: ManualClock,
+}
+
+fn rig() -> Rig {
+    let clock = ManualClock::new(T0);
+    let store = Arc::new(FakeStore::gated(Arc::new(clock.clone())));
+    let signals = StoreSignals::new("test");
+    let layer = LocalFallback::new(
+        Arc::clone(&store) as Arc<dyn CounterStore>,
+        None,
+        LocalSettings::default(),
+        Arc::new(clock.clone()),
+        &signals,
+    );
+    Rig {
+        store,
+        layer,
+        signals,
+        clock,
+    }
+}
+
+fn check() -> LimitCheck {
+    LimitCheck::for_tests("d", "k", Limit::fixed(100, Unit::Minute), 1)
+}
+
+impl Rig {
+    fn down(&self) -> bool {
+        self.layer.shared.suspect()
+    }
+
+    fn deciding(&self) -> bool {
+        self.signals.local.deciding.load(Ordering::Relaxed)
+    }
+
+    /// Starts a request with `deadline` from now; the store holds it until opened.
+    fn start(
+        &self,
+        deadline: Option<Duration>,
+    ) -> tokio::task::JoinHandle<Result<Decision, StoreError>> {
+        let layer = self.layer.clone();
+        let deadline = deadline.map(|d| Instant::now() + d);
+        tokio::spawn(async move { layer.decide_by(vec![check()], deadline).await })
+    }
+}
+
+async fn settle_tasks() {
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_impatient_caller_waits_on_the_store_and_never_marks_it_down() {
+    let r = rig();
+    for i in 0..20 {
+        // 1 ms: under the 10 ms margin. The store answers 5 ms later, past the caller's
+        // deadline but well inside its own budget.
+        let call = r.start(Some(MS));
+        r.store.wait_calls(i + 1).await;
+        tokio::time::advance(5 * MS).await;
+        r.store.open(1);
+        let d = call.await.expect("task").expect("answered");
+        assert!(
+            d.steps > 0,
+            "request {i} was decided by the store, not locally"
+        );
+        assert!(!r.down(), "a caller's deadline never marks the store down");
+        assert!(!r.deciding(), "sluice_deciding_locally stays 0");
+    }
+    // The next requests are decided on the store, which counted all 20 before them.
+    r.store.open(1);
+    let d = r
+        .layer
+        .decide_by(vec![check()], None)
+        .await
+        .expect("answered");
+    assert!(d.steps > 0);
+    assert_eq!(d.outcomes[0].remaining, 100 - 21);
+    assert_eq!(r.layer.owed(), 0, "nothing decided locally, nothing owed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_answers_locally_but_only_the_store_budget_suspects_the_store() {
+    let r = rig();
+    // 15 ms: decided locally at 5 ms (15 less the 10 ms margin) while the store is still asked.
+    let call = r.start(Some(15 * MS));
+    r.store.wait_calls(1).await;
+    tokio::time::advance(6 * MS).await;
+    let d = call.await.expect("task").expect("answered");
+    assert_eq!(d.steps, 0, "answered locally before the caller's deadline");
+    settle_tasks().await;
+    assert!(
+        !r.down(),
+        "6 ms is the caller's time, not the store's failure"
+    );
+    // The store has not answered within its budget (100 ms): now it is suspected.
+    tokio::time::advance(95 * MS).await;
+    settle_tasks().await;
+    assert!(
+        r.down(),
+        "no answer within REDIS_TIMEOUT is the store's failure"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_huge_deadline_waits_the_store_budget_not_the_patience() {
+    let r = rig();
+    let asked = Instant::now();
+    let call = r.start(Some(Duration::from_secs(3600)));
+    r.store.wait_calls(1).await;
+    // (Paused time jumps to the next timer when all tasks wait: the answer's time is the
+    // timer's, not the machine's.)
+    let d = call.await.expect("task").expect("answered");
+    let waited = asked.elapsed();
+    assert!(
+        waited <= LocalSettings::default().budget,
+        "answered after {waited:?}: the store's budget (REDIS_TIMEOUT), not the caller's hour"
+    );
+    assert_eq!(
+        d.steps, 0,
+        "decided locally once the store's budget ran out"
+    );
+    assert!(r.down());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_cool_down_runs_on_the_monotonic_clock_not_the_wall_clock() {
+    let r = rig();
+    r.store
+        .fail_with(Some(StoreError::Transient("down".into())));
+    r.store.open(1);
+    let d = r
+        .layer
+        .decide_by(vec![check()], None)
+        .await
+        .expect("answered");
+    assert_eq!(d.steps, 0);
+    assert!(r.down());
+    // NTP steps the wall clock back an hour; the store heals.
+    r.clock.set(T0 - Duration::from_secs(3600));
+    r.store.fail_with(None);
+    r.store.set_probe(true);
+    tokio::time::advance(LocalSettings::default().retry_every + MS).await;
+    r.layer.probe_now().await;
+    assert!(
+        !r.down(),
+        "the probe ran after retry_every of monotonic time, whatever the wall clock did"
+    );
+}
