@@ -11,7 +11,7 @@ use std::time::Duration;
 mod in_flight;
 mod log;
 mod reserve;
-pub use in_flight::{in_flight, Lease, Slots};
+pub use in_flight::{in_flight, remember_denial, Lease, Slots};
 pub use log::Log;
 pub use reserve::{reserve, Reserved, Settle, Terms};
 

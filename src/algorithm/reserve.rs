@@ -3,11 +3,11 @@
 //! concurrent requests cannot overshoot a budget whose cost is known only at the end. The
 //! Redis script's `reserve` branch mirrors this function.
 //!
-//! - reserve: the id already holds a reservation → allowed, nothing changes (a retry reserves
-//!   once); `max` reservations held → denied (retry when a lease could have ended); else the
+//! - reserve: `max` reservations held → denied (retry when a lease could have ended); else the
 //!   estimate is charged like any request (denied if it does not fit) and kept with the id
-//!   until `now + lease`;
-//! - settle: never denied. With a reservation, the difference is applied: more than the estimate
+//!   until `now + lease`. The id is the caller's and grants nothing: a reserve with an id that
+//!   already holds a reservation reserves again (its own estimate, its own entry);
+//! - settle: never denied. It settles the id's oldest live reservation. With a reservation, the difference is applied: more than the estimate
 //!   records the excess, less gives the rest back, but only while the window that took the
 //!   estimate is still the counter's (a give-back into a later window would hand out quota it
 //!   never took). Without one (never made, or its lease ended) the hits are recorded;
@@ -100,10 +100,6 @@ pub fn reserve(
     };
     match op {
         Settle::Reserve(id) => {
-            if holding(&live, id).is_some() {
-                let (o, _) = as_is(inner);
-                return (o, wrap_or_keep(inner, live));
-            }
             if live.len() >= terms.max as usize {
                 let (mut o, _) = as_is(inner);
                 o.allowed = false;
@@ -126,7 +122,7 @@ pub fn reserve(
         Settle::Settle(id) => {
             let (reserved, until) = match holding(&live, id) {
                 Some(i) => {
-                    let r = live.swap_remove(i);
+                    let r = live.remove(i);
                     (r.hits, r.until)
                 }
                 None => (0, 0),
@@ -200,9 +196,14 @@ mod tests {
         let (o, s2) = reserve(Some(&s), 3, P, 400, Settle::Reserve(3), T);
         assert!(!o.allowed);
         assert_eq!(s2, s, "a denied reservation changes nothing");
-        // The same id again holds one reservation.
-        let (o, s) = reserve(Some(&s), 3, P, 400, Settle::Reserve(2), T);
-        assert!(o.allowed && used(&s) == 800);
+        // The same id again reserves again: no id buys anything.
+        let (o, _) = reserve(Some(&s), 3, P, 400, Settle::Reserve(2), T);
+        assert!(!o.allowed, "a held id needs room of its own");
+        assert!(
+            reserve(Some(&s), 3, P, 200, Settle::Reserve(2), T)
+                .0
+                .allowed
+        );
         // Settles at 250 give 150 back each.
         let (o, s) = reserve(Some(&s), 4, P, 250, Settle::Settle(1), T);
         assert!(o.allowed && used(&s) == 650);

@@ -82,6 +82,10 @@ impl LeaseEffect {
             LeaseChange::Released {
                 left_us: end.saturating_sub(now),
             }
+        } else if release.is_some() && pending_denials(Some(new), now) < pending_denials(old, now) {
+            // A stream-done call that consumed a remembered denial (of its own request, or one
+            // past the cap): nothing was released, and nothing was missing.
+            LeaseChange::None
         } else if release.is_some() {
             LeaseChange::Unmatched
         } else {
@@ -124,6 +128,14 @@ fn entries(state: Option<&State>) -> impl Iterator<Item = (u64, u64)> + '_ {
         .chain(reservations.iter().map(|r| (r.id, r.ends)))
 }
 
+/// Denials an `in_flight` counter remembers, at `now`.
+fn pending_denials(state: Option<&State>, now: u64) -> u64 {
+    match state {
+        Some(State::Slots(s)) => s.pending_denials(now),
+        _ => 0,
+    }
+}
+
 /// How many entries are live and how many ended, at `now`.
 fn census(state: Option<&State>, now: u64) -> (usize, usize) {
     entries(state).fold((0, 0), |(live, ended), (_, end)| {
@@ -154,6 +166,7 @@ mod tests {
     fn slots(held: &[(u64, u64)]) -> State {
         State::Slots(Box::new(Slots {
             held: held.to_vec(),
+            ..Slots::default()
         }))
     }
 

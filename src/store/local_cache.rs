@@ -251,11 +251,11 @@ impl<S: CounterStore> LocalDenyCache<S> {
     /// The local answer, if a live entry covers one of `checks`. Also drops what refunds and
     /// expiry made stale.
     fn lookup(&self, checks: &[LimitCheck], now: Duration) -> Option<Decision> {
-        // A stream-done call frees an `in_flight` slot: it always reaches the store.
-        if checks
-            .iter()
-            .any(|c| c.lease.as_ref().is_some_and(|l| l.release))
-        {
+        // A request naming a lease (an `in_flight` take or free, a reservation or its settle)
+        // always reaches the store: a free or settle releases what it holds, and a take the
+        // cache denied would not be remembered as a denial of its id, so its stream-done call
+        // could free another request's slot (src/algorithm/in_flight.rs).
+        if checks.iter().any(|c| c.lease.is_some()) {
             return None;
         }
         let mut entries = self.lock();

@@ -22,7 +22,7 @@ use super::{
 use crate::algorithm::{self, LimitParams, Log, Mode, Outcome, State};
 use crate::clock::Clock;
 use crate::config::Algorithm;
-use check::{decide_check, released};
+use check::{decide_check, released, remember_denial, take_of};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::hash::{BuildHasher, Hash};
@@ -367,9 +367,15 @@ fn decide_in_place(
     for (i, (check, state)) in checks.iter().zip(next).enumerate() {
         if !charge[i] {
             // Not charged: report what the counter really has left, not what it would have
-            // had after this request.
+            // had after this request; an `in_flight` take is remembered as a denial.
             outcomes[i].remaining =
                 remaining_now(guards[slot[i]].counters.get_mut(fps[i]), check, now);
+            if let Some(id) = take_of(check) {
+                let shard = &mut guards[slot[i]];
+                let stored = shard.counters.get(fps[i]).map(|c| &c.state);
+                let state = remember_denial(stored, now, check, id);
+                evicted += u64::from(shard.write(fps[i], state, check.params(), now));
+            }
             continue;
         }
         // A check charges nothing (a reservation or its settle of 0 hits still changes what
@@ -523,6 +529,15 @@ fn decide_on_copies(
         if written {
             let p = checks[i].params();
             evicted += u64::from(guards[slot[i]].write(*fp, state.clone(), p, now));
+        }
+    }
+    // Takes not charged are remembered as denials, on what the request left written.
+    for (i, check) in checks.iter().enumerate() {
+        if let (false, Some(id)) = (charge[i], take_of(check)) {
+            let shard = &mut guards[slot[i]];
+            let stored = shard.counters.get(fps[i]).map(|c| &c.state);
+            let state = remember_denial(stored, now, check, id);
+            evicted += u64::from(shard.write(fps[i], state, check.params(), now));
         }
     }
     let decision = Decision {

@@ -1,7 +1,8 @@
-//! `in_flight` limits on every store: a slot per request id, taken by the request-time call
-//! (the descriptor ends in `id_key`), freed by the stream-done call (`done_key`) or when its
-//! lease ends; the same id twice holds one slot; a done without a slot is a no-op. The Envoy
-//! test (`envoy.rs`) drives the same through a real Envoy.
+//! `in_flight` limits on every store: a slot per request, taken by the request-time call (the
+//! descriptor ends in `id_key`), freed by the stream-done call (`done_key`) or when its lease
+//! ends. The id is the caller's and buys nothing: the same id twice needs two free slots, a
+//! denied take is remembered so its done call frees no one's slot, and a done without a slot is
+//! a no-op. The Envoy test (`envoy_in_flight.rs`) drives the same through a real Envoy.
 
 use super::store::make_store;
 use crate::support::*;
@@ -55,27 +56,40 @@ async fn slots_are_taken_freed_and_end_with_their_lease(kind: &str) {
         Code::Ok,
         "{kind}: tenant u"
     );
-    // The same id again holds its one slot.
+    // The same id again needs a free slot of its own: denied, and remembered.
     assert_eq!(
         code(&s.call(take("t", "a")).await),
-        Code::Ok,
-        "{kind}: a retry of a"
+        Code::OverLimit,
+        "{kind}: a second take of a"
     );
-    // A done without a slot frees nothing; a's done frees a's.
+    // A done without a slot frees nothing.
     assert_eq!(
         code(&s.call(done("t", "zz")).await),
         Code::Ok,
         "{kind}: done of no slot"
     );
     assert_eq!(
-        code(&s.call(take("t", "d")).await),
+        code(&s.call(take("t", "e")).await),
         Code::OverLimit,
         "{kind}: still full"
     );
+    // The first done of a stands for the denied take (Envoy makes a denied request's done call
+    // too): a's slot stays held, whichever of a's requests ended.
     assert_eq!(
         code(&s.call(done("t", "a")).await),
         Code::Ok,
         "{kind}: done of a"
+    );
+    assert_eq!(
+        code(&s.call(take("t", "f")).await),
+        Code::OverLimit,
+        "{kind}: a denied take's done frees no one"
+    );
+    // The second frees a's slot.
+    assert_eq!(
+        code(&s.call(done("t", "a")).await),
+        Code::Ok,
+        "{kind}: done of a again"
     );
     assert_eq!(
         code(&s.call(take("t", "d")).await),
@@ -156,7 +170,9 @@ async fn the_response_reports_slots_not_a_rate() {
 
 /// 100 000 distinct request ids against one counter: each take denied past `max` holds
 /// nothing, so the counter keeps `max` slots (memory: the store's one counter; Redis: the
-/// sorted set's size) and every later take is decided the same.
+/// sorted set's size) and at most 64 denial records beside them (the rest one overflow count),
+/// and every later take is decided the same. The denied requests' done calls (as Envoy makes
+/// them) consume those denials; then a free of a holder lets exactly one more in.
 async fn distinct_ids_keep_the_counter_at_max(kind: &str) {
     use sluice::config::{Algorithm, Limit, Period};
     use sluice::store::{LeaseCall, LimitCheck};
@@ -198,27 +214,65 @@ async fn distinct_ids_keep_the_counter_at_max(kind: &str) {
     match &backend {
         super::store::Backend::Redis(r) => {
             let keys = r.cli(&["--scan", "--pattern", "*flood*"]);
-            let key = keys.lines().next().expect("the slots' key").trim();
+            let mut keys: Vec<&str> = keys.lines().map(str::trim).collect();
+            keys.sort_unstable();
+            let key = keys.first().expect("the slots' key");
             assert_eq!(r.cli(&["ZCARD", key]).trim(), "3", "{kind}: slots kept");
-            assert_eq!(r.cli(&["DBSIZE"]).trim(), "1", "{kind}: one key in all");
+            let denials = format!("{key}:d");
+            assert_eq!(
+                r.cli(&["ZCARD", &denials]).trim(),
+                "65",
+                "{kind}: 64 denial records and the overflow"
+            );
+            assert_eq!(
+                r.cli(&["DBSIZE"]).trim(),
+                "3",
+                "{kind}: slots, counts, denials"
+            );
         }
         super::store::Backend::Cluster(c) => {
             let sizes: u64 = (0..3)
                 .map(|n| c.cli(n, &["DBSIZE"]).trim().parse::<u64>().unwrap_or(0))
                 .sum();
-            assert_eq!(sizes, 1, "{kind}: one key in all");
+            assert_eq!(sizes, 3, "{kind}: slots, counts, denials");
         }
         super::store::Backend::Memory => {}
     }
+    // The denied requests' done calls: each consumes a denial, none frees a slot.
+    let done = |i: u32| {
+        let mut c = check(i);
+        c.lease = Some(LeaseCall {
+            id: std::sync::Arc::from(format!("request-{i}")),
+            release: true,
+            reservations: None,
+        });
+        c.record = true;
+        c
+    };
+    let denied: Vec<u32> = (0..100_000u32).filter(|i| !admitted.contains(i)).collect();
+    for chunk in denied.chunks(500) {
+        futures_util::future::join_all(chunk.iter().map(|&i| {
+            let store = store.clone();
+            async move { store.decide(&[done(i)]).await.expect("done") }
+        }))
+        .await;
+    }
+    assert!(
+        !store
+            .decide(&[check(100_000)])
+            .await
+            .expect("full")
+            .admitted,
+        "{kind}: the holders' slots are all still held"
+    );
     // The store still decides: a free of a holder lets exactly one more in.
-    let mut free = check(0);
-    free.lease = Some(LeaseCall {
-        id: std::sync::Arc::from(format!("request-{}", admitted[0])),
-        release: true,
-        reservations: None,
-    });
-    free.record = true;
-    assert!(store.decide(&[free]).await.expect("freed").admitted);
+    assert!(
+        store
+            .decide(&[done(admitted[0])])
+            .await
+            .expect("freed")
+            .admitted
+    );
     assert!(
         store
             .decide(&[check(100_001)])

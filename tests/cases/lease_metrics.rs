@@ -50,14 +50,22 @@ const UNMATCHED_SETTLES: &str =
 async fn the_lease_metrics_follow_the_store(kind: &str) {
     let (a, b, clock, _backend) = two_replicas(kind, CONFIG).await;
 
-    // Three slots taken on a; a retry and a denial add none.
-    for id in ["a", "b", "c", "a"] {
+    // Three slots taken on a; denials (a second take of a, and d) add none.
+    for id in ["a", "b", "c"] {
         assert_eq!(code(&a.call(take("t", id)).await), Code::Ok, "{kind}: {id}");
     }
-    assert_eq!(code(&a.call(take("t", "d")).await), Code::OverLimit);
+    for id in ["a", "d"] {
+        assert_eq!(
+            code(&a.call(take("t", id)).await),
+            Code::OverLimit,
+            "{kind}: {id}"
+        );
+    }
     assert_eq!(fleet(&a, &b, SLOTS).await, 3, "{kind}");
-    // Freed on b: b's share is -1, the fleet's 2. Frees of nothing count as unmatched.
-    for id in ["a", "zz", "a"] {
+    // On b: a's first done consumes its denied take (neither a release nor unmatched); the
+    // second frees a's slot: b's share is -1, the fleet's 2. Frees of nothing count as
+    // unmatched.
+    for id in ["a", "zz", "a", "a"] {
         assert_eq!(code(&b.call(done("t", id)).await), Code::Ok);
     }
     assert_eq!(fleet(&a, &b, SLOTS).await, 2, "{kind}");
@@ -68,15 +76,17 @@ async fn the_lease_metrics_follow_the_store(kind: &str) {
     for id in ["r1", "r2"] {
         assert_eq!(code(&a.call(reserve("u", id, 400)).await), Code::Ok);
     }
+    // A second reservation with r1's id reserves again (200 fits, 400 would not).
     assert_eq!(
         code(&a.call(reserve("u", "r1", 400)).await),
-        Code::Ok,
-        "retry"
+        Code::OverLimit,
+        "{kind}: a held id reserves again, and 1 200 does not fit 1 000"
     );
-    assert_eq!(fleet(&a, &b, RESERVED).await, 2, "{kind}");
+    assert_eq!(code(&a.call(reserve("u", "r1", 200)).await), Code::Ok);
+    assert_eq!(fleet(&a, &b, RESERVED).await, 3, "{kind}");
     assert_eq!(code(&b.call(settle("u", "r1", 250)).await), Code::Ok);
     assert_eq!(code(&b.call(settle("u", "r9", 10)).await), Code::Ok);
-    assert_eq!(fleet(&a, &b, RESERVED).await, 1, "{kind}");
+    assert_eq!(fleet(&a, &b, RESERVED).await, 2, "{kind}");
     assert_eq!(fleet(&a, &b, UNMATCHED_SETTLES).await, 1, "{kind}");
     assert_eq!(fleet(&a, &b, EXPIRED_SLOTS).await, 0, "{kind}");
 
@@ -88,11 +98,12 @@ async fn the_lease_metrics_follow_the_store(kind: &str) {
     assert_eq!(fleet(&a, &b, EXPIRED_SLOTS).await, 2, "{kind}");
     assert_eq!(fleet(&a, &b, SLOTS).await, 1, "{kind}");
 
-    // Past the reservations' lease: r2 was never settled; its settle now finds nothing.
+    // Past the reservations' lease: r2 and r1's second were never settled; r2's settle now
+    // finds nothing.
     clock.advance(Duration::from_secs(300));
     assert_eq!(fleet(&a, &b, RESERVED).await, 0, "{kind}");
     assert_eq!(code(&a.call(reserve("u", "r3", 100)).await), Code::Ok);
-    assert_eq!(fleet(&a, &b, EXPIRED_RES).await, 1, "{kind}");
+    assert_eq!(fleet(&a, &b, EXPIRED_RES).await, 2, "{kind}");
     assert_eq!(code(&b.call(settle("u", "r2", 400)).await), Code::Ok);
     assert_eq!(fleet(&a, &b, UNMATCHED_SETTLES).await, 2, "{kind}");
     assert_eq!(fleet(&a, &b, RESERVED).await, 1, "{kind}: r3");

@@ -116,17 +116,18 @@ async fn reservations_are_made_settled_and_kept(kind: &str) {
         Code::OverLimit,
         "{kind}: a done without a reservation recorded its hits"
     );
-    // A retry of a request-time call holds one reservation: no second charge.
+    // The id is the caller's and buys nothing: a second reservation with a held id is a
+    // reservation of its own, charged and counted.
     assert_eq!(code(&a.call(reserve("w", "y", 600)).await), Code::Ok);
     assert_eq!(
         code(&a.call(reserve("w", "y", 600)).await),
-        Code::Ok,
-        "{kind}"
+        Code::OverLimit,
+        "{kind}: 600 + 600 does not fit, whatever the id"
     );
     assert_eq!(
-        code(&a.call(reserve("w", "y2", 400)).await),
+        code(&a.call(reserve("w", "y", 400)).await),
         Code::Ok,
-        "{kind}: 600 + 400 (the retry charged nothing)"
+        "{kind}: 600 + 400 under the same id"
     );
     // A reservation whose settle never comes stays charged at its estimate when its lease ends
     // (1000 used by w); a settle after the lease records its hits on top.

@@ -10,6 +10,7 @@
 //! admitted. docs/operations.md states the bound.
 
 mod alarm;
+mod deadline;
 mod ledger;
 mod shares;
 mod write_back;
@@ -46,10 +47,6 @@ pub const DEFAULT_MAX_COUNTERS: usize = 100_000;
 pub const DEFAULT_MARGIN: Duration = Duration::from_millis(10);
 /// Default `LOCAL_STORE_PATIENCE`.
 pub const DEFAULT_PATIENCE: Duration = Duration::from_secs(60);
-/// The store always gets at least this long before a request is decided locally: a caller whose
-/// deadline leaves less (after the margin) waits on the store alone, so no caller can push a
-/// healthy store's requests local by being impatient.
-const MIN_STORE_WAIT: Duration = Duration::from_millis(2);
 /// Store calls still running after their caller was answered locally: past this many, requests
 /// are decided locally without asking the store (bounded memory while the store hangs).
 const MAX_OUTSTANDING: usize = 4096;
@@ -265,25 +262,6 @@ impl Shared {
         }
     }
 
-    /// When to stop waiting for the store and decide locally: the caller's deadline less the
-    /// margin, never later than the store's budget (`REDIS_TIMEOUT`) from `now`. A caller whose
-    /// deadline leaves the store less than [`MIN_STORE_WAIT`] is treated as one without a
-    /// deadline: it waits on the store (up to its budget, or until the caller gives up), so an
-    /// impatient caller gets the store's answer and changes nothing for anyone else.
-    fn give_up_at(&self, deadline: Option<Instant>, now: Instant) -> Instant {
-        let budget = now + self.settings.budget;
-        let Some(d) = deadline else {
-            return budget;
-        };
-        match d.checked_sub(self.settings.margin) {
-            Some(at) if at >= now + MIN_STORE_WAIT.min(self.settings.budget) => at.min(budget),
-            _ => {
-                self.tell_short_deadline(d.saturating_duration_since(now));
-                budget
-            }
-        }
-    }
-
     /// The store's answer, or its failure, for a request it was asked in time.
     async fn answered(
         &self,
@@ -301,21 +279,6 @@ impl Shared {
                 }
                 Ok(self.decide_locally(checks, self.now_us()).await)
             }
-        }
-    }
-
-    /// Logs once that callers send deadlines too short to decide locally before them.
-    fn tell_short_deadline(&self, left: Duration) {
-        if !self.told_short_deadline.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                deadline_ms = left.as_secs_f64() * 1e3,
-                margin_ms = self.settings.margin.as_secs_f64() * 1e3,
-                min_store_wait_ms = MIN_STORE_WAIT.as_secs_f64() * 1e3,
-                "a caller's deadline is shorter than LOCAL_DEADLINE_MARGIN plus the store's \
-                 minimum wait: such requests wait on the store alone and are never decided \
-                 locally (FAILURE_MODE=local cannot answer them in time); raise the rate-limit \
-                 timeout in Envoy or lower LOCAL_DEADLINE_MARGIN (logged once)"
-            );
         }
     }
 

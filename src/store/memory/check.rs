@@ -60,3 +60,32 @@ pub(super) fn released(check: &LimitCheck) -> Option<u64> {
         .filter(|l| l.release)
         .map(|l| fingerprint(&l.id))
 }
+
+/// The fingerprint of the id an `in_flight` take names (its request-time call), if `check` is
+/// one: a take that is not charged is remembered as a denial of that id.
+pub(super) fn take_of(check: &LimitCheck) -> Option<u64> {
+    check
+        .lease
+        .as_ref()
+        .filter(|l| !l.release && check.key.limit.algorithm == Algorithm::InFlight)
+        .map(|l| fingerprint(&l.id))
+}
+
+/// `state` with a take of `id` that was not charged remembered as a denial.
+pub(super) fn remember_denial(
+    state: Option<&State>,
+    now: u64,
+    check: &LimitCheck,
+    id: u64,
+) -> State {
+    let slots = match state {
+        Some(State::Slots(s)) => Some(&**s),
+        _ => None,
+    };
+    State::Slots(Box::new(algorithm::remember_denial(
+        slots,
+        now,
+        check.params(),
+        id,
+    )))
+}

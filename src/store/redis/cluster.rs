@@ -156,6 +156,12 @@ fn waits_for_verdict(c: &LimitCheck) -> bool {
     (c.refund && !c.record && c.hits > 0) || c.lease.as_ref().is_some_and(|l| !l.release)
 }
 
+/// An `in_flight` take (a request-time call naming its id).
+fn is_take(c: &LimitCheck) -> bool {
+    c.key.limit.algorithm == crate::config::Algorithm::InFlight
+        && c.lease.as_ref().is_some_and(|l| !l.release)
+}
+
 /// Whether a slot's call names one counter twice. Its charges cannot be undone one by one:
 /// each was decided on what the one before it left (a token bucket's recorded excess is clamped
 /// after the charge before it), so the slot is decided dry and committed with the verdict.
@@ -235,9 +241,13 @@ async fn charge_or_undo(
         if calls[n].reply != Reply::Dry || slots[n].is_none() {
             continue;
         }
-        // (A reservation or settle of 0 hits still changes what is held.)
+        // (A reservation or settle of 0 hits still changes what is held; an `in_flight` take
+        // not charged is remembered as a denial of its id.)
         let writes = |c: &LimitCheck| c.hits > 0 || c.lease.is_some();
-        if !g.iter().any(|&i| charge[i] && writes(&checks[i])) {
+        if !g
+            .iter()
+            .any(|&i| (charge[i] && writes(&checks[i])) || (!charge[i] && is_take(&checks[i])))
+        {
             continue;
         }
         let commit = calls[n].with_reply(Reply::Verdict {

@@ -336,8 +336,9 @@ local function general(KB, AB, n)
         code = 3
       end
     elseif charged[i] and changes[i] and ops[i] > 0 then
-      slot_write(KEYS[KB + i], tonumber(ARGV[b + 1]), ops[i], ARGV[b + 5])
-      code = ops[i]
+      local what = changes[i]
+      slot_write(KEYS[KB + i], tonumber(ARGV[b + 1]), what, ARGV[b + 5], tonumber(ARGV[b]))
+      if what == 'take' then code = 1 elseif what == 'free' then code = 2 end
     elseif charged[i] and ops[i] == 2 then
       code = 3
     end
@@ -345,6 +346,14 @@ local function general(KB, AB, n)
       local o = 2 + w * (i - 1) + W
       out[o] = out[o] + code
       if left then out[o + 1] = left end
+    end
+  end
+  -- A take not charged is remembered as a denial of its id (src/algorithm/in_flight.rs), on
+  -- what the request left written.
+  for i = 1, n do
+    if not charged[i] and ops[i] == 1 then
+      local b = AB + 1 + K * (i - 1)
+      slot_write(KEYS[KB + i], tonumber(ARGV[b + 1]), 'deny', ARGV[b + 5], tonumber(ARGV[b]))
     end
   end
   if tokens_wanted then

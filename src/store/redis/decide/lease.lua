@@ -8,23 +8,56 @@ local res_view, res_get, run_alg, reserve, res_write
 if has.lease then
   -- in_flight on the slots at `key` (see head.lua), as this request's earlier checks left them
   -- (`sv`, the key's view for this request: a take or free is seen by the checks after it, as the
-  -- memory store decides on copies). Returns allowed, remaining, retry_us, whether the request
-  -- changes the slots if charged, and the slots free as stored. `gone`: the ended slots it
-  -- dropped.
+  -- memory store decides on copies). src/algorithm/in_flight.rs has the rules: an id may hold
+  -- several slots (`key`'s member is the id, scored by when its slots end; `<key>:c` field
+  -- "s<id>" its slots past the first, "n" their total), and a take not charged is remembered as
+  -- a denial (`<key>:d` member ".<id>" scored by its end, `<key>:c` field "d<id>" how many; past
+  -- the cap, member "!" and field "o"), which the id's stream-done call consumes before it frees
+  -- a slot. Drops the slots whose lease ended; `gone`: how many.
   slot_view = function(key, limit)
-    local gone = call('ZREMRANGEBYSCORE', key, '-inf', now)
-    local n = call('ZCARD', key)
+    local ck = key .. ':c'
+    local x = tonumber(call('HGET', ck, 'n') or 0)
+    local ended = call('ZRANGEBYSCORE', key, '-inf', now)
+    local gone = #ended
+    if gone > 0 then
+      if x > 0 then
+        for j = 1, #ended do
+          local e = call('HGET', ck, 's' .. ended[j])
+          if e then
+            gone, x = gone + tonumber(e), x - tonumber(e)
+            call('HDEL', ck, 's' .. ended[j])
+          end
+        end
+        call('HSET', ck, 'n', x)
+      end
+      call('ZREMRANGEBYSCORE', key, '-inf', now)
+    end
+    local n = call('ZCARD', key) + x
     local free = 0
     if n < limit then free = limit - n end
-    return {n = n, free = free, ids = {}, frees = 0, gone = gone}
+    return {n = n, free = free, x = x, held = {}, ends = {}, den = {}, frees = 0, gone = gone}
   end
 
-  -- Whether `id` holds a slot on the view, and when a stored one ends.
+  -- How many slots `id` holds on the view, and when its stored ones end.
   holds = function(key, sv, id)
-    local t = sv.ids[id]
-    if t ~= nil then return t end
+    local h = sv.held[id]
+    if h ~= nil then return h, sv.ends[id] end
     local e = call('ZSCORE', key, id)
-    return e ~= false, e and tonumber(e)
+    h = 0
+    if e then
+      h = 1
+      if sv.x > 0 then h = 1 + tonumber(call('HGET', key .. ':c', 's' .. id) or 0) end
+      e = tonumber(e)
+    end
+    sv.held[id], sv.ends[id] = h, e
+    return h, e
+  end
+
+  -- A live remembered count: field `f` of `<key>:c`, if member `m` of `<key>:d` has not ended.
+  local function remembered(key, m, f)
+    local e = call('ZSCORE', key .. ':d', m)
+    if e and tonumber(e) > now then return tonumber(call('HGET', key .. ':c', f) or 0) end
+    return 0
   end
 
   -- When the first slot of the view ends: the earliest stored one this request has not freed,
@@ -32,53 +65,134 @@ if has.lease then
   first_end = function(key, sv, period)
     local got = call('ZRANGE', key, 0, sv.frees, 'WITHSCORES')
     for j = 1, #got, 2 do
-      if sv.ids[got[j]] ~= false then return tonumber(got[j + 1]) end
+      if sv.held[got[j]] ~= 0 then return tonumber(got[j + 1]) end
     end
     return now + period
   end
 
-  -- Returns allowed, remaining, retry_us, whether it changes the slots and, if it does, the
-  -- lease left of the slot it takes or frees (one this request took itself: a whole lease).
+  -- Returns allowed, remaining, retry_us, what it changes if charged ('take', 'free', 'deny':
+  -- a denial remembered, 'undeny' / 'unovf': a remembered denial consumed, or nil) and, for a
+  -- take or a free, the lease left of the slot (a take's: a whole lease).
   in_flight = function(key, sv, limit, period, op, id)
     local n = sv.n
     local function left(m) if m < limit then return limit - m end return 0 end
     if op == 2 then
-      local held, ends = holds(key, sv, id)
-      if held then
-        sv.ids[id], sv.n, sv.frees = false, n - 1, sv.frees + 1
-        return true, left(n - 1), 0, true, (ends or now + period) - now
+      local d = sv.den[id]
+      if d == nil then d = remembered(key, '.' .. id, 'd' .. id) end
+      if d > 0 then
+        sv.den[id] = d - 1
+        return true, left(n), 0, 'undeny', 0
       end
-      return true, left(n), 0, false, 0
+      sv.den[id] = 0
+      if sv.ovf == nil then sv.ovf = remembered(key, '!', 'o') end
+      if sv.ovf > 0 then
+        sv.ovf = sv.ovf - 1
+        return true, left(n), 0, 'unovf', 0
+      end
+      local h, ends = holds(key, sv, id)
+      if h > 0 then
+        sv.held[id], sv.n, sv.frees = h - 1, n - 1, sv.frees + 1
+        return true, left(n - 1), 0, 'free', (ends or now + period) - now
+      end
+      return true, left(n), 0, nil, 0
     end
-    if op == 1 and holds(key, sv, id) then return true, left(n), 0, false, 0 end
     if n < limit then
-      if op == 3 then return true, left(n), 0, false, 0 end
-      sv.ids[id], sv.n = true, n + 1
-      return true, left(n + 1), 0, true, period
+      if op == 3 then return true, left(n), 0, nil, 0 end
+      local h = holds(key, sv, id)
+      sv.held[id], sv.ends[id], sv.n = h + 1, now + period, n + 1
+      return true, left(n + 1), 0, 'take', period
     end
-    return false, 0, first_end(key, sv, period) - now, false, 0
+    local what = nil
+    if op == 1 then what = 'deny' end
+    return false, 0, first_end(key, sv, period) - now, what, 0
   end
 
-  -- Writes a charged in_flight change: the slot taken (until its lease ends) or freed.
-  slot_write = function(key, period, op, id)
-    if op == 1 then
+  -- Writes a charged in_flight change (see `in_flight`).
+  slot_write = function(key, period, what, id, limit)
+    local ck, dk = key .. ':c', key .. ':d'
+    if what == 'take' then
+      local had = call('ZSCORE', key, id)
       call('ZADD', key, now + period, id)
       call('PEXPIRE', key, ttl_ms(period))
-    else
-      call('ZREM', key, id)
+      if had then
+        call('HINCRBY', ck, 's' .. id, 1)
+        call('HINCRBY', ck, 'n', 1)
+        call('PEXPIRE', ck, ttl_ms(period))
+      end
+    elseif what == 'free' then
+      local e = tonumber(call('HGET', ck, 's' .. id) or 0)
+      if e > 0 then
+        if e == 1 then call('HDEL', ck, 's' .. id) else call('HINCRBY', ck, 's' .. id, -1) end
+        call('HINCRBY', ck, 'n', -1)
+      else
+        call('ZREM', key, id)
+      end
+    elseif what == 'undeny' or what == 'unovf' then
+      local m, f = '.' .. id, 'd' .. id
+      if what == 'unovf' then m, f = '!', 'o' end
+      if call('HINCRBY', ck, f, -1) <= 0 then
+        call('HDEL', ck, f)
+        call('ZREM', dk, m)
+      end
+    elseif what == 'deny' then
+      local m, f = '.' .. id, 'd' .. id
+      local e = call('ZSCORE', dk, m)
+      if not (e and tonumber(e) > now) then
+        local c = call('ZCARD', dk)
+        local cap = max(limit, 64)
+        if c >= cap then
+          -- Only records still live count against the cap (the memory store keeps no others).
+          local ended = call('ZRANGEBYSCORE', dk, '-inf', now)
+          for j = 1, #ended do
+            local em = ended[j]
+            if em == '!' then call('HDEL', ck, 'o') else call('HDEL', ck, 'd' .. sub(em, 2)) end
+          end
+          call('ZREMRANGEBYSCORE', dk, '-inf', now)
+          c = call('ZCARD', dk)
+        end
+        if c >= cap then
+          m, f = '!', 'o'
+          local oe = call('ZSCORE', dk, m)
+          if not (oe and tonumber(oe) > now) then call('HDEL', ck, f) end
+        else
+          call('HDEL', ck, f)
+        end
+      end
+      call('HINCRBY', ck, f, 1)
+      call('ZADD', dk, now + period, m)
+      call('PEXPIRE', dk, ttl_ms(period))
+      call('PEXPIRE', ck, ttl_ms(period))
     end
   end
 
   -- Reservations on the counter at `key` as this request's earlier checks left them (`rv`, the
-  -- key's view for this request, as for slots). Drops at most TRIM entries whose lease ended;
-  -- `dn` is what this request's checks changed the live count by (the count itself is read
-  -- only when a reservation needs it for the cap: a settle never does).
+  -- key's view for this request, as for slots). An id may hold several (the id grants nothing:
+  -- each reserve is its own): "<key>:e" has one member per reservation, "<id>:<k>", scored by
+  -- its lease end; "<key>:r" field <id> lists the id's reservations oldest first,
+  -- "<k>,<hits>,<until>,<end>;...". Drops at most TRIM entries whose lease ended; `dn` is what
+  -- this request's checks changed the live count by (the count itself is read only when a
+  -- reservation needs it for the cap: a settle never does).
   res_view = function(key)
-    local ek = key .. ':e'
+    local ek, rk = key .. ':e', key .. ':r'
     local old = call('ZRANGEBYSCORE', ek, '-inf', now, 'LIMIT', 0, TRIM)
     if #old > 0 then
       call('ZREM', ek, unpack(old))
-      call('HDEL', key .. ':r', unpack(old))
+      local ids = {}
+      for j = 1, #old do
+        local m = old[j]
+        local at = #m
+        while at > 0 and sub(m, at, at) ~= ':' do at = at - 1 end
+        ids[sub(m, 1, at - 1)] = true
+      end
+      -- Each touched id keeps only its live reservations.
+      for id in pairs(ids) do
+        local kept = {}
+        for e in string.gmatch(call('HGET', rk, id) or '', '[^;]+') do
+          local _, _, _, ends = string.match(e, '^(%d+),(%d+),(%d+),(%d+)$')
+          if ends and tonumber(ends) > now then kept[#kept + 1] = e end
+        end
+        if #kept > 0 then call('HSET', rk, id, table.concat(kept, ';')) else call('HDEL', rk, id) end
+      end
     end
     return {dn = 0, ids = {}, gone = #old}
   end
@@ -89,20 +203,24 @@ if has.lease then
     return rv.stored + rv.dn
   end
 
-  -- The id's live reservation on the view: {hits, until, lease end} or false.
-  res_get = function(key, rv, id)
+  -- The id's live reservations on the view, oldest first: a list of {hits, until, lease end, k}.
+  local function res_list(key, rv, id)
     local t = rv.ids[id]
     if t ~= nil then return t end
-    local e = call('ZSCORE', key .. ':e', id)
-    local h = e and tonumber(e) > now and call('HGET', key .. ':r', id)
-    if h then
-      local a, b = pair(h)
-      t = {a, b, tonumber(e)}
-    else
-      t = false
+    t = {}
+    for e in string.gmatch(call('HGET', key .. ':r', id) or '', '[^;]+') do
+      local k, h, u, ends = string.match(e, '^(%d+),(%d+),(%d+),(%d+)$')
+      if ends and tonumber(ends) > now then
+        t[#t + 1] = {tonumber(h), tonumber(u), tonumber(ends), tonumber(k)}
+      end
     end
     rv.ids[id] = t
     return t
+  end
+
+  -- The id's oldest live reservation on the view: {hits, until, lease end, k} or false.
+  res_get = function(key, rv, id)
+    return res_list(key, rv, id)[1] or false
   end
 
   -- Runs the limit's algorithm on view v: `hits` charged (or given back, or recorded).
@@ -119,16 +237,11 @@ if has.lease then
   -- request is charged: {hits, until, lease end} a reservation made, {released = its lease
   -- end} one settled, nil none.
   reserve = function(key, v, rv, alg, limit, period, meta, hits, op, id, lease, cap)
-    local held = res_get(key, rv, id)
     local function as_is()
       local _, remaining, reset = run_alg(key, v, alg, limit, period, meta, 0, false, false)
       return remaining, reset
     end
     if op == 4 then
-      if held then
-        local remaining, reset = as_is()
-        return true, remaining, reset, 0, false, nil
-      end
       if res_count(key, rv) >= cap then
         local remaining, reset = as_is()
         return false, remaining, reset, lease, false, nil
@@ -141,13 +254,17 @@ if has.lease then
       local until_ = ends
       if alg <= 1 then until_ = token + period elseif alg == 2 then until_ = now + period end
       local entry = {hits, until_, ends}
-      rv.ids[id], rv.dn = entry, rv.dn + 1
+      local list = res_list(key, rv, id)
+      list[#list + 1] = entry
+      rv.dn = rv.dn + 1
       return true, remaining, reset, 0, hits > 0, entry
     end
+    local held = res_get(key, rv, id)
     local reserved, until_ = 0, 0
     if held then
       reserved, until_ = held[1], held[2]
-      rv.ids[id], rv.dn = false, rv.dn - 1
+      table.remove(res_list(key, rv, id), 1)
+      rv.dn = rv.dn - 1
     end
     local _, remaining, reset, changed
     if hits > reserved then
@@ -165,18 +282,29 @@ if has.lease then
     return true, remaining, reset, 0, changed, settled
   end
 
-  -- Writes a charged reservation change: made (kept until its lease ends) or settled.
+  -- Writes a charged reservation change: made (kept until its lease ends, as the id's newest)
+  -- or settled (the id's oldest live one goes). The id's list keeps only live entries.
   res_write = function(key, id, change, lease)
     local ek, rk = key .. ':e', key .. ':r'
+    local kept, top = {}, 0
+    for e in string.gmatch(call('HGET', rk, id) or '', '[^;]+') do
+      local k, _, _, ends = string.match(e, '^(%d+),(%d+),(%d+),(%d+)$')
+      if ends then
+        k = tonumber(k)
+        if k > top then top = k end
+        if tonumber(ends) > now then kept[#kept + 1] = e else call('ZREM', ek, id .. ':' .. k) end
+      end
+    end
     if change.released then
-      call('ZREM', ek, id)
-      call('HDEL', rk, id)
+      local first = table.remove(kept, 1)
+      if first then call('ZREM', ek, id .. ':' .. string.match(first, '^(%d+),')) end
     else
-      call('ZADD', ek, now + lease, id)
-      call('HSET', rk, id, fmt('%d:%d', change[1], change[2]))
+      local k = top + 1
+      kept[#kept + 1] = fmt('%d,%d,%d,%d', k, change[1], change[2], now + lease)
+      call('ZADD', ek, now + lease, id .. ':' .. k)
       call('PEXPIRE', ek, ttl_ms(lease))
       call('PEXPIRE', rk, ttl_ms(lease))
     end
+    if #kept > 0 then call('HSET', rk, id, table.concat(kept, ';')) else call('HDEL', rk, id) end
   end
 end
-
