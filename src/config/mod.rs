@@ -280,6 +280,9 @@ pub struct RateLimitRule {
 pub struct Reservations {
     pub lease: Period,
     pub max: u32,
+    /// The least a reservation reserves, whatever the caller's estimate (`min_estimate`, 1 by
+    /// default): an estimate of 0 would turn a budget into a check.
+    pub min_estimate: u32,
 }
 
 /// How a config node's `value` matches a request entry's value.
@@ -525,8 +528,9 @@ impl RuleSet {
                             }
                             if let (Some(r), Some(k)) = (rl.reservations, &n.lease_keys) {
                                 q.push_str(&format!(
-                                    " reservations lease={} max={} id_key={} done_key={}",
-                                    r.lease, r.max, k.id_key, k.done_key
+                                    " reservations lease={} max={} min_estimate={} id_key={} \
+                                     done_key={}",
+                                    r.lease, r.max, r.min_estimate, k.id_key, k.done_key
                                 ));
                             }
                             q

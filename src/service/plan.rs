@@ -387,9 +387,15 @@ impl Plan {
                 // A reservation: the request-time call charges its hits (the estimate) all or
                 // nothing in every counting; the stream-done call settles at its hits (the
                 // actual), whatever the verdict and never denied.
+                // The estimate is the caller's: never under the limit's `min_estimate`.
+                let floor = c.reservations.map_or(0, |r| u64::from(r.min_estimate));
                 LimitCheck {
                     key,
-                    hits: charge.hits,
+                    hits: if l.release {
+                        charge.hits
+                    } else {
+                        charge.hits.max(floor)
+                    },
                     refund: false,
                     shadow: c.shadow || charge.options.global_shadow_mode,
                     quota: !l.release && (c.quota_mode || charge.options.global_quota_mode),

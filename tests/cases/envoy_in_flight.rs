@@ -105,12 +105,13 @@ async fn three_in_flight_per_tenant(envs: &[(&str, &str)], replicas: usize) {
             e.stat(RLS_OK).await >= before + 3
         })
         .await;
-        // Envoy makes the stream-done call for a request its rate-limit filter denied too: the
-        // free finds no slot. So each round's 8 denials (7 of the burst, the 4th) are 8 frees
-        // of nothing, and none of the 3 admitted requests' frees is.
+        // Envoy makes the stream-done call for a request its rate-limit filter denied too: it
+        // consumes that request's remembered denial (frees no slot, and is no free of nothing).
+        // So each round's 12 frees (8 denials: 7 of the burst and the 4th; 4 admitted: 3 of
+        // the burst and the other tenant's) leave every slot free and no free unmatched.
         let replicas: Vec<&SluiceProcess> = std::iter::once(&a).chain(b.as_ref()).collect();
-        eventually("the denied requests' stream-done calls counted", || async {
-            fleet(&replicas, UNMATCHED).await == 8 * round
+        eventually("every stream-done call answered", || async {
+            fleet(&replicas, FREES).await == 12 * round
         })
         .await;
         assert_eq!(
@@ -118,6 +119,7 @@ async fn three_in_flight_per_tenant(envs: &[(&str, &str)], replicas: usize) {
             0,
             "round {round}: every slot freed"
         );
+        assert_eq!(fleet(&replicas, UNMATCHED).await, 0, "round {round}");
     }
     // One at a time, a request is never denied: each ends (and frees its slot) before the next.
     for i in 0..10 {
@@ -138,6 +140,74 @@ async fn three_in_flight_per_tenant_through_envoy_on_memory() {
 async fn three_in_flight_per_tenant_through_envoy_on_redis_with_two_replicas() {
     let redis = start_redis(&[]).await;
     three_in_flight_per_tenant(&[("REDIS_URL", redis.url().as_str())], 2).await;
+}
+
+/// A client that sets its own `x-request-id` (Envoy keeps a loopback client's, as it keeps any
+/// internal request's with the default HCM) buys nothing with it (issue 37): 10 concurrent
+/// requests sharing one id admit exactly 3; with the 3 held, more requests reusing the id are
+/// denied, and the denied requests' stream-done calls free none of the 3; once the 3 end, the
+/// id is admitted again.
+async fn one_id_for_every_request(envs: &[(&str, &str)], replicas: usize) {
+    let backend = Backend::start().await;
+    let a = sluice(envs).await;
+    let b = if replicas == 2 {
+        Some(sluice(envs).await)
+    } else {
+        None
+    };
+    let e = Arc::new(front(&backend, a.grpc, b.as_ref().map_or(a.grpc, |b| b.grpc)).await);
+    wait_healthy(&e, 2).await;
+    let replicas: Vec<&SluiceProcess> = std::iter::once(&a).chain(b.as_ref()).collect();
+    let fixed = [("x-tenant", "acme"), ("x-request-id", "fixed")];
+
+    let (tasks, denied) = held_burst(&e, &backend, PATH, &fixed, 10).await;
+    assert_eq!(
+        (backend.held(), denied),
+        (3, 7),
+        "10 at once sharing one request id: exactly 3 in flight"
+    );
+    for i in 0..5 {
+        let (s, _) = e.get(PATH, &fixed).await;
+        assert_eq!(s, 429, "take {i} reusing the held id");
+    }
+    // The 12 denied requests' stream-done calls reach sluice...
+    eventually(
+        "the denied requests' stream-done calls answered",
+        || async {
+            fleet(&replicas, FREES).await == 12 && fleet(&replicas, TAKES_DENIED).await == 12
+        },
+    )
+    .await;
+    // ...and free none of the 3.
+    assert_eq!(fleet(&replicas, SLOTS).await, 3, "the 3 slots still held");
+    let (s, _) = e.get(PATH, &fixed).await;
+    assert_eq!(s, 429, "still full after the denied requests' done calls");
+    let (s, _) = e.get(PATH, &[("x-tenant", "acme")]).await;
+    assert_eq!(s, 429, "full for a fresh id too");
+
+    backend.release(3);
+    for t in tasks {
+        t.await.expect("request task");
+    }
+    eventually(
+        "the 3 slots freed by their requests' done calls",
+        || async { fleet(&replicas, SLOTS).await == 0 },
+    )
+    .await;
+    assert_eq!(request_then_wait(&e, PATH, &fixed, 2).await, 200);
+    assert_eq!(e.stat("cluster.backend.ratelimit.error").await, 0);
+    assert_eq!(e.stat("cluster.sluice.upstream_rq_timeout").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_id_for_every_request_buys_nothing_through_envoy_on_memory() {
+    one_id_for_every_request(&[], 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_id_for_every_request_buys_nothing_through_envoy_on_redis_with_two_replicas() {
+    let redis = start_redis(&[]).await;
+    one_id_for_every_request(&[("REDIS_URL", redis.url().as_str())], 2).await;
 }
 
 /// SIGKILLs Envoy with requests held at the backend: their stream-done calls never come.
@@ -266,6 +336,9 @@ async fn slots_of_a_killed_envoy_end_with_their_lease() {
 const SLOTS: &str = r#"sluice_in_flight_slots{domain="ai"}"#;
 const EXPIRED: &str = r#"sluice_leases_expired_total{domain="ai",kind="in_flight"}"#;
 const UNMATCHED: &str = r#"sluice_lease_releases_unmatched_total{domain="ai",kind="in_flight"}"#;
+const FREES: &str = r#"sluice_lease_calls_total{call="free",domain="ai",outcome="ok"}"#;
+const TAKES_DENIED: &str =
+    r#"sluice_lease_calls_total{call="take",domain="ai",outcome="over_limit"}"#;
 
 /// A lease series of `/metrics` summed over the replicas (0 where a replica has none).
 pub(super) async fn fleet(replicas: &[&SluiceProcess], series: &str) -> i64 {

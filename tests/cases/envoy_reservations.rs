@@ -98,6 +98,55 @@ async fn budget_of_1000(envs: &[(&str, &str)], replicas: usize) {
     assert_eq!(e.stat("cluster.sluice.upstream_rq_timeout").await, 0);
 }
 
+/// One `x-request-id` for all (set by the client; Envoy keeps a loopback client's): 10
+/// concurrent reservations of 400 against 1000 admit exactly 2, as with distinct ids.
+async fn one_id_for_every_reservation(envs: &[(&str, &str)], replicas: usize) {
+    let backend = Backend::start().await;
+    let a = sluice(envs).await;
+    let b = if replicas == 2 {
+        Some(sluice(envs).await)
+    } else {
+        None
+    };
+    let e = Arc::new(front(&backend, a.grpc, b.as_ref().map_or(a.grpc, |b| b.grpc)).await);
+    wait_healthy(&e, 2).await;
+    let key = [
+        ("x-api-key", "k1"),
+        ("x-token-estimate", "400"),
+        ("x-tokens", "400"),
+        ("x-request-id", "fixed"),
+    ];
+    let (tasks, denied) = held_burst(&e, &backend, PATH, &key, 10).await;
+    assert_eq!(
+        (backend.held(), denied),
+        (2, 8),
+        "10 concurrent estimates of 400 against 1000, one id"
+    );
+    let replicas: Vec<&SluiceProcess> = std::iter::once(&a).chain(b.as_ref()).collect();
+    assert_eq!(fleet(&replicas, RESERVED).await, 2, "two reservations held");
+    backend.release(2);
+    for t in tasks {
+        t.await.expect("request task");
+    }
+    eventually("both settled", || async {
+        fleet(&replicas, RESERVED).await == 0
+    })
+    .await;
+    // 800 used: the id buys nothing more.
+    assert_eq!(request_then_wait(&e, PATH, &key, 2).await, 429);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_id_for_every_reservation_buys_nothing_through_envoy_on_memory() {
+    one_id_for_every_reservation(&[], 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_id_for_every_reservation_buys_nothing_through_envoy_on_redis() {
+    let redis = start_redis(&[]).await;
+    one_id_for_every_reservation(&[("REDIS_URL", redis.url().as_str())], 2).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_budget_through_envoy_on_memory() {
     // One replica (both of Envoy's endpoints): memory counters are the replica's own.

@@ -54,6 +54,38 @@ pub(super) async fn two_replicas(
     (a, b, clock, backend)
 }
 
+/// A caller's estimate of 0 (or under the limit's `min_estimate`) reserves the floor: it never
+/// turns a budget into a check (issue 37).
+async fn an_estimate_under_the_floor_reserves_the_floor(kind: &str) {
+    let config = r#"
+domain: ai
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 10}
+    reservations: {lease: 5m, id_key: request_id, done_key: request_done, min_estimate: 2}
+"#;
+    let (a, b, _clock, _backend) = two_replicas(kind, config).await;
+    let calls = (0..10).map(|i| {
+        let a = &a;
+        async move { code(&a.call(reserve("u", &format!("z{i}"), 0)).await) }
+    });
+    let codes = futures_util::future::join_all(calls).await;
+    let admitted = codes.iter().filter(|c| **c == Code::Ok).count();
+    assert_eq!(
+        admitted, 5,
+        "{kind}: 10 estimates of 0 against 10, floored at 2: {codes:?}"
+    );
+    // A settle at the actual gives the floor back as any settle would.
+    assert_eq!(code(&b.call(settle("u", "z0", 0)).await), Code::Ok);
+    let r = a.call(reserve("u", "z10", 1)).await;
+    assert_eq!(code(&r), Code::Ok, "{kind}: 2 given back, 2 reserved again");
+    assert_eq!(r.statuses[0].limit_remaining, 0, "{kind}");
+    a.stop().await;
+    b.stop().await;
+}
+
+test_with_all_stores!(estimate_floor_on, kind => an_estimate_under_the_floor_reserves_the_floor);
+
 async fn reservations_are_made_settled_and_kept(kind: &str) {
     // The replica that settles (b): on Redis another store and server on the same Redis.
     let (a, b, clock, _backend) = two_replicas(kind, CONFIG).await;
@@ -192,6 +224,7 @@ async fn distinct_ids_keep_the_reservations_at_the_cap(kind: &str) {
     let terms = Reservations {
         lease: Period::from_millis(300_000).expect("5 min"),
         max: 3,
+        min_estimate: 1,
     };
     let check = |id: String, release: bool| {
         let mut c = LimitCheck::for_tests("ai", "flood", limit, 1);

@@ -20,14 +20,20 @@ use super::schema::Scope;
 /// entry (its request id) kept with the counter, in memory and in Redis, so this bounds what one
 /// counter holds.
 pub const MAX_IN_FLIGHT: u32 = 10_000;
+/// Reservations one counter holds at most when `max` is not set: each is an entry (its request
+/// id, up to 128 bytes, in two Redis structures) kept with the counter, and a request whose
+/// estimate does not fit makes none, so a few hundred cover any budget's concurrency while one
+/// counter stays under about 100 KB in Redis (10 000 would let a client hold megabytes).
+pub const DEFAULT_RESERVATIONS: u32 = 256;
 /// Longest request id a lease entry may carry (bytes); a longer one is INVALID_ARGUMENT. Envoy's
 /// `x-request-id` is a 36-character UUID.
 pub const MAX_LEASE_ID_BYTES: usize = 128;
 
 /// A lease block as written: `max` (required for `in_flight`, optional for `reservations`),
-/// the lease and the entry names.
+/// `min_estimate` (`reservations` only), the lease and the entry names.
 struct LeaseBlock {
     max: Option<u32>,
+    min_estimate: Option<u32>,
     lease: Period,
     keys: LeaseKeys,
 }
@@ -64,7 +70,8 @@ impl Ctx {
         Some((parsed, block.keys))
     }
 
-    /// `reservations: {lease, id_key, done_key, max}` (`max` defaults to [`MAX_IN_FLIGHT`]).
+    /// `reservations: {lease, id_key, done_key, max, min_estimate}` (`max` defaults to
+    /// [`DEFAULT_RESERVATIONS`], `min_estimate` to 1).
     pub(super) fn reservations(
         &mut self,
         node: &Node,
@@ -73,7 +80,8 @@ impl Ctx {
         let block = self.lease_block(node, path, Scope::Reservations)?;
         let terms = Reservations {
             lease: block.lease,
-            max: block.max.unwrap_or(MAX_IN_FLIGHT),
+            max: block.max.unwrap_or(DEFAULT_RESERVATIONS),
+            min_estimate: block.min_estimate.unwrap_or(1),
         };
         Some((terms, block.keys))
     }
@@ -104,10 +112,12 @@ impl Ctx {
         };
         let errors_before = self.errors.len();
         let (mut max, mut lease, mut id_key, mut done_key) = (None, None, None, None);
+        let mut min_estimate = None;
         for (key, _, v) in self.entries(entries, path, scope) {
             let p = join(path, key);
             match key {
                 "max" => max = self.slots(v, &p, max_means),
+                "min_estimate" => min_estimate = self.min_estimate(v, &p),
                 "lease" => {
                     let expected = "a duration such as 500ms, 10s or 5m";
                     if let Some(text) = self.text(v, &p, key, expected) {
@@ -174,12 +184,35 @@ impl Ctx {
         }
         Some(LeaseBlock {
             max,
+            min_estimate,
             lease: lease?,
             keys: LeaseKeys {
                 id_key: id_key?,
                 done_key: done_key?,
             },
         })
+    }
+
+    /// `min_estimate`: 1 to 2^32 - 1 (0 would let a caller's estimate of 0 reserve nothing).
+    fn min_estimate(&mut self, node: &Node, path: &str) -> Option<u32> {
+        if let Value::Scalar(s) = &node.value {
+            if let Resolved::Int(n) = s.resolve() {
+                if let Ok(n) = u32::try_from(n) {
+                    if n >= 1 {
+                        return Some(n);
+                    }
+                }
+            }
+        }
+        self.err(
+            node.line,
+            path,
+            "`min_estimate` must be a whole number from 1 to 4294967295: the least a \
+             reservation reserves, whatever the caller's estimate (0 would turn the budget into \
+             a check)"
+                .to_string(),
+        );
+        None
     }
 
     /// `max`: 1 to [`MAX_IN_FLIGHT`].

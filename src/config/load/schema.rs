@@ -48,7 +48,7 @@ const LIMIT_KEYS: &[&str] = &[
 ];
 const REPLACES_KEYS: &[&str] = &["name"];
 const IN_FLIGHT_KEYS: &[&str] = &["max", "lease", "id_key", "done_key"];
-const RESERVATIONS_KEYS: &[&str] = &["lease", "id_key", "done_key", "max"];
+const RESERVATIONS_KEYS: &[&str] = &["lease", "id_key", "done_key", "max", "min_estimate"];
 
 impl Scope {
     pub(super) fn keys(self) -> &'static [&'static str] {

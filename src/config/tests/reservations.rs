@@ -21,7 +21,8 @@ fn a_reservations_block_sets_the_terms_on_the_limits_and_the_lease_keys() {
         rule.reservations,
         Some(Reservations {
             lease: Period::from_millis(300_000).expect("5 min"),
-            max: 10_000,
+            max: 256,
+            min_estimate: 1,
         })
     );
     assert_eq!(
@@ -33,7 +34,7 @@ fn a_reservations_block_sets_the_terms_on_the_limits_and_the_lease_keys() {
     );
     assert!(
         rs.dump().contains(
-            "ai.user: unit=HOUR requests_per_unit=1000 reservations lease=300s max=10000 \
+            "ai.user: unit=HOUR requests_per_unit=1000 reservations lease=300s max=256 min_estimate=1 \
              id_key=request_id done_key=request_done"
         ),
         "/rlconfig: {}",
@@ -43,6 +44,13 @@ fn a_reservations_block_sets_the_terms_on_the_limits_and_the_lease_keys() {
     let rs = load(&with("{lease: 30s, id_key: a, done_key: b, max: 50}")).expect("loads");
     let rule = only_limit(&domain(&rs, "ai").root.bare["user"]);
     assert_eq!(rule.reservations.map(|r| r.max), Some(50));
+    // `min_estimate` floors the caller's estimate.
+    let rs = load(&with(
+        "{lease: 30s, id_key: a, done_key: b, min_estimate: 100}",
+    ))
+    .expect("loads");
+    let rule = only_limit(&domain(&rs, "ai").root.bare["user"]);
+    assert_eq!(rule.reservations.map(|r| r.min_estimate), Some(100));
     // Beside an `in_flight` block with the same entry names: both apply.
     let text = format!(
         "{HEAD}{LIMIT}    in_flight: {{max: 3, lease: 5s, id_key: a, done_key: b}}\n    \
@@ -68,6 +76,12 @@ fn each_reservations_rule_names_its_line() {
         "could not be told apart",
     );
     one_error(&with("{lease: 5m, id_key: a}"), 5, p, "needs `done_key`");
+    one_error(
+        &with("{lease: 5m, id_key: a, done_key: b, min_estimate: 0}"),
+        5,
+        &format!("{p}.min_estimate"),
+        "from 1 to 4294967295",
+    );
     one_error(
         &with("{lease: 5m, id_key: a, done_key: b, max: 0}"),
         5,
