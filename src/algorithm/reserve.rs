@@ -7,7 +7,10 @@
 //!   estimate is charged like any request (denied if it does not fit) and kept with the id
 //!   until `now + lease`. The id is the caller's and grants nothing: a reserve with an id that
 //!   already holds a reservation reserves again (its own estimate, its own entry);
-//! - settle: never denied. It settles the id's oldest live reservation. With a reservation, the difference is applied: more than the estimate
+//! - settle: never denied. It settles the id's smallest live reservation (the oldest of equals):
+//!   several requests may share an id and sluice cannot tell which ended, so it releases the one
+//!   that can give back least, and the reservations counted never fall below the estimates of
+//!   the admitted requests still running. With a reservation, the difference is applied: more than the estimate
 //!   records the excess, less gives the rest back, but only while the window that took the
 //!   estimate is still the counter's (a give-back into a later window would hand out quota it
 //!   never took). Without one (never made, or its lease ended) the hits are recorded;
@@ -84,7 +87,16 @@ pub fn reserve(
         other => (other, &[][..]),
     };
     let mut live: Vec<Reservation> = held.iter().copied().filter(|r| r.ends > now).collect();
-    let holding = |live: &[Reservation], id: u64| live.iter().position(|r| r.id == id);
+    // The reservation a settle of `id` releases: the id's smallest (the oldest of those). The
+    // id is the caller's and several requests may share it; whichever of them ended, releasing
+    // the smallest leaves at least the estimates of those still running reserved.
+    let holding = |live: &[Reservation], id: u64| {
+        live.iter()
+            .enumerate()
+            .filter(|(_, r)| r.id == id)
+            .min_by_key(|&(i, r)| (r.hits, i))
+            .map(|(i, _)| i)
+    };
     // What the counter says as it stands: what a request that changes nothing reports.
     let as_is = |inner: Option<&State>| {
         let (mut o, s) = decide(inner, now, p, 0, Mode::Charge);

@@ -152,7 +152,16 @@ fn last_end(state: &State) -> Option<u64> {
 }
 
 /// When the live entry of `id` ends.
+/// (A reservation: the one a settle releases, the id's smallest; an id's slots share one end.)
 fn end_of(state: Option<&State>, id: u64, now: u64) -> Option<u64> {
+    if let Some(State::Reserved(r)) = state {
+        return r
+            .held
+            .iter()
+            .filter(|r| r.id == id && r.ends > now)
+            .min_by_key(|r| r.hits)
+            .map(|r| r.ends);
+    }
     entries(state)
         .find(|&(i, end)| i == id && end > now)
         .map(|(_, end)| end)

@@ -218,9 +218,22 @@ if has.lease then
     return t
   end
 
-  -- The id's oldest live reservation on the view: {hits, until, lease end, k} or false.
+  -- The reservation a settle of `id` releases on the view (src/algorithm/reserve.rs): the id's
+  -- smallest live one, the oldest of equals. Returns it ({hits, until, lease end, k}) and its
+  -- place in the id's list, or false.
+  local function res_pick(list)
+    local at = nil
+    for j = 1, #list do
+      if not at or list[j][1] < list[at][1] then at = j end
+    end
+    return at
+  end
+
   res_get = function(key, rv, id)
-    return res_list(key, rv, id)[1] or false
+    local list = res_list(key, rv, id)
+    local at = res_pick(list)
+    if at then return list[at], at end
+    return false
   end
 
   -- Runs the limit's algorithm on view v: `hits` charged (or given back, or recorded).
@@ -259,11 +272,11 @@ if has.lease then
       rv.dn = rv.dn + 1
       return true, remaining, reset, 0, hits > 0, entry
     end
-    local held = res_get(key, rv, id)
+    local held, at = res_get(key, rv, id)
     local reserved, until_ = 0, 0
     if held then
       reserved, until_ = held[1], held[2]
-      table.remove(res_list(key, rv, id), 1)
+      table.remove(res_list(key, rv, id), at)
       rv.dn = rv.dn - 1
     end
     local _, remaining, reset, changed
@@ -283,21 +296,30 @@ if has.lease then
   end
 
   -- Writes a charged reservation change: made (kept until its lease ends, as the id's newest)
-  -- or settled (the id's oldest live one goes). The id's list keeps only live entries.
+  -- or settled (the id's smallest live one goes, the oldest of equals, as `res_get` chose). The
+  -- id's list keeps only live entries.
   res_write = function(key, id, change, lease)
     local ek, rk = key .. ':e', key .. ':r'
-    local kept, top = {}, 0
+    local kept, hits, top = {}, {}, 0
     for e in string.gmatch(call('HGET', rk, id) or '', '[^;]+') do
-      local k, _, _, ends = string.match(e, '^(%d+),(%d+),(%d+),(%d+)$')
+      local k, h, _, ends = string.match(e, '^(%d+),(%d+),(%d+),(%d+)$')
       if ends then
         k = tonumber(k)
         if k > top then top = k end
-        if tonumber(ends) > now then kept[#kept + 1] = e else call('ZREM', ek, id .. ':' .. k) end
+        if tonumber(ends) > now then
+          hits[#kept + 1] = {tonumber(h)}
+          kept[#kept + 1] = e
+        else
+          call('ZREM', ek, id .. ':' .. k)
+        end
       end
     end
     if change.released then
-      local first = table.remove(kept, 1)
-      if first then call('ZREM', ek, id .. ':' .. string.match(first, '^(%d+),')) end
+      local at = res_pick(hits)
+      if at then
+        local gone = table.remove(kept, at)
+        call('ZREM', ek, id .. ':' .. string.match(gone, '^(%d+),'))
+      end
     else
       local k = top + 1
       kept[#kept + 1] = fmt('%d,%d,%d,%d', k, change[1], change[2], now + lease)
