@@ -106,7 +106,7 @@ descriptors:
 
 /// Seeds found before, replayed every run, then fresh ones (printed; `SLUICE_HOSTILE_SEED`
 /// replays one).
-const HOSTILE_SEEDS: [u64; 2] = [1, 0x5eed_1d5];
+const HOSTILE_SEEDS: [u64; 2] = [1, 99_537_365];
 
 fn hostile_seeds() -> Vec<u64> {
     match std::env::var("SLUICE_HOSTILE_SEED") {
