@@ -179,6 +179,12 @@ pub struct MemoryStore {
     /// Two independent keyed hashes make a counter's 128-bit fingerprint.
     hashers: (std::hash::RandomState, std::hash::RandomState),
     evictions: Tally,
+    /// A counter's identity leaves out its limit's size (`requests_per_unit`, `burst`): the
+    /// local layer's store (`FAILURE_MODE=local`), whose limits are this replica's share of the
+    /// configured ones, so a share that changes mid-outage (a replica joins or leaves) decides
+    /// on the counter it had, not on an empty one. (That layer names the configured size in
+    /// the key's entries, so two limits differing only in size stay two counters.)
+    size_blind: bool,
 }
 
 impl MemoryStore {
@@ -202,7 +208,14 @@ impl MemoryStore {
             clock,
             hashers: Default::default(),
             evictions: Tally::default(),
+            size_blind: false,
         }
+    }
+
+    /// The same store with counters identified without their limit's size (see `size_blind`).
+    pub fn size_blind(mut self) -> Self {
+        self.size_blind = true;
+        self
     }
 
     /// Counters held (expired ones not yet dropped included).
@@ -229,6 +242,15 @@ impl MemoryStore {
     /// probability 2^-128 per pair, and a client cannot aim for a collision without the
     /// process's random keys.
     fn fingerprint(&self, key: &CounterKey) -> Fingerprint {
+        if self.size_blind {
+            let mut k = key.clone();
+            (k.limit.requests_per_unit, k.limit.burst) = (0, 0);
+            return self.fingerprint_of(&k);
+        }
+        self.fingerprint_of(key)
+    }
+
+    fn fingerprint_of(&self, key: &CounterKey) -> Fingerprint {
         // The key's `Hash` output (length-prefixed, so unambiguous) collected into one buffer,
         // then hashed in bulk: two SipHash passes over ~60 bytes instead of two over dozens of
         // small writes.

@@ -142,6 +142,60 @@ async fn a_huge_deadline_waits_the_store_budget_not_the_patience() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_share_that_changes_mid_outage_keeps_the_local_count() {
+    // Review A4: a roster change (a pod restarts, the first heartbeat) changes this replica's
+    // share; it must decide on what it already admitted, not on a fresh counter.
+    let r = rig();
+    r.store
+        .fail_with(Some(StoreError::Transient("down".into())));
+    r.store.open(100);
+    r.layer.set_roster(Roster {
+        replicas: 2,
+        rank: Some(0),
+    });
+    let c = || LimitCheck::for_tests("d", "k", Limit::fixed(10, Unit::Minute), 1);
+    let mut admitted = 0;
+    for _ in 0..8 {
+        let d = r.layer.decide_by(vec![c()], None).await.expect("answered");
+        admitted += usize::from(d.admitted);
+    }
+    assert_eq!(admitted, 5, "a share of 5 of 10 on 2 replicas");
+    // A third replica joins: this one's share is now 4 of 10, of which it has admitted 5.
+    r.layer.set_roster(Roster {
+        replicas: 3,
+        rank: Some(0),
+    });
+    let d = r.layer.decide_by(vec![c()], None).await.expect("answered");
+    assert!(!d.admitted, "the local counter kept its 5");
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_flight_slots_taken_locally_owe_the_store_nothing() {
+    // Slots are not written back (docs/semantics.md): booking them would send a no-op guarded
+    // call per counter and keep the episode open (review A13).
+    let r = rig();
+    r.store
+        .fail_with(Some(StoreError::Transient("down".into())));
+    let limit = Limit {
+        requests_per_unit: 3,
+        period: crate::config::Period::from_millis(5_000).expect("5 s"),
+        algorithm: crate::config::Algorithm::InFlight,
+        burst: 0,
+    };
+    let mut take = LimitCheck::for_tests("d", "slots", limit, 1);
+    take.lease = Some(crate::store::LeaseCall {
+        id: Arc::from("r1"),
+        release: false,
+        reservations: None,
+    });
+    r.store.open(1);
+    let d = r.layer.decide_by(vec![take], None).await.expect("answered");
+    assert_eq!(d.steps, 0, "decided locally");
+    assert!(d.admitted);
+    assert_eq!(r.layer.owed(), 0, "a slot is no debt");
+}
+
+#[tokio::test(start_paused = true)]
 async fn the_cool_down_runs_on_the_monotonic_clock_not_the_wall_clock() {
     let r = rig();
     r.store

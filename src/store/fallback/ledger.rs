@@ -130,7 +130,11 @@ impl Ledger {
             }
             None => {
                 let token = self.next_token.fetch_add(1, Ordering::Relaxed);
-                let amount = std::mem::take(&mut o.amount);
+                // At most what one script call takes (2^40 hits); the rest stays owed for the
+                // next write-back.
+                let most = i64::try_from(crate::algorithm::MAX_HITS).unwrap_or(i64::MAX);
+                let amount = o.amount.clamp(-most, most);
+                o.amount -= amount;
                 (amount, token)
             }
         };
@@ -174,14 +178,6 @@ impl Ledger {
     pub fn keys(&self, max: usize) -> Vec<CounterKey> {
         self.lock().keys().take(max).cloned().collect()
     }
-
-    /// Hits owed in all (sent and unsent), for the end-of-episode log line.
-    pub fn total(&self) -> i64 {
-        self.lock()
-            .values()
-            .map(|o| o.amount + o.sending.map_or(0, |(a, _, _)| a))
-            .sum()
-    }
 }
 
 #[cfg(test)]
@@ -212,6 +208,25 @@ mod tests {
         assert_eq!(next.amount, 2);
         assert_ne!(next.token, s.token);
         l.confirm(&next);
+        assert!(l.is_empty());
+    }
+
+    #[test]
+    fn a_write_back_sends_at_most_what_one_script_call_takes() {
+        let l = Ledger::new(10);
+        let k = key("a");
+        let max = crate::algorithm::MAX_HITS as i64;
+        // A caller's hits_addend of u32::MAX, 300 times in one local window.
+        for _ in 0..300 {
+            l.add(&k, i64::from(u32::MAX), 100, 0);
+        }
+        let owed = 300 * i64::from(u32::MAX);
+        let s = l.take(&k, 1).unwrap().unwrap();
+        assert_eq!(s.amount, max, "one write-back carries at most 2^40");
+        l.confirm(&s);
+        let s = l.take(&k, 1).unwrap().unwrap();
+        assert_eq!(s.amount, owed - max, "the rest goes next");
+        l.confirm(&s);
         assert!(l.is_empty());
     }
 

@@ -152,6 +152,7 @@ impl LocalFallback {
         let mut local_signals = StoreSignals::new("local");
         local_signals.evictions = tallies.evictions.clone();
         let local = MemoryStore::with_max_counters(Arc::clone(&clock), settings.max_counters)
+            .size_blind()
             .reporting_to(&local_signals);
         let id = replica_id();
         let shared = Arc::new(Shared {
@@ -286,27 +287,36 @@ impl Shared {
     /// share (of what the store last said was left in this window, or of the whole limit).
     fn local_check(&self, c: &LimitCheck, roster: Roster, now_us: u64) -> LimitCheck {
         let mut local = c.clone();
+        // The local store identifies a counter without its limit's size (the share changes with
+        // the roster: a replica joining mid-outage must not start every counter afresh), so the
+        // configured size is part of the entries instead.
+        let mut entries = c.key.entries.to_vec();
+        let configured = c.key.limit;
+        entries.push((
+            "\u{0}of".into(),
+            format!("{}:{}", configured.requests_per_unit, configured.burst),
+        ));
         let limit = &mut local.key.limit;
         if limit.algorithm == Algorithm::TokenBucket {
             // A bucket refills: its share is a share of its rate and of its burst.
             limit.requests_per_unit = roster.share(limit.requests_per_unit);
             limit.burst = roster.share(limit.burst);
-            return local;
-        }
-        match self.shares.learned(&c.key, now_us) {
-            Some(l) if !c.refund => {
-                limit.requests_per_unit = roster.share(l.remaining.min(limit.requests_per_unit));
-                // Its own counter: what it admits now counts against the share of what was
-                // left at that answer, not against an earlier outage's local counter.
-                let mut entries = c.key.entries.to_vec();
-                entries.push((
-                    "\u{0}learned".into(),
-                    format!("{}@{}", l.remaining, l.until_us),
-                ));
-                local.key.entries = Arc::from(entries);
+        } else {
+            match self.shares.learned(&c.key, now_us) {
+                Some(l) if !c.refund => {
+                    limit.requests_per_unit =
+                        roster.share(l.remaining.min(limit.requests_per_unit));
+                    // Its own counter: what it admits now counts against the share of what was
+                    // left at that answer, not against an earlier outage's local counter.
+                    entries.push((
+                        "\u{0}learned".into(),
+                        format!("{}@{}", l.remaining, l.until_us),
+                    ));
+                }
+                _ => limit.requests_per_unit = roster.share(limit.requests_per_unit),
             }
-            _ => limit.requests_per_unit = roster.share(limit.requests_per_unit),
         }
+        local.key.entries = Arc::from(entries);
         local
     }
 
@@ -347,7 +357,7 @@ impl Shared {
         };
         let allowed: Vec<bool> = d.outcomes.iter().map(|o| o.allowed).collect();
         for (c, was) in checks.iter().zip(charged(checks, &allowed, d.admitted)) {
-            if was && c.hits > 0 {
+            if was && owes(c) {
                 let hits = i64::try_from(c.hits).unwrap_or(i64::MAX);
                 let hits = if c.refund { -hits } else { hits };
                 self.ledger
@@ -403,6 +413,13 @@ impl Shared {
             );
         }
     }
+}
+
+/// Whether a check decided locally leaves a debt to write back: hits on a rate. An `in_flight`
+/// slot is not a count the store could be given (its slots are not written back: see
+/// docs/semantics.md), so it owes nothing.
+fn owes(c: &LimitCheck) -> bool {
+    c.hits > 0 && c.key.limit.algorithm != Algorithm::InFlight
 }
 
 /// A random id for this process (heartbeats, write-back tokens): 16 hex digits.

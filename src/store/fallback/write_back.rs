@@ -19,7 +19,7 @@ impl Shared {
         let now_us = self.now_us();
         let allowed: Vec<bool> = d.outcomes.iter().map(|o| o.allowed).collect();
         for (c, was) in checks.iter().zip(charged(checks, &allowed, d.admitted)) {
-            if was && c.hits > 0 {
+            if was && super::owes(c) {
                 let hits = i64::try_from(c.hits).unwrap_or(i64::MAX);
                 let hits = if c.refund { hits } else { -hits };
                 self.ledger
