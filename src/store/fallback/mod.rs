@@ -116,7 +116,6 @@ struct Shared {
     born: Instant,
     /// Whether a caller's deadline too short to ever decide locally was logged (once).
     told_short_deadline: AtomicBool,
-    tag_hasher: std::hash::RandomState,
     outstanding: AtomicUsize,
     tallies: Arc<LocalTallies>,
     episode: Mutex<Option<Episode>>,
@@ -167,7 +166,6 @@ impl LocalFallback {
             suspect_tags: Mutex::new(std::collections::HashMap::new()),
             born: Instant::now(),
             told_short_deadline: AtomicBool::new(false),
-            tag_hasher: std::hash::RandomState::new(),
             outstanding: AtomicUsize::new(0),
             tallies,
             episode: Mutex::new(None),
@@ -229,16 +227,13 @@ impl Shared {
         })
     }
 
-    /// A counter's hash tag, hashed (what decides its Cluster slot: the domain, and the first
-    /// entry unless the domain is one tag).
+    /// A counter's Cluster slot (of its hash tag): what is suspected when a call fails. Per
+    /// slot, not per tag (review B1): a frozen master's slots are learned once each, so new
+    /// tenants on it go local at once instead of each waiting for its own deadline first, and
+    /// the map holds at most 16 384 entries.
     fn tag(&self, key: &super::CounterKey) -> u64 {
-        use std::hash::{BuildHasher, Hash, Hasher};
-        let mut h = self.tag_hasher.build_hasher();
-        key.domain.hash(&mut h);
-        if !key.domain_tag {
-            key.entries.first().hash(&mut h);
-        }
-        h.finish()
+        let tag = crate::store::redis::keys::hash_tag(key);
+        u64::from(crate::store::redis::keys::tag_slot(&tag))
     }
 
     /// The store failed or hung for `checks`: the whole store (standalone, Sentinel), or their

@@ -156,6 +156,29 @@ fn waits_for_verdict(c: &LimitCheck) -> bool {
     (c.refund && !c.record && c.hits > 0) || c.lease.as_ref().is_some_and(|l| !l.release)
 }
 
+/// One request's slot answers folded into one health signal: unreachable if any slot failed
+/// with a transient error, reachable if every slot that answered did; no signal without either.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Health(Option<bool>);
+
+impl Health {
+    fn add<T>(&mut self, r: &Result<T, StoreError>) {
+        match r {
+            Ok(_) => {
+                self.0.get_or_insert(true);
+            }
+            Err(StoreError::Transient(_)) => self.0 = Some(false),
+            Err(StoreError::Permanent(_)) => {}
+        }
+    }
+
+    fn report(self, common: &Common) {
+        if let Some(ok) = self.0 {
+            common.set_healthy(ok);
+        }
+    }
+}
+
 /// An `in_flight` take (a request-time call naming its id).
 fn is_take(c: &LimitCheck) -> bool {
     c.key.limit.algorithm == crate::config::Algorithm::InFlight
@@ -205,8 +228,11 @@ async fn charge_or_undo(
     let (mut outcomes, mut leases) = (vec![DENIED; checks.len()], Vec::new());
     let mut slots: Vec<Option<SlotReply>> = Vec::with_capacity(groups.len());
     let mut first_error = None;
+    // One request's slots make one health signal (review A11): a partial outage does not flip
+    // the store's health, and log a line, once per slot answer.
+    let mut health = Health::default();
     for ((g, call), r) in groups.iter().zip(&calls).zip(&results) {
-        common.record_health(r);
+        health.add(r);
         let decoded = r.as_ref().map_err(Clone::clone).and_then(|values| {
             let into = codec::Fold {
                 outcomes: &mut outcomes,
@@ -256,7 +282,7 @@ async fn charge_or_undo(
         });
         steps += 1;
         let r = run(script, conn.clone(), &time.arg(), &commit, timeout).await;
-        common.record_health(&r);
+        health.add(&r);
         let decoded = r.and_then(|v| {
             let into = codec::Fold {
                 outcomes: &mut outcomes,
@@ -283,6 +309,7 @@ async fn charge_or_undo(
             }
         }
     }
+    health.report(&common);
     // Charged slots: undo what the request's rule does not charge.
     for (n, g) in groups.iter().enumerate() {
         let Some(slot) = &slots[n] else { continue };
@@ -353,4 +380,28 @@ async fn run_undo(
         }
     }
     Err(last.unwrap_or_else(|| StoreError::Permanent("no undo attempt was made".into())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Health;
+    use crate::store::StoreError;
+
+    #[test]
+    fn a_requests_slots_make_one_health_signal() {
+        let ok: Result<(), StoreError> = Ok(());
+        let down: Result<(), StoreError> = Err(StoreError::Transient("CLUSTERDOWN".into()));
+        let denied: Result<(), StoreError> = Err(StoreError::Permanent("NOSCRIPT".into()));
+        let fold = |rs: &[&Result<(), StoreError>]| {
+            let mut h = Health::default();
+            for r in rs {
+                h.add(r);
+            }
+            h
+        };
+        assert_eq!(fold(&[&ok, &down, &ok]), Health(Some(false)), "one slot down");
+        assert_eq!(fold(&[&down, &ok]), Health(Some(false)), "whatever the order");
+        assert_eq!(fold(&[&ok, &ok]), Health(Some(true)));
+        assert_eq!(fold(&[&denied]), Health(None), "an error that proves Redis up says nothing");
+    }
 }
