@@ -399,9 +399,21 @@ mod tests {
             }
             h
         };
-        assert_eq!(fold(&[&ok, &down, &ok]), Health(Some(false)), "one slot down");
-        assert_eq!(fold(&[&down, &ok]), Health(Some(false)), "whatever the order");
+        assert_eq!(
+            fold(&[&ok, &down, &ok]),
+            Health(Some(false)),
+            "one slot down"
+        );
+        assert_eq!(
+            fold(&[&down, &ok]),
+            Health(Some(false)),
+            "whatever the order"
+        );
         assert_eq!(fold(&[&ok, &ok]), Health(Some(true)));
-        assert_eq!(fold(&[&denied]), Health(None), "an error that proves Redis up says nothing");
+        assert_eq!(
+            fold(&[&denied]),
+            Health(None),
+            "an error that proves Redis up says nothing"
+        );
     }
 }
