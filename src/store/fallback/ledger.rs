@@ -18,9 +18,11 @@ struct Owed {
     /// When the window these hits count in closes (microseconds since the epoch): past it they
     /// no longer matter and are dropped.
     until_us: u64,
-    /// A write-back sent and not yet confirmed: its amount, its token, and whether an attempt
-    /// is under way now.
-    sending: Option<(i64, u64, bool)>,
+    /// A write-back sent and not yet confirmed: its amount, its token, whether an attempt is
+    /// under way now, and when the window of its hits closed at its first attempt. Retries go
+    /// under the same token until then only: the store's guard of the token lives at least
+    /// that long (review A6), and past it those hits count in no window any more.
+    sending: Option<(i64, u64, bool, u64)>,
 }
 
 /// A write-back to send: the counter, the hits (negative: give back), the token that makes it
@@ -120,9 +122,16 @@ impl Ledger {
             self.len.store(owed.len(), Ordering::Release);
             return Ok(None);
         }
-        let (amount, token) = match o.sending {
-            Some((_, _, true)) => return Err(Busy::Sending),
-            Some((amount, token, false)) => (amount, token),
+        if o.sending
+            .is_some_and(|(_, _, busy, until)| !busy && until <= now_us)
+        {
+            // Its hits count in no window any more: whether or not the store applied them,
+            // nothing is owed for them (and a retry now could outlive its guard).
+            o.sending = None;
+        }
+        let (amount, token, until_us) = match o.sending {
+            Some((_, _, true, _)) => return Err(Busy::Sending),
+            Some((amount, token, false, until)) => (amount, token, until),
             None if o.amount == 0 => {
                 owed.remove(key);
                 self.len.store(owed.len(), Ordering::Release);
@@ -135,15 +144,15 @@ impl Ledger {
                 let most = i64::try_from(crate::algorithm::MAX_HITS).unwrap_or(i64::MAX);
                 let amount = o.amount.clamp(-most, most);
                 o.amount -= amount;
-                (amount, token)
+                (amount, token, o.until_us)
             }
         };
-        o.sending = Some((amount, token, true));
+        o.sending = Some((amount, token, true, until_us));
         Ok(Some(Send {
             key: key.clone(),
             amount,
             token,
-            until_us: o.until_us,
+            until_us,
         }))
     }
 
@@ -151,7 +160,7 @@ impl Ledger {
     pub fn confirm(&self, send: &Send) {
         let mut owed = self.lock();
         if let Some(o) = owed.get_mut(&send.key) {
-            if o.sending.is_some_and(|(_, t, _)| t == send.token) {
+            if o.sending.is_some_and(|(_, t, _, _)| t == send.token) {
                 o.sending = None;
             }
             if o.sending.is_none() && o.amount == 0 {
@@ -166,9 +175,9 @@ impl Ledger {
     pub fn fail(&self, send: &Send) {
         let mut owed = self.lock();
         if let Some(o) = owed.get_mut(&send.key) {
-            if let Some((a, t, _)) = o.sending {
+            if let Some((a, t, _, u)) = o.sending {
                 if t == send.token {
-                    o.sending = Some((a, t, false));
+                    o.sending = Some((a, t, false, u));
                 }
             }
         }
@@ -209,6 +218,35 @@ mod tests {
         assert_ne!(next.token, s.token);
         l.confirm(&next);
         assert!(l.is_empty());
+    }
+
+    #[test]
+    fn a_retry_never_outlives_the_window_its_hits_count_in() {
+        // Review A6: a sliding window's entry lives on while local decisions add to it; a
+        // write-back whose reply was lost must not be resent under its token after the guard
+        // (set for the first attempt's window, plus a minute) may be gone.
+        let l = Ledger::new(10);
+        let k = key("a");
+        l.add(&k, 3, 100, 0);
+        let first = l.take(&k, 1).unwrap().unwrap();
+        assert_eq!(first.until_us, 100);
+        l.fail(&first);
+        // The partition goes on; hits decided locally keep the entry alive past 100.
+        l.add(&k, 2, 250, 90);
+        let again = l.take(&k, 160).unwrap().unwrap();
+        assert_ne!(
+            again.token, first.token,
+            "the first token's window closed at 100"
+        );
+        assert_eq!((again.amount, again.until_us), (2, 250));
+        // Within its window a retry keeps its token and its window (the guard's lifetime).
+        l.fail(&again);
+        l.add(&k, 1, 300, 170);
+        let retry = l.take(&k, 180).unwrap().unwrap();
+        assert_eq!(
+            (retry.token, retry.amount, retry.until_us),
+            (again.token, 2, 250)
+        );
     }
 
     #[test]
