@@ -134,6 +134,8 @@ pub struct Shared<S> {
     state: Mutex<Inner>,
     /// A dropped call is being judged (see `CallGuard`).
     judging: AtomicBool,
+    /// Dropped calls the judgement under way stands for (each is a failure if it fails).
+    covered: std::sync::atomic::AtomicU32,
     /// Where state changes are published (metrics, readiness).
     signal: Arc<watch::Sender<Option<BreakerState>>>,
 }
@@ -167,6 +169,7 @@ impl<S: CounterStore> CircuitBreaker<S> {
                     generation: 0,
                 }),
                 judging: AtomicBool::new(false),
+                covered: std::sync::atomic::AtomicU32::new(0),
                 signal,
             }),
         }
@@ -322,6 +325,9 @@ impl<S: CounterStore + 'static> Drop for CallGuard<'_, S> {
             self.breaker.record(generation, trial, true);
             return;
         }
+        // A judgement under way stands for this call too: its failure counts once per call
+        // it covers (a hung store still opens the breaker after `failure_threshold` calls).
+        self.breaker.covered.fetch_add(1, Ordering::AcqRel);
         if self.breaker.judging.swap(true, Ordering::AcqRel) && !trial {
             return;
         }
@@ -338,6 +344,7 @@ impl<S: CounterStore + 'static> Drop for CallGuard<'_, S> {
             let r =
                 tokio::time::timeout_at(due, breaker.inner.decide(std::slice::from_ref(&check)))
                     .await;
+            let covered = breaker.covered.swap(0, Ordering::AcqRel).max(1);
             breaker.judging.store(false, Ordering::Release);
             match r {
                 // The store answers: the caller was impatient. A trial cut short closes the
@@ -348,7 +355,9 @@ impl<S: CounterStore + 'static> Drop for CallGuard<'_, S> {
                     }
                 }
                 Ok(Err(StoreError::Transient(_))) | Err(_) => {
-                    breaker.record(generation, trial, true);
+                    for _ in 0..covered {
+                        breaker.record(generation, trial, true);
+                    }
                 }
             }
         });
@@ -697,6 +706,20 @@ mod tests {
             before,
             "an open breaker does not wait on the store"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_dropped_while_one_is_judged_count_by_its_verdict() {
+        // The store never answers; three calls are cut before the first judgement ends: its
+        // failure stands for all three, and the breaker opens.
+        let (store, breaker, _clock) = setup(true);
+        for _ in 0..DEFAULT_FAILURE_THRESHOLD {
+            dropped_call(&store, &breaker).await;
+        }
+        assert!(breaker.judging());
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        tokio::time::advance(BreakerSettings::default().patience).await;
+        until(|| breaker.state() == BreakerState::Open).await;
     }
 
     #[tokio::test]

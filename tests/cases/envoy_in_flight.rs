@@ -61,20 +61,42 @@ pub(super) async fn held_burst(
     (tasks, count(&denied))
 }
 
+/// One or two sluice replicas on `envs` behind the shipped `envoy.yaml` (Envoy's two endpoints:
+/// both replicas, or the one twice) and the test's backend, with Envoy seeing both healthy.
+pub(super) struct Rig {
+    pub backend: Backend,
+    pub a: SluiceProcess,
+    pub b: Option<SluiceProcess>,
+    pub e: Arc<EnvoyProcess>,
+}
+
+impl Rig {
+    pub(super) async fn start(envs: &[(&str, &str)], replicas: usize) -> Self {
+        let backend = Backend::start().await;
+        let a = sluice(envs).await;
+        let b = if replicas == 2 {
+            Some(sluice(envs).await)
+        } else {
+            None
+        };
+        let b_addr = b.as_ref().map_or(a.grpc, |b| b.grpc);
+        let e = Arc::new(front(&backend, a.grpc, b_addr).await);
+        wait_healthy(&e, 2).await;
+        Self { backend, a, b, e }
+    }
+
+    /// The replicas, for series summed over them ([`fleet`]).
+    pub(super) fn replicas(&self) -> Vec<&SluiceProcess> {
+        std::iter::once(&self.a).chain(self.b.as_ref()).collect()
+    }
+}
+
 async fn three_in_flight_per_tenant(envs: &[(&str, &str)], replicas: usize) {
-    let backend = Backend::start().await;
-    let a = sluice(envs).await;
-    let b = if replicas == 2 {
-        Some(sluice(envs).await)
-    } else {
-        None
-    };
-    let b_addr = b.as_ref().map_or(a.grpc, |b| b.grpc);
-    let e = Arc::new(front(&backend, a.grpc, b_addr).await);
-    wait_healthy(&e, 2).await;
+    let rig = Rig::start(envs, replicas).await;
+    let (backend, e) = (&rig.backend, &rig.e);
 
     for round in 1..=2 {
-        let (tasks, denied) = burst(&e, &backend, "acme", 10).await;
+        let (tasks, denied) = burst(e, backend, "acme", 10).await;
         assert_eq!(
             (backend.held(), denied),
             (3, 7),
@@ -85,7 +107,7 @@ async fn three_in_flight_per_tenant(envs: &[(&str, &str)], replicas: usize) {
         let (s, _) = e.get(PATH, &[("x-tenant", "acme")]).await;
         assert_eq!(s, 429, "round {round}: a 4th in flight");
         assert_eq!(
-            request_then_wait(&e, PATH, &[("x-tenant", "other")], 2).await,
+            request_then_wait(e, PATH, &[("x-tenant", "other")], 2).await,
             200
         );
         let before = e.stat(RLS_OK).await;
@@ -109,7 +131,7 @@ async fn three_in_flight_per_tenant(envs: &[(&str, &str)], replicas: usize) {
         // consumes that request's remembered denial (frees no slot, and is no free of nothing).
         // So each round's 12 frees (8 denials: 7 of the burst and the 4th; 4 admitted: 3 of
         // the burst and the other tenant's) leave every slot free and no free unmatched.
-        let replicas: Vec<&SluiceProcess> = std::iter::once(&a).chain(b.as_ref()).collect();
+        let replicas = rig.replicas();
         eventually("every stream-done call answered", || async {
             fleet(&replicas, FREES).await == 12 * round
         })
@@ -123,7 +145,7 @@ async fn three_in_flight_per_tenant(envs: &[(&str, &str)], replicas: usize) {
     }
     // One at a time, a request is never denied: each ends (and frees its slot) before the next.
     for i in 0..10 {
-        let s = request_then_wait(&e, PATH, &[("x-tenant", "acme")], 2).await;
+        let s = request_then_wait(e, PATH, &[("x-tenant", "acme")], 2).await;
         assert_eq!(s, 200, "sequential request {i}");
     }
     assert_eq!(e.stat("cluster.backend.ratelimit.error").await, 0);
@@ -148,19 +170,12 @@ async fn three_in_flight_per_tenant_through_envoy_on_redis_with_two_replicas() {
 /// denied, and the denied requests' stream-done calls free none of the 3; once the 3 end, the
 /// id is admitted again.
 async fn one_id_for_every_request(envs: &[(&str, &str)], replicas: usize) {
-    let backend = Backend::start().await;
-    let a = sluice(envs).await;
-    let b = if replicas == 2 {
-        Some(sluice(envs).await)
-    } else {
-        None
-    };
-    let e = Arc::new(front(&backend, a.grpc, b.as_ref().map_or(a.grpc, |b| b.grpc)).await);
-    wait_healthy(&e, 2).await;
-    let replicas: Vec<&SluiceProcess> = std::iter::once(&a).chain(b.as_ref()).collect();
+    let rig = Rig::start(envs, replicas).await;
+    let (backend, e) = (&rig.backend, &rig.e);
+    let replicas = rig.replicas();
     let fixed = [("x-tenant", "acme"), ("x-request-id", "fixed")];
 
-    let (tasks, denied) = held_burst(&e, &backend, PATH, &fixed, 10).await;
+    let (tasks, denied) = held_burst(e, backend, PATH, &fixed, 10).await;
     assert_eq!(
         (backend.held(), denied),
         (3, 7),
@@ -194,7 +209,7 @@ async fn one_id_for_every_request(envs: &[(&str, &str)], replicas: usize) {
         || async { fleet(&replicas, SLOTS).await == 0 },
     )
     .await;
-    assert_eq!(request_then_wait(&e, PATH, &fixed, 2).await, 200);
+    assert_eq!(request_then_wait(e, PATH, &fixed, 2).await, 200);
     assert_eq!(e.stat("cluster.backend.ratelimit.error").await, 0);
     assert_eq!(e.stat("cluster.sluice.upstream_rq_timeout").await, 0);
 }

@@ -8,28 +8,18 @@
 //! (a check of 0 at request time), or 2 and then every later request denied (estimates and
 //! actuals both recorded).
 
-use super::envoy::{front, request_then_wait, sluice, wait_healthy, RLS_OK};
-use super::envoy_in_flight::{fleet, held_burst};
-use crate::support::binary::SluiceProcess;
-use crate::support::envoy::Backend;
+use super::envoy::{request_then_wait, RLS_OK};
+use super::envoy_in_flight::{fleet, held_burst, Rig};
 use crate::support::redis::start_redis;
 use crate::support::*;
-use std::sync::Arc;
 
 const PATH: &str = "/budget/chat";
 const RESERVED: &str = r#"sluice_reservations_outstanding{domain="ai"}"#;
 const UNMATCHED: &str = r#"sluice_lease_releases_unmatched_total{domain="ai",kind="reservations"}"#;
 
 async fn budget_of_1000(envs: &[(&str, &str)], replicas: usize) {
-    let backend = Backend::start().await;
-    let a = sluice(envs).await;
-    let b = if replicas == 2 {
-        Some(sluice(envs).await)
-    } else {
-        None
-    };
-    let e = Arc::new(front(&backend, a.grpc, b.as_ref().map_or(a.grpc, |b| b.grpc)).await);
-    wait_healthy(&e, 2).await;
+    let rig = Rig::start(envs, replicas).await;
+    let (backend, e) = (&rig.backend, &rig.e);
     let key = [
         ("x-api-key", "k1"),
         ("x-token-estimate", "400"),
@@ -37,7 +27,7 @@ async fn budget_of_1000(envs: &[(&str, &str)], replicas: usize) {
     ];
 
     // 10 at once, each reserving 400 of 1000: exactly 2 admitted (held), 8 denied.
-    let (tasks, denied) = held_burst(&e, &backend, PATH, &key, 10).await;
+    let (tasks, denied) = held_burst(e, backend, PATH, &key, 10).await;
     assert_eq!(
         (backend.held(), denied),
         (2, 8),
@@ -58,7 +48,7 @@ async fn budget_of_1000(envs: &[(&str, &str)], replicas: usize) {
     // 500 + 400 fits; then 750 + 400 does not, twice.
     let mut seq = Vec::new();
     for _ in 0..3 {
-        seq.push(request_then_wait(&e, PATH, &key, 2).await);
+        seq.push(request_then_wait(e, PATH, &key, 2).await);
     }
     assert_eq!(seq, [200, 429, 429], "sequential after the settles");
     // 750 + 200 fits.
@@ -67,7 +57,7 @@ async fn budget_of_1000(envs: &[(&str, &str)], replicas: usize) {
         ("x-token-estimate", "200"),
         ("x-tokens", "200"),
     ];
-    assert_eq!(request_then_wait(&e, PATH, &smaller, 2).await, 200);
+    assert_eq!(request_then_wait(e, PATH, &smaller, 2).await, 200);
     // Now 950: a settle above its estimate charges the difference (50 + 100 = 1050 used), so
     // even an estimate of 1 is denied.
     let more = [
@@ -75,20 +65,20 @@ async fn budget_of_1000(envs: &[(&str, &str)], replicas: usize) {
         ("x-token-estimate", "100"),
         ("x-tokens", "1000"),
     ];
-    assert_eq!(request_then_wait(&e, PATH, &more, 2).await, 200);
+    assert_eq!(request_then_wait(e, PATH, &more, 2).await, 200);
     let one = [
         ("x-api-key", "k2"),
         ("x-token-estimate", "1"),
         ("x-tokens", "1"),
     ];
     assert_eq!(
-        request_then_wait(&e, PATH, &one, 2).await,
+        request_then_wait(e, PATH, &one, 2).await,
         429,
         "a settle of 1000 on an estimate of 100 charged 900 more"
     );
     // Every admitted request settled (none outstanding, summed over the replicas), and no
     // settle found nothing: a denied request makes none (its 429 has no `x-tokens`).
-    let replicas: Vec<&SluiceProcess> = std::iter::once(&a).chain(b.as_ref()).collect();
+    let replicas = rig.replicas();
     eventually("every reservation settled", || async {
         fleet(&replicas, RESERVED).await == 0
     })
@@ -101,28 +91,21 @@ async fn budget_of_1000(envs: &[(&str, &str)], replicas: usize) {
 /// One `x-request-id` for all (set by the client; Envoy keeps a loopback client's): 10
 /// concurrent reservations of 400 against 1000 admit exactly 2, as with distinct ids.
 async fn one_id_for_every_reservation(envs: &[(&str, &str)], replicas: usize) {
-    let backend = Backend::start().await;
-    let a = sluice(envs).await;
-    let b = if replicas == 2 {
-        Some(sluice(envs).await)
-    } else {
-        None
-    };
-    let e = Arc::new(front(&backend, a.grpc, b.as_ref().map_or(a.grpc, |b| b.grpc)).await);
-    wait_healthy(&e, 2).await;
+    let rig = Rig::start(envs, replicas).await;
+    let (backend, e) = (&rig.backend, &rig.e);
     let key = [
         ("x-api-key", "k1"),
         ("x-token-estimate", "400"),
         ("x-tokens", "400"),
         ("x-request-id", "fixed"),
     ];
-    let (tasks, denied) = held_burst(&e, &backend, PATH, &key, 10).await;
+    let (tasks, denied) = held_burst(e, backend, PATH, &key, 10).await;
     assert_eq!(
         (backend.held(), denied),
         (2, 8),
         "10 concurrent estimates of 400 against 1000, one id"
     );
-    let replicas: Vec<&SluiceProcess> = std::iter::once(&a).chain(b.as_ref()).collect();
+    let replicas = rig.replicas();
     assert_eq!(fleet(&replicas, RESERVED).await, 2, "two reservations held");
     backend.release(2);
     for t in tasks {
@@ -133,7 +116,7 @@ async fn one_id_for_every_reservation(envs: &[(&str, &str)], replicas: usize) {
     })
     .await;
     // 800 used: the id buys nothing more.
-    assert_eq!(request_then_wait(&e, PATH, &key, 2).await, 429);
+    assert_eq!(request_then_wait(e, PATH, &key, 2).await, 429);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
