@@ -4,7 +4,6 @@
 use crate::proto::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
 use crate::proto::{RateLimitRequest, RateLimitResponse};
 use crate::service::{Edge, RateLimiter, RequestError};
-use crate::store::StoreError;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
@@ -79,10 +78,7 @@ impl From<RequestError> for Status {
             // way, through `failure_mode_deny`, so a finer code would change nothing for it,
             // while UNAVAILABLE is what operators and dashboards expect for "the backend could
             // not decide". The message says which kind of failure it was.
-            RequestError::Store(e @ StoreError::Transient(_))
-            | RequestError::Store(e @ StoreError::Permanent(_)) => {
-                Status::unavailable(e.to_string())
-            }
+            RequestError::Store(e) => Status::unavailable(e.to_string()),
         }
     }
 }

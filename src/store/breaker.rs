@@ -349,12 +349,17 @@ impl<S: CounterStore + 'static> Drop for CallGuard<'_, S> {
             match r {
                 // The store answers: the caller was impatient. A trial cut short closes the
                 // breaker; a normal call changes nothing (failures counted before it stand).
-                Ok(Ok(_) | Err(StoreError::Permanent(_))) => {
+                Ok(Ok(_)) => {
                     if trial {
                         breaker.record(generation, true, false);
                     }
                 }
-                Ok(Err(StoreError::Transient(_))) | Err(_) => {
+                Ok(Err(e)) if !e.is_transient() => {
+                    if trial {
+                        breaker.record(generation, true, false);
+                    }
+                }
+                Ok(Err(_)) | Err(_) => {
                     for _ in 0..covered {
                         breaker.record(generation, trial, true);
                     }
@@ -385,7 +390,7 @@ impl<S: CounterStore + 'static> CounterStore for CircuitBreaker<S> {
             };
             let result = self.inner.decide(checks).await;
             guard.done = true;
-            let transient = matches!(result, Err(StoreError::Transient(_)));
+            let transient = result.as_ref().is_err_and(StoreError::is_transient);
             self.record(generation, trial, transient);
             result
         })
@@ -413,7 +418,7 @@ impl<S: CounterStore + 'static> CounterStore for CircuitBreaker<S> {
             };
             let result = self.inner.write_back(checks, token, ttl).await;
             guard.done = true;
-            let transient = matches!(result, Err(StoreError::Transient(_)));
+            let transient = result.as_ref().is_err_and(StoreError::is_transient);
             self.record(generation, trial, transient);
             result
         })

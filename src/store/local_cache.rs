@@ -379,7 +379,11 @@ impl<S: CounterStore> CounterStore for LocalDenyCache<S> {
                 return Ok(local);
             }
             let sub: Vec<LimitCheck> = rest.iter().map(|&i| checks[i].clone()).collect();
-            let decision = self.inner.decide(&sub).await?;
+            let decision = self
+                .inner
+                .decide(&sub)
+                .await
+                .map_err(|e| e.widened(&rest, checks.len()))?;
             self.remember(&sub, &decision, now);
             for (&i, o) in rest.iter().zip(&decision.outcomes) {
                 local.outcomes[i] = *o;

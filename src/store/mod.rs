@@ -209,6 +209,65 @@ pub enum StoreError {
     /// Retrying will not help: misconfiguration or a bug.
     #[error("counter store error: {0}")]
     Permanent(String),
+    /// Part of a request was decided and charged, the rest failed (a Cluster request whose
+    /// other slots' masters did not answer): what stays charged must not be charged again by
+    /// whoever decides the request instead (review A3).
+    #[error("{}", .0.cause)]
+    Partial(Box<Partial>),
+}
+
+/// What a request that failed in part left in the store: per check, in the request's order.
+#[derive(Debug, Clone)]
+pub struct Partial {
+    /// Why the rest failed (never itself `Partial`).
+    pub cause: StoreError,
+    /// Checks whose charge stays in the store (their slot answered; not undone).
+    pub charged: Vec<bool>,
+    /// Checks whose slot failed.
+    pub failed: Vec<bool>,
+}
+
+impl StoreError {
+    /// Worth retrying (a `Partial` failure is what its cause is).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Transient(_) => true,
+            StoreError::Permanent(_) => false,
+            StoreError::Partial(p) => p.cause.is_transient(),
+        }
+    }
+
+    /// Which checks stay charged in the store, if the request failed only in part.
+    pub fn partial(&self) -> Option<&Partial> {
+        match self {
+            StoreError::Partial(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// The same failure for a request of which `checks` were the `idx` checks of a larger one
+    /// (a layer that sent only some checks down): the masks mapped back to the larger request.
+    pub fn widened(self, idx: &[usize], len: usize) -> StoreError {
+        match self {
+            StoreError::Partial(p) => {
+                let widen = |m: &[bool]| {
+                    let mut out = vec![false; len];
+                    for (&i, &b) in idx.iter().zip(m) {
+                        if let Some(o) = out.get_mut(i) {
+                            *o = b;
+                        }
+                    }
+                    out
+                };
+                StoreError::Partial(Box::new(Partial {
+                    charged: widen(&p.charged),
+                    failed: widen(&p.failed),
+                    cause: p.cause,
+                }))
+            }
+            e => e,
+        }
+    }
 }
 
 #[cfg(any(test, feature = "test-util"))]

@@ -474,10 +474,10 @@ impl Metrics {
         };
         series.observe(took.as_secs_f64());
         match error {
-            Some(crate::store::StoreError::Transient(_)) => {
+            Some(e) if e.is_transient() => {
                 self.store_errors.with_label_values(&["transient"]).inc();
             }
-            Some(crate::store::StoreError::Permanent(_)) => {
+            Some(_) => {
                 self.store_errors.with_label_values(&["permanent"]).inc();
             }
             None => {}

@@ -48,6 +48,7 @@ macro_rules! test_with_stores {
 }
 
 mod bench;
+mod cluster_local;
 mod compat;
 mod counting;
 mod dashboards;

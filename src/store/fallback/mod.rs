@@ -270,10 +270,18 @@ impl Shared {
                 Ok(d)
             }
             Err(e) => {
-                if matches!(e, StoreError::Transient(_)) {
-                    self.suspect_now(checks);
+                let partial = e.partial();
+                if e.is_transient() {
+                    match partial {
+                        // Only the slots that failed (review A3, B1).
+                        Some(p) => self.suspect_now(&only(checks, &p.failed)),
+                        None => self.suspect_now(checks),
+                    }
                 }
-                Ok(self.decide_locally(checks, self.now_us()).await)
+                let stays = partial.map(|p| p.charged.as_slice());
+                Ok(self
+                    .decide_locally_after(checks, self.now_us(), stays)
+                    .await)
             }
         }
     }
@@ -326,6 +334,17 @@ impl Shared {
     }
 
     async fn decide_locally(&self, checks: &[LimitCheck], now_us: u64) -> Decision {
+        self.decide_locally_after(checks, now_us, None).await
+    }
+
+    /// [`Shared::decide_locally`] for a request the store charged in part: checks `stays`
+    /// says the store holds are decided locally as the others, but owe nothing.
+    async fn decide_locally_after(
+        &self,
+        checks: &[LimitCheck],
+        now_us: u64,
+        stays: Option<&[bool]>,
+    ) -> Decision {
         let roster = self.shares.roster();
         let local: Vec<LimitCheck> = checks
             .iter()
@@ -351,8 +370,13 @@ impl Shared {
             },
         };
         let allowed: Vec<bool> = d.outcomes.iter().map(|o| o.allowed).collect();
-        for (c, was) in checks.iter().zip(charged(checks, &allowed, d.admitted)) {
-            if was && owes(c) {
+        for (i, (c, was)) in checks
+            .iter()
+            .zip(charged(checks, &allowed, d.admitted))
+            .enumerate()
+        {
+            let in_store = stays.is_some_and(|s| s.get(i).copied().unwrap_or(false));
+            if was && owes(c) && !in_store {
                 let hits = i64::try_from(c.hits).unwrap_or(i64::MAX);
                 let hits = if c.refund { -hits } else { hits };
                 self.ledger
@@ -415,6 +439,16 @@ impl Shared {
 /// docs/semantics.md), so it owes nothing.
 fn owes(c: &LimitCheck) -> bool {
     c.hits > 0 && c.key.limit.algorithm != Algorithm::InFlight
+}
+
+/// The checks of `checks` that `mask` marks.
+fn only(checks: &[LimitCheck], mask: &[bool]) -> Vec<LimitCheck> {
+    checks
+        .iter()
+        .zip(mask)
+        .filter(|(_, &m)| m)
+        .map(|(c, _)| c.clone())
+        .collect()
 }
 
 /// A random id for this process (heartbeats, write-back tokens): 16 hex digits.
@@ -538,8 +572,14 @@ impl CounterStore for LocalFallback {
                         };
                         match r {
                             Ok(d) => late.reconcile(&checks, &d),
-                            Err(StoreError::Transient(_)) if !hung => late.suspect_now(&checks),
-                            Err(_) => {}
+                            Err(e) => {
+                                if let Some(p) = e.partial() {
+                                    late.reconcile_charged(&checks, &p.charged);
+                                }
+                                if e.is_transient() && !hung {
+                                    late.suspect_now(&checks);
+                                }
+                            }
                         }
                         late.outstanding.fetch_sub(1, Ordering::Relaxed);
                     });

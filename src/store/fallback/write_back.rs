@@ -4,7 +4,7 @@
 //! store is back. Each write-back is applied at most once (its token guards it in the store).
 
 use super::{ledger, Shared};
-use crate::store::{charged, Decision, LimitCheck, StoreError};
+use crate::store::{charged, Decision, LimitCheck};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -16,9 +16,14 @@ impl Shared {
     /// A store call that answered after its caller was answered locally: what it charged is
     /// already in the store, so it is taken off the debt.
     pub(super) fn reconcile(&self, checks: &[LimitCheck], d: &Decision) {
-        let now_us = self.now_us();
         let allowed: Vec<bool> = d.outcomes.iter().map(|o| o.allowed).collect();
-        for (c, was) in checks.iter().zip(charged(checks, &allowed, d.admitted)) {
+        self.reconcile_charged(checks, &charged(checks, &allowed, d.admitted));
+    }
+
+    /// [`Shared::reconcile`] for the checks `was` marks as charged in the store.
+    pub(super) fn reconcile_charged(&self, checks: &[LimitCheck], was: &[bool]) {
+        let now_us = self.now_us();
+        for (c, &was) in checks.iter().zip(was) {
             if was && super::owes(c) {
                 let hits = i64::try_from(c.hits).unwrap_or(i64::MAX);
                 let hits = if c.refund { hits } else { -hits };
@@ -80,7 +85,7 @@ impl Shared {
             Ok(Err(e)) => {
                 self.ledger.fail(&send);
                 self.tallies.write_back_failures.add(1);
-                if matches!(e, StoreError::Transient(_)) {
+                if e.is_transient() {
                     self.suspect_now(&checks);
                 }
                 false

@@ -7,7 +7,7 @@ use super::codec::ScriptTime;
 use super::codec::{self, Call, Reply, SlotReply};
 use super::conn::Conn;
 use super::{classify, keys, Common, RedisSettings, DENIED, UNDO_ATTEMPTS};
-use crate::store::{charged, Admission, Decision, LimitCheck, Outcome, StoreError};
+use crate::store::{charged, Admission, Decision, LimitCheck, Outcome, Partial, StoreError};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::Script;
@@ -167,8 +167,8 @@ impl Health {
             Ok(_) => {
                 self.0.get_or_insert(true);
             }
-            Err(StoreError::Transient(_)) => self.0 = Some(false),
-            Err(StoreError::Permanent(_)) => {}
+            Err(e) if e.is_transient() => self.0 = Some(false),
+            Err(_) => {}
         }
     }
 
@@ -311,6 +311,7 @@ async fn charge_or_undo(
     }
     health.report(&common);
     // Charged slots: undo what the request's rule does not charge.
+    let mut stays = vec![false; checks.len()];
     for (n, g) in groups.iter().enumerate() {
         let Some(slot) = &slots[n] else { continue };
         if calls[n].reply == Reply::Dry && !committed[n] {
@@ -319,16 +320,36 @@ async fn charge_or_undo(
         let undo: Vec<bool> = g.iter().map(|&i| !charge[i]).collect();
         let call = codec::encode_undo(&calls[n], slot, &undo);
         if call.keys.is_empty() {
+            for &i in g {
+                stays[i] = charge[i];
+            }
             continue;
         }
         steps += 1;
-        if let Err(e) = run_undo(script, &conn, time, &call, timeout).await {
+        let undone = run_undo(script, &conn, time, &call, timeout).await;
+        for (&i, &u) in g.iter().zip(&undo) {
+            // What could not be undone stays charged too.
+            stays[i] = charge[i] || (u && undone.is_err());
+        }
+        if let Err(e) = undone {
             common.signals.undo_failures.add(1);
             tracing::warn!(error = %e, keys = call.keys.len(), "could not undo the charge of a request denied in another slot");
         }
     }
-    if let Some(e) = first_error {
-        return Err(e);
+    if let Some(cause) = first_error {
+        // Review A3: the answered slots' charges that stay (a recorded hit) are in the store;
+        // whoever decides the request instead (FAILURE_MODE=local) must not charge them again.
+        let mut failed = vec![false; checks.len()];
+        for (g, slot) in groups.iter().zip(&slots) {
+            for &i in g.iter().filter(|_| slot.is_none()) {
+                failed[i] = true;
+            }
+        }
+        return Err(StoreError::Partial(Box::new(Partial {
+            cause: cause.partial().map_or(cause.clone(), |p| p.cause.clone()),
+            charged: stays,
+            failed,
+        })));
     }
     // As one atomic call reports (memory, the script): when every limit that changed its
     // counter is charged, each limit reports what it saw; otherwise a limit not charged

@@ -11,6 +11,7 @@ use crate::config::Algorithm;
 use crate::store::{CounterKey, LeaseEffect, LimitCheck, Outcome, StoreError};
 use redis::{Script, ScriptInvocation};
 use std::collections::HashMap;
+#[cfg(any(test, feature = "test-util"))]
 use std::sync::Arc;
 use std::time::Duration;
 

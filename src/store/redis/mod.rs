@@ -81,8 +81,8 @@ impl Common {
     fn record_health<T>(&self, r: &Result<T, StoreError>) {
         match r {
             Ok(_) => self.set_healthy(true),
-            Err(StoreError::Transient(_)) => self.set_healthy(false),
-            Err(StoreError::Permanent(_)) => {}
+            Err(e) if e.is_transient() => self.set_healthy(false),
+            Err(_) => {}
         }
     }
 
