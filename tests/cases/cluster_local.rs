@@ -94,3 +94,134 @@ async fn a_failed_slot_never_counts_the_healthy_slots_hits_twice() {
         10 - d.outcomes[0].remaining
     );
 }
+
+/// A check on `key=value` of domain `ca` under `limit`, `hits`, with a lease call for `id`.
+fn leased(
+    key: &str,
+    value: &str,
+    limit: Limit,
+    hits: u64,
+    id: &str,
+    reservations: Option<sluice::config::Reservations>,
+) -> LimitCheck {
+    let mut c = LimitCheck::for_tests("ca", value, limit, hits);
+    c.key.entries = Arc::from(vec![(key.to_string(), value.to_string())]);
+    c.lease = Some(sluice::store::LeaseCall {
+        id: Arc::from(id),
+        release: false,
+        reservations,
+    });
+    c
+}
+
+/// Review A10: a request holding a reservation (400 of a 1 000-token budget) in one slot and an
+/// `in_flight` take (max 1) in another, both decided dry and committed one after the other. An
+/// intruder takes the last slot between the dry decisions and the commits, so the reservation
+/// commits and the take is then denied: the request is denied, and the reservation it made
+/// must be taken back (no settle ever comes for a denied request), as must a slot taken before
+/// a later slot's denial.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_slots_denial_takes_back_the_lease_changes_committed_before_it() {
+    use sluice::config::{Algorithm, Period, Reservations};
+    use sluice::store::redis::keys::{hash_tag, tag_slot};
+    let cluster = start_cluster().await;
+    let clock = ManualClock::new(crate::support::T0);
+    let budget = Limit::fixed(1000, Unit::Hour);
+    let slots = Limit {
+        requests_per_unit: 1,
+        period: Period::from_millis(60_000).expect("1 min"),
+        algorithm: Algorithm::InFlight,
+        burst: 0,
+    };
+    let terms = Reservations {
+        lease: Period::from_millis(300_000).expect("5 min"),
+        max: 16,
+        min_estimate: 1,
+    };
+    let reserve = leased("model", "m", budget, 400, "r1", Some(terms));
+    // A take in another slot than the reservation's, ordered after it.
+    let take = (0..64)
+        .map(|i| leased("tenant", &format!("t{i}"), slots, 1, "r1", None))
+        .find(|t| tag_slot(&hash_tag(&t.key)) != tag_slot(&hash_tag(&reserve.key)))
+        .expect("a tenant in another slot");
+    let settings = RedisSettings {
+        timeout: Duration::from_secs(2),
+        ..redis_settings(cluster.seeds(), RedisKind::Cluster)
+    };
+    let plain = RedisStore::new(&settings).expect("redis store");
+    let take_key = plain.key_of(&take.key);
+    let node = cluster.master_of(&take_key);
+    let port = cluster.ports()[node];
+    let store = plain
+        .with_test_clock(Arc::new(clock.clone()))
+        .with_commit_hook(intruder(port, take_key));
+    let d = store
+        .decide(&[reserve.clone(), take.clone()])
+        .await
+        .expect("decided");
+    assert!(!d.admitted, "the take is denied at its commit: {d:?}");
+
+    // The reservation is gone: the whole budget is left, and a reservation of 1 000 fits.
+    let mut peek = reserve.clone();
+    peek.lease = None;
+    peek.hits = 0;
+    let left = store.decide(&[peek]).await.expect("peek").outcomes[0].remaining;
+    assert_eq!(
+        left, 1000,
+        "the denied request's reservation was taken back"
+    );
+    let full = leased("model", "m", budget, 1000, "r2", Some(terms));
+    assert!(store.decide(&[full]).await.expect("decided").admitted);
+
+    // Two takes in two slots: the first commits, then an intruder fills the second, which
+    // denies at its commit: the slot the denied request took is free again.
+    let first = (0..64)
+        .map(|i| leased("tenant", &format!("u{i}"), slots, 1, "r3", None))
+        .find(|t| tag_slot(&hash_tag(&t.key)) != tag_slot(&hash_tag(&take.key)))
+        .expect("a tenant in another slot");
+    let second = (0..64)
+        .map(|i| leased("tenant", &format!("v{i}"), slots, 1, "r3", None))
+        .find(|t| {
+            let s = tag_slot(&hash_tag(&t.key));
+            s != tag_slot(&hash_tag(&take.key)) && s != tag_slot(&hash_tag(&first.key))
+        })
+        .expect("a tenant in a third slot");
+    let plain = RedisStore::new(&settings).expect("redis store");
+    let second_key = plain.key_of(&second.key);
+    let port = cluster.ports()[cluster.master_of(&second_key)];
+    let store = plain
+        .with_test_clock(Arc::new(clock.clone()))
+        .with_commit_hook(intruder(port, second_key));
+    let d = store
+        .decide(&[first.clone(), second])
+        .await
+        .expect("decided");
+    assert!(
+        !d.admitted,
+        "the second take is denied at its commit: {d:?}"
+    );
+    let mut other = first.clone();
+    other.lease = Some(sluice::store::LeaseCall {
+        id: Arc::from("r4"),
+        release: false,
+        reservations: None,
+    });
+    let d = store.decide(&[other]).await.expect("decided");
+    assert!(d.admitted, "the denied request holds no slot: {d:?}");
+}
+
+/// A commit hook that, once, takes `key`'s last `in_flight` slot (max 1) for an intruder whose
+/// lease ends far in the future, on the master at `port`.
+fn intruder(port: u16, key: String) -> Arc<dyn Fn() + Send + Sync> {
+    let once = std::sync::atomic::AtomicBool::new(false);
+    Arc::new(move || {
+        if !once.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            let out = std::process::Command::new("redis-cli")
+                .args(["-p", &port.to_string(), "ZADD", &key, "9000000000000000"])
+                .arg("intruder")
+                .output()
+                .expect("redis-cli runs");
+            assert!(out.status.success(), "{out:?}");
+        }
+    })
+}

@@ -262,6 +262,10 @@ async fn charge_or_undo(
     let (mut admitted, stopped, mut charge) = verdict(&outcomes, first_error.is_some());
     let mut steps = groups.len();
     let mut committed = vec![false; groups.len()];
+    #[cfg(any(test, feature = "test-util"))]
+    if let Some(hook) = &common.before_commit {
+        hook();
+    }
     // Dry slots: committed with the verdict, when it charges anything there.
     for (n, g) in groups.iter().enumerate() {
         if calls[n].reply != Reply::Dry || slots[n].is_none() {
@@ -310,6 +314,9 @@ async fn charge_or_undo(
         }
     }
     health.report(&common);
+    if !admitted {
+        steps += take_back_leases(&common, &conn, &calls, &groups, &committed, &mut leases).await;
+    }
     // Charged slots: undo what the request's rule does not charge.
     let mut stays = vec![false; checks.len()];
     for (n, g) in groups.iter().enumerate() {
@@ -374,6 +381,70 @@ async fn charge_or_undo(
         steps,
         leases,
     })
+}
+
+/// Review A10: a dry slot committed while the request was still admitted may have taken an
+/// `in_flight` slot or made a reservation before a later slot's commit denied (or failed): those
+/// changes carry no undo token, so they are taken back by what they did (the slot becomes a
+/// remembered denial of its id, the reservation goes with its hits). Returns the calls made.
+async fn take_back_leases(
+    common: &Common,
+    conn: &Conn,
+    calls: &[Call],
+    groups: &[Vec<usize>],
+    committed: &[bool],
+    leases: &mut [crate::store::LeaseEffect],
+) -> usize {
+    use crate::store::lease_effect::LeaseChange;
+    let mut steps = 0;
+    for (n, g) in groups.iter().enumerate() {
+        if !committed[n] {
+            continue;
+        }
+        let added: Vec<bool> = g
+            .iter()
+            .map(|&i| {
+                leases
+                    .get(i)
+                    .is_some_and(|l| matches!(l.change, LeaseChange::Added { .. }))
+            })
+            .collect();
+        let call = codec::encode_unlease(&calls[n], &added);
+        if call.keys.is_empty() {
+            continue;
+        }
+        steps += 1;
+        let mut last = None;
+        for _ in 0..UNDO_ATTEMPTS {
+            match run(
+                &common.script,
+                conn.clone(),
+                &common.time.arg(),
+                &call,
+                common.timeout,
+            )
+            .await
+            {
+                Ok(_) => {
+                    last = None;
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        if let Some(e) = last {
+            common.signals.undo_failures.add(1);
+            tracing::warn!(error = %e, keys = call.keys.len(), "could not take back the lease changes of a request denied in another slot");
+            continue;
+        }
+        // Nothing stays added: the lease metrics book no entry for a denied request.
+        for (&i, &a) in g.iter().zip(&added) {
+            if let Some(l) = leases.get_mut(i).filter(|_| a) {
+                l.change = LeaseChange::None;
+            }
+        }
+    }
+    steps
 }
 
 /// Runs an undo, retrying a failed call up to [`UNDO_ATTEMPTS`] times; an undo the script

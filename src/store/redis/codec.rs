@@ -121,7 +121,7 @@ impl Call {
 
     /// Values per limit in the reply (a lease request's carry two more: its lease effect).
     pub(super) fn width(&self) -> usize {
-        if self.is_undo() {
+        if self.is_undo() || self.reply == Reply::Unlease {
             1
         } else if matches!(self.reply, Reply::Answer | Reply::Guarded { .. }) {
             3 + self.lease_width()
@@ -264,6 +264,37 @@ pub(super) fn encode_undo(call: &Call, slot: &SlotReply, undo: &[bool]) -> Call 
             meta | UNDO,
             u64::try_from(token).unwrap_or(0),
         ]);
+    }
+    out
+}
+
+/// The call that takes back the lease changes (a slot taken, a reservation made) that the
+/// limits of `call` selected by `take_back` committed, for a request another slot then denied
+/// (review A10): decide.lua's "u" mode, in the lease layout.
+pub(super) fn encode_unlease(call: &Call, take_back: &[bool]) -> Call {
+    let mut out = Call {
+        keys: Vec::new(),
+        args: Vec::new(),
+        reply: Reply::Unlease,
+        plain: false,
+        counting: 0,
+        lease: Vec::new(),
+    };
+    for (n, (key, args)) in call
+        .keys
+        .iter()
+        .zip(call.args.chunks(call.per_key()))
+        .enumerate()
+    {
+        let Some(lease) = call.lease.get(n) else {
+            continue;
+        };
+        if !take_back.get(n).copied().unwrap_or(false) || !matches!(lease.op, 1 | 4) {
+            continue;
+        }
+        out.keys.push(key.clone());
+        out.args.extend_from_slice(args);
+        out.lease.push(lease.clone());
     }
     out
 }

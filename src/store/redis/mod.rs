@@ -70,6 +70,10 @@ struct Common {
     /// there rather than on the caller's serving thread: that runtime outlives every serving
     /// thread, so a drain never cancels an undo, and the one batcher serves all threads.
     runtime: tokio::runtime::Handle,
+    /// Tests only: runs on a Cluster request spanning slots between its slots' first calls and
+    /// their commits (where another request can change a slot).
+    #[cfg(any(test, feature = "test-util"))]
+    before_commit: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 impl Common {
@@ -150,6 +154,8 @@ impl RedisStore {
                 time: ScriptTime::default(),
                 signals: StoreSignals::new(settings.kind.backend_name()),
                 runtime,
+                #[cfg(any(test, feature = "test-util"))]
+                before_commit: None,
             }),
             backend,
         })
@@ -204,6 +210,14 @@ impl RedisStore {
     #[cfg(any(test, feature = "test-util"))]
     pub fn with_test_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         Arc::make_mut(&mut self.common).time = ScriptTime { clock: Some(clock) };
+        self
+    }
+
+    /// Tests only (`test-util`): `hook` runs on every Cluster request spanning slots after its
+    /// slots' first calls and before their commits, so a test can change a slot in between.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn with_commit_hook(mut self, hook: Arc<dyn Fn() + Send + Sync>) -> Self {
+        Arc::make_mut(&mut self.common).before_commit = Some(hook);
         self
     }
 

@@ -17,6 +17,9 @@ pub(super) enum Reply {
     /// write-back of usage decided locally, `FAILURE_MODE=local`, retried without charging
     /// twice). The script returns `{-1}` when the guard was already set.
     Guarded { ttl_ms: u64 },
+    /// "u": takes back what a committed Cluster slot's `in_flight` takes and reservations
+    /// changed (a request another slot then denied); one value per limit, 1 if taken back.
+    Unlease,
 }
 
 impl Reply {
@@ -30,6 +33,7 @@ impl Reply {
                 format!("x{}{}", u8::from(admitted), u8::from(over))
             }
             Reply::Guarded { ttl_ms } => format!("g{}", ttl_ms.max(1)),
+            Reply::Unlease => "u".into(),
         }
     }
 }

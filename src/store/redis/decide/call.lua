@@ -375,6 +375,50 @@ local function general(KB, AB, n)
   return out
 end
 
+-- ARGV[2] 'u': takes back the lease changes a Cluster slot committed for a request that a later
+-- slot then denied (one request in the lease layout; each limit's op says what its commit did:
+-- 1 took a slot, 4 made a reservation of `hits`). A slot taken becomes a remembered denial of
+-- its id, as if the take had been denied; the id's newest reservation of `hits` goes, its hits
+-- given back while the window that took them lasts (as its settle at 0 would).
+if mode == 'u' then
+  K = 8
+  local out, n, views = {1}, -tonumber(ARGV[4]), {}
+  for i = 1, n do
+    local key, b = KEYS[i], 5 + 8 * (i - 1)
+    local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+    local meta, op, id = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), ARGV[b + 5]
+    local done = 0
+    if op == 1 and holds(key, slot_view(key, limit), id) > 0 then
+      slot_write(key, period, 'free', id, limit)
+      slot_write(key, period, 'deny', id, limit)
+      done = 1
+    elseif op == 4 then
+      local rk, kept, at = key .. ':r', {}, nil
+      for e in string.gmatch(call('HGET', rk, id) or '', '[^;]+') do
+        local k, h, u, ends = string.match(e, '^(%d+),(%d+),(%d+),(%d+)$')
+        if ends and tonumber(ends) > now then
+          kept[#kept + 1] = e
+          if tonumber(h) == hits then at = {#kept, k, tonumber(u)} end
+        end
+      end
+      if at then
+        table.remove(kept, at[1])
+        call('ZREM', key .. ':e', id .. ':' .. at[2])
+        if #kept > 0 then call('HSET', rk, id, table.concat(kept, ';')) else call('HDEL', rk, id) end
+        if hits > 0 and now < at[3] then
+          local v = load_view(key, meta % 4, period)
+          views[key] = v
+          run_alg(key, v, meta % 4, limit, period, meta, hits, true, false)
+        end
+        done = 1
+      end
+    end
+    out[i + 1] = done
+  end
+  write_views(0, 4, n, views)
+  return out
+end
+
 -- Decides every request of the call in turn (each by the charging rule, each seeing the
 -- writes of the ones before it) and returns their answers one after the other.
 local result, p, kb = {}, 4, 0
