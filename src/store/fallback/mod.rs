@@ -12,6 +12,7 @@
 mod alarm;
 mod deadline;
 mod ledger;
+mod local;
 mod shares;
 mod write_back;
 
@@ -20,9 +21,8 @@ pub use shares::{Learned, Roster, Shares};
 
 use super::memory::MemoryStore;
 use super::signals::LocalTallies;
-use super::{charged, BoxFuture, CounterStore, Decision, LimitCheck, StoreError, StoreSignals};
+use super::{BoxFuture, CounterStore, Decision, LimitCheck, StoreError, StoreSignals};
 use crate::clock::Clock;
-use crate::config::Algorithm;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -286,109 +286,6 @@ impl Shared {
         }
     }
 
-    /// The check as this replica decides it alone: the same counter and algorithm, against its
-    /// share (of what the store last said was left in this window, or of the whole limit).
-    fn local_check(&self, c: &LimitCheck, roster: Roster, now_us: u64) -> LimitCheck {
-        let mut local = c.clone();
-        // The local store identifies a counter without its limit's size (the share changes with
-        // the roster: a replica joining mid-outage must not start every counter afresh), so the
-        // configured size is part of the entries instead.
-        let mut entries = c.key.entries.to_vec();
-        let configured = c.key.limit;
-        entries.push((
-            "\u{0}of".into(),
-            format!("{}:{}", configured.requests_per_unit, configured.burst),
-        ));
-        let limit = &mut local.key.limit;
-        if limit.algorithm == Algorithm::TokenBucket {
-            // A bucket refills: its share is a share of its rate and of its burst.
-            limit.requests_per_unit = roster.share(limit.requests_per_unit);
-            limit.burst = roster.share(limit.burst);
-        } else {
-            match self.shares.learned(&c.key, now_us) {
-                Some(l) if !c.refund => {
-                    limit.requests_per_unit =
-                        roster.share(l.remaining.min(limit.requests_per_unit));
-                    // Its own counter: what it admits now counts against the share of what was
-                    // left at that answer, not against an earlier outage's local counter.
-                    entries.push((
-                        "\u{0}learned".into(),
-                        format!("{}@{}", l.remaining, l.until_us),
-                    ));
-                }
-                _ => limit.requests_per_unit = roster.share(limit.requests_per_unit),
-            }
-        }
-        local.key.entries = Arc::from(entries);
-        local
-    }
-
-    /// When the hits of `c` charged now stop mattering: the end of a fixed window, one period
-    /// from now for the others.
-    fn until_us(c: &LimitCheck, now_us: u64) -> u64 {
-        let period = c.key.limit.period.millis().saturating_mul(1000).max(1);
-        match c.key.limit.algorithm {
-            Algorithm::FixedWindow => (now_us / period + 1).saturating_mul(period),
-            _ => now_us.saturating_add(period),
-        }
-    }
-
-    async fn decide_locally(&self, checks: &[LimitCheck], now_us: u64) -> Decision {
-        self.decide_locally_after(checks, now_us, None).await
-    }
-
-    /// [`Shared::decide_locally`] for a request the store charged in part: checks `stays`
-    /// says the store holds are decided locally as the others, but owe nothing.
-    async fn decide_locally_after(
-        &self,
-        checks: &[LimitCheck],
-        now_us: u64,
-        stays: Option<&[bool]>,
-    ) -> Decision {
-        let roster = self.shares.roster();
-        let local: Vec<LimitCheck> = checks
-            .iter()
-            .map(|c| self.local_check(c, roster, now_us))
-            .collect();
-        let mut d = match self.local.decide(&local).await {
-            Ok(d) => d,
-            // The memory store does not fail; if it ever did, deny rather than admit blind.
-            Err(_) => Decision {
-                admitted: false,
-                outcomes: vec![
-                    super::Outcome {
-                        allowed: false,
-                        remaining: 0,
-                        reset: Duration::ZERO,
-                        retry_after: Duration::MAX,
-                    };
-                    checks.len()
-                ],
-                local: false,
-                steps: 0,
-                leases: Vec::new(),
-            },
-        };
-        let allowed: Vec<bool> = d.outcomes.iter().map(|o| o.allowed).collect();
-        for (i, (c, was)) in checks
-            .iter()
-            .zip(charged(checks, &allowed, d.admitted))
-            .enumerate()
-        {
-            let in_store = stays.is_some_and(|s| s.get(i).copied().unwrap_or(false));
-            if was && owes(c) && !in_store {
-                let hits = i64::try_from(c.hits).unwrap_or(i64::MAX);
-                let hits = if c.refund { -hits } else { hits };
-                self.ledger
-                    .add(&c.key, hits, Self::until_us(c, now_us), now_us);
-            }
-        }
-        d.steps = 0;
-        self.tallies.decided(checks, d.admitted);
-        self.started_local(d.admitted);
-        d
-    }
-
     fn started_local(&self, admitted: bool) {
         let mut e = self.episode.lock().unwrap_or_else(|e| e.into_inner());
         let episode = e.get_or_insert_with(|| {
@@ -432,13 +329,6 @@ impl Shared {
             );
         }
     }
-}
-
-/// Whether a check decided locally leaves a debt to write back: hits on a rate. An `in_flight`
-/// slot is not a count the store could be given (its slots are not written back: see
-/// docs/semantics.md), so it owes nothing.
-fn owes(c: &LimitCheck) -> bool {
-    c.hits > 0 && c.key.limit.algorithm != Algorithm::InFlight
 }
 
 /// The checks of `checks` that `mask` marks.

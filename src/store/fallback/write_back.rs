@@ -24,7 +24,7 @@ impl Shared {
     pub(super) fn reconcile_charged(&self, checks: &[LimitCheck], was: &[bool]) {
         let now_us = self.now_us();
         for (c, &was) in checks.iter().zip(was) {
-            if was && super::owes(c) {
+            if was && super::local::owes(c) {
                 let hits = i64::try_from(c.hits).unwrap_or(i64::MAX);
                 let hits = if c.refund { hits } else { -hits };
                 self.ledger

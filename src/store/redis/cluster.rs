@@ -409,7 +409,7 @@ async fn take_back_leases(
                     .is_some_and(|l| matches!(l.change, LeaseChange::Added { .. }))
             })
             .collect();
-        let call = codec::encode_unlease(&calls[n], &added);
+        let call = encode_unlease(&calls[n], &added);
         if call.keys.is_empty() {
             continue;
         }
@@ -445,6 +445,37 @@ async fn take_back_leases(
         }
     }
     steps
+}
+
+/// The call that takes back the lease changes (a slot taken, a reservation made) that the
+/// limits of `call` selected by `take_back` committed, for a request another slot then denied
+/// (review A10): decide.lua's "u" mode, in the lease layout.
+fn encode_unlease(call: &Call, take_back: &[bool]) -> Call {
+    let mut out = Call {
+        keys: Vec::new(),
+        args: Vec::new(),
+        reply: Reply::Unlease,
+        plain: false,
+        counting: 0,
+        lease: Vec::new(),
+    };
+    for (n, (key, args)) in call
+        .keys
+        .iter()
+        .zip(call.args.chunks(call.per_key()))
+        .enumerate()
+    {
+        let Some(lease) = call.lease.get(n) else {
+            continue;
+        };
+        if !take_back.get(n).copied().unwrap_or(false) || !matches!(lease.op, 1 | 4) {
+            continue;
+        }
+        out.keys.push(key.clone());
+        out.args.extend_from_slice(args);
+        out.lease.push(lease.clone());
+    }
+    out
 }
 
 /// Runs an undo, retrying a failed call up to [`UNDO_ATTEMPTS`] times; an undo the script

@@ -5,15 +5,13 @@
 //! replies. The rest of the Redis store speaks in `LimitCheck`s and `Outcome`s.
 
 use super::lease_arg::{lease_arg, Layout, LeaseArg};
-#[cfg(any(test, feature = "test-util"))]
-use crate::clock::Clock;
 use crate::config::Algorithm;
 use crate::store::{CounterKey, LeaseEffect, LimitCheck, Outcome, StoreError};
 use redis::{Script, ScriptInvocation};
 use std::collections::HashMap;
-#[cfg(any(test, feature = "test-util"))]
-use std::sync::Arc;
 use std::time::Duration;
+#[cfg(any(test, feature = "test-util"))]
+use {crate::clock::Clock, std::sync::Arc};
 
 /// The decision script, `decide.lua`, joined from its six files; KEYS/ARGV are documented at
 /// the top of the first.
@@ -264,37 +262,6 @@ pub(super) fn encode_undo(call: &Call, slot: &SlotReply, undo: &[bool]) -> Call 
             meta | UNDO,
             u64::try_from(token).unwrap_or(0),
         ]);
-    }
-    out
-}
-
-/// The call that takes back the lease changes (a slot taken, a reservation made) that the
-/// limits of `call` selected by `take_back` committed, for a request another slot then denied
-/// (review A10): decide.lua's "u" mode, in the lease layout.
-pub(super) fn encode_unlease(call: &Call, take_back: &[bool]) -> Call {
-    let mut out = Call {
-        keys: Vec::new(),
-        args: Vec::new(),
-        reply: Reply::Unlease,
-        plain: false,
-        counting: 0,
-        lease: Vec::new(),
-    };
-    for (n, (key, args)) in call
-        .keys
-        .iter()
-        .zip(call.args.chunks(call.per_key()))
-        .enumerate()
-    {
-        let Some(lease) = call.lease.get(n) else {
-            continue;
-        };
-        if !take_back.get(n).copied().unwrap_or(false) || !matches!(lease.op, 1 | 4) {
-            continue;
-        }
-        out.keys.push(key.clone());
-        out.args.extend_from_slice(args);
-        out.lease.push(lease.clone());
     }
     out
 }
