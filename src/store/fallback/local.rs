@@ -32,12 +32,17 @@ impl Shared {
                 Some(l) if !c.refund => {
                     limit.requests_per_unit =
                         roster.share(l.remaining.min(limit.requests_per_unit));
-                    // Its own counter: what it admits now counts against the share of what was
-                    // left at that answer, not against an earlier outage's local counter.
-                    entries.push((
-                        "\u{0}learned".into(),
-                        format!("{}@{}", l.remaining, l.until_us),
-                    ));
+                    // A fixed window: its own counter, so what it admits now counts against the
+                    // share of what was left at that answer, not against an earlier outage's
+                    // local counter; what was learned ends with the window, and so do the hits.
+                    // Any other limit keeps one local counter (review A5): its slots and
+                    // sliding hits outlive what was learned, and must still count after it.
+                    if limit.algorithm == Algorithm::FixedWindow {
+                        entries.push((
+                            "\u{0}learned".into(),
+                            format!("{}@{}", l.remaining, l.until_us),
+                        ));
+                    }
                 }
                 _ => limit.requests_per_unit = roster.share(limit.requests_per_unit),
             }

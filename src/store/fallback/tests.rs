@@ -154,3 +154,51 @@ proptest! {
         rt.block_on(run(n, limit, demand, before, during, after));
     }
 }
+
+/// Review A5: `in_flight` slots taken locally are still held when what the store last said
+/// (the learned remaining) expires: the local counter they were taken on stays the one the
+/// next requests meet, so the slots counted never exceed `max`.
+#[tokio::test(start_paused = true)]
+async fn local_slots_outlive_what_was_learned() {
+    use crate::config::{Algorithm, Period};
+    use crate::store::LeaseCall;
+    let clock = ManualClock::new(T0);
+    let s = sim(1, &clock);
+    let limit = Limit {
+        requests_per_unit: 4,
+        period: Period::from_millis(60_000).expect("1 min"),
+        algorithm: Algorithm::InFlight,
+        burst: 0,
+    };
+    let take = |id: &str| {
+        let mut c = LimitCheck::for_tests("d", "k", limit, 1);
+        c.lease = Some(LeaseCall {
+            id: Arc::from(id),
+            release: false,
+            reservations: None,
+        });
+        c
+    };
+    let r = &s.replicas[0];
+    let d = r.decide(&[take("a")]).await.expect("decides");
+    assert!(d.admitted && d.steps > 0, "the store takes a's slot: {d:?}");
+    s.store
+        .fail_with(Some(StoreError::Transient("down".into())));
+    clock.advance(Duration::from_secs(1));
+    let mut admitted = 0;
+    for id in ["b", "c", "d", "e"] {
+        admitted += u32::from(r.decide(&[take(id)]).await.expect("local").admitted);
+    }
+    assert_eq!(admitted, 3, "3 of the 3 slots the store said were left");
+    // What was learned ends a lease after the store's answer; the local slots, a lease after
+    // they were taken, are still held.
+    clock.advance(Duration::from_millis(59_500));
+    let mut more = 0;
+    for id in ["f", "g", "h", "i"] {
+        more += u32::from(r.decide(&[take(id)]).await.expect("local").admitted);
+    }
+    assert!(
+        more <= 1,
+        "{more} more admitted with 3 local slots and a's still held against max 4"
+    );
+}
