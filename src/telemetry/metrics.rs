@@ -15,9 +15,10 @@ use std::time::Duration;
 
 /// Decision latency buckets (seconds): a memory decision is microseconds, a Redis one a
 /// fraction of a millisecond to a few, and `REDIS_TIMEOUT` (100 ms default) caps the tail.
-const LATENCY_BUCKETS: [f64; 14] = [
-    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
-    0.25, 1.0,
+/// 20 ms is Envoy's default rate-limit timeout: whether sluice answered within it is one bucket.
+const LATENCY_BUCKETS: [f64; 15] = [
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.02, 0.025,
+    0.05, 0.1, 0.25, 1.0,
 ];
 
 /// How a request ended, for the request latency histogram.
