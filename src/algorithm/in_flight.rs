@@ -137,7 +137,7 @@ pub fn in_flight(
         Lease::Check | Lease::Take(_) => {
             let first = live.held.iter().map(|&(_, e)| e).min();
             if let Lease::Take(id) = lease {
-                remember(&mut live, now, p, id);
+                remember(&mut live, now, p, id, true);
             }
             Outcome {
                 allowed: false,
@@ -171,18 +171,27 @@ pub fn in_flight(
 
 /// The slots with a take of `id` that was not charged remembered as a denial (until a lease
 /// from now): its stream-done call will consume it instead of freeing a slot.
-pub fn remember_denial(slots: Option<&Slots>, now: u64, p: LimitParams, id: u64) -> Slots {
+///
+/// `room`: whether the store has room for a new record; without, the denial goes to the
+/// overflow (which any id's stream-done call consumes before a slot: never a bypass).
+pub fn remember_denial(
+    slots: Option<&Slots>,
+    now: u64,
+    p: LimitParams,
+    id: u64,
+    room: bool,
+) -> Slots {
     let mut live = Slots::live(slots, now);
-    remember(&mut live, now, p, id);
+    remember(&mut live, now, p, id, room);
     live
 }
 
-fn remember(live: &mut Slots, now: u64, p: LimitParams, id: u64) {
+fn remember(live: &mut Slots, now: u64, p: LimitParams, id: u64, room: bool) {
     let until = now.saturating_add(p.period_us);
     if let Some(r) = live.denied.iter_mut().find(|(d, _, _)| *d == id) {
         r.1 = r.1.saturating_add(1);
         r.2 = until;
-    } else if live.denied.len() + usize::from(live.overflow.0 > 0) < denial_cap(p.limit) {
+    } else if room && live.denied.len() + usize::from(live.overflow.0 > 0) < denial_cap(p.limit) {
         live.denied.push((id, 1, until));
     } else {
         live.overflow = (live.overflow.0.saturating_add(1), until);
@@ -236,7 +245,7 @@ mod tests {
         let (_, s) = in_flight(Some(&s), 0, P, Lease::Take(1));
         let (o, s) = in_flight(Some(&s), 1, P, Lease::Take(1));
         assert!(!o.allowed);
-        let s = remember_denial(Some(&s), 1, P, 1); // a request denied by another limit
+        let s = remember_denial(Some(&s), 1, P, 1, true); // a request denied by another limit
         assert_eq!(s.pending_denials(1), 2);
         // Their done calls (in any order with the others') free nothing.
         let (_, s) = in_flight(Some(&s), 2, P, Lease::Free(1));
@@ -255,7 +264,7 @@ mod tests {
         let p = LimitParams { limit: 1, ..P };
         let (_, mut s) = in_flight(None, 0, p, Lease::Take(7));
         for id in 100..100 + denial_cap(1) as u64 + 5 {
-            s = remember_denial(Some(&s), 1, p, id);
+            s = remember_denial(Some(&s), 1, p, id, true);
         }
         assert_eq!(s.denied.len(), denial_cap(1), "records up to the cap...");
         assert_eq!(s.overflow.0, 5, "...then the overflow");

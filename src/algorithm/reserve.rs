@@ -21,6 +21,7 @@
 //! ([`Reserved`]), so a request on the same limit without an id shares the counter.
 
 use super::{decide, LimitParams, Mode, Outcome, State};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// One outstanding reservation.
@@ -40,7 +41,8 @@ pub struct Reservation {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Reserved {
     pub inner: Option<State>,
-    pub held: Vec<Reservation>,
+    /// Shared: a request without an id on the counter keeps the list without copying it.
+    pub held: Arc<Vec<Reservation>>,
 }
 
 /// What a request does on a counter with reservations.
@@ -107,7 +109,7 @@ pub fn reserve(
     let wrap = |inner: State, held: Vec<Reservation>| {
         State::Reserved(Box::new(Reserved {
             inner: Some(inner),
-            held,
+            held: Arc::new(held),
         }))
     };
     match op {
@@ -158,7 +160,7 @@ pub fn reserve(
 fn wrap_or_keep(inner: Option<&State>, live: Vec<Reservation>) -> State {
     State::Reserved(Box::new(Reserved {
         inner: inner.cloned(),
-        held: live,
+        held: Arc::new(live),
     }))
 }
 

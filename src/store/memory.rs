@@ -10,24 +10,25 @@
 //! takes the place of an expired one, else of the one closest to expiry (evicted: it starts
 //! afresh, which can only ever admit more, and only for the oldest counters; counted in
 //! `sluice_memory_evictions_total`). Expired counters are also dropped a few per decision, so
-//! no call walks a whole shard.
+//! no call walks a whole shard. Lease entries (slots, reservations, remembered denials) come
+//! within a budget of their own ([`shard::LEASE_ENTRIES_PER_COUNTER`] per counter, per shard).
 
 mod check;
+mod shard;
 mod table;
 
 use super::{
     charged, Admission, BoxFuture, CounterKey, CounterStore, Decision, LeaseEffect, LimitCheck,
     StoreError, StoreSignals, Tally,
 };
-use crate::algorithm::{self, LimitParams, Log, Mode, Outcome, State};
+use crate::algorithm::{self, Log, Mode, Outcome, State};
 use crate::clock::Clock;
 use crate::config::Algorithm;
-use check::{decide_check, released, remember_denial, take_of};
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use check::{decide_check, released, remember_denial, take_of, within_budget};
+use shard::{lease_entries, Counter, Shard};
 use std::hash::{BuildHasher, Hash};
 use std::sync::{Arc, Mutex, MutexGuard};
-use table::{Fingerprint, Table};
+use table::Fingerprint;
 
 /// Counters the memory store holds at most by default (`MEMORY_MAX_COUNTERS`): at most 64 MB
 /// ([`BYTES_PER_COUNTER`] each), sized for a small pod.
@@ -40,136 +41,9 @@ pub const DEFAULT_MAX_COUNTERS: usize = 500_000;
 pub const BYTES_PER_COUNTER: usize = 128;
 /// Expired counters a touched shard drops per decision at most: bounded work on the request path.
 const SWEEP_PER_CALL: usize = 4;
-/// Index entries a full shard examines to find the counter closest to expiry.
-const EVICT_SEARCH: usize = 16;
 /// Counters per shard when the store is large: shards of this size keep lock sections short.
 const SHARD_TARGET: usize = 8_192;
 const MAX_SHARDS: usize = 64;
-
-#[derive(Debug)]
-struct Counter {
-    state: State,
-    /// Microseconds since the epoch after which the state no longer matters.
-    expires_at: u64,
-}
-
-/// An expiry-index entry: (expiry, the fingerprint's halves swapped). Ties go by `fp[1]`, which
-/// says nothing about a counter's place in its table (`fp[0]` does): evicting among equal
-/// expiries in `fp[0]` order would empty one end of the table and crowd the other.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct Indexed(u64, u64, u64);
-
-impl Indexed {
-    fn new(at: u64, fp: Fingerprint) -> Self {
-        Indexed(at, fp[1], fp[0])
-    }
-
-    fn fp(self) -> Fingerprint {
-        [self.2, self.1]
-    }
-}
-
-#[derive(Debug)]
-struct Shard {
-    counters: Table<Counter>,
-    /// Every counter exactly once, by the expiry it had when indexed. Expiries only move later
-    /// (a refund aside), so the smallest entry whose counter still has that expiry is the
-    /// counter closest to expiry; an entry whose counter moved on is re-indexed when it
-    /// surfaces.
-    expiry: BinaryHeap<Reverse<Indexed>>,
-    cap: usize,
-}
-
-impl Shard {
-    fn new(cap: usize) -> Self {
-        Self {
-            counters: Table::new(cap),
-            expiry: BinaryHeap::new(),
-            cap,
-        }
-    }
-
-    /// Drops up to `budget` index entries' worth of expired counters, soonest first.
-    fn sweep(&mut self, now: u64, budget: usize) {
-        for _ in 0..budget {
-            let Some(&Reverse(e)) = self.expiry.peek() else {
-                return;
-            };
-            let (at, fp) = (e.0, e.fp());
-            if at > now {
-                return;
-            }
-            self.expiry.pop();
-            match self.counters.get(fp) {
-                Some(c) if c.expires_at > now => {
-                    self.expiry.push(Reverse(Indexed::new(c.expires_at, fp)))
-                }
-                Some(_) => {
-                    self.counters.remove(fp);
-                }
-                None => {}
-            }
-        }
-    }
-
-    /// Makes room for one more counter; returns whether a live counter was evicted.
-    fn make_room(&mut self, now: u64) -> bool {
-        if self.counters.len() < self.cap {
-            return false;
-        }
-        self.sweep(now, EVICT_SEARCH);
-        if self.counters.len() < self.cap {
-            return false;
-        }
-        for _ in 0..EVICT_SEARCH {
-            let Some(Reverse(e)) = self.expiry.pop() else {
-                return false;
-            };
-            let (at, fp) = (e.0, e.fp());
-            match self.counters.get(fp) {
-                Some(c) if c.expires_at > at => {
-                    self.expiry.push(Reverse(Indexed::new(c.expires_at, fp)))
-                }
-                Some(_) => {
-                    self.counters.remove(fp);
-                    return true;
-                }
-                None => {}
-            }
-        }
-        // Every entry looked at had moved on: evict the soonest indexed one anyway.
-        match self.expiry.pop() {
-            Some(Reverse(e)) => self.counters.remove(e.fp()).is_some(),
-            None => false,
-        }
-    }
-
-    /// Stores `state` for `fp`; returns whether a live counter was evicted to make room.
-    fn write(&mut self, fp: Fingerprint, state: State, p: LimitParams, now: u64) -> bool {
-        let expires_at = algorithm::expires_at(&state, p);
-        if let Some(c) = self.counters.get_mut(fp) {
-            c.state = state;
-            c.expires_at = expires_at;
-            return false;
-        }
-        let evicted = self.make_room(now);
-        if self.counters.len() >= self.cap {
-            return evicted; // cap 0: nothing is kept
-        }
-        self.counters.insert(fp, Counter { state, expires_at });
-        if self.expiry.len() == self.expiry.capacity() {
-            // Grow exactly, never past the cap: one entry per counter.
-            let more = self
-                .expiry
-                .capacity()
-                .max(16)
-                .min(self.cap - self.expiry.len());
-            self.expiry.reserve_exact(more);
-        }
-        self.expiry.push(Reverse(Indexed::new(expires_at, fp)));
-        evicted
-    }
-}
 
 /// In-process counters; the default store when no Redis is configured.
 #[derive(Debug)]
@@ -375,8 +249,10 @@ fn decide_in_place(
                 (peek_log(counter, now, check), None)
             } else {
                 let stored = counter.map(|c| &c.state);
-                let (o, s) = decide_check(stored, now, check);
-                (o, Some(s))
+                let was = stored.map_or(0, lease_entries);
+                let (mut o, s) = decide_check(stored, now, check);
+                let fits = within_budget(&guards[slot[i]], was, &s, check, &mut o);
+                (o, Some(s).filter(|_| fits))
             };
         admission.add(check, outcome.allowed);
         outcomes.push(outcome);
@@ -394,8 +270,9 @@ fn decide_in_place(
                 remaining_now(guards[slot[i]].counters.get_mut(fps[i]), check, now);
             if let Some(id) = take_of(check) {
                 let shard = &mut guards[slot[i]];
+                let room = shard.has_room(1);
                 let stored = shard.counters.get(fps[i]).map(|c| &c.state);
-                let state = remember_denial(stored, now, check, id);
+                let state = remember_denial(stored, now, check, id, room);
                 evicted += u64::from(shard.write(fps[i], state, check.params(), now));
             }
             continue;
@@ -491,12 +368,15 @@ fn decide_on_copies(
     for (i, check) in checks.iter().enumerate() {
         let stored = guards[slot[i]].counters.get(fps[i]).map(|c| &c.state);
         let current = latest(&pending, fps[i]).or(stored);
-        let (outcome, next) = decide_check(current, now, check);
-        if !leases.is_empty() {
-            leases[i] = LeaseEffect::between(current, &next, now, released(check));
+        let (mut outcome, next) = decide_check(current, now, check);
+        let was = current.map_or(0, lease_entries);
+        if within_budget(&guards[slot[i]], was, &next, check, &mut outcome) {
+            if !leases.is_empty() {
+                leases[i] = LeaseEffect::between(current, &next, now, released(check));
+            }
+            pending.push((fps[i], next));
         }
         admission.add(check, outcome.allowed);
-        pending.push((fps[i], next));
         outcomes.push(outcome);
     }
     let admitted = admission.admitted();
@@ -557,8 +437,9 @@ fn decide_on_copies(
     for (i, check) in checks.iter().enumerate() {
         if let (false, Some(id)) = (charge[i], take_of(check)) {
             let shard = &mut guards[slot[i]];
+            let room = shard.has_room(1);
             let stored = shard.counters.get(fps[i]).map(|c| &c.state);
-            let state = remember_denial(stored, now, check, id);
+            let state = remember_denial(stored, now, check, id, room);
             evicted += u64::from(shard.write(fps[i], state, check.params(), now));
         }
     }
@@ -750,5 +631,57 @@ mod tests {
         assert_eq!(d.outcomes[0].remaining, 2);
         let d = store.decide_now(std::slice::from_ref(&log));
         assert_eq!(d.outcomes[0].remaining, 1, "only this charge is in the log");
+    }
+
+    /// Review A9: lease entries count against the store's budget (two per counter it may hold):
+    /// a client choosing ids cannot grow a counter's reservations or slots, or the denials it
+    /// remembers, past it; what does not fit is denied, and a denial past it is remembered in
+    /// the overflow, which no done call can turn into a free slot.
+    #[test]
+    fn lease_entries_stay_within_the_stores_budget() {
+        use crate::config::{Algorithm, Limit, Period, Reservations};
+        use crate::store::LeaseCall;
+        let clock = ManualClock::new(Duration::from_secs(1_000_000));
+        // 4 counters, so 8 lease entries.
+        let store = MemoryStore::with_shards(Arc::new(clock.clone()), 1, 4);
+        let terms = Reservations {
+            lease: Period::from_millis(300_000).expect("5 min"),
+            max: 256,
+            min_estimate: 1,
+        };
+        let reserve = |id: u32| {
+            let mut c = check("budget", 1_000_000, Unit::Hour);
+            c.lease = Some(LeaseCall {
+                id: Arc::from(format!("r{id}")),
+                release: false,
+                reservations: Some(terms),
+            });
+            c
+        };
+        let admitted = (0..20)
+            .filter(|&i| store.decide_now(&[reserve(i)]).admitted)
+            .count();
+        assert_eq!(admitted, 8, "reservations past the store's 8 lease entries");
+        let slots = Limit {
+            requests_per_unit: 100,
+            period: Period::from_millis(60_000).expect("1 min"),
+            algorithm: Algorithm::InFlight,
+            burst: 0,
+        };
+        let take = |id: u32| {
+            let mut c = LimitCheck::for_tests("d", "slots", slots, 1);
+            c.lease = Some(LeaseCall {
+                id: Arc::from(format!("t{id}")),
+                release: false,
+                reservations: None,
+            });
+            c
+        };
+        assert!(
+            !store.decide_now(&[take(0)]).admitted,
+            "no room for a slot while the reservations hold the budget"
+        );
+        let shard = lock(&store.shards[0]);
+        assert!(shard.has_room(0) && !shard.has_room(1), "8 entries held");
     }
 }

@@ -77,6 +77,7 @@ pub(super) fn remember_denial(
     now: u64,
     check: &LimitCheck,
     id: u64,
+    room: bool,
 ) -> State {
     let slots = match state {
         Some(State::Slots(s)) => Some(&**s),
@@ -87,5 +88,33 @@ pub(super) fn remember_denial(
         now,
         check.params(),
         id,
+        room,
     )))
+}
+
+/// Review A9: whether a check's new lease entries fit the shard's budget. A take or a
+/// reservation that would add entries past it is denied instead (`outcome` says so, retry after
+/// a lease): the store's memory stays bounded whatever ids and counters callers choose. `was`:
+/// the entries of the state the check decided on.
+pub(super) fn within_budget(
+    shard: &super::shard::Shard,
+    was: usize,
+    next: &State,
+    check: &LimitCheck,
+    outcome: &mut Outcome,
+) -> bool {
+    let Some(lease) = check.lease.as_ref().filter(|l| !l.release) else {
+        return true;
+    };
+    let more = super::shard::lease_entries(next).saturating_sub(was);
+    if !outcome.allowed || more == 0 || shard.has_room(more) {
+        return true;
+    }
+    let lease_us = lease
+        .terms()
+        .map_or(check.params().period_us, |t| t.lease_us);
+    outcome.allowed = false;
+    outcome.remaining = 0;
+    outcome.retry_after = std::time::Duration::from_micros(lease_us);
+    false
 }
