@@ -367,59 +367,7 @@ impl Plan {
                 resource_checks.push(self.limits.len());
             }
             indexes.push(self.limits.len());
-            let check = if in_flight {
-                // A slot, whatever the hits: taken or freed once per request id; without an id,
-                // a check. A take is all or nothing in every counting (a slot is never taken
-                // past `max`); a free is applied whatever the verdict.
-                let release = lease.is_some_and(|l| l.release);
-                LimitCheck {
-                    key,
-                    hits: u64::from(lease.is_some()),
-                    refund: false,
-                    shadow: c.shadow || charge.options.global_shadow_mode,
-                    quota: !release && (c.quota_mode || charge.options.global_quota_mode),
-                    record: release,
-                    stop_over: false,
-                    lease: lease.cloned(),
-                    leased: true,
-                }
-            } else if let Some(l) = reserving {
-                // A reservation: the request-time call charges its hits (the estimate) all or
-                // nothing in every counting; the stream-done call settles at its hits (the
-                // actual), whatever the verdict and never denied.
-                // The estimate is the caller's: never under the limit's `min_estimate`.
-                let floor = c.reservations.map_or(0, |r| u64::from(r.min_estimate));
-                LimitCheck {
-                    key,
-                    hits: if l.release {
-                        charge.hits
-                    } else {
-                        charge.hits.max(floor)
-                    },
-                    refund: false,
-                    shadow: c.shadow || charge.options.global_shadow_mode,
-                    quota: !l.release && (c.quota_mode || charge.options.global_quota_mode),
-                    record: l.release,
-                    stop_over: false,
-                    lease: Some(LeaseCall {
-                        reservations: c.reservations,
-                        ..l.clone()
-                    }),
-                    leased: true,
-                }
-            } else {
-                LimitCheck {
-                    key,
-                    hits: charge.hits,
-                    refund: charge.refund,
-                    shadow: c.shadow || charge.options.global_shadow_mode,
-                    quota: c.quota_mode || charge.options.global_quota_mode,
-                    record: envoyproxy || c.record_usage,
-                    stop_over: envoyproxy && charge.options.stop_increment_when_over,
-                    lease: None,
-                    leased: c.reservations.is_some(),
-                }
-            };
+            let check = check_for(c, key, charge, lease, envoyproxy);
             self.limits.push(PlannedLimit {
                 check,
                 name: c.name.unwrap_or_default().to_string(),
@@ -430,6 +378,72 @@ impl Plan {
             Resolution::Unlimited
         } else {
             Resolution::Limited(indexes)
+        }
+    }
+}
+
+/// The check one configured limit makes for one descriptor: an `in_flight` slot, a reservation
+/// or its settle, or a rate's charge, with the flags its domain and the options give it.
+fn check_for(
+    c: &Candidate<'_>,
+    key: CounterKey,
+    charge: &Charge<'_>,
+    lease: Option<&LeaseCall>,
+    envoyproxy: bool,
+) -> LimitCheck {
+    let in_flight = key.limit.algorithm == Algorithm::InFlight;
+    let reserving = lease.filter(|_| c.reservations.is_some());
+    if in_flight {
+        // A slot, whatever the hits: taken or freed once per request id; without an id,
+        // a check. A take is all or nothing in every counting (a slot is never taken
+        // past `max`); a free is applied whatever the verdict.
+        let release = lease.is_some_and(|l| l.release);
+        LimitCheck {
+            key,
+            hits: u64::from(lease.is_some()),
+            refund: false,
+            shadow: c.shadow || charge.options.global_shadow_mode,
+            quota: !release && (c.quota_mode || charge.options.global_quota_mode),
+            record: release,
+            stop_over: false,
+            lease: lease.cloned(),
+            leased: true,
+        }
+    } else if let Some(l) = reserving {
+        // A reservation: the request-time call charges its hits (the estimate) all or
+        // nothing in every counting; the stream-done call settles at its hits (the
+        // actual), whatever the verdict and never denied.
+        // The estimate is the caller's: never under the limit's `min_estimate`.
+        let floor = c.reservations.map_or(0, |r| u64::from(r.min_estimate));
+        LimitCheck {
+            key,
+            hits: if l.release {
+                charge.hits
+            } else {
+                charge.hits.max(floor)
+            },
+            refund: false,
+            shadow: c.shadow || charge.options.global_shadow_mode,
+            quota: !l.release && (c.quota_mode || charge.options.global_quota_mode),
+            record: l.release,
+            stop_over: false,
+            lease: Some(LeaseCall {
+                reservations: c.reservations,
+                ..l.clone()
+            }),
+            leased: true,
+        }
+    } else {
+        LimitCheck {
+            key,
+            hits: charge.hits,
+            refund: charge.refund,
+            shadow: c.shadow || charge.options.global_shadow_mode,
+            quota: c.quota_mode || charge.options.global_quota_mode,
+            record: envoyproxy || c.record_usage,
+            stop_over: envoyproxy && charge.options.stop_increment_when_over,
+            lease: None,
+            leased: c.reservations.is_some(),
         }
     }
 }

@@ -268,13 +268,7 @@ fn decide_in_place(
             // had after this request; an `in_flight` take is remembered as a denial.
             outcomes[i].remaining =
                 remaining_now(guards[slot[i]].counters.get_mut(fps[i]), check, now);
-            if let Some(id) = take_of(check) {
-                let shard = &mut guards[slot[i]];
-                let room = shard.has_room(1);
-                let stored = shard.counters.get(fps[i]).map(|c| &c.state);
-                let state = remember_denial(stored, now, check, id, room);
-                evicted += u64::from(shard.write(fps[i], state, check.params(), now));
-            }
+            evicted += remember_take(&mut guards[slot[i]], fps[i], check, now);
             continue;
         }
         // A check charges nothing (a reservation or its settle of 0 hits still changes what
@@ -284,22 +278,8 @@ fn decide_in_place(
         }
         let p = check.params();
         let shard = &mut guards[slot[i]];
-        let state = match state {
-            Some(s) => s,
-            None => {
-                if let Some(Counter {
-                    state: State::Log(log),
-                    expires_at,
-                }) = shard.counters.get_mut(fps[i])
-                {
-                    algorithm::sliding_log_in(log, now, p, check.hits, check.mode(), true);
-                    *expires_at = algorithm::log_expires_at(log, p);
-                    continue;
-                }
-                let mut log = Box::<Log>::default();
-                algorithm::sliding_log_in(&mut log, now, p, check.hits, check.mode(), true);
-                State::Log(log)
-            }
+        let Some(state) = state.or_else(|| log_in_place(shard, fps[i], check, now)) else {
+            continue;
         };
         if !leases.is_empty() {
             let old = shard.counters.get(fps[i]).map(|c| &c.state);
@@ -315,6 +295,39 @@ fn decide_in_place(
         leases,
     };
     (decision, evicted)
+}
+
+/// A take not charged is remembered as a denial of its id, on what the request left written
+/// (in the overflow when the shard's lease entries are at their budget); returns evictions.
+fn remember_take(shard: &mut Shard, fp: Fingerprint, check: &LimitCheck, now: u64) -> u64 {
+    let Some(id) = take_of(check) else {
+        return 0;
+    };
+    let room = shard.has_room(1);
+    let stored = shard.counters.get(fp).map(|c| &c.state);
+    let state = remember_denial(stored, now, check, id, room);
+    u64::from(shard.write(fp, state, check.params(), now))
+}
+
+/// A sliding_log charge: recorded in the stored log in place (`None`: nothing left to write),
+/// or a new log to write.
+fn log_in_place(shard: &mut Shard, fp: Fingerprint, check: &LimitCheck, now: u64) -> Option<State> {
+    let p = check.params();
+    if p.algorithm != Algorithm::SlidingLog {
+        return None; // (only a sliding_log is decided without a state to write)
+    }
+    if let Some(Counter {
+        state: State::Log(log),
+        expires_at,
+    }) = shard.counters.get_mut(fp)
+    {
+        algorithm::sliding_log_in(log, now, p, check.hits, check.mode(), true);
+        *expires_at = algorithm::log_expires_at(log, p);
+        return None;
+    }
+    let mut log = Box::<Log>::default();
+    algorithm::sliding_log_in(&mut log, now, p, check.hits, check.mode(), true);
+    Some(State::Log(log))
 }
 
 /// A sliding_log decision on the stored log, in place and without recording the request.
@@ -416,32 +429,10 @@ fn decide_on_copies(
             *e = LeaseEffect::default();
         }
     }
-    // Each counter ends in the state its last written check left.
-    let mut evicted = 0;
-    for (n, (fp, state)) in pending.iter().enumerate() {
-        if pending[n + 1..].iter().any(|(f, _)| f == fp) {
-            continue;
-        }
-        let i = fps.iter().position(|f| f == fp).unwrap_or(0);
-        let written = checks
-            .iter()
-            .zip(fps)
-            .zip(&charge)
-            .any(|((c, f), &w)| f == fp && w && (c.hits > 0 || c.lease.is_some()));
-        if written {
-            let p = checks[i].params();
-            evicted += u64::from(guards[slot[i]].write(*fp, state.clone(), p, now));
-        }
-    }
+    let mut evicted = write_last(&pending, checks, fps, slot, guards, &charge, now);
     // Takes not charged are remembered as denials, on what the request left written.
-    for (i, check) in checks.iter().enumerate() {
-        if let (false, Some(id)) = (charge[i], take_of(check)) {
-            let shard = &mut guards[slot[i]];
-            let room = shard.has_room(1);
-            let stored = shard.counters.get(fps[i]).map(|c| &c.state);
-            let state = remember_denial(stored, now, check, id, room);
-            evicted += u64::from(shard.write(fps[i], state, check.params(), now));
-        }
+    for (i, check) in checks.iter().enumerate().filter(|&(i, _)| !charge[i]) {
+        evicted += remember_take(&mut guards[slot[i]], fps[i], check, now);
     }
     let decision = Decision {
         admitted,
@@ -451,6 +442,36 @@ fn decide_on_copies(
         leases,
     };
     (decision, evicted)
+}
+
+/// Each counter of a request decided on copies ends in the state its last written check left;
+/// returns the evictions.
+fn write_last(
+    pending: &[(Fingerprint, State)],
+    checks: &[LimitCheck],
+    fps: &[Fingerprint],
+    slot: &[usize],
+    guards: &mut [MutexGuard<'_, Shard>],
+    charge: &[bool],
+    now: u64,
+) -> u64 {
+    let mut evicted = 0;
+    for (n, (fp, state)) in pending.iter().enumerate() {
+        if pending[n + 1..].iter().any(|(f, _)| f == fp) {
+            continue;
+        }
+        let i = fps.iter().position(|f| f == fp).unwrap_or(0);
+        let written = checks
+            .iter()
+            .zip(fps)
+            .zip(charge)
+            .any(|((c, f), &w)| f == fp && w && (c.hits > 0 || c.lease.is_some()));
+        if written {
+            let p = checks[i].params();
+            evicted += u64::from(guards[slot[i]].write(*fp, state.clone(), p, now));
+        }
+    }
+    evicted
 }
 
 /// A poisoned shard only means another request panicked mid-decision; its counters are still

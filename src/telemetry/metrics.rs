@@ -5,21 +5,15 @@
 //! [`MAX_DESCRIPTOR_SERIES`] (domain, key) pairs get series of their own; later ones are counted
 //! under the key `_overflow` of their domain.
 
+use super::quota_metrics::QuotaMetrics;
+pub use super::registrar::MetricsError;
+use super::registrar::Registrar;
 use crate::store::breaker::BreakerState;
 use crate::store::StoreSignals;
 use prometheus::{
-    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Encoder, Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use std::time::Duration;
-
-/// Decision latency buckets (seconds): a memory decision is microseconds, a Redis one a
-/// fraction of a millisecond to a few, and `REDIS_TIMEOUT` (100 ms default) caps the tail.
-/// 20 ms is Envoy's default rate-limit timeout: whether sluice answered within it is one bucket.
-const LATENCY_BUCKETS: [f64; 15] = [
-    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.02, 0.025,
-    0.05, 0.1, 0.25, 1.0,
-];
 
 /// How a request ended, for the request latency histogram.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,115 +204,6 @@ impl LocalMetrics {
     }
 }
 
-/// The Rate Limit Quota Service's series, per domain (a domain the config does not have is
-/// labelled `unknown`, so a client cannot grow the series).
-#[derive(Debug, Clone)]
-pub struct QuotaMetrics {
-    pub streams: IntGaugeVec,
-    pub buckets: IntGaugeVec,
-    pub reported: IntCounterVec,
-    /// Bucket usages received (one per bucket per report): how big Envoy's reports are.
-    pub bucket_reports: IntCounterVec,
-    pub assigned_rate: prometheus::GaugeVec,
-    pub refused: IntCounterVec,
-}
-
-impl QuotaMetrics {
-    fn register(r: &Registrar) -> Result<Self, MetricsError> {
-        let gauge =
-            |name: &str, help: &str| r.add(IntGaugeVec::new(Opts::new(name, help), &["domain"]));
-        Ok(Self {
-            streams: gauge("sluice_rlqs_streams", "Open RLQS streams, per domain.")?,
-            buckets: gauge(
-                "sluice_rlqs_buckets",
-                "Buckets the RLQS streams hold (assigned, not yet abandoned), per domain.",
-            )?,
-            reported: r.add(IntCounterVec::new(
-                Opts::new(
-                    "sluice_rlqs_reported_requests_total",
-                    "Requests Envoy reported over RLQS, per domain, allowed or denied by Envoy.",
-                ),
-                &["domain", "result"],
-            ))?,
-            bucket_reports: r.add(IntCounterVec::new(
-                Opts::new(
-                    "sluice_rlqs_bucket_reports_total",
-                    "Bucket usages Envoy reported over RLQS (one per bucket per report), per domain.",
-                ),
-                &["domain"],
-            ))?,
-            assigned_rate: r.add(prometheus::GaugeVec::new(
-                Opts::new(
-                    "sluice_rlqs_assigned_rate",
-                    "Requests per second currently assigned as token buckets, per domain.",
-                ),
-                &["domain"],
-            ))?,
-            refused: r.counter_vec(
-                "sluice_rlqs_refused_total",
-                "Bucket reports ignored or not tracked, by reason.",
-                (
-                    "reason",
-                    &[
-                        "empty",
-                        "too_large",
-                        "absurd_count",
-                        "over_bucket_cap",
-                        "over_total_bucket_cap",
-                        "board_full",
-                        "duplicate",
-                    ],
-                ),
-            )?,
-        })
-    }
-}
-
-/// Why the metric set could not be built (a programming error: a duplicate or invalid name).
-#[derive(Debug, thiserror::Error)]
-#[error("cannot register metrics: {0}")]
-pub struct MetricsError(#[from] prometheus::Error);
-
-/// Registers each metric as it is made, so a metric cannot be built and forgotten.
-struct Registrar(Registry);
-
-impl Registrar {
-    fn add<C: prometheus::core::Collector + Clone + 'static>(
-        &self,
-        metric: Result<C, prometheus::Error>,
-    ) -> Result<C, MetricsError> {
-        let metric = metric?;
-        self.0.register(Box::new(metric.clone()))?;
-        Ok(metric)
-    }
-
-    /// A per-descriptor counter (`domain`, `descriptor` labels).
-    fn descriptor_counter(&self, name: &str, help: &str) -> Result<IntCounterVec, MetricsError> {
-        let opts = Opts::new(format!("sluice_rate_limit_{name}"), help);
-        self.add(IntCounterVec::new(opts, &["domain", "descriptor"]))
-    }
-
-    /// A counter with one label, every value of it present from the start (at 0), so `rate()`
-    /// over them works before the first event.
-    fn counter_vec(
-        &self,
-        name: &str,
-        help: &str,
-        (label, values): (&str, &[&str]),
-    ) -> Result<IntCounterVec, MetricsError> {
-        let counter = self.add(IntCounterVec::new(Opts::new(name, help), &[label]))?;
-        for value in values {
-            counter.with_label_values(&[*value]);
-        }
-        Ok(counter)
-    }
-
-    fn latency(&self, name: &str, help: &str, label: &str) -> Result<HistogramVec, MetricsError> {
-        let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
-        self.add(HistogramVec::new(opts, &[label]))
-    }
-}
-
 impl Metrics {
     pub fn new() -> Result<Self, MetricsError> {
         let r = Registrar(Registry::new());
@@ -343,6 +228,7 @@ impl Metrics {
             ("result", &["success", "failure"]),
         )?;
         register_build_info(&r)?;
+        let (offenders_dropped, undo_failures, evictions, lease_calls) = ops_counters(&r)?;
         let [total_hits, within_limit, near_limit, over_limit, over_limit_with_local_cache, shadow_mode] =
             descriptor_counters(&r)?;
         Ok(Self {
@@ -377,29 +263,10 @@ impl Metrics {
                 ),
                 &["domain"],
             ))?,
-            offenders_dropped: r.add(IntCounter::new(
-                "sluice_offenders_dropped_total",
-                "Denials not recorded in /debug/offenders because its domain cap was reached.",
-            ))?,
-            undo_failures: r.add(IntCounter::new(
-                "sluice_refund_failures_total",
-                "Redis Cluster charges that could not be undone after a request was denied in \
-                 another slot (retried first): each leaves a counter charged for a denied request.",
-            ))?,
-            evictions: r.add(IntCounter::new(
-                "sluice_memory_evictions_total",
-                "Live memory-store counters evicted to make room under MEMORY_MAX_COUNTERS (the \
-                 closest to expiry first): each starts afresh, which can only admit more.",
-            ))?,
-            lease_calls: r.add(IntCounterVec::new(
-                Opts::new(
-                    "sluice_lease_calls_total",
-                    "Calls on `in_flight` limits (take, free, check) and on limits with \
-                     `reservations` (reserve, settle), by domain, call and outcome (ok, \
-                     over_limit; a free or a settle is never denied).",
-                ),
-                &["domain", "call", "outcome"],
-            ))?,
+            offenders_dropped,
+            undo_failures,
+            evictions,
+            lease_calls,
             local: LocalMetrics::register(&r)?,
             quota: QuotaMetrics::register(&r)?,
             leases: std::sync::Arc::new(super::leases::LeaseMetrics::register(&r.0)?),
@@ -578,6 +445,37 @@ fn descriptor_counters(r: &Registrar) -> Result<[IntCounterVec; 6], MetricsError
             "Hits a shadow limit (or SHADOW_MODE) would have denied; answered OK.",
         )?,
     ])
+}
+
+/// The running totals of what sluice dropped or could not do: offenders not recorded, Cluster
+/// undos that failed, memory-store evictions; and the lease calls by outcome.
+fn ops_counters(
+    r: &Registrar,
+) -> Result<(IntCounter, IntCounter, IntCounter, IntCounterVec), MetricsError> {
+    let offenders_dropped = r.add(IntCounter::new(
+        "sluice_offenders_dropped_total",
+        "Denials not recorded in /debug/offenders because its domain cap was reached.",
+    ))?;
+    let undo_failures = r.add(IntCounter::new(
+        "sluice_refund_failures_total",
+        "Redis Cluster charges that could not be undone after a request was denied in \
+         another slot (retried first): each leaves a counter charged for a denied request.",
+    ))?;
+    let evictions = r.add(IntCounter::new(
+        "sluice_memory_evictions_total",
+        "Live memory-store counters evicted to make room under MEMORY_MAX_COUNTERS (the \
+         closest to expiry first): each starts afresh, which can only admit more.",
+    ))?;
+    let lease_calls = r.add(IntCounterVec::new(
+        Opts::new(
+            "sluice_lease_calls_total",
+            "Calls on `in_flight` limits (take, free, check) and on limits with \
+             `reservations` (reserve, settle), by domain, call and outcome (ok, \
+             over_limit; a free or a settle is never denied).",
+        ),
+        &["domain", "call", "outcome"],
+    ))?;
+    Ok((offenders_dropped, undo_failures, evictions, lease_calls))
 }
 
 /// `sluice_build_info{version}`: always 1.

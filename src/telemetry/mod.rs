@@ -7,6 +7,8 @@ pub mod envoy_stats;
 pub mod leases;
 pub mod metrics;
 pub mod offenders;
+pub mod quota_metrics;
+mod registrar;
 pub mod spans;
 pub mod trace;
 

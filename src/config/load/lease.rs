@@ -118,41 +118,75 @@ impl Ctx {
             match key {
                 "max" => max = self.slots(v, &p, max_means),
                 "min_estimate" => min_estimate = self.min_estimate(v, &p),
-                "lease" => {
-                    let expected = "a duration such as 500ms, 10s or 5m";
-                    if let Some(text) = self.text(v, &p, key, expected) {
-                        match parse_period(&text) {
-                            Ok(period) => lease = Some(period),
-                            Err(e) => self.err(
-                                v.line,
-                                &p,
-                                format!(
-                                    "`lease` {e}; a lease of 0 would end every {} at once",
-                                    if scope == Scope::InFlight {
-                                        "slot"
-                                    } else {
-                                        "reservation"
-                                    }
-                                ),
-                            ),
-                        }
-                    }
-                }
+                "lease" => lease = self.lease_period(v, &p, scope),
                 "id_key" => id_key = self.entry_name(v, &p, key),
                 "done_key" => done_key = self.entry_name(v, &p, key),
                 _ => {}
             }
         }
+        let has = (max.is_some(), lease.is_some());
+        self.lease_keys(
+            node,
+            path,
+            (scope, name),
+            has,
+            (&id_key, &done_key),
+            errors_before,
+        );
+        if self.errors.len() > errors_before {
+            return None;
+        }
+        Some(LeaseBlock {
+            max,
+            min_estimate,
+            lease: lease?,
+            keys: LeaseKeys {
+                id_key: id_key?,
+                done_key: done_key?,
+            },
+        })
+    }
+
+    /// `lease`: a duration; 0 is refused (it would end every slot or reservation at once).
+    fn lease_period(&mut self, v: &Node, p: &str, scope: Scope) -> Option<Period> {
+        let expected = "a duration such as 500ms, 10s or 5m";
+        let text = self.text(v, p, "lease", expected)?;
+        match parse_period(&text) {
+            Ok(period) => Some(period),
+            Err(e) => {
+                let what = if scope == Scope::InFlight {
+                    "slot"
+                } else {
+                    "reservation"
+                };
+                let why = format!("`lease` {e}; a lease of 0 would end every {what} at once");
+                self.err(v.line, p, why);
+                None
+            }
+        }
+    }
+
+    /// Every key the block needs is there (if nothing else was wrong with it), and `id_key`
+    /// and `done_key` differ. `has`: whether `max` and `lease` were given.
+    fn lease_keys(
+        &mut self,
+        node: &Node,
+        path: &str,
+        (scope, name): (Scope, &str),
+        (has_max, has_lease): (bool, bool),
+        (id_key, done_key): (&Option<String>, &Option<String>),
+        errors_before: usize,
+    ) {
         let required: &[(&str, bool)] = if scope == Scope::InFlight {
             &[
-                ("max", max.is_none()),
-                ("lease", lease.is_none()),
+                ("max", !has_max),
+                ("lease", !has_lease),
                 ("id_key", id_key.is_none()),
                 ("done_key", done_key.is_none()),
             ]
         } else {
             &[
-                ("lease", lease.is_none()),
+                ("lease", !has_lease),
                 ("id_key", id_key.is_none()),
                 ("done_key", done_key.is_none()),
             ]
@@ -167,7 +201,7 @@ impl Ctx {
                 self.err(node.line, path, format!("`{name}` needs `{key}` ({all})"));
             }
         }
-        if let (Some(id), Some(done)) = (&id_key, &done_key) {
+        if let (Some(id), Some(done)) = (id_key, done_key) {
             if id == done {
                 self.err(
                     node.line,
@@ -179,18 +213,6 @@ impl Ctx {
                 );
             }
         }
-        if self.errors.len() > errors_before {
-            return None;
-        }
-        Some(LeaseBlock {
-            max,
-            min_estimate,
-            lease: lease?,
-            keys: LeaseKeys {
-                id_key: id_key?,
-                done_key: done_key?,
-            },
-        })
     }
 
     /// `min_estimate`: 1 to 2^32 - 1 (0 would let a caller's estimate of 0 reserve nothing).

@@ -192,7 +192,7 @@ impl QuotaStream {
         self.limiter.telemetry().clock.now()
     }
 
-    fn metrics(&self) -> &crate::telemetry::metrics::QuotaMetrics {
+    fn metrics(&self) -> &crate::telemetry::quota_metrics::QuotaMetrics {
         &self.limiter.telemetry().metrics.quota
     }
 

@@ -151,21 +151,19 @@ impl Shard {
         now: u64,
     ) -> bool {
         let expires_at = algorithm::expires_at(&state, p);
-        let (held, was) = (
-            lease_entries(&state),
-            self.counters.get(fp).map_or(0, |c| lease_entries(&c.state)),
-        );
-        self.entries = self.entries.saturating_sub(was).saturating_add(held);
+        let held = lease_entries(&state);
         if let Some(c) = self.counters.get_mut(fp) {
+            let was = lease_entries(&c.state);
             c.state = state;
             c.expires_at = expires_at;
+            self.entries = self.entries.saturating_sub(was).saturating_add(held);
             return false;
         }
         let evicted = self.make_room(now);
         if self.counters.len() >= self.cap {
-            self.entries = self.entries.saturating_sub(held);
             return evicted; // cap 0: nothing is kept
         }
+        self.entries = self.entries.saturating_add(held);
         self.counters.insert(fp, Counter { state, expires_at });
         if self.expiry.len() == self.expiry.capacity() {
             // Grow exactly, never past the cap: one entry per counter.

@@ -206,181 +206,259 @@ async fn charge_or_undo(
     checks: Vec<LimitCheck>,
     groups: Vec<Vec<usize>>,
 ) -> Result<Decision, StoreError> {
-    let calls: Vec<Call> = groups
-        .iter()
-        .map(|g| {
-            let call = common.call_for(&checks, g, false);
-            if g.iter().any(|&i| waits_for_verdict(&checks[i])) || names_a_key_twice(&call) {
-                call.with_reply(Reply::Dry)
-            } else {
-                call
-            }
-        })
-        .collect();
-    let (script, time, timeout) = (&common.script, &common.time, common.timeout);
-    let now = time.arg();
-    let results = futures_util::future::join_all(
-        calls
-            .iter()
-            .map(|c| run(script, conn.clone(), &now, c, timeout)),
-    )
-    .await;
-    let (mut outcomes, mut leases) = (vec![DENIED; checks.len()], Vec::new());
-    let mut slots: Vec<Option<SlotReply>> = Vec::with_capacity(groups.len());
-    let mut first_error = None;
-    // One request's slots make one health signal (review A11): a partial outage does not flip
-    // the store's health, and log a line, once per slot answer.
-    let mut health = Health::default();
-    for ((g, call), r) in groups.iter().zip(&calls).zip(&results) {
-        health.add(r);
-        let decoded = r.as_ref().map_err(Clone::clone).and_then(|values| {
-            let into = codec::Fold {
-                outcomes: &mut outcomes,
-                leases: &mut leases,
-            };
-            codec::decode_slot(values, call.layout(), g, into)
-        });
-        match decoded {
-            Ok(slot) => slots.push(Some(slot)),
-            Err(e) => {
-                first_error.get_or_insert(e);
-                slots.push(None);
-            }
-        }
-    }
-    let verdict = |outcomes: &[Outcome], failed: bool| {
-        let mut admission = Admission::default();
-        for (c, o) in checks.iter().zip(outcomes) {
-            admission.add(c, o.allowed);
-        }
-        let allowed: Vec<bool> = outcomes.iter().map(|o| o.allowed).collect();
-        let admitted = !failed && admission.admitted();
-        let stopped = checks.iter().any(|c| c.stop_over)
-            && checks.iter().zip(&allowed).any(|(c, &ok)| c.record && !ok);
-        (admitted, stopped, charged(&checks, &allowed, admitted))
-    };
-    let (mut admitted, stopped, mut charge) = verdict(&outcomes, first_error.is_some());
-    let mut steps = groups.len();
-    let mut committed = vec![false; groups.len()];
+    let mut r = Spanning::first_pass(common, conn, checks, groups).await;
     #[cfg(any(test, feature = "test-util"))]
-    if let Some(hook) = &common.before_commit {
+    if let Some(hook) = &r.common.before_commit {
         hook();
     }
-    // Dry slots: committed with the verdict, when it charges anything there.
-    for (n, g) in groups.iter().enumerate() {
-        if calls[n].reply != Reply::Dry || slots[n].is_none() {
-            continue;
-        }
-        // (A reservation or settle of 0 hits still changes what is held; an `in_flight` take
-        // not charged is remembered as a denial of its id.)
-        let writes = |c: &LimitCheck| c.hits > 0 || c.lease.is_some();
-        if !g
+    r.commit_dry().await;
+    r.health.report(&r.common);
+    if !r.admitted {
+        r.steps += take_back_leases(
+            &r.common,
+            &r.conn,
+            &r.calls,
+            &r.groups,
+            &r.committed,
+            &mut r.leases,
+        )
+        .await;
+    }
+    let stays = r.undo_excess().await;
+    r.finish(stays)
+}
+
+/// The verdict on a request from its limits' outcomes (`failed`: a slot could not answer):
+/// whether it is admitted, whether a recording limit is over under `stop_over`, and what
+/// [`charged`] writes.
+fn verdict(checks: &[LimitCheck], outcomes: &[Outcome], failed: bool) -> (bool, bool, Vec<bool>) {
+    let mut admission = Admission::default();
+    for (c, o) in checks.iter().zip(outcomes) {
+        admission.add(c, o.allowed);
+    }
+    let allowed: Vec<bool> = outcomes.iter().map(|o| o.allowed).collect();
+    let admitted = !failed && admission.admitted();
+    let stopped = checks.iter().any(|c| c.stop_over)
+        && checks.iter().zip(&allowed).any(|(c, &ok)| c.record && !ok);
+    (admitted, stopped, charged(checks, &allowed, admitted))
+}
+
+/// A request spanning slots as its slots answer: the calls, what each slot said, the verdict so
+/// far and what it charges. Each step is one method, in the order [`charge_or_undo`] runs them.
+struct Spanning {
+    common: Arc<Common>,
+    conn: Conn,
+    checks: Vec<LimitCheck>,
+    groups: Vec<Vec<usize>>,
+    calls: Vec<Call>,
+    outcomes: Vec<Outcome>,
+    leases: Vec<crate::store::LeaseEffect>,
+    /// Each slot's decoded reply; `None`: it failed.
+    slots: Vec<Option<SlotReply>>,
+    /// Dry slots committed with the verdict.
+    committed: Vec<bool>,
+    first_error: Option<StoreError>,
+    /// One request's slots make one health signal (review A11): a partial outage does not flip
+    /// the store's health, and log a line, once per slot answer.
+    health: Health,
+    steps: usize,
+    admitted: bool,
+    stopped: bool,
+    charge: Vec<bool>,
+}
+
+impl Spanning {
+    /// Every slot's call, concurrently: charged by its own verdict, or dry.
+    async fn first_pass(
+        common: Arc<Common>,
+        conn: Conn,
+        checks: Vec<LimitCheck>,
+        groups: Vec<Vec<usize>>,
+    ) -> Self {
+        let calls: Vec<Call> = groups
             .iter()
-            .any(|&i| (charge[i] && writes(&checks[i])) || (!charge[i] && is_take(&checks[i])))
-        {
-            continue;
-        }
-        let commit = calls[n].with_reply(Reply::Verdict {
-            admitted,
-            over: stopped,
-        });
-        steps += 1;
-        let r = run(script, conn.clone(), &time.arg(), &commit, timeout).await;
-        health.add(&r);
-        let decoded = r.and_then(|v| {
-            let into = codec::Fold {
-                outcomes: &mut outcomes,
-                leases: &mut leases,
-            };
-            codec::decode_slot(&v, commit.layout(), g, into)
-        });
-        match decoded {
-            Ok(slot) => {
-                if admitted && !slot.admitted {
-                    // The slot changed since its dry decision (a concurrent request): it
-                    // denies now, so the request is denied and the others' charges undone.
-                    admitted = false;
-                    charge = verdict(&outcomes, true).2;
+            .map(|g| {
+                let call = common.call_for(&checks, g, false);
+                if g.iter().any(|&i| waits_for_verdict(&checks[i])) || names_a_key_twice(&call) {
+                    call.with_reply(Reply::Dry)
+                } else {
+                    call
                 }
-                slots[n] = Some(slot);
-                committed[n] = true;
+            })
+            .collect();
+        let now = common.time.arg();
+        let results = futures_util::future::join_all(
+            calls
+                .iter()
+                .map(|c| run(&common.script, conn.clone(), &now, c, common.timeout)),
+        )
+        .await;
+        let (mut outcomes, mut leases) = (vec![DENIED; checks.len()], Vec::new());
+        let mut slots: Vec<Option<SlotReply>> = Vec::with_capacity(groups.len());
+        let (mut first_error, mut health) = (None, Health::default());
+        for ((g, call), r) in groups.iter().zip(&calls).zip(&results) {
+            health.add(r);
+            let decoded = r.as_ref().map_err(Clone::clone).and_then(|values| {
+                let into = codec::Fold {
+                    outcomes: &mut outcomes,
+                    leases: &mut leases,
+                };
+                codec::decode_slot(values, call.layout(), g, into)
+            });
+            slots.push(decoded.map_err(|e| first_error.get_or_insert(e)).ok());
+        }
+        let (admitted, stopped, charge) = verdict(&checks, &outcomes, first_error.is_some());
+        Self {
+            steps: groups.len(),
+            committed: vec![false; groups.len()],
+            common,
+            conn,
+            checks,
+            groups,
+            calls,
+            outcomes,
+            leases,
+            slots,
+            first_error,
+            health,
+            admitted,
+            stopped,
+            charge,
+        }
+    }
+
+    /// Dry slots: committed with the verdict, when it charges anything there. A slot that denies
+    /// at its commit (a concurrent request changed it) or fails denies the request.
+    async fn commit_dry(&mut self) {
+        for n in 0..self.groups.len() {
+            if self.calls[n].reply != Reply::Dry || self.slots[n].is_none() {
+                continue;
             }
-            Err(e) => {
-                first_error.get_or_insert(e);
-                admitted = false;
-                charge = verdict(&outcomes, true).2;
-                slots[n] = None;
+            // (A reservation or settle of 0 hits still changes what is held; an `in_flight`
+            // take not charged is remembered as a denial of its id.)
+            let writes = |c: &LimitCheck| c.hits > 0 || c.lease.is_some();
+            let (checks, charge) = (&self.checks, &self.charge);
+            if !self.groups[n]
+                .iter()
+                .any(|&i| (charge[i] && writes(&checks[i])) || (!charge[i] && is_take(&checks[i])))
+            {
+                continue;
+            }
+            let commit = self.calls[n].with_reply(Reply::Verdict {
+                admitted: self.admitted,
+                over: self.stopped,
+            });
+            self.steps += 1;
+            let c = &self.common;
+            let r = run(
+                &c.script,
+                self.conn.clone(),
+                &c.time.arg(),
+                &commit,
+                c.timeout,
+            )
+            .await;
+            self.health.add(&r);
+            let decoded = r.and_then(|v| {
+                let into = codec::Fold {
+                    outcomes: &mut self.outcomes,
+                    leases: &mut self.leases,
+                };
+                codec::decode_slot(&v, commit.layout(), &self.groups[n], into)
+            });
+            match decoded {
+                Ok(slot) => {
+                    if self.admitted && !slot.admitted {
+                        self.admitted = false;
+                        self.charge = verdict(&self.checks, &self.outcomes, true).2;
+                    }
+                    self.slots[n] = Some(slot);
+                    self.committed[n] = true;
+                }
+                Err(e) => {
+                    self.first_error.get_or_insert(e);
+                    self.admitted = false;
+                    self.charge = verdict(&self.checks, &self.outcomes, true).2;
+                    self.slots[n] = None;
+                }
             }
         }
     }
-    health.report(&common);
-    if !admitted {
-        steps += take_back_leases(&common, &conn, &calls, &groups, &committed, &mut leases).await;
-    }
-    // Charged slots: undo what the request's rule does not charge.
-    let mut stays = vec![false; checks.len()];
-    for (n, g) in groups.iter().enumerate() {
-        let Some(slot) = &slots[n] else { continue };
-        if calls[n].reply == Reply::Dry && !committed[n] {
-            continue;
-        }
-        let undo: Vec<bool> = g.iter().map(|&i| !charge[i]).collect();
-        let call = codec::encode_undo(&calls[n], slot, &undo);
-        if call.keys.is_empty() {
-            for &i in g {
-                stays[i] = charge[i];
+
+    /// Charged slots: undoes what the request's rule does not charge. Returns, per check,
+    /// whether its charge stays in the store (what could not be undone stays too).
+    async fn undo_excess(&mut self) -> Vec<bool> {
+        let mut stays = vec![false; self.checks.len()];
+        let c = &self.common;
+        for (n, g) in self.groups.iter().enumerate() {
+            let Some(slot) = &self.slots[n] else { continue };
+            if self.calls[n].reply == Reply::Dry && !self.committed[n] {
+                continue;
             }
-            continue;
-        }
-        steps += 1;
-        let undone = run_undo(script, &conn, time, &call, timeout).await;
-        for (&i, &u) in g.iter().zip(&undo) {
-            // What could not be undone stays charged too.
-            stays[i] = charge[i] || (u && undone.is_err());
-        }
-        if let Err(e) = undone {
-            common.signals.undo_failures.add(1);
-            tracing::warn!(error = %e, keys = call.keys.len(), "could not undo the charge of a request denied in another slot");
-        }
-    }
-    if let Some(cause) = first_error {
-        // Review A3: the answered slots' charges that stay (a recorded hit) are in the store;
-        // whoever decides the request instead (FAILURE_MODE=local) must not charge them again.
-        let mut failed = vec![false; checks.len()];
-        for (g, slot) in groups.iter().zip(&slots) {
-            for &i in g.iter().filter(|_| slot.is_none()) {
-                failed[i] = true;
+            let undo: Vec<bool> = g.iter().map(|&i| !self.charge[i]).collect();
+            let call = codec::encode_undo(&self.calls[n], slot, &undo);
+            if call.keys.is_empty() {
+                for &i in g {
+                    stays[i] = self.charge[i];
+                }
+                continue;
+            }
+            self.steps += 1;
+            let undone = run_undo(&c.script, &self.conn, &c.time, &call, c.timeout).await;
+            for (&i, &u) in g.iter().zip(&undo) {
+                stays[i] = self.charge[i] || (u && undone.is_err());
+            }
+            if let Err(e) = undone {
+                c.signals.undo_failures.add(1);
+                tracing::warn!(error = %e, keys = call.keys.len(), "could not undo the charge of a request denied in another slot");
             }
         }
-        return Err(StoreError::Partial(Box::new(Partial {
-            cause: cause.partial().map_or(cause.clone(), |p| p.cause.clone()),
-            charged: stays,
-            failed,
-        })));
+        stays
     }
-    // As one atomic call reports (memory, the script): when every limit that changed its
-    // counter is charged, each limit reports what it saw; otherwise a limit not charged
-    // reports its counter as the request found it.
-    let exact = checks
-        .iter()
-        .zip(&outcomes)
-        .zip(&charge)
-        .all(|((c, o), &w)| w || (c.hits == 0 && c.lease.is_none()) || !(o.allowed || c.record));
-    for (g, slot) in groups.iter().zip(&slots).filter(|_| !exact) {
-        let Some(slot) = slot else { continue };
-        for (&i, &before) in g.iter().zip(&slot.before) {
-            if !charge[i] {
-                outcomes[i].remaining = before;
+
+    /// The decision, or the failure with what stays charged (review A3: whoever decides the
+    /// request instead, FAILURE_MODE=local, must not charge those again).
+    fn finish(mut self, stays: Vec<bool>) -> Result<Decision, StoreError> {
+        if let Some(cause) = self.first_error {
+            let mut failed = vec![false; self.checks.len()];
+            for (g, slot) in self.groups.iter().zip(&self.slots) {
+                for &i in g.iter().filter(|_| slot.is_none()) {
+                    failed[i] = true;
+                }
+            }
+            return Err(StoreError::Partial(Box::new(Partial {
+                cause: cause.partial().map_or(cause.clone(), |p| p.cause.clone()),
+                charged: stays,
+                failed,
+            })));
+        }
+        // As one atomic call reports (memory, the script): when every limit that changed its
+        // counter is charged, each limit reports what it saw; otherwise a limit not charged
+        // reports its counter as the request found it.
+        let exact = self
+            .checks
+            .iter()
+            .zip(&self.outcomes)
+            .zip(&self.charge)
+            .all(|((c, o), &w)| {
+                w || (c.hits == 0 && c.lease.is_none()) || !(o.allowed || c.record)
+            });
+        for (g, slot) in self.groups.iter().zip(&self.slots).filter(|_| !exact) {
+            let Some(slot) = slot else { continue };
+            for (&i, &before) in g.iter().zip(&slot.before) {
+                if !self.charge[i] {
+                    self.outcomes[i].remaining = before;
+                }
             }
         }
+        Ok(Decision {
+            admitted: self.admitted,
+            outcomes: self.outcomes,
+            local: false,
+            steps: self.steps,
+            leases: self.leases,
+        })
     }
-    Ok(Decision {
-        admitted,
-        outcomes,
-        local: false,
-        steps,
-        leases,
-    })
 }
 
 /// Review A10: a dry slot committed while the request was still admitted may have taken an
