@@ -106,7 +106,7 @@ descriptors:
 
 /// Seeds found before, replayed every run, then fresh ones (printed; `SLUICE_HOSTILE_SEED`
 /// replays one).
-const HOSTILE_SEEDS: [u64; 2] = [1, 99_537_365];
+const HOSTILE_SEEDS: [u64; 3] = [1, 99_537_365, 1_795_701_955_870_610_413];
 
 fn hostile_seeds() -> Vec<u64> {
     match std::env::var("SLUICE_HOSTILE_SEED") {
