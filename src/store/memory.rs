@@ -287,14 +287,7 @@ fn decide_in_place(
         }
         evicted += u64::from(shard.write(fps[i], state, p, now));
     }
-    let decision = Decision {
-        admitted,
-        outcomes,
-        local: false,
-        steps: 1,
-        leases,
-    };
-    (decision, evicted)
+    (decided(admitted, outcomes, leases), evicted)
 }
 
 /// A take not charged is remembered as a denial of its id, on what the request left written
@@ -434,14 +427,7 @@ fn decide_on_copies(
     for (i, check) in checks.iter().enumerate().filter(|&(i, _)| !charge[i]) {
         evicted += remember_take(&mut guards[slot[i]], fps[i], check, now);
     }
-    let decision = Decision {
-        admitted,
-        outcomes,
-        local: false,
-        steps: 1,
-        leases,
-    };
-    (decision, evicted)
+    (decided(admitted, outcomes, leases), evicted)
 }
 
 /// Each counter of a request decided on copies ends in the state its last written check left;
@@ -472,6 +458,17 @@ fn write_last(
         }
     }
     evicted
+}
+
+/// The store's answer: one atomic step.
+fn decided(admitted: bool, outcomes: Vec<Outcome>, leases: Vec<LeaseEffect>) -> Decision {
+    Decision {
+        admitted,
+        outcomes,
+        local: false,
+        steps: 1,
+        leases,
+    }
 }
 
 /// A poisoned shard only means another request panicked mid-decision; its counters are still
