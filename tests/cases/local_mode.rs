@@ -500,15 +500,17 @@ async fn outages_through_envoy_are_answered_in_time_within_the_bound_and_written
     // After recovery, the counters hold what was admitted (nothing lost, nothing doubled).
     let hot1 = Answers::admitted(&a1.hot, 0.0) as u64;
     let fresh1 = Answers::admitted(&a1.fresh, 0.0) as u64;
-    assert_eq!(
+    holds_admitted(
         redis_count(&lock(&frozen), "/api/hot"),
         hot1,
-        "frozen: hot counter"
+        &a1.hot,
+        "frozen: hot counter",
     );
-    assert_eq!(
+    holds_admitted(
         redis_count(&lock(&frozen), "/api/fresh"),
         fresh1,
-        "frozen: fresh counter"
+        &a1.fresh,
+        "frozen: fresh counter",
     );
 
     eprintln!(
@@ -524,10 +526,11 @@ async fn outages_through_envoy_are_answered_in_time_within_the_bound_and_written
     assert_answered_in_time("killed", &r2, &a2).await;
     let fresh2 = Answers::admitted(&a2.fresh, 0.0) as u64;
     assert!(fresh2 <= 110, "killed: the fresh key admitted {fresh2}");
-    assert_eq!(
+    holds_admitted(
         redis_count(&lock(&killed), "/api/fresh"),
         fresh2,
-        "killed: fresh counter"
+        &a2.fresh,
+        "killed: fresh counter",
     );
     let hot_after_kill = Answers::admitted(&a2.hot, OUTAGE.0 as f64 + 0.1) as u64;
     let hot2 = redis_count(&lock(&killed), "/api/hot");
@@ -557,30 +560,46 @@ async fn outages_through_envoy_are_answered_in_time_within_the_bound_and_written
     assert_within_bound("slow", &r3, &a3).await;
     let hot3 = Answers::admitted(&a3.hot, 0.0) as u64;
     let fresh3 = Answers::admitted(&a3.fresh, 0.0) as u64;
-    assert_eq!(
+    holds_admitted(
         redis_count(&lock(&slow), "/api/hot"),
         hot3,
-        "slow: hot counter"
+        &a3.hot,
+        "slow: hot counter",
     );
-    assert_eq!(
+    holds_admitted(
         redis_count(&lock(&slow), "/api/fresh"),
         fresh3,
-        "slow: fresh counter"
+        &a3.fresh,
+        "slow: fresh counter",
     );
 
     // 4. Flapping every second: never a doubled charge, never a lost write-back.
     assert_within_bound("flapping", &r4, &a4).await;
     let hot4 = Answers::admitted(&a4.hot, 0.0) as u64;
     let fresh4 = Answers::admitted(&a4.fresh, 0.0) as u64;
-    assert_eq!(
+    holds_admitted(
         redis_count(&lock(&flapping), "/api/hot"),
         hot4,
-        "flapping: hot counter"
+        &a4.hot,
+        "flapping: hot counter",
     );
-    assert_eq!(
+    holds_admitted(
         redis_count(&lock(&flapping), "/api/fresh"),
         fresh4,
-        "flapping: fresh counter"
+        &a4.fresh,
+        "flapping: fresh counter",
+    );
+}
+
+/// A counter holds what was admitted: nothing lost, nothing doubled. A request whose answer
+/// Envoy's own timer dropped (a 500 on two busy cores, though sluice answered within 20 ms: see
+/// [`assert_answered_in_time`]) may have been admitted and charged by sluice, so the counter may
+/// hold up to one more per such 500 on that key.
+fn holds_admitted(count: u64, admitted: u64, answers: &[Answer], name: &str) {
+    let dropped = answers.iter().filter(|(_, s, _)| *s == 500).count() as u64;
+    assert!(
+        (admitted..=admitted + dropped).contains(&count),
+        "{name}: {count}, admitted {admitted}, Envoy 500s {dropped}"
     );
 }
 
@@ -670,10 +689,11 @@ async fn failovers_through_envoy_keep_the_limits_and_the_written_back_usage() {
     // gone: a few at most).
     let c = lock(&cluster);
     let fresh = Answers::admitted(&ac.fresh, 0.0) as u64;
-    assert_eq!(
+    holds_admitted(
         cluster_count(&c, "acme", "/api/fresh"),
         fresh,
-        "cluster: fresh counter"
+        &ac.fresh,
+        "cluster: fresh counter",
     );
     let hot = Answers::admitted(&ac.hot, 0.0) as u64;
     let held = cluster_count(&c, "acme", "/api/hot");
@@ -717,10 +737,11 @@ async fn failovers_through_envoy_keep_the_limits_and_the_written_back_usage() {
     drop(c);
     let s = lock(&sentinel);
     let fresh = Answers::admitted(&asn.fresh, 0.0) as u64;
-    assert_eq!(
+    holds_admitted(
         redis_count(&s.replica, "/api/fresh"),
         fresh,
-        "sentinel: fresh counter"
+        &asn.fresh,
+        "sentinel: fresh counter",
     );
     let hot = Answers::admitted(&asn.hot, 0.0) as u64;
     let held = redis_count(&s.replica, "/api/hot");
