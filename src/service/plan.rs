@@ -356,18 +356,22 @@ impl Plan {
                 overridden: c.overridden,
                 domain_tag: charge.domain.domain_tag,
             };
+            let check = check_for(c, key, charge, lease, envoyproxy);
             if c.resource {
                 if let Some(&existing) = resource_checks
                     .iter()
-                    .find(|&&i| self.limits[i].check.key == key)
+                    .find(|&&i| shares(&self.limits[i].check, &check))
                 {
+                    // Charged once, at the most any descriptor below it asks: a caller's
+                    // first descriptor of 0 hits must not make the rest free.
+                    let shared = &mut self.limits[existing].check;
+                    shared.hits = shared.hits.max(check.hits);
                     indexes.push(existing);
                     continue;
                 }
                 resource_checks.push(self.limits.len());
             }
             indexes.push(self.limits.len());
-            let check = check_for(c, key, charge, lease, envoyproxy);
             self.limits.push(PlannedLimit {
                 check,
                 name: c.name.unwrap_or_default().to_string(),
@@ -384,6 +388,18 @@ impl Plan {
 
 /// The check one configured limit makes for one descriptor: an `in_flight` slot, a reservation
 /// or its settle, or a rate's charge, with the flags its domain and the options give it.
+/// Whether a resource limit's `check`, met again below another descriptor of the request, is
+/// the one `planned` already (charged once per request): the same counter, charged the same
+/// way, hits aside. A refund, or another lease call, is a check of its own.
+fn shares(planned: &LimitCheck, check: &LimitCheck) -> bool {
+    planned.key == check.key
+        && planned.refund == check.refund
+        && planned.lease == check.lease
+        && planned.record == check.record
+        && planned.quota == check.quota
+        && planned.shadow == check.shadow
+}
+
 fn check_for(
     c: &Candidate<'_>,
     key: CounterKey,

@@ -108,7 +108,7 @@ descriptors:
 /// replays one).
 const HOSTILE_SEEDS: [u64; 3] = [1, 99_537_365, 1_795_701_955_870_610_413];
 
-fn hostile_seeds() -> Vec<u64> {
+pub(super) fn hostile_seeds() -> Vec<u64> {
     match std::env::var("SLUICE_HOSTILE_SEED") {
         Ok(s) => vec![s.parse().expect("SLUICE_HOSTILE_SEED is a number")],
         Err(_) => {

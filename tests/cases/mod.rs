@@ -62,6 +62,7 @@ mod extensions;
 mod fuzz;
 mod grpcurl;
 mod hostile;
+mod hostile_rates;
 mod http;
 mod in_flight;
 mod lease_metrics;
