@@ -105,9 +105,10 @@ pub enum Lease {
 }
 
 /// Decides one request on `slots`; returns the outcome and the slots to store if the request
-/// is charged (the live ones, with this request's change). A take that is denied returns the
-/// slots with its denial remembered (what a shadow limit's charge writes; a request denied
-/// outright is not charged, and the store remembers its takes by [`remember_denial`]).
+/// is charged (the live ones, with this request's change). A take that is denied changes
+/// nothing here: the store remembers every take denied or not charged by [`remember_denial`]
+/// once the request's other checks are written (as the script does), so a free of the same id
+/// later in the same request decides on what the store held, on every store.
 pub fn in_flight(
     slots: Option<&Slots>,
     now: u64,
@@ -136,9 +137,6 @@ pub fn in_flight(
         }
         Lease::Check | Lease::Take(_) => {
             let first = live.held.iter().map(|&(_, e)| e).min();
-            if let Lease::Take(id) = lease {
-                remember(&mut live, now, p, id, true);
-            }
             Outcome {
                 allowed: false,
                 remaining: 0,
@@ -225,7 +223,11 @@ mod tests {
         assert!(!o.allowed, "a held id takes nothing without a free slot");
         assert_eq!(o.retry_after, Duration::from_micros(5_000_001 - 3));
         assert_eq!(s2.held, s.held, "a denial takes no slot");
-        assert_eq!(s2.pending_denials(3), 1, "...and is remembered");
+        assert_eq!(
+            s2.pending_denials(3),
+            0,
+            "...and is remembered by the store, not by the decision"
+        );
         assert!(!in_flight(Some(&s), 3, P, Lease::Check).0.allowed);
         // A free of an id without a slot is a no-op; of one with a slot frees one.
         let (o, s) = in_flight(Some(&s), 4, P, Lease::Free(9));
@@ -245,6 +247,7 @@ mod tests {
         let (_, s) = in_flight(Some(&s), 0, P, Lease::Take(1));
         let (o, s) = in_flight(Some(&s), 1, P, Lease::Take(1));
         assert!(!o.allowed);
+        let s = remember_denial(Some(&s), 1, P, 1, true); // the store remembers it
         let s = remember_denial(Some(&s), 1, P, 1, true); // a request denied by another limit
         assert_eq!(s.pending_denials(1), 2);
         // Their done calls (in any order with the others') free nothing.

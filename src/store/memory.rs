@@ -286,6 +286,10 @@ fn decide_in_place(
             leases[i] = LeaseEffect::between(old, &state, now, released(check));
         }
         evicted += u64::from(shard.write(fps[i], state, p, now));
+        if !outcomes[i].allowed {
+            // A take charged though denied (a shadow limit's) is remembered as well.
+            evicted += remember_take(shard, fps[i], check, now);
+        }
     }
     (decided(admitted, outcomes, leases), evicted)
 }
@@ -423,8 +427,12 @@ fn decide_on_copies(
         }
     }
     let mut evicted = write_last(&pending, checks, fps, slot, guards, &charge, now);
-    // Takes not charged are remembered as denials, on what the request left written.
-    for (i, check) in checks.iter().enumerate().filter(|&(i, _)| !charge[i]) {
+    // Takes denied or not charged are remembered as denials, on what the request left written.
+    for (i, check) in checks
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| !charge[i] || !outcomes[i].allowed)
+    {
         evicted += remember_take(&mut guards[slot[i]], fps[i], check, now);
     }
     (decided(admitted, outcomes, leases), evicted)

@@ -111,8 +111,12 @@ const GOLDEN_SEEDS: [u64; 3] = [1, 2, 3];
 /// so the bucket ended 2 s emptier than memory's; such a slot is now decided dry and
 /// committed with the verdict. 1795568438354380472 (again, once the lease metrics were
 /// compared): a free of a slot only an uncharged take of the same request held was reported
-/// as freeing it.
-const REGRESSION_SEEDS: [u64; 14] = [
+/// as freeing it. 1795721803375608294: a request taking an id's slot (denied: full) and then
+/// freeing the same id: the memory store's decision saw its own denial (remaining 0), the
+/// script's did not (1); and a Cluster slot written exactly kept the slot the others freed.
+/// A denial is now remembered by the store after the request's other checks, on every store.
+const REGRESSION_SEEDS: [u64; 15] = [
+    1_795_721_803_375_608_294,
     1_795_664_549_246_848_383,
     1_795_655_488_708_527_156,
     1_795_607_807_879_463_867,
@@ -288,6 +292,13 @@ async fn run(kind: &str, seed: u64, options: ServiceOptions, leases: bool) -> Ve
         let line = answer_line(&s.call(req).await);
         if std::env::var("SLUICE_DIFF_DEBUG").is_ok() {
             println!("{kind} {} {line}", lines.len());
+            let (_, metrics) = http(s.http_addr, "GET", "/metrics", "").await;
+            for l in metrics
+                .lines()
+                .filter(|l| l.starts_with("sluice_in_flight_slots{domain=\"aon"))
+            {
+                println!("{kind} {} {l}", lines.len());
+            }
         }
         lines.push(line);
     }
