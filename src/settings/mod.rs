@@ -391,6 +391,14 @@ pub struct ServeArgs {
         value_parser = parse_duration)]
     pub local_store_patience: std::time::Duration,
 
+    /// `FAILURE_MODE=local`: store calls awaited that way at most; past them a call that
+    /// misses its caller's deadline is dropped (a Cluster master that hangs cannot send the
+    /// healthy masters' requests local).
+    #[arg(long, env = "LOCAL_MAX_LATE_CALLS",
+        default_value_t = crate::store::fallback::DEFAULT_MAX_LATE_CALLS as u32,
+        value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub local_max_late_calls: u32,
+
     #[command(flatten)]
     pub observe: ObserveArgs,
 
@@ -451,6 +459,7 @@ impl ServeArgs {
                     replicas: self.local_replicas,
                     retry_every: self.redis.redis_breaker_open,
                     whole_store: redis.kind != crate::store::redis::RedisKind::Cluster,
+                    max_late_calls: self.local_max_late_calls as usize,
                 },
                 patience: self.local_store_patience,
             }),

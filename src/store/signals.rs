@@ -43,6 +43,9 @@ pub struct LocalTallies {
     pub write_back_failures: Tally,
     /// Local counters evicted to make room.
     pub evictions: Tally,
+    /// Store calls dropped at their caller's deadline because `max_late_calls` were already
+    /// awaited (their hits may be counted twice: over, never under).
+    pub late_calls_dropped: Tally,
     /// Counters held locally (local store, learned, owed), as of the last background tick.
     pub held: AtomicU64,
     /// Counters not learned or hits not owed because the local state was full.

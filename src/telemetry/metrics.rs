@@ -111,6 +111,7 @@ struct LocalMetrics {
     write_backs: IntCounterVec,
     counters: IntGauge,
     evictions: IntCounter,
+    late_calls_dropped: IntCounter,
     replicas: IntGauge,
     owed: IntGauge,
 }
@@ -156,6 +157,10 @@ impl LocalMetrics {
                 "sluice_local_evictions_total",
                 "Local counters evicted, or not kept, because LOCAL_MAX_COUNTERS was reached.",
             ))?,
+            late_calls_dropped: r.add(IntCounter::new(
+                "sluice_local_late_calls_dropped_total",
+                "Store calls dropped at their caller's deadline because LOCAL_MAX_LATE_CALLS                  calls were already awaited (a master that hangs); their hits may be counted                  twice.",
+            ))?,
             replicas: r.add(IntGauge::new(
                 "sluice_local_replicas",
                 "Replicas sharing the store at the last heartbeat (FAILURE_MODE=local splits each \
@@ -190,6 +195,7 @@ impl LocalMetrics {
             &self.write_backs.with_label_values(&["failed"]),
             t.write_back_failures.get(),
         );
+        catch_up(&self.late_calls_dropped, t.late_calls_dropped.get());
         let relaxed = std::sync::atomic::Ordering::Relaxed;
         self.replicas
             .set(i64::try_from(t.replicas.load(relaxed)).unwrap_or(i64::MAX));

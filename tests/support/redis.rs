@@ -252,10 +252,13 @@ impl RedisServer {
                 let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
                     return false;
                 };
-                // redis-server and valkey-server rewrite their title as "<binary> <bind>:<port>".
+                // redis-server and valkey-server rewrite their title as "<binary> <bind>:<port>"
+                // (a Cluster node's ends in " [cluster]").
                 let title = String::from_utf8_lossy(cmd.split(|&b| b == 0).next().unwrap_or(&[]))
                     .to_string();
-                title.contains("-server ") && title.ends_with(&format!(":{port}"))
+                title.contains("-server ")
+                    && (title.ends_with(&format!(":{port}"))
+                        || title.contains(&format!(":{port} ")))
             })
             .expect("the redis-server process of this port");
         let ok = std::process::Command::new("kill")

@@ -47,9 +47,8 @@ pub const DEFAULT_MAX_COUNTERS: usize = 100_000;
 pub const DEFAULT_MARGIN: Duration = Duration::from_millis(10);
 /// Default `LOCAL_STORE_PATIENCE`.
 pub const DEFAULT_PATIENCE: Duration = Duration::from_secs(60);
-/// Store calls still running after their caller was answered locally: past this many, requests
-/// are decided locally without asking the store (bounded memory while the store hangs).
-const MAX_OUTSTANDING: usize = 4096;
+/// Default [`LocalSettings::max_late_calls`].
+pub const DEFAULT_MAX_LATE_CALLS: usize = 4096;
 /// How often the replica beats, and its lease (three beats).
 const BEAT_EVERY: Duration = Duration::from_secs(1);
 /// How often a store that is down is probed.
@@ -74,6 +73,11 @@ pub struct LocalSettings {
     /// Standalone and Sentinel: one store, so a call that hangs means every call would; on
     /// Cluster a hang may be one slot's, and each request tries the store.
     pub whole_store: bool,
+    /// Store calls kept running after their caller was answered locally (to learn what they
+    /// charged). Past this many, a call that misses its caller's deadline is dropped instead
+    /// (bounded memory while a master hangs); requests still ask the store, so a Cluster's
+    /// healthy masters keep deciding theirs (review B1).
+    pub max_late_calls: usize,
 }
 
 impl Default for LocalSettings {
@@ -85,6 +89,7 @@ impl Default for LocalSettings {
             replicas: 1,
             retry_every: crate::store::breaker::DEFAULT_OPEN_FOR,
             whole_store: true,
+            max_late_calls: DEFAULT_MAX_LATE_CALLS,
         }
     }
 }
@@ -417,7 +422,7 @@ impl CounterStore for LocalFallback {
     ) -> BoxFuture<'_, Result<Decision, StoreError>> {
         Box::pin(async move {
             let s = &self.shared;
-            if s.skip_store(&checks) || s.outstanding.load(Ordering::Relaxed) >= MAX_OUTSTANDING {
+            if s.skip_store(&checks) {
                 return Ok(s.decide_locally(&checks, s.now_us()).await);
             }
             let started = Instant::now();
@@ -448,7 +453,14 @@ impl CounterStore for LocalFallback {
                         s.suspect_now(&checks);
                     }
                     let d = s.decide_locally(&checks, s.now_us()).await;
-                    s.outstanding.fetch_add(1, Ordering::Relaxed);
+                    if s.outstanding.fetch_add(1, Ordering::Relaxed) >= s.settings.max_late_calls {
+                        // Too many calls already wait on a store that does not answer: this
+                        // one is dropped (if the store ran it anyway, the write-back counts
+                        // its hits a second time: over-counted, never under).
+                        s.outstanding.fetch_sub(1, Ordering::Relaxed);
+                        s.tallies.late_calls_dropped.add(1);
+                        return Ok(d);
+                    }
                     let late = Arc::clone(s);
                     tokio::spawn(async move {
                         let r = match tokio::time::timeout_at(store_due, &mut call).await {
