@@ -231,24 +231,38 @@ fn intruder(port: u16, key: String) -> Arc<dyn Fn() + Send + Sync> {
     })
 }
 
-/// Review B1: a master that hangs (SIGSTOP, a partition) holds every call sent to it. Once
-/// `max_late_calls` of them are awaited (4 096 by default; 3 here), requests whose counters
-/// live on the healthy masters are still decided by Redis, exactly: the old code sent every
-/// request of the replica local from then on. Calls to the hung master past the cap are
-/// dropped at their deadline (counted in `sluice_local_late_calls_dropped_total`).
-///
-/// Blocked below sluice: with 4 or more calls awaiting the stopped master (with or without the
-/// cap: LOCAL_MAX_LATE_CALLS=10 and 4 calls fail the same way; 3 pass), the redis crate's
-/// Cluster connection (1.8.1, the latest) holds the healthy masters' requests too, for the
-/// whole budget, as redis-rs/redis-rs#2092 describes (a reconnect to a bad node holds a lock
-/// every call waits on). Ignored until sluice routes per node itself or the client is fixed:
-/// `cargo test --test it --features test-util -- --ignored a_hung_master` reproduces it.
+/// Review B1: a master that hangs (SIGSTOP, a partition) holds every call sent to it. Built as
+/// `FAILURE_MODE=local` builds it (REDIS_TIMEOUT 500 ms, LOCAL_STORE_PATIENCE 60 s, the
+/// Cluster's slots suspected one by one): once `max_late_calls` calls to the hung master are
+/// awaited (4 096 by default; 3 here), requests whose counters live on the healthy masters are
+/// still decided by Redis, exactly (the old code sent every request of the replica local from
+/// then on), and further calls to the hung master are dropped at their deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "blocked: redis-rs 1.8.1 Cluster client holds every call behind a hung node (#2092)"]
 async fn a_hung_master_never_sends_the_healthy_masters_requests_local() {
     let cluster = start_cluster().await;
     let clock = ManualClock::new(crate::support::T0);
-    let store = local_over_with(&cluster, &clock, 3);
+    let quick = Duration::from_millis(500);
+    let settings = RedisSettings {
+        timeout: quick,
+        ..redis_settings(cluster.seeds(), RedisKind::Cluster)
+    };
+    let redis = RedisStore::patient(&settings, Duration::from_secs(60))
+        .expect("redis store")
+        .with_test_clock(Arc::new(clock.clone()));
+    let signals = StoreSignals::new("test");
+    let store = LocalFallback::new(
+        Arc::new(redis),
+        None,
+        LocalSettings {
+            whole_store: false,
+            retry_every: Duration::ZERO,
+            budget: quick,
+            max_late_calls: 3,
+            ..LocalSettings::default()
+        },
+        Arc::new(clock.clone()),
+        &signals,
+    );
     let hung = cluster.master_of("{ca|user=a}");
     let on_hung: Vec<String> = (0..500)
         .map(|i| format!("t{i}"))
@@ -283,5 +297,10 @@ async fn a_hung_master_never_sends_the_healthy_masters_requests_local() {
         );
         assert_eq!(d.outcomes[0].remaining, 8 - n, "counted on Redis, once");
     }
+    assert_eq!(
+        signals.local.late_calls_dropped.get(),
+        3,
+        "3 awaited, the other 3 dropped"
+    );
     cluster.node(hung).signal("CONT");
 }

@@ -28,6 +28,7 @@ impl Cluster {
         settings: &RedisSettings,
         infos: Vec<redis::ConnectionInfo>,
         certs: Option<redis::TlsCertificates>,
+        connect: Duration,
     ) -> Result<Self, StoreError> {
         if infos.is_empty() {
             return Err(StoreError::Permanent("no Redis Cluster seed given".into()));
@@ -39,7 +40,7 @@ impl Cluster {
                 .danger_accept_invalid_hostnames(settings.tls.skip_hostname_verification);
         }
         let client = builder
-            .connection_timeout(settings.timeout)
+            .connection_timeout(connect)
             .response_timeout(settings.timeout)
             .retries(2)
             .build()

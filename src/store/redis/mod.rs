@@ -120,6 +120,16 @@ impl RedisStore {
     /// an unreachable Redis at start-up is a health state, not a crash loop. Fails only on
     /// settings that can never work (bad URL, bad prefix).
     pub fn new(settings: &RedisSettings) -> Result<Self, StoreError> {
+        Self::with_connect_timeout(settings, settings.timeout)
+    }
+
+    /// [`RedisStore::new`] whose Cluster client connects within `connect` whatever its calls'
+    /// timeout: the client reconnects to a node under a lock every call waits on
+    /// (redis-rs/redis-rs#2092), so a hung master must cost the others at most `connect`.
+    fn with_connect_timeout(
+        settings: &RedisSettings,
+        connect: Duration,
+    ) -> Result<Self, StoreError> {
         keys::validate_prefix(&settings.key_prefix).map_err(StoreError::Permanent)?;
         let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
             StoreError::Permanent(format!("the Redis store needs a Tokio runtime: {e}"))
@@ -143,7 +153,9 @@ impl RedisStore {
             RedisKind::Single | RedisKind::Sentinel => {
                 Backend::Standalone(Standalone::new(settings, infos, certs)?)
             }
-            RedisKind::Cluster => Backend::Cluster(Arc::new(Cluster::new(settings, infos, certs)?)),
+            RedisKind::Cluster => {
+                Backend::Cluster(Arc::new(Cluster::new(settings, infos, certs, connect)?))
+            }
         };
         Ok(Self {
             common: Arc::new(Common {
@@ -168,7 +180,7 @@ impl RedisStore {
     pub fn patient(settings: &RedisSettings, patience: Duration) -> Result<Self, StoreError> {
         let mut long = settings.clone();
         long.timeout = patience.max(settings.timeout);
-        let mut store = Self::new(&long)?;
+        let mut store = Self::with_connect_timeout(&long, settings.timeout)?;
         Arc::make_mut(&mut store.common).quick = settings.timeout;
         Ok(store)
     }
