@@ -48,6 +48,8 @@ use std::time::Instant;
 pub struct RateLimiter {
     rules: RwLock<Arc<RuleSet>>,
     store: Arc<dyn CounterStore>,
+    /// How a request is decided (the store, or `FAILURE_MODE=local`'s layer over it).
+    decider: Arc<dyn crate::store::Decider>,
     /// The quota service's demand boards (beside the counters).
     demand: Arc<dyn crate::store::demand::DemandBoard>,
     /// Readiness and the store's metrics (see [`StoreSignals`]).
@@ -94,6 +96,7 @@ impl RateLimiter {
         Self {
             rules: RwLock::new(Arc::new(rules)),
             store: store.store,
+            decider: store.decider,
             demand: store.demand,
             signals: store.signals,
             options,
@@ -284,7 +287,7 @@ impl RateLimiter {
             self.signals.backend,
             plan.limits.len(),
         );
-        let result = self.store.decide_by(plan.checks(), deadline).await;
+        let result = self.decider.decide_by(plan.checks(), deadline).await;
         self.telemetry
             .metrics
             .store_call(started.elapsed(), result.as_ref().err());

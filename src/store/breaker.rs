@@ -15,7 +15,7 @@
 //!
 //! Time comes from an injected [`Clock`], so tests drive the open timer with a `ManualClock`.
 
-use super::{BoxFuture, CounterStore, Decision, LimitCheck, StoreError, StoreSignals};
+use super::{BoxFuture, CounterStore, Decision, LimitCheck, StoreError, StoreSignals, WriteBack};
 use crate::clock::Clock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -396,6 +396,24 @@ impl<S: CounterStore + 'static> CounterStore for CircuitBreaker<S> {
         })
     }
 
+    fn probe(&self) -> BoxFuture<'_, bool> {
+        Box::pin(async move {
+            let ok = self.inner.probe().await;
+            if ok {
+                let mut s = self.lock();
+                // An answered PING closes an open breaker, but does not clear the failures
+                // counted while closed: a Redis that answers PING yet runs scripts slower than
+                // every caller's deadline must still open it.
+                if !matches!(s.state, State::Closed { .. }) {
+                    self.close(&mut s, "Redis answered the health probe");
+                }
+            }
+            ok
+        })
+    }
+}
+
+impl<S: WriteBack + 'static> WriteBack for CircuitBreaker<S> {
     fn write_back<'a>(
         &'a self,
         checks: &'a [LimitCheck],
@@ -421,22 +439,6 @@ impl<S: CounterStore + 'static> CounterStore for CircuitBreaker<S> {
             let transient = result.as_ref().is_err_and(StoreError::is_transient);
             self.record(generation, trial, transient);
             result
-        })
-    }
-
-    fn probe(&self) -> BoxFuture<'_, bool> {
-        Box::pin(async move {
-            let ok = self.inner.probe().await;
-            if ok {
-                let mut s = self.lock();
-                // An answered PING closes an open breaker, but does not clear the failures
-                // counted while closed: a Redis that answers PING yet runs scripts slower than
-                // every caller's deadline must still open it.
-                if !matches!(s.state, State::Closed { .. }) {
-                    self.close(&mut s, "Redis answered the health probe");
-                }
-            }
-            ok
         })
     }
 }

@@ -6,7 +6,7 @@ use super::breaker::{BreakerSettings, CircuitBreaker};
 use super::fallback::{LocalFallback, LocalSettings, Membership};
 use super::local_cache::LocalDenyCache;
 use super::redis::{RedisKind, RedisSettings, RedisStore};
-use super::{CounterStore, DenialFinality, StoreError, StoreSignals, StoreStack};
+use super::{CounterStore, DenialFinality, StoreError, StoreSignals, StoreStack, WriteBack};
 use crate::clock::Clock;
 use std::sync::Arc;
 
@@ -49,7 +49,7 @@ impl StoreChain {
         // Under FAILURE_MODE=local a Cluster has no breaker: one slot's master failing must not
         // send the other slots' counters local (each request meets its own slots' health, and
         // the local layer bounds its wait).
-        let store: Arc<dyn CounterStore> = match (&self.local, self.redis.kind) {
+        let store: Arc<dyn WriteBack> = match (&self.local, self.redis.kind) {
             (Some(_), RedisKind::Cluster) => Arc::new(redis),
             _ => Arc::new(
                 CircuitBreaker::new(redis, self.breaker, Arc::clone(&clock)).reporting_to(&signals),
@@ -72,20 +72,20 @@ impl StoreChain {
             ))
         };
         // The local layer on top: what it decides alone is never cached as a store denial.
-        let store: Arc<dyn CounterStore> = match &self.local {
-            Some(l) => Arc::new(LocalFallback::new(
-                store,
-                Some(members),
-                l.settings,
-                clock,
-                &signals,
-            )),
-            None => store,
+        let Some(l) = &self.local else {
+            return Ok(StoreStack::new(store, signals).with_board(board));
         };
-        Ok(StoreStack {
+        let layer = Arc::new(LocalFallback::new(
             store,
-            signals,
-            demand: board,
-        })
+            Some(members),
+            l.settings,
+            clock,
+            &signals,
+        ));
+        Ok(
+            StoreStack::new(Arc::clone(&layer) as Arc<dyn CounterStore>, signals)
+                .with_decider(layer)
+                .with_board(board),
+        )
     }
 }

@@ -4,7 +4,7 @@
 //! failures or probe answers the test sets. Tests of Redis behaviour use real Redis instead.
 
 use super::memory::MemoryStore;
-use super::{BoxFuture, CounterStore, Decision, LimitCheck, StoreError};
+use super::{BoxFuture, CounterStore, Decision, LimitCheck, StoreError, WriteBack};
 use crate::clock::Clock;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -105,5 +105,18 @@ impl CounterStore for FakeStore {
 
     fn probe(&self) -> BoxFuture<'_, bool> {
         Box::pin(async move { self.probe_ok.load(Ordering::SeqCst) })
+    }
+}
+
+/// Records as it decides: a store in this process has no lost replies (so no token to check).
+impl WriteBack for FakeStore {
+    fn write_back<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+        token: &'a str,
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = (token, ttl);
+        Box::pin(async move { self.decide(checks).await.map(|_| ()) })
     }
 }

@@ -30,6 +30,7 @@
 
 use super::{
     BoxFuture, CounterKey, CounterStore, Decision, DenialFinality, LimitCheck, Outcome, StoreError,
+    WriteBack,
 };
 use crate::clock::Clock;
 use std::cmp::Reverse;
@@ -397,7 +398,9 @@ impl<S: CounterStore> CounterStore for LocalDenyCache<S> {
     fn probe(&self) -> BoxFuture<'_, bool> {
         self.inner.probe()
     }
+}
 
+impl<S: WriteBack> WriteBack for LocalDenyCache<S> {
     fn write_back<'a>(
         &'a self,
         checks: &'a [LimitCheck],

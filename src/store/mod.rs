@@ -309,33 +309,6 @@ pub trait CounterStore: Send + Sync + std::fmt::Debug {
     /// Contacts the backend (one cheap round trip) and returns whether it answered; the result
     /// also goes to the stack's health signal. Called periodically by the health task.
     fn probe(&self) -> BoxFuture<'_, bool>;
-
-    /// [`CounterStore::decide`] for a caller that gives up at `deadline` (its gRPC deadline),
-    /// taking the checks (the plan's own copy: a call that outlives its caller keeps them).
-    /// Only a layer that answers in time itself (`FAILURE_MODE=local`) uses it; a store that
-    /// cannot do better decides as usual and the caller's deadline cuts the call.
-    fn decide_by(
-        &self,
-        checks: Vec<LimitCheck>,
-        deadline: Option<tokio::time::Instant>,
-    ) -> BoxFuture<'_, Result<Decision, StoreError>> {
-        let _ = deadline;
-        Box::pin(async move { self.decide(&checks).await })
-    }
-
-    /// Charges usage decided elsewhere (`FAILURE_MODE=local`'s write-back): every check
-    /// records its hits (or gives them back), whatever the verdict, and a call with a `token`
-    /// already applied within `ttl` changes nothing, so a retry after a lost reply never
-    /// charges twice. Stores in this process have no lost replies: they just record.
-    fn write_back<'a>(
-        &'a self,
-        checks: &'a [LimitCheck],
-        token: &'a str,
-        ttl: std::time::Duration,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let _ = (token, ttl);
-        Box::pin(async move { self.decide(checks).await.map(|_| ()) })
-    }
 }
 
 impl<S: CounterStore + ?Sized> CounterStore for Arc<S> {
@@ -349,15 +322,23 @@ impl<S: CounterStore + ?Sized> CounterStore for Arc<S> {
     fn probe(&self) -> BoxFuture<'_, bool> {
         (**self).probe()
     }
+}
 
-    fn decide_by(
-        &self,
-        checks: Vec<LimitCheck>,
-        deadline: Option<tokio::time::Instant>,
-    ) -> BoxFuture<'_, Result<Decision, StoreError>> {
-        (**self).decide_by(checks, deadline)
-    }
+/// What `FAILURE_MODE=local`'s layer ([`fallback::LocalFallback`]) requires of the store under
+/// it, and nobody else calls: charging usage decided elsewhere. Every check records its hits
+/// (or gives them back), whatever the verdict, and a call with a `token` already applied
+/// within `ttl` changes nothing, so a retry after a lost reply never charges twice. The layers
+/// between (breaker, deny cache) pass it through.
+pub trait WriteBack: CounterStore {
+    fn write_back<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+        token: &'a str,
+        ttl: std::time::Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+}
 
+impl<S: WriteBack + ?Sized> WriteBack for Arc<S> {
     fn write_back<'a>(
         &'a self,
         checks: &'a [LimitCheck],
@@ -368,10 +349,38 @@ impl<S: CounterStore + ?Sized> CounterStore for Arc<S> {
     }
 }
 
+/// How the service asks a stack for a request's decision: with the caller's deadline. Only
+/// `FAILURE_MODE=local`'s layer uses it (it answers in time itself, taking the checks so a call
+/// that outlives its caller keeps them); every other stack decides as its store does
+/// ([`Plain`]), and the caller's deadline cuts the call.
+pub trait Decider: Send + Sync + std::fmt::Debug {
+    fn decide_by(
+        &self,
+        checks: Vec<LimitCheck>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> BoxFuture<'_, Result<Decision, StoreError>>;
+}
+
+/// A stack without a layer that answers in time: its store decides.
+#[derive(Debug)]
+pub struct Plain(pub Arc<dyn CounterStore>);
+
+impl Decider for Plain {
+    fn decide_by(
+        &self,
+        checks: Vec<LimitCheck>,
+        _deadline: Option<tokio::time::Instant>,
+    ) -> BoxFuture<'_, Result<Decision, StoreError>> {
+        Box::pin(async move { self.0.decide(&checks).await })
+    }
+}
+
 /// A built store stack: the store to decide with and the signals its parts report to.
 #[derive(Debug, Clone)]
 pub struct StoreStack {
     pub store: Arc<dyn CounterStore>,
+    /// How the service decides a request: `store` itself ([`Plain`]), or the local layer.
+    pub decider: Arc<dyn Decider>,
     pub signals: StoreSignals,
     /// The quota service's demand boards, in the same place as the counters.
     pub demand: Arc<dyn demand::DemandBoard>,
@@ -382,10 +391,17 @@ impl StoreStack {
     /// this process (right for one replica; a Redis stack is built with its own).
     pub fn new(store: Arc<dyn CounterStore>, signals: StoreSignals) -> Self {
         Self {
+            decider: Arc::new(Plain(Arc::clone(&store))),
             store,
             signals,
             demand: Arc::new(demand::MemoryBoard::default()),
         }
+    }
+
+    /// The same stack deciding through `decider` (the local layer over `store`).
+    pub fn with_decider(mut self, decider: Arc<dyn Decider>) -> Self {
+        self.decider = decider;
+        self
     }
 
     /// The same stack with `board` for demand boards.
@@ -400,10 +416,6 @@ impl StoreStack {
         let board = demand::MemoryBoard::new(Arc::clone(&clock), demand::DEFAULT_MAX_POSTINGS);
         let store =
             memory::MemoryStore::with_max_counters(clock, max_counters).reporting_to(&signals);
-        Self {
-            store: Arc::new(store),
-            signals,
-            demand: Arc::new(board),
-        }
+        Self::new(Arc::new(store), signals).with_board(Arc::new(board))
     }
 }

@@ -146,14 +146,14 @@ async fn every_dashboard_and_alert_query_parses_and_names_live_series() {
         sluice::store::DenialFinality::Always,
     ));
     let signals = StoreSignals::new("test");
-    let local = LocalFallback::new(
+    let local = Arc::new(LocalFallback::new(
         cache,
         None,
         LocalSettings::default(),
         Arc::new(clock.clone()),
         &signals,
-    );
-    let stack = StoreStack::new(Arc::new(local), signals);
+    ));
+    let stack = StoreStack::new(local.clone(), signals).with_decider(local);
     let options = ServiceOptions {
         failure_mode: Some(sluice::service::FailureMode::Local),
         ..ServiceOptions::default()

@@ -479,12 +479,14 @@ async fn expiration_jitter_spreads_expiry_without_outliving_the_window_twice() {
 /// FAILURE_MODE=local's write-back: every check records its hits (a denied request's too), a
 /// token applies once (a retry after a lost reply never charges twice), and a new token
 /// charges again; a negative debt (recorded refund) gives hits back.
-async fn write_back_once(store: Arc<dyn CounterStore>, _clock: ManualClock) {
+async fn write_back_once(kind: &str) {
+    use sluice::store::WriteBack;
+    let (store, _clock, _backend) = super::store::make_redis_store(kind).await;
     let limit = sluice::config::Limit::fixed(10, sluice::config::Unit::Minute);
     let mut owed = sluice::store::LimitCheck::for_tests("wb", "k", limit, 4);
     owed.record = true;
     let ttl = Duration::from_secs(60);
-    let remaining = |store: Arc<dyn CounterStore>| async move {
+    let remaining = |store: Arc<sluice::store::redis::RedisStore>| async move {
         let probe = sluice::store::LimitCheck::for_tests("wb", "k", limit, 0);
         store.decide(&[probe]).await.expect("decides").outcomes[0].remaining
     };
@@ -520,4 +522,4 @@ async fn write_back_once(store: Arc<dyn CounterStore>, _clock: ManualClock) {
     assert_eq!(remaining(Arc::clone(&store)).await, 2);
 }
 
-test_with_redis_stores!(a_write_back_applies_once_per_token_on, write_back_once);
+test_with_redis_stores!(a_write_back_applies_once_per_token_on, kind => write_back_once);

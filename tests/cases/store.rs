@@ -25,35 +25,62 @@ pub enum Backend {
 /// run against real redis-server processes and receive the clock as the script's time override
 /// (tests only; production uses the Redis server clock).
 pub async fn make_store(kind: &str) -> (Arc<dyn CounterStore>, ManualClock, Backend) {
-    let clock = ManualClock::new(crate::support::T0);
-    match kind {
-        "memory" => (
+    if kind == "memory" {
+        let clock = ManualClock::new(crate::support::T0);
+        return (
             Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
             clock,
             Backend::Memory,
-        ),
+        );
+    }
+    let (store, clock, backend) = make_redis_store(kind).await;
+    (store, clock, backend)
+}
+
+/// [`make_store`]'s Redis kinds, as the Redis store itself (what only it does: write-backs).
+pub async fn make_redis_store(kind: &str) -> (Arc<RedisStore>, ManualClock, Backend) {
+    let clock = ManualClock::new(crate::support::T0);
+    let (urls, redis_kind, backend) = match kind {
         "redis" => {
             let server = start_redis(&[]).await;
-            let store = redis_store(vec![server.url()], RedisKind::Single, &clock);
-            (store, clock, Backend::Redis(server))
+            (
+                vec![server.url()],
+                RedisKind::Single,
+                Backend::Redis(server),
+            )
         }
         "cluster" => {
             let cluster = start_cluster().await;
-            let store = redis_store(cluster.seeds(), RedisKind::Cluster, &clock);
-            (store, clock, Backend::Cluster(cluster))
+            (
+                cluster.seeds(),
+                RedisKind::Cluster,
+                Backend::Cluster(cluster),
+            )
         }
         "valkey" => {
             let server = start_valkey().await;
-            let store = redis_store(vec![server.url()], RedisKind::Single, &clock);
-            (store, clock, Backend::Redis(server))
+            (
+                vec![server.url()],
+                RedisKind::Single,
+                Backend::Redis(server),
+            )
         }
         "valkey_cluster" => {
             let cluster = start_valkey_cluster().await;
-            let store = redis_store(cluster.seeds(), RedisKind::Cluster, &clock);
-            (store, clock, Backend::Cluster(cluster))
+            (
+                cluster.seeds(),
+                RedisKind::Cluster,
+                Backend::Cluster(cluster),
+            )
         }
         other => panic!("unknown store kind {other}"),
-    }
+    };
+    let store = Arc::new(
+        RedisStore::new(&redis_settings(urls, redis_kind))
+            .expect("redis store")
+            .with_test_clock(Arc::new(clock.clone())),
+    );
+    (store, clock, backend)
 }
 
 pub fn redis_settings(urls: Vec<String>, kind: RedisKind) -> RedisSettings {

@@ -23,7 +23,7 @@ fn rig() -> Rig {
     let store = Arc::new(FakeStore::gated(Arc::new(clock.clone())));
     let signals = StoreSignals::new("test");
     let layer = LocalFallback::new(
-        Arc::clone(&store) as Arc<dyn CounterStore>,
+        Arc::clone(&store) as Arc<dyn crate::store::WriteBack>,
         None,
         LocalSettings::default(),
         Arc::new(clock.clone()),

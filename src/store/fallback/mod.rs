@@ -21,7 +21,9 @@ pub use shares::{Learned, Roster, Shares};
 
 use super::memory::MemoryStore;
 use super::signals::LocalTallies;
-use super::{BoxFuture, CounterStore, Decision, LimitCheck, StoreError, StoreSignals};
+use super::{
+    BoxFuture, CounterStore, Decider, Decision, LimitCheck, StoreError, StoreSignals, WriteBack,
+};
 use crate::clock::Clock;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -102,7 +104,7 @@ pub struct LocalFallback {
 
 #[derive(Debug)]
 struct Shared {
-    inner: Arc<dyn CounterStore>,
+    inner: Arc<dyn WriteBack>,
     local: MemoryStore,
     shares: Shares,
     ledger: Ledger,
@@ -146,7 +148,7 @@ impl LocalFallback {
     /// (a background task, which ends when the layer is dropped). Must run inside a Tokio
     /// runtime.
     pub fn new(
-        inner: Arc<dyn CounterStore>,
+        inner: Arc<dyn WriteBack>,
         members: Option<Arc<dyn Membership>>,
         settings: LocalSettings,
         clock: Arc<dyn Clock>,
@@ -415,6 +417,12 @@ impl CounterStore for LocalFallback {
         self.decide_by(checks.to_vec(), None)
     }
 
+    fn probe(&self) -> BoxFuture<'_, bool> {
+        self.shared.inner.probe()
+    }
+}
+
+impl Decider for LocalFallback {
     fn decide_by(
         &self,
         checks: Vec<LimitCheck>,
@@ -489,10 +497,6 @@ impl CounterStore for LocalFallback {
                 }
             }
         })
-    }
-
-    fn probe(&self) -> BoxFuture<'_, bool> {
-        self.shared.inner.probe()
     }
 }
 

@@ -24,7 +24,7 @@ fn sim(n: u32, clock: &ManualClock) -> Sim {
         .map(|i| {
             let signals = StoreSignals::new("test");
             let r = LocalFallback::new(
-                Arc::clone(&store) as Arc<dyn CounterStore>,
+                Arc::clone(&store) as Arc<dyn crate::store::WriteBack>,
                 None,
                 LocalSettings {
                     max_counters: 1000,

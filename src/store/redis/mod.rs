@@ -283,7 +283,9 @@ impl CounterStore for RedisStore {
     fn probe(&self) -> BoxFuture<'_, bool> {
         Box::pin(self.ping())
     }
+}
 
+impl super::WriteBack for RedisStore {
     fn write_back<'a>(
         &'a self,
         checks: &'a [LimitCheck],
