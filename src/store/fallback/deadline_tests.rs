@@ -219,3 +219,60 @@ async fn the_cool_down_runs_on_the_monotonic_clock_not_the_wall_clock() {
         "the probe ran after retry_every of monotonic time, whatever the wall clock did"
     );
 }
+
+/// Counts heartbeats (a roster of one).
+#[derive(Debug, Default)]
+struct Beats(std::sync::atomic::AtomicUsize);
+
+impl Membership for Beats {
+    fn beat<'a>(
+        &'a self,
+        _id: &'a str,
+        _lease: Duration,
+    ) -> BoxFuture<'a, Result<Roster, StoreError>> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Box::pin(async {
+            Ok(Roster {
+                replicas: 1,
+                rank: Some(0),
+            })
+        })
+    }
+}
+
+/// Review B2: heartbeats run on their own. A Cluster's write-back pass held by masters that hang
+/// (each of 50 write-backs waits its whole 100 ms budget: a 5 s pass) must not delay them past the
+/// 3 s lease, or the other replicas drop this one from their roster and take larger shares.
+#[tokio::test(start_paused = true)]
+async fn heartbeats_never_wait_behind_the_write_back_pass() {
+    let clock = ManualClock::new(T0);
+    let store = Arc::new(FakeStore::gated(Arc::new(clock.clone())));
+    let beats = Arc::new(Beats::default());
+    let signals = StoreSignals::new("test");
+    let layer = LocalFallback::new(
+        Arc::clone(&store) as Arc<dyn crate::store::WriteBack>,
+        Some(Arc::clone(&beats) as Arc<dyn Membership>),
+        LocalSettings {
+            // Cluster: a write-back that fails suspects its slot, and the pass goes on.
+            whole_store: false,
+            ..LocalSettings::default()
+        },
+        Arc::new(clock.clone()),
+        &signals,
+    );
+    for i in 0..50 {
+        let c = LimitCheck::for_tests("d", &format!("k{i}"), Limit::fixed(100, Unit::Minute), 1);
+        let d = layer.decide_by(vec![c], None).await.expect("answered");
+        assert_eq!(d.steps, 0, "decided locally");
+    }
+    assert!(layer.owed() >= 50, "50 counters owed");
+    // The store holds every call.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = beats.0.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let beaten = beats.0.load(Ordering::Relaxed) - before;
+    assert!(
+        beaten >= 5,
+        "{beaten} heartbeats in 6 s while the write-backs hung (lease: 3 s)"
+    );
+}

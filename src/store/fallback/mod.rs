@@ -179,7 +179,10 @@ impl LocalFallback {
             alarms: alarm::Alarms::start(),
             id,
         });
-        tokio::spawn(background(Arc::downgrade(&shared), members));
+        if let Some(m) = members {
+            tokio::spawn(heartbeat(Arc::downgrade(&shared), m));
+        }
+        tokio::spawn(background(Arc::downgrade(&shared)));
         if settings.whole_store {
             tokio::spawn(watch_store(Arc::downgrade(&shared)));
         }
@@ -374,8 +377,10 @@ async fn watch_store(shared: Weak<Shared>) {
     }
 }
 
-/// Heartbeats, background write-backs and sweeps, every second, while the layer lives.
-async fn background(shared: Weak<Shared>, members: Option<Arc<dyn Membership>>) {
+/// Heartbeats, every second, while the layer lives: a task of their own, so a long write-back
+/// pass never delays one past the lease (review B2: the other replicas would drop this one
+/// from their roster and take larger shares, just when the store is flaky).
+async fn heartbeat(shared: Weak<Shared>, members: Arc<dyn Membership>) {
     let mut tick = tokio::time::interval(BEAT_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -383,15 +388,25 @@ async fn background(shared: Weak<Shared>, members: Option<Arc<dyn Membership>>) 
         let Some(s) = shared.upgrade() else {
             return;
         };
-        if let Some(m) = &members {
-            let beat = tokio::time::timeout(s.settings.budget, m.beat(&s.id, 3 * BEAT_EVERY));
-            if let Ok(Ok(roster)) = beat.await {
-                s.shares.set_roster(roster);
-                s.tallies
-                    .replicas
-                    .store(u64::from(roster.replicas), Ordering::Relaxed);
-            }
+        let beat = tokio::time::timeout(s.settings.budget, members.beat(&s.id, 3 * BEAT_EVERY));
+        if let Ok(Ok(roster)) = beat.await {
+            s.shares.set_roster(roster);
+            s.tallies
+                .replicas
+                .store(u64::from(roster.replicas), Ordering::Relaxed);
         }
+    }
+}
+
+/// Background write-backs and sweeps, every second, while the layer lives.
+async fn background(shared: Weak<Shared>) {
+    let mut tick = tokio::time::interval(BEAT_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(s) = shared.upgrade() else {
+            return;
+        };
         s.write_back_all().await;
         s.shares.sweep_one(s.now_us());
         let owed = s.ledger.len() + s.outstanding.load(Ordering::Relaxed);
