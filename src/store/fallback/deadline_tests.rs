@@ -19,13 +19,17 @@ struct Rig {
 }
 
 fn rig() -> Rig {
+    rig_with(LocalSettings::default())
+}
+
+fn rig_with(settings: LocalSettings) -> Rig {
     let clock = ManualClock::new(T0);
     let store = Arc::new(FakeStore::gated(Arc::new(clock.clone())));
     let signals = StoreSignals::new("test");
     let layer = LocalFallback::new(
         Arc::clone(&store) as Arc<dyn crate::store::WriteBack>,
         None,
-        LocalSettings::default(),
+        settings,
         Arc::new(clock.clone()),
         &signals,
     );
@@ -274,5 +278,50 @@ async fn heartbeats_never_wait_behind_the_write_back_pass() {
     assert!(
         beaten >= 5,
         "{beaten} heartbeats in 6 s while the write-backs hung (lease: 3 s)"
+    );
+}
+
+/// Review B3: a request that first settles its counters' debts (two write-backs, 95 ms of the
+/// 100 ms budget) and whose own call then answers 10 ms later (past its caller's time, well
+/// inside the store's budget) is decided locally, but the store is not marked down: only a
+/// call that ran the store's whole budget says the store hangs.
+#[tokio::test(start_paused = true)]
+async fn write_backs_before_a_call_never_count_against_the_stores_budget() {
+    let r = rig_with(LocalSettings {
+        retry_every: Duration::ZERO,
+        ..LocalSettings::default()
+    });
+    let k = |v: &str| LimitCheck::for_tests("d", v, Limit::fixed(100, Unit::Minute), 1);
+    // Debts on k1 and k2: decided locally while the store fails.
+    r.store
+        .fail_with(Some(StoreError::Transient("down".into())));
+    r.store.open(1); // the first call fails; the second request skips the store
+    for v in ["k1", "k2"] {
+        let d = r.layer.decide_by(vec![k(v)], None).await.expect("answered");
+        assert_eq!(d.steps, 0);
+    }
+    r.store.fail_with(None);
+    // A probe finds it back (it answers probes at once).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!r.down(), "the store is back");
+    assert_eq!(r.layer.owed(), 2, "k1 and k2 owed");
+    let calls = r.store.calls();
+    let store = Arc::clone(&r.store);
+    tokio::spawn(async move {
+        for (wait, n) in [(50, 1), (45, 2), (10, 3)] {
+            tokio::time::sleep(wait * MS).await;
+            store.wait_calls(calls + n).await;
+            store.open(1);
+        }
+    });
+    let d = r
+        .layer
+        .decide_by(vec![k("k1"), k("k2")], None)
+        .await
+        .expect("answered");
+    assert_eq!(d.steps, 0, "out of time: decided locally");
+    assert!(
+        !r.down(),
+        "the store answered every call within its own budget: it is not down"
     );
 }

@@ -459,6 +459,9 @@ impl Decider for LocalFallback {
             let owned = Arc::clone(&checks);
             let inner = Arc::clone(&s.inner);
             let mut call = Box::pin(async move { inner.decide(&owned).await });
+            // The store's budget runs from its call, not from the write-backs before it
+            // (review B3: those must not make a store that answered look hung).
+            let called = Instant::now();
             let ring = s.alarms.at(give_up).ring();
             let answer = tokio::select! {
                 biased;
@@ -470,7 +473,7 @@ impl Decider for LocalFallback {
                 Err(()) => {
                     // The caller's time is up, not necessarily the store's: the store is
                     // suspected only once the call has run for its whole budget.
-                    let store_due = started + s.settings.budget;
+                    let store_due = called + s.settings.budget;
                     let hung = Instant::now() >= store_due;
                     if hung {
                         s.suspect_now(&checks);
