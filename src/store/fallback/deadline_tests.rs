@@ -325,3 +325,46 @@ async fn write_backs_before_a_call_never_count_against_the_stores_budget() {
         "the store answered every call within its own budget: it is not down"
     );
 }
+
+/// Review B4: while one request writes a counter's debt back, another request on the same
+/// counter waits for that write-back (within its own time) instead of deciding locally and
+/// owing more, so a hot key's episode ends once the store is back.
+#[tokio::test(start_paused = true)]
+async fn a_request_waits_for_its_counters_write_back_instead_of_deciding_locally() {
+    let r = rig_with(LocalSettings {
+        retry_every: Duration::ZERO,
+        ..LocalSettings::default()
+    });
+    r.store
+        .fail_with(Some(StoreError::Transient("down".into())));
+    r.store.open(1);
+    let d = r
+        .layer
+        .decide_by(vec![check()], None)
+        .await
+        .expect("answered");
+    assert_eq!(d.steps, 0, "decided locally: 1 owed");
+    r.store.fail_with(None);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!r.down(), "the store is back");
+    let calls = r.store.calls();
+    // A settles the debt first (its write-back held 5 ms by the store), B arrives meanwhile.
+    let a = r.start(None);
+    r.store.wait_calls(calls + 1).await;
+    let b = r.start(None);
+    settle_tasks().await;
+    tokio::time::sleep(5 * MS).await;
+    r.store.open(3); // A's write-back, then A's and B's own calls
+    let (a, b) = (a.await.expect("task"), b.await.expect("task"));
+    let (a, b) = (a.expect("answered"), b.expect("answered"));
+    assert!(a.steps > 0, "A decided by the store: {a:?}");
+    assert!(
+        b.steps > 0,
+        "B waited for A's write-back and was decided by the store: {b:?}"
+    );
+    assert_eq!(r.layer.owed(), 0, "nothing owed: the episode can end");
+    assert_eq!(
+        b.outcomes[0].remaining.min(a.outcomes[0].remaining),
+        100 - 3
+    );
+}

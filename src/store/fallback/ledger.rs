@@ -38,7 +38,7 @@ pub struct Send {
 /// Why a counter cannot go to the store now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Busy {
-    /// Another request is writing this counter back: decide locally meanwhile.
+    /// Another request is writing this counter back: wait for it (`attempt_ended`).
     Sending,
 }
 
@@ -51,6 +51,9 @@ pub struct Ledger {
     next_token: std::sync::atomic::AtomicU64,
     /// Hits not recorded because the ledger was full.
     pub dropped: std::sync::atomic::AtomicU64,
+    /// Woken whenever an attempt ends (confirmed or failed): a request on a counter being
+    /// written back waits for it rather than deciding locally (review B4).
+    pub attempt_ended: tokio::sync::Notify,
 }
 
 impl Ledger {
@@ -61,6 +64,7 @@ impl Ledger {
             max,
             next_token: std::sync::atomic::AtomicU64::new(1),
             dropped: std::sync::atomic::AtomicU64::new(0),
+            attempt_ended: tokio::sync::Notify::new(),
         }
     }
 
@@ -168,6 +172,8 @@ impl Ledger {
             }
         }
         self.len.store(owed.len(), Ordering::Release);
+        drop(owed);
+        self.attempt_ended.notify_waiters();
     }
 
     /// `send` got no confirmation (an error, or no answer in time): it stays owed under its
@@ -181,6 +187,8 @@ impl Ledger {
                 }
             }
         }
+        drop(owed);
+        self.attempt_ended.notify_waiters();
     }
 
     /// Counters owing something (at most `max`): what the background write-back walks.

@@ -42,12 +42,25 @@ impl Shared {
             if checks[..i].iter().any(|p| p.key == c.key) {
                 continue;
             }
-            match self.ledger.take(&c.key, self.now_us()) {
-                Ok(None) => {}
-                Err(ledger::Busy::Sending) => return false,
-                Ok(Some(send)) => {
-                    if !self.send(send, give_up).await {
-                        return false;
+            loop {
+                // Registered before the look, so an attempt that ends in between still wakes it.
+                let ended = self.ledger.attempt_ended.notified();
+                tokio::pin!(ended);
+                ended.as_mut().enable();
+                match self.ledger.take(&c.key, self.now_us()) {
+                    Ok(None) => break,
+                    Ok(Some(send)) => {
+                        if !self.send(send, give_up).await {
+                            return false;
+                        }
+                        break;
+                    }
+                    // Another request is writing it back: wait for that, within our time
+                    // (review B4: deciding locally would only owe more on a hot key).
+                    Err(ledger::Busy::Sending) => {
+                        if tokio::time::timeout_at(give_up, ended).await.is_err() {
+                            return false;
+                        }
                     }
                 }
             }
