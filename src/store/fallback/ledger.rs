@@ -42,7 +42,8 @@ pub enum Busy {
     Sending,
 }
 
-/// The debts, bounded: a full ledger records no new counter (counted as dropped).
+/// The debts, bounded: a full ledger makes room by evicting a smaller debt (a sample of them), or
+/// records no new counter; what is lost is counted as dropped.
 #[derive(Debug)]
 pub struct Ledger {
     owed: Mutex<HashMap<CounterKey, Owed>>,
@@ -98,9 +99,13 @@ impl Ledger {
             return;
         }
         if owed.len() >= self.max {
+            // What is lost: the smaller debt evicted, or this one.
+            let lost = Self::evict_smaller(&mut owed, hits, now_us);
             self.dropped
-                .fetch_add(hits.unsigned_abs(), Ordering::Relaxed);
-            return;
+                .fetch_add(lost.unwrap_or(hits.unsigned_abs()), Ordering::Relaxed);
+            if lost.is_none() {
+                return;
+            }
         }
         owed.insert(
             key.clone(),
@@ -111,6 +116,27 @@ impl Ledger {
             },
         );
         self.len.store(owed.len(), Ordering::Release);
+    }
+
+    /// A full ledger makes room for a debt of `hits` (review B6: a client sending many distinct
+    /// values during an outage must not push real tenants' usage out): among a few entries (a
+    /// sample, O(1)), one whose window closed, else the smallest debt not being sent, if it is
+    /// smaller than `hits`; returns the hits it owed (0 for a closed window), `None` if none is.
+    fn evict_smaller(owed: &mut HashMap<CounterKey, Owed>, hits: i64, now_us: u64) -> Option<u64> {
+        const SAMPLE: usize = 8;
+        let victim = owed
+            .iter()
+            .take(SAMPLE)
+            .filter(|(_, o)| o.sending.is_none())
+            .min_by_key(|(_, o)| (o.until_us > now_us, o.amount.unsigned_abs()))
+            .filter(|(_, o)| o.until_us <= now_us || o.amount.unsigned_abs() < hits.unsigned_abs())
+            .map(|(k, _)| k.clone());
+        let o = owed.remove(&victim?)?;
+        Some(if o.until_us <= now_us {
+            0
+        } else {
+            o.amount.unsigned_abs()
+        })
     }
 
     /// Takes what `key` owes for sending, if anything: `Ok(None)` when nothing is owed (the
@@ -200,6 +226,27 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Review B6: a ledger filled with one-hit debts (a client sending distinct values) still
+    /// records a real tenant's larger debt, losing one of the small ones; a debt no larger than
+    /// any sampled is the one dropped.
+    #[test]
+    fn a_full_ledger_keeps_the_larger_debt() {
+        let l = Ledger::new(4);
+        for i in 0..4 {
+            l.add(&key(&format!("junk{i}")), 1, 100, 0);
+        }
+        l.add(&key("tenant"), 50, 100, 0);
+        assert_eq!(l.len(), 4);
+        assert_eq!(l.dropped.load(Ordering::Relaxed), 1, "one junk hit lost");
+        assert!(matches!(l.take(&key("tenant"), 1), Ok(Some(s)) if s.amount == 50));
+        l.add(&key("more-junk"), 1, 100, 0);
+        assert_eq!(
+            l.dropped.load(Ordering::Relaxed),
+            2,
+            "no smaller debt: this one"
+        );
+    }
     use crate::config::{Limit, Unit};
     use crate::store::LimitCheck;
 
@@ -283,8 +330,18 @@ mod tests {
         l.add(&key("b"), 1, 100, 0);
         l.add(&key("c"), 5, 100, 0);
         assert_eq!(l.len(), 2);
-        assert_eq!(l.dropped.load(Ordering::Relaxed), 5);
-        assert_eq!(l.take(&key("a"), 100), Ok(None));
+        assert_eq!(
+            l.dropped.load(Ordering::Relaxed),
+            1,
+            "a smaller debt made room"
+        );
+        l.add(&key("d"), 1, 100, 0);
+        assert_eq!(
+            l.dropped.load(Ordering::Relaxed),
+            2,
+            "bounded: no room for d"
+        );
+        assert_eq!(l.take(&key("c"), 100), Ok(None));
         assert_eq!(l.len(), 1);
     }
 }
