@@ -368,3 +368,33 @@ async fn a_request_waits_for_its_counters_write_back_instead_of_deciding_locally
         100 - 3
     );
 }
+
+/// Review B7: a call the store charged in one fixed window whose answer arrives in the next is
+/// taken off the debt of the window it was asked in, not off the next one (which would then be
+/// written back a refund and under-count by the late hit).
+#[tokio::test(start_paused = true)]
+async fn a_late_answer_is_taken_off_the_window_it_was_asked_in() {
+    let r = rig();
+    // One second before the minute's end.
+    let minute = 60_000_000u64;
+    let now = T0.as_micros() as u64;
+    r.clock.set(Duration::from_micros(
+        now - now % minute + minute - 1_000_000,
+    ));
+    let call = r.start(Some(15 * MS));
+    r.store.wait_calls(1).await;
+    let d = call.await.expect("task").expect("answered");
+    assert_eq!(d.steps, 0, "decided locally at its deadline: 1 owed");
+    // The store answers once the next window has begun (the fake charges it there).
+    r.clock.advance(Duration::from_secs(2));
+    r.store.open(1);
+    settle_tasks().await;
+    r.store.open(2); // the write-back pass, if any, and the check below
+    r.layer.write_back_now().await;
+    let peek = LimitCheck { hits: 0, ..check() };
+    let d = r.layer.decide_by(vec![peek], None).await.expect("answered");
+    assert_eq!(
+        d.outcomes[0].remaining, 99,
+        "the one admitted request counted once in the new window, not refunded there"
+    );
+}

@@ -462,6 +462,8 @@ impl Decider for LocalFallback {
             // The store's budget runs from its call, not from the write-backs before it
             // (review B3: those must not make a store that answered look hung).
             let called = Instant::now();
+            // The window a late answer is taken off: the one it was asked in (review B7).
+            let asked_us = s.now_us();
             let ring = s.alarms.at(give_up).ring();
             let answer = tokio::select! {
                 biased;
@@ -499,10 +501,10 @@ impl Decider for LocalFallback {
                             }
                         };
                         match r {
-                            Ok(d) => late.reconcile(&checks, &d),
+                            Ok(d) => late.reconcile(&checks, &d, asked_us),
                             Err(e) => {
                                 if let Some(p) = e.partial() {
-                                    late.reconcile_charged(&checks, &p.charged);
+                                    late.reconcile_charged(&checks, &p.charged, asked_us);
                                 }
                                 if e.is_transient() && !hung {
                                     late.suspect_now(&checks);

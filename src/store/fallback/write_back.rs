@@ -14,21 +14,25 @@ const WRITE_BACK_PER_TICK: usize = 1024;
 
 impl Shared {
     /// A store call that answered after its caller was answered locally: what it charged is
-    /// already in the store, so it is taken off the debt.
-    pub(super) fn reconcile(&self, checks: &[LimitCheck], d: &Decision) {
+    /// already in the store, so it is taken off the debt of the window it was asked in
+    /// (`asked_us`: a window that has closed since owes nothing any more, and the next one
+    /// must not be refunded hits it never had, review B7).
+    pub(super) fn reconcile(&self, checks: &[LimitCheck], d: &Decision, asked_us: u64) {
         let allowed: Vec<bool> = d.outcomes.iter().map(|o| o.allowed).collect();
-        self.reconcile_charged(checks, &charged(checks, &allowed, d.admitted));
+        self.reconcile_charged(checks, &charged(checks, &allowed, d.admitted), asked_us);
     }
 
     /// [`Shared::reconcile`] for the checks `was` marks as charged in the store.
-    pub(super) fn reconcile_charged(&self, checks: &[LimitCheck], was: &[bool]) {
+    pub(super) fn reconcile_charged(&self, checks: &[LimitCheck], was: &[bool], asked_us: u64) {
         let now_us = self.now_us();
         for (c, &was) in checks.iter().zip(was) {
             if was && super::local::owes(c) {
                 let hits = i64::try_from(c.hits).unwrap_or(i64::MAX);
                 let hits = if c.refund { hits } else { -hits };
-                self.ledger
-                    .add(&c.key, hits, Self::until_us(c, now_us), now_us);
+                let until = Self::until_us(c, asked_us);
+                if until > now_us {
+                    self.ledger.add(&c.key, hits, until, now_us);
+                }
             }
         }
         // Not learned from: it predates the local decisions made meanwhile, and a share of
