@@ -50,8 +50,11 @@ impl RedisBoard {
         }
     }
 
+    /// One call on the key of hash tag `tag` (its Cluster slot is what its answer says the
+    /// health of), within `REDIS_TIMEOUT`.
     pub(super) async fn call<T: redis::FromRedisValue + Send>(
         &self,
+        tag: &str,
         run: impl AsyncFnOnce(&mut Conn) -> redis::RedisResult<T>,
     ) -> Result<T, StoreError> {
         let call = async { self.connection().await?.query(run).await };
@@ -62,7 +65,7 @@ impl RedisBoard {
                 self.common.quick
             ))),
         };
-        self.common.record_health(&r);
+        self.common.record_health(Some(keys::tag_slot(tag)), &r);
         r
     }
 
@@ -79,7 +82,7 @@ impl RedisBoard {
             .map_or_else(|| "-".to_string(), |r| format!("{r:.3}"));
         let board = board_key(&self.common.prefix, key);
         let reply: Vec<String> = self
-            .call(async |c| {
+            .call(&keys::hash_tag(key), async |c| {
                 let mut inv = BOARD_SCRIPT.key(&board);
                 inv.arg(&*mine.stream)
                     .arg(&rate)
@@ -119,7 +122,7 @@ impl DemandBoard for RedisBoard {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let board = board_key(&self.common.prefix, key);
-            self.call(async |c| {
+            self.call(&keys::hash_tag(key), async |c| {
                 redis::cmd("HDEL")
                     .arg(&board)
                     .arg(stream)

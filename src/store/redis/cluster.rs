@@ -91,7 +91,7 @@ impl Cluster {
     ) -> Result<Decision, StoreError> {
         let groups = groups(checks);
         let conn = self.connection().await;
-        common.record_health(&conn);
+        common.record_health(None, &conn);
         let conn = conn?;
         if let [only] = groups.as_slice() {
             // One call decides everything: all or nothing inside the script, nothing to undo.
@@ -104,7 +104,7 @@ impl Cluster {
                 common.timeout,
             )
             .await;
-            common.record_health(&r);
+            common.record_health(group_slot(checks, only), &r);
             let (mut outcomes, mut leases) = (vec![DENIED; checks.len()], Vec::new());
             let into = codec::Fold {
                 outcomes: &mut outcomes,
@@ -141,7 +141,7 @@ pub(super) fn groups(checks: &[LimitCheck]) -> Vec<Vec<usize>> {
     }
     let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
     for (i, c) in checks.iter().enumerate() {
-        let slot = keys::tag_slot(&keys::hash_tag(&c.key));
+        let slot = slot_of(c);
         match groups.iter_mut().find(|(s, _)| *s == slot) {
             Some((_, g)) => g.push(i),
             None => groups.push((slot, vec![i])),
@@ -157,27 +157,14 @@ fn waits_for_verdict(c: &LimitCheck) -> bool {
     (c.refund && !c.record && c.hits > 0) || c.lease.as_ref().is_some_and(|l| !l.release)
 }
 
-/// One request's slot answers folded into one health signal: unreachable if any slot failed
-/// with a transient error, reachable if every slot that answered did; no signal without either.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Health(Option<bool>);
+/// The Cluster slot of `c`'s counter (of its hash tag).
+fn slot_of(c: &LimitCheck) -> u16 {
+    keys::tag_slot(&keys::hash_tag(&c.key))
+}
 
-impl Health {
-    fn add<T>(&mut self, r: &Result<T, StoreError>) {
-        match r {
-            Ok(_) => {
-                self.0.get_or_insert(true);
-            }
-            Err(e) if e.is_transient() => self.0 = Some(false),
-            Err(_) => {}
-        }
-    }
-
-    fn report(self, common: &Common) {
-        if let Some(ok) = self.0 {
-            common.set_healthy(ok);
-        }
-    }
+/// The slot a group of [`groups`] is called on (`None` for no check at all).
+fn group_slot(checks: &[LimitCheck], group: &[usize]) -> Option<u16> {
+    group.first().and_then(|&i| checks.get(i)).map(slot_of)
 }
 
 /// An `in_flight` take (a request-time call naming its id).
@@ -213,7 +200,6 @@ async fn charge_or_undo(
         hook();
     }
     r.commit_dry().await;
-    r.health.report(&r.common);
     if !r.admitted {
         r.steps += take_back_leases(
             &r.common,
@@ -259,9 +245,6 @@ struct Spanning {
     /// Dry slots committed with the verdict.
     committed: Vec<bool>,
     first_error: Option<StoreError>,
-    /// One request's slots make one health signal (review A11): a partial outage does not flip
-    /// the store's health, and log a line, once per slot answer.
-    health: Health,
     steps: usize,
     admitted: bool,
     stopped: bool,
@@ -296,9 +279,9 @@ impl Spanning {
         .await;
         let (mut outcomes, mut leases) = (vec![DENIED; checks.len()], Vec::new());
         let mut slots: Vec<Option<SlotReply>> = Vec::with_capacity(groups.len());
-        let (mut first_error, mut health) = (None, Health::default());
+        let mut first_error = None;
         for ((g, call), r) in groups.iter().zip(&calls).zip(&results) {
-            health.add(r);
+            common.record_health(group_slot(&checks, g), r);
             let decoded = r.as_ref().map_err(Clone::clone).and_then(|values| {
                 let into = codec::Fold {
                     outcomes: &mut outcomes,
@@ -321,7 +304,6 @@ impl Spanning {
             leases,
             slots,
             first_error,
-            health,
             admitted,
             stopped,
             charge,
@@ -359,7 +341,8 @@ impl Spanning {
                 c.timeout,
             )
             .await;
-            self.health.add(&r);
+            let slot = group_slot(&self.checks, &self.groups[n]);
+            self.common.record_health(slot, &r);
             let decoded = r.and_then(|v| {
                 let into = codec::Fold {
                     outcomes: &mut self.outcomes,
@@ -582,40 +565,4 @@ async fn run_undo(
         }
     }
     Err(last.unwrap_or_else(|| StoreError::Permanent("no undo attempt was made".into())))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Health;
-    use crate::store::StoreError;
-
-    #[test]
-    fn a_requests_slots_make_one_health_signal() {
-        let ok: Result<(), StoreError> = Ok(());
-        let down: Result<(), StoreError> = Err(StoreError::Transient("CLUSTERDOWN".into()));
-        let denied: Result<(), StoreError> = Err(StoreError::Permanent("NOSCRIPT".into()));
-        let fold = |rs: &[&Result<(), StoreError>]| {
-            let mut h = Health::default();
-            for r in rs {
-                h.add(r);
-            }
-            h
-        };
-        assert_eq!(
-            fold(&[&ok, &down, &ok]),
-            Health(Some(false)),
-            "one slot down"
-        );
-        assert_eq!(
-            fold(&[&down, &ok]),
-            Health(Some(false)),
-            "whatever the order"
-        );
-        assert_eq!(fold(&[&ok, &ok]), Health(Some(true)));
-        assert_eq!(
-            fold(&[&denied]),
-            Health(None),
-            "an error that proves Redis up says nothing"
-        );
-    }
 }

@@ -15,6 +15,9 @@ static MEMBERS_SCRIPT: LazyLock<Script> =
 /// Most replicas one hash keeps (a bound on the script's work, far above any deployment).
 pub const MAX_REPLICAS: u32 = 1024;
 
+/// The heartbeats' hash tag: one slot, whatever the counters' tags.
+const TAG: &str = "sluice-replicas";
+
 /// The heartbeats' hash in the Redis the counters live in (one Cluster slot).
 pub struct RedisMembers {
     pub(super) board: RedisBoard,
@@ -29,8 +32,7 @@ impl std::fmt::Debug for RedisMembers {
 impl RedisMembers {
     fn key(&self) -> String {
         let prefix = &self.board.common.prefix;
-        // Its own hash tag: one slot, whatever the counters' tags.
-        format!("{prefix}{{sluice-replicas}}")
+        format!("{prefix}{{{TAG}}}")
     }
 
     async fn beat_now(&self, id: &str, lease: Duration) -> Result<Roster, StoreError> {
@@ -38,7 +40,7 @@ impl RedisMembers {
         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1);
         let reply: Vec<i64> = self
             .board
-            .call(async |c| {
+            .call(TAG, async |c| {
                 let mut inv = MEMBERS_SCRIPT.key(&key);
                 inv.arg(id).arg(lease_ms).arg(MAX_REPLICAS);
                 inv.invoke_async(c).await

@@ -11,6 +11,7 @@ mod board;
 mod cluster;
 mod codec;
 mod conn;
+mod health;
 pub mod keys;
 mod lease_arg;
 mod members;
@@ -66,6 +67,8 @@ struct Common {
     time: ScriptTime,
     /// Health and the undo-failure total go here (see [`RedisStore::reporting_to`]).
     signals: StoreSignals,
+    /// What the calls' answers say of the store's health (per slot on a Cluster).
+    health: Arc<health::Health>,
     /// The runtime the store was built on. The batcher and Cluster's charge-or-undo tasks run
     /// there rather than on the caller's serving thread: that runtime outlives every serving
     /// thread, so a drain never cancels an undo, and the one batcher serves all threads.
@@ -82,12 +85,10 @@ impl Common {
         codec::encode(checks, idx, whole, |k| keys::counter_key(&self.prefix, k))
     }
 
-    fn record_health<T>(&self, r: &Result<T, StoreError>) {
-        match r {
-            Ok(_) => self.set_healthy(true),
-            Err(e) if e.is_transient() => self.set_healthy(false),
-            Err(_) => {}
-        }
+    /// Takes a call's answer into the store's health: `slot` is the Cluster slot it went to
+    /// (`None`: none in particular, such as a connection or a PING).
+    fn record_health<T>(&self, slot: Option<u16>, r: &Result<T, StoreError>) {
+        self.health.record(slot, r, |ok| self.set_healthy(ok));
     }
 
     fn set_healthy(&self, ok: bool) {
@@ -124,8 +125,9 @@ impl RedisStore {
     }
 
     /// [`RedisStore::new`] whose Cluster client connects within `connect` whatever its calls'
-    /// timeout: the client reconnects to a node under a lock every call waits on
-    /// (redis-rs/redis-rs#2092), so a hung master must cost the others at most `connect`.
+    /// timeout: the client's slot refresh repairs connections while it holds the lock every
+    /// call waits on (redis 1.8 `refresh_slots`), so a hung master must cost the others at
+    /// most `connect` there.
     fn with_connect_timeout(
         settings: &RedisSettings,
         connect: Duration,
@@ -165,6 +167,7 @@ impl RedisStore {
                 quick: settings.timeout,
                 time: ScriptTime::default(),
                 signals: StoreSignals::new(settings.kind.backend_name()),
+                health: Arc::new(health::Health::new(settings.kind == RedisKind::Cluster)),
                 runtime,
                 #[cfg(any(test, feature = "test-util"))]
                 before_commit: None,
@@ -248,12 +251,14 @@ impl RedisStore {
             conn.query(async |c| redis::cmd("PING").query_async::<()>(c).await)
                 .await
         };
-        let ok = matches!(
-            tokio::time::timeout(self.common.quick, call).await,
-            Ok(Ok(()))
-        );
-        self.common.set_healthy(ok);
-        ok
+        // Any failure of a PING, an error reply too, is the store's.
+        let r = match tokio::time::timeout(self.common.quick, call).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(StoreError::Transient(e.to_string())),
+            Err(_) => Err(StoreError::Transient("PING: no answer in time".into())),
+        };
+        self.common.record_health(None, &r);
+        r.is_ok()
     }
 }
 
@@ -315,7 +320,8 @@ impl super::WriteBack for RedisStore {
                 batch::invoke(&mut conn, &inv, self.common.timeout).await
             };
             let r = run.await;
-            self.common.record_health(&r);
+            let slot = keys::tag_slot(&keys::hash_tag(&first.key));
+            self.common.record_health(Some(slot), &r);
             // Either the limits' answers or {-1} (applied before): both mean it is recorded.
             let values = r?;
             if codec::already_applied(&values) {

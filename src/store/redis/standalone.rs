@@ -116,7 +116,7 @@ impl Standalone {
                 common.timeout
             ))),
         };
-        common.record_health(&r);
+        common.record_health(None, &r);
         let (mut outcomes, mut leases) = (vec![DENIED; checks.len()], Vec::new());
         let into = codec::Fold {
             outcomes: &mut outcomes,
