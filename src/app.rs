@@ -202,6 +202,7 @@ fn service_options(args: &ServeArgs) -> ServiceOptions {
         },
         ready_needs_config: args.source.ready_needs_config(),
         response_dynamic_metadata: args.response_dynamic_metadata,
+        allow_limit_override: args.allow_limit_override,
     }
 }
 

@@ -365,6 +365,9 @@ pub struct DomainRules {
     pub domain_tag: bool,
     /// `counting:`; `None` means the global `COUNTING` (what an xDS-pushed domain gets).
     pub counting: Option<Counting>,
+    /// `allow_limit_override:` (sluice extension): whether Envoy's per-descriptor `limit`
+    /// replaces the configured limit; `None` means the global `ALLOW_LIMIT_OVERRIDE`.
+    pub allow_limit_override: Option<bool>,
 }
 
 /// How a domain's limits are charged (the domain's `counting`, else the global `COUNTING`).

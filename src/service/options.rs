@@ -32,6 +32,9 @@ pub struct ServiceOptions {
     pub ready_needs_config: bool,
     /// `RESPONSE_DYNAMIC_METADATA`: fill the response's `dynamic_metadata` as envoyproxy does.
     pub response_dynamic_metadata: bool,
+    /// `ALLOW_LIMIT_OVERRIDE`: whether Envoy's per-descriptor `limit` replaces the configured
+    /// limit in a domain without its own `allow_limit_override:`.
+    pub allow_limit_override: bool,
 }
 
 /// Bounds on one request, checked before any rule or store work, so no request a client
@@ -78,6 +81,7 @@ impl Default for ServiceOptions {
             caps: RequestCaps::default(),
             ready_needs_config: false,
             response_dynamic_metadata: false,
+            allow_limit_override: true,
         }
     }
 }

@@ -4,7 +4,8 @@
 
 use super::{RequestError, ServiceOptions};
 use crate::config::{
-    Algorithm, Counting, DomainRules, Limit, Quota, Reservations, RuleSet, Unit, MAX_LEASE_ID_BYTES,
+    Algorithm, Counting, DomainRules, Limit, Quota, RateLimitRule, Reservations, RuleSet, Unit,
+    MAX_LEASE_ID_BYTES,
 };
 use crate::proto::envoy::r#type::v3::RateLimitUnit;
 use crate::proto::{rate_limit_descriptor, RateLimitDescriptor, RateLimitRequest};
@@ -74,7 +75,14 @@ struct Matching<'a> {
     metadata: Option<Arc<prost_types::Struct>>,
     /// The trailing entry naming the request on the node's `in_flight` limit.
     lease: Option<rules::LeaseEntry>,
+    /// The entries keying the resource limits above, where they differ from `entries` (an
+    /// override keys its own counter by the request's values; the resources above it keep
+    /// the config's counters, `share_threshold` patterns included).
+    resource_entries: Option<Vec<(String, String)>>,
 }
+
+/// A descriptor's `(key, value)` pairs as they key counters.
+type Entries = Vec<(String, String)>;
 
 /// A limit before `replaces` is applied.
 struct Candidate<'a> {
@@ -120,8 +128,12 @@ pub(super) fn plan(
 
     // Per descriptor: its counter entries and its candidate limits.
     let mut per_descriptor: Vec<Matching<'_>> = Vec::with_capacity(request.descriptors.len());
+    // Whether Envoy's per-descriptor `limit` is honoured: a trust in whoever builds it.
+    let overrides = domain
+        .allow_limit_override
+        .unwrap_or(options.allow_limit_override);
     for (i, d) in request.descriptors.iter().enumerate() {
-        let matching = match &d.limit {
+        let matching = match d.limit.as_ref().filter(|_| overrides) {
             Some(o) => override_matching(domain, i, d, o)?,
             None => config_matching(domain, d),
         };
@@ -198,21 +210,23 @@ fn override_matching<'a>(
         ))
     })?;
     let depth = entries.len();
-    // The override keeps the stat key of the config node it matches, if any, so its metrics
-    // stay as bounded as the config's.
-    let stat_key = rules::find_limit(
+    let matched = rules::find_limit(
         domain,
         d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
-    )
-    .map(|m| m.stat_key)
-    .unwrap_or_else(|| {
-        d.entries
-            .iter()
-            .map(|e| e.key.as_str())
-            .collect::<Vec<_>>()
-            .join(".")
-    });
-    let candidate = Candidate {
+    );
+    // The override keeps the stat key of the config node it matches, if any, so its metrics
+    // stay as bounded as the config's.
+    let stat_key = matched.as_ref().map_or_else(
+        || {
+            d.entries
+                .iter()
+                .map(|e| e.key.as_str())
+                .collect::<Vec<_>>()
+                .join(".")
+        },
+        |m| m.stat_key.clone(),
+    );
+    let own = Candidate {
         name: None,
         replaces: &[],
         quota: Quota::Limited(Limit::fixed(o.requests_per_unit, unit)),
@@ -224,13 +238,39 @@ fn override_matching<'a>(
         depth,
         resource: false,
     };
+    // It replaces the node's own limits, never the resource limits above the node: those are
+    // charged for every request below them, overridden or not.
+    let mut candidates = vec![own];
+    let mut resource_entries = None;
+    if let Some(m) = matched {
+        candidates.extend(m.ancestors.iter().map(|&(r, depth)| resource(r, depth)));
+        resource_entries = Some(m.counter_entries);
+    }
     Ok(Matching {
         entries,
-        candidates: vec![candidate],
+        candidates,
         stat_key,
         metadata: None,
         lease: None,
+        resource_entries,
     })
+}
+
+/// A resource limit (`applies_to_descendants`) above a descriptor's node, keyed by the first
+/// `depth` counter entries.
+fn resource(r: &RateLimitRule, depth: usize) -> Candidate<'_> {
+    Candidate {
+        name: r.name.as_deref(),
+        replaces: &r.replaces,
+        quota: r.quota,
+        shadow: r.shadow_mode,
+        quota_mode: r.quota_mode,
+        record_usage: r.record_usage,
+        reservations: r.reservations,
+        overridden: false,
+        depth,
+        resource: true,
+    }
 }
 
 /// The config's limits for a descriptor: its node's own, then the resource limits above it.
@@ -245,32 +285,23 @@ fn config_matching<'a>(domain: &'a DomainRules, d: &RateLimitDescriptor) -> Matc
             stat_key: String::new(),
             metadata: None,
             lease: None,
+            resource_entries: None,
         };
     };
     let depth = m.counter_entries.len();
-    let own = m.node.rate_limits.iter().map(|r| (r, depth, false));
-    let above = m.ancestors.iter().map(|&(r, d)| (r, d, true));
-    let candidates = own
-        .chain(above)
-        .map(|(r, depth, resource)| Candidate {
-            name: r.name.as_deref(),
-            replaces: &r.replaces,
-            quota: r.quota,
-            shadow: r.shadow_mode,
-            quota_mode: r.quota_mode,
-            record_usage: r.record_usage,
-            reservations: r.reservations,
-            overridden: false,
-            depth,
-            resource,
-        })
-        .collect();
+    let own = m.node.rate_limits.iter().map(|r| Candidate {
+        resource: false,
+        depth,
+        ..resource(r, depth)
+    });
+    let above = m.ancestors.iter().map(|&(r, depth)| resource(r, depth));
     Matching {
         entries: m.counter_entries,
-        candidates,
+        candidates: own.chain(above).collect(),
         stat_key: m.stat_key,
         metadata: m.node.metadata.clone(),
         lease: m.lease,
+        resource_entries: None,
     }
 }
 
@@ -289,6 +320,7 @@ impl Plan {
             stat_key,
             metadata,
             lease,
+            resource_entries,
         } = matching;
         let lease = lease.map(|l| LeaseCall {
             id: Arc::from(l.id),
@@ -296,7 +328,7 @@ impl Plan {
             reservations: None,
         });
         let resolution = self.add_limits(
-            entries,
+            (entries, resource_entries),
             &candidates,
             charge,
             lease.as_ref(),
@@ -311,9 +343,10 @@ impl Plan {
         });
     }
 
+    /// `entries`: the descriptor's counter entries, and the resource limits' where they differ.
     fn add_limits(
         &mut self,
-        entries: Vec<(String, String)>,
+        entries: (Entries, Option<Entries>),
         candidates: &[Candidate<'_>],
         charge: &Charge<'_>,
         lease: Option<&LeaseCall>,
@@ -330,7 +363,8 @@ impl Plan {
             charge.domain.counting.unwrap_or(charge.options.counting) == Counting::Envoyproxy;
         // The counters keyed by all of the descriptor's entries share one list (the entries
         // moved in, not copied); a resource limit above the last node takes a copy of a prefix.
-        let full: Arc<[(String, String)]> = Arc::from(entries);
+        let full: Arc<[(String, String)]> = Arc::from(entries.0);
+        let above: Option<Arc<[(String, String)]>> = entries.1.map(Arc::from);
         let mut indexes = Vec::new();
         for c in live {
             let Quota::Limited(limit) = c.quota else {
@@ -343,9 +377,13 @@ impl Plan {
             if lease.is_some_and(|l| l.release) && !in_flight && reserving.is_none() {
                 continue;
             }
+            let full = match &above {
+                Some(above) if c.resource => above,
+                _ => &full,
+            };
             let depth = c.depth.min(full.len());
             let key_entries = if depth == full.len() {
-                Arc::clone(&full)
+                Arc::clone(full)
             } else {
                 Arc::from(&full[..depth])
             };

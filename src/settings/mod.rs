@@ -271,6 +271,22 @@ pub struct ServeArgs {
     )]
     pub response_dynamic_metadata: bool,
 
+    /// Honour Envoy's per-descriptor `limit` (the `limit` of a rate-limit action, from dynamic
+    /// metadata): it replaces the node's configured limits, never the resource limits above
+    /// it. Whoever can build the override chooses that limit: turn it off unless only your
+    /// proxies reach sluice and only your control plane sets it. A domain's
+    /// `allow_limit_override:` wins over this.
+    #[arg(
+        long,
+        env = "ALLOW_LIMIT_OVERRIDE",
+        default_value = "true",
+        value_parser = parse_go_bool,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub allow_limit_override: bool,
+
     /// Most descriptors one request may carry; a request over it gets INVALID_ARGUMENT before
     /// any store work (Envoy sends one per matching rate-limit action: a handful).
     #[arg(long, env = "MAX_DESCRIPTORS_PER_REQUEST", default_value_t = RequestCaps::default().descriptors,

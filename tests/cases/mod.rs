@@ -69,6 +69,7 @@ mod in_flight;
 mod lease_metrics;
 mod local_mode;
 mod observability;
+mod overrides;
 mod process;
 pub mod quota;
 mod redis;

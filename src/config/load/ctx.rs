@@ -163,10 +163,15 @@ impl Ctx {
         let mut domain_seen = false;
         let mut domain_tag = false;
         let mut counting = None;
+        let mut allow_limit_override = None;
         for (key, _, value) in self.entries(entries, "", Scope::Root) {
             match key {
                 "hash_tag" => domain_tag = self.hash_tag(value),
                 "counting" => counting = self.counting(value),
+                "allow_limit_override" => {
+                    allow_limit_override =
+                        self.flag(value, "allow_limit_override", "allow_limit_override");
+                }
                 "domain" => {
                     domain_seen = true;
                     domain = self
@@ -211,6 +216,7 @@ impl Ctx {
                     root: level,
                     domain_tag,
                     counting,
+                    allow_limit_override,
                 },
                 line,
             )

@@ -318,7 +318,7 @@ fn build(
 
 /// `MERGE_DOMAIN_CONFIG`: adds `more`'s top-level descriptors to `into` (same domain). A top-level
 /// composite key (`key` or `key_value`) both define is an error naming `file`, as in
-/// envoyproxy/ratelimit; so is a different `hash_tag`.
+/// envoyproxy/ratelimit; so is a different `hash_tag`, `counting` or `allow_limit_override`.
 fn merge_domain(
     into: &mut DomainRules,
     more: DomainRules,
@@ -334,16 +334,17 @@ fn merge_domain(
             message,
         })
     };
-    if into.domain_tag != more.domain_tag {
+    let differs = [
+        ("hash_tag", into.domain_tag != more.domain_tag),
+        (
+            "allow_limit_override",
+            into.allow_limit_override != more.allow_limit_override,
+        ),
+        ("counting", into.counting != more.counting),
+    ];
+    if let Some((what, _)) = differs.iter().find(|(_, d)| *d) {
         err(format!(
-            "hash_tag differs from the other config of domain '{}' ({}): merged configs must agree",
-            into.domain, into.file
-        ));
-        return;
-    }
-    if into.counting != more.counting {
-        err(format!(
-            "counting differs from the other config of domain '{}' ({}): merged configs must agree",
+            "{what} differs from the other config of domain '{}' ({}): merged configs must agree",
             into.domain, into.file
         ));
         return;

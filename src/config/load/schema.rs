@@ -17,7 +17,13 @@ pub(super) enum Scope {
     Reservations,
 }
 
-const ROOT_KEYS: &[&str] = &["domain", "descriptors", "hash_tag", "counting"];
+const ROOT_KEYS: &[&str] = &[
+    "domain",
+    "descriptors",
+    "hash_tag",
+    "counting",
+    "allow_limit_override",
+];
 const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
     "value",

@@ -854,3 +854,21 @@ fn resource_limits_under_envoyproxy_counting_are_warned_about_and_rlconfig_shows
         .dump_with(Counting::Envoyproxy)
         .starts_with("d: counting=all_or_nothing\n"));
 }
+
+#[test]
+fn allow_limit_override_is_read_per_domain_and_a_bad_value_names_its_line() {
+    let rs = load("domain: d\nallow_limit_override: false\ndescriptors: []\n").expect("loads");
+    assert_eq!(domain(&rs, "d").allow_limit_override, Some(false));
+    let rs = load("domain: d\ndescriptors: []\n").expect("loads");
+    assert_eq!(
+        domain(&rs, "d").allow_limit_override,
+        None,
+        "absent: ALLOW_LIMIT_OVERRIDE decides"
+    );
+    one_error(
+        "domain: d\nallow_limit_override: sometimes\ndescriptors: []\n",
+        2,
+        "allow_limit_override",
+        "must be a boolean",
+    );
+}
