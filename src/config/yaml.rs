@@ -14,6 +14,11 @@ const MAX_DEPTH: usize = 200;
 /// Most nodes that aliases may add by expansion (the "billion laughs" guard).
 const MAX_ALIAS_EXPANSION: usize = 100_000;
 
+/// Most scalar text that aliases may add by expansion: a few copies of a long string are as
+/// much a bomb as many copies of a short one (a 600 KiB string aliased 99 000 times fits a
+/// 1 MiB ConfigMap and expands to 58 GB).
+const MAX_ALIAS_BYTES: usize = 8 << 20;
+
 const CORE_TAG_PREFIX: &str = "tag:yaml.org,2002:";
 
 /// One YAML node with the line it starts on.
@@ -24,6 +29,8 @@ pub(crate) struct Node {
     pub value: Value,
     /// Number of nodes in this subtree; charged against the alias budget when an alias copies it.
     weight: usize,
+    /// Bytes of scalar text in this subtree; charged likewise.
+    bytes: usize,
 }
 
 impl Node {
@@ -34,6 +41,7 @@ impl Node {
             line: 0,
             value,
             weight: 1,
+            bytes: 0,
         }
     }
 
@@ -250,6 +258,7 @@ struct Builder {
     docs: Vec<Node>,
     anchors: HashMap<usize, Node>,
     expanded: usize,
+    expanded_bytes: usize,
     error: Option<SyntaxError>,
 }
 
@@ -262,6 +271,7 @@ impl MarkedEventReceiver for Builder {
         let line = mark.line();
         match ev {
             Event::Scalar(text, style, anchor, tag) => {
+                let bytes = text.len();
                 let scalar = Scalar {
                     text,
                     plain: style == TScalarStyle::Plain,
@@ -273,6 +283,7 @@ impl MarkedEventReceiver for Builder {
                         line,
                         value,
                         weight: 1,
+                        bytes,
                     },
                     anchor,
                 );
@@ -310,11 +321,21 @@ impl Builder {
             );
         };
         self.expanded = self.expanded.saturating_add(node.weight);
+        self.expanded_bytes = self.expanded_bytes.saturating_add(node.bytes);
         if self.expanded > MAX_ALIAS_EXPANSION {
             return self.fail(
                 line,
                 format!(
                     "aliases expand to more than {MAX_ALIAS_EXPANSION} nodes; refusing to load"
+                ),
+            );
+        }
+        if self.expanded_bytes > MAX_ALIAS_BYTES {
+            return self.fail(
+                line,
+                format!(
+                    "aliases expand to more than {} MiB of text; refusing to load",
+                    MAX_ALIAS_BYTES >> 20
                 ),
             );
         }
@@ -340,14 +361,16 @@ impl Builder {
         let Some(frame) = self.stack.pop() else {
             return;
         };
-        let (line, anchor, value, weight) = match frame {
+        let (line, anchor, value, (weight, bytes)) = match frame {
             Frame::Seq {
                 line,
                 anchor,
                 items,
             } => {
-                let weight = 1 + items.iter().map(|n| n.weight).sum::<usize>();
-                (line, anchor, Value::Seq(items), weight)
+                let w = items.iter().fold((1, 0usize), |(n, b), i| {
+                    (n + i.weight, b.saturating_add(i.bytes))
+                });
+                (line, anchor, Value::Seq(items), w)
             }
             Frame::Map {
                 line,
@@ -356,11 +379,10 @@ impl Builder {
                 ..
             } => match resolve_merges(entries) {
                 Ok(entries) => {
-                    let weight = 1 + entries
-                        .iter()
-                        .map(|(k, v)| k.weight + v.weight)
-                        .sum::<usize>();
-                    (line, anchor, Value::Map(entries), weight)
+                    let w = entries.iter().fold((1, 0usize), |(n, b), (k, v)| {
+                        (n + k.weight + v.weight, b.saturating_add(k.bytes + v.bytes))
+                    });
+                    (line, anchor, Value::Map(entries), w)
                 }
                 Err(e) => return self.error = Some(e),
             },
@@ -370,6 +392,7 @@ impl Builder {
                 line,
                 value,
                 weight,
+                bytes,
             },
             anchor,
         );
@@ -583,6 +606,20 @@ mod tests {
         }
         let err = parse(&text).unwrap_err();
         assert!(err.message.contains("aliases expand"), "{err:?}");
+    }
+
+    #[test]
+    fn alias_bomb_of_long_strings_is_refused_by_its_bytes() {
+        // Review A15: few nodes, much text. 600 KiB aliased 100 times would be 60 MB.
+        let long = "x".repeat(600 << 10);
+        let aliases = vec!["*s"; 100].join(", ");
+        let err = parse(&format!("s: &s \"{long}\"\nt: [{aliases}]\n")).unwrap_err();
+        assert!(err.message.contains("MiB of text"), "{err:?}");
+        assert_eq!(err.line, 2, "the line of the alias past the budget");
+        // Aliases as configs use them: a short string copied many times is fine.
+        let short = "y".repeat(1 << 10);
+        let aliases = vec!["*s"; 1000].join(", ");
+        assert!(parse(&format!("s: &s \"{short}\"\nt: [{aliases}]\n")).is_ok());
     }
 
     #[test]

@@ -54,11 +54,19 @@ pub struct Stat {
 }
 
 /// envoyproxy's `SanitizeStatName`: `:` and `|` would break a statsd line; the dots of an IPv4
-/// address would split it into name components.
+/// address would split it into name components. Control characters too (review A9): a stat
+/// name can hold a client's value, and a `\n` in it would end the line and forge another
+/// stat's.
 pub fn sanitize(s: &str) -> String {
     let replaced: String = s
         .chars()
-        .map(|c| if c == ':' || c == '|' { '_' } else { c })
+        .map(|c| {
+            if c == ':' || c == '|' || c.is_control() {
+                '_'
+            } else {
+                c
+            }
+        })
         .collect();
     let bytes = replaced.as_bytes();
     let mut out = String::with_capacity(replaced.len());
@@ -411,6 +419,11 @@ mod tests {
             "edge.remote_address_10_0_0_1"
         );
         assert_eq!(sanitize("d.key_a:b|c"), "d.key_a_b_c");
+        assert_eq!(
+            sanitize("d.x\nratelimit.victim.over_limit\r\t\u{0}"),
+            "d.x_ratelimit.victim.over_limit___",
+            "no line of its own"
+        );
         assert_eq!(sanitize("d.v_1.2.3"), "d.v_1.2.3", "not a dotted quad");
         assert_eq!(
             sanitize("d.k_1234.1.1.1"),
