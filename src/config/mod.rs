@@ -12,8 +12,8 @@ mod yaml;
 mod tests;
 
 pub use load::{
-    fingerprint, load_path, load_sources, ConfigError, ConfigErrors, LoadOptions, MAX_IN_FLIGHT,
-    MAX_LEASE_ID_BYTES,
+    fingerprint, load_path, load_sources, ConfigError, ConfigErrors, LoadOptions, MAX_DOMAIN_BYTES,
+    MAX_IN_FLIGHT, MAX_LEASE_ID_BYTES,
 };
 pub use xds::load_xds;
 

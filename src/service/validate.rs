@@ -10,6 +10,13 @@ pub(super) fn validate(request: &RateLimitRequest, caps: &RequestCaps) -> Result
     let over = |what: String, n: usize, cap: u32, setting: &str| {
         RequestError::Invalid(format!("{what} is {n}, over the cap of {cap} ({setting})"))
     };
+    if request.domain.len() > crate::config::MAX_DOMAIN_BYTES {
+        return Err(RequestError::Invalid(format!(
+            "the domain is {} bytes; no config names a domain longer than {}",
+            request.domain.len(),
+            crate::config::MAX_DOMAIN_BYTES
+        )));
+    }
     if request.descriptors.len() > caps.descriptors as usize {
         return Err(over(
             "the number of descriptors".into(),

@@ -41,7 +41,12 @@ impl RequestSpan {
                     KeyValue::new("url.path", "/json"),
                 ],
             };
-            attributes.push(KeyValue::new("ratelimit.domain", domain.to_string()));
+            // The span starts before the request is validated: a client's domain is cut here.
+            let mut end = domain.len().min(crate::config::MAX_DOMAIN_BYTES);
+            while !domain.is_char_boundary(end) {
+                end -= 1;
+            }
+            attributes.push(KeyValue::new("ratelimit.domain", domain[..end].to_string()));
             attributes.push(KeyValue::new("ratelimit.descriptors", count(descriptors)));
             let span = tracer
                 .span_builder("ShouldRateLimit")

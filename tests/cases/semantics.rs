@@ -478,6 +478,10 @@ async fn invalid_requests_get_invalid_argument() {
     let cases = vec![
         ("empty domain", request("", vec![desc(&[("a", "x")])])),
         ("no descriptors", request("d", vec![])),
+        (
+            "a domain over 1 KiB",
+            request(&"d".repeat(1025), vec![desc(&[("a", "x")])]),
+        ),
         ("descriptor without entries", request("d", vec![desc(&[])])),
         (
             "empty key",

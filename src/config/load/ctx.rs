@@ -182,23 +182,7 @@ impl Ctx {
                 _ => {}
             }
         }
-        let domain = match domain {
-            Some((d, line)) if !d.is_empty() => Some((d, line)),
-            Some((_, line)) => {
-                self.err(line, "domain", "config file cannot have empty domain");
-                None
-            }
-            None => {
-                if !domain_seen {
-                    self.err(
-                        root.line,
-                        "domain",
-                        "config file cannot have empty domain (`domain` is missing)",
-                    );
-                }
-                None
-            }
-        };
+        let domain = self.domain_name(domain, domain_seen, root.line);
         let prefix = domain
             .as_ref()
             .map(|(d, _)| format!("{d}."))
@@ -221,6 +205,44 @@ impl Ctx {
                 line,
             )
         })
+    }
+
+    /// The `domain` read at `root_line` (`seen`: the key was there), if it is usable.
+    fn domain_name(
+        &mut self,
+        domain: Option<(String, usize)>,
+        seen: bool,
+        root_line: usize,
+    ) -> Option<(String, usize)> {
+        match domain {
+            Some((d, line)) if d.len() > super::MAX_DOMAIN_BYTES => {
+                self.err(
+                    line,
+                    "domain",
+                    format!(
+                        "the domain is {} bytes; at most {} are accepted",
+                        d.len(),
+                        super::MAX_DOMAIN_BYTES
+                    ),
+                );
+                None
+            }
+            Some((d, line)) if !d.is_empty() => Some((d, line)),
+            Some((_, line)) => {
+                self.err(line, "domain", "config file cannot have empty domain");
+                None
+            }
+            None => {
+                if !seen {
+                    self.err(
+                        root_line,
+                        "domain",
+                        "config file cannot have empty domain (`domain` is missing)",
+                    );
+                }
+                None
+            }
+        }
     }
 
     /// `counting`: `envoyproxy` or `all_or_nothing`; absent, the global `COUNTING` applies.

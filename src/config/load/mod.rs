@@ -23,6 +23,10 @@ use errors::file_error;
 pub use errors::{ConfigError, ConfigErrors};
 pub use lease::{MAX_IN_FLIGHT, MAX_LEASE_ID_BYTES};
 
+/// Longest domain a config may name, and so a request may (review A10: a request's domain
+/// reaches trace spans before anything else reads it).
+pub const MAX_DOMAIN_BYTES: usize = 1024;
+
 use super::yaml::{self, Node};
 use super::{DomainRules, Level, RuleSet};
 use std::collections::HashMap;

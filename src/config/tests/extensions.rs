@@ -872,3 +872,16 @@ fn allow_limit_override_is_read_per_domain_and_a_bad_value_names_its_line() {
         "must be a boolean",
     );
 }
+
+#[test]
+fn a_domain_over_1_kib_is_refused_with_its_line() {
+    let long = "d".repeat(crate::config::MAX_DOMAIN_BYTES + 1);
+    one_error(
+        &format!("domain: {long}\ndescriptors: []\n"),
+        1,
+        "domain",
+        "at most 1024 are accepted",
+    );
+    let longest = "d".repeat(crate::config::MAX_DOMAIN_BYTES);
+    load(&format!("domain: {longest}\ndescriptors: []\n")).expect("1 KiB is fine");
+}
