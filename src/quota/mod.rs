@@ -35,7 +35,8 @@ use tonic::{Request, Response, Status, Streaming};
 /// Bounds of the quota service (`RLQS_MAX_*`), so no client can grow its memory without limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuotaSettings {
-    /// Buckets one stream may hold; a new bucket past it gets ALLOW_ALL and is not tracked.
+    /// Buckets one stream may hold; a new limited bucket past it is denied until its next
+    /// report and is not tracked (a bucket no limit names is never tracked).
     pub max_buckets_per_stream: usize,
     /// Buckets all streams together may hold; past it the same.
     pub max_buckets: usize,

@@ -185,7 +185,7 @@ async fn a_spent_budget_is_deny_all_until_the_window_ends_and_the_next_window_st
 }
 
 #[tokio::test]
-async fn bad_bucket_reports_are_ignored_and_counted_and_the_bucket_cap_answers_allow_all() {
+async fn bad_bucket_reports_are_ignored_and_counted_and_the_bucket_cap_never_answers_allow_all() {
     let clock = ManualClock::new(support::T0);
     let config = ServerConfig {
         quota: QuotaSettings {
@@ -203,8 +203,8 @@ async fn bad_bucket_reports_are_ignored_and_counted_and_the_bucket_cap_answers_a
             vec![
                 usage(&[("x-api-key", "a")], 1, 0),
                 usage(&[("x-api-key", "b")], 1, 0),
-                // Past the cap of 2: not tracked, ALLOW_ALL for an hour (an abandon would
-                // bring it straight back).
+                // Past the cap of 2: not tracked, and denied until its next report (review
+                // A1: ALLOW_ALL for an hour before, its usage charged nowhere).
                 usage(&[("x-api-key", "c")], 1, 0),
                 // Ignored: an empty bucket id, a huge value, an absurd count, no id at all.
                 usage(&[], 1, 0),
@@ -226,7 +226,7 @@ async fn bad_bucket_reports_are_ignored_and_counted_and_the_bucket_cap_answers_a
         vec![
             ("a".to_string(), Ok(10), 15),
             ("b".to_string(), Ok(10), 15),
-            ("c".to_string(), Err("allow_all"), 3600),
+            ("c".to_string(), Err("deny_all"), 15),
         ]
     );
     // An unknown domain: ALLOW_ALL for an hour (a stream error would make Envoy reconnect).
@@ -500,5 +500,71 @@ descriptors:
     );
     let actions = a.report("ai", vec![usage(&[("tenant", "t")], 0, 4)]).await;
     assert_eq!(strategy_of(&actions[0]), Err("allow_all"), "a slot freed");
+    server.stop().await;
+}
+
+/// Review A1 (issue 38): two streams reporting 10 000 junk buckets each, then a third stream's
+/// new bucket. Junk the config does not limit (the review's `{k: <i>}`) is not tracked, so it
+/// fills no cap and the newcomer gets its normal assignment (ALLOW_ALL before, for an hour, its
+/// usage charged nowhere). Junk under the limited key that does fill the caps gets the
+/// newcomer denied until its next report, never ALLOW_ALL.
+#[tokio::test]
+async fn junk_buckets_never_make_a_newcomer_allow_all() {
+    let server = TestServer::start(YAML).await;
+    let junk = |prefix: &str, key: &str| -> Vec<BucketQuotaUsage> {
+        (0..10_000)
+            .map(|i| usage(&[(key, &format!("{prefix}{i}"))], 1, 0))
+            .collect()
+    };
+    let (mut a, mut b) = (Stream::open(&server).await, Stream::open(&server).await);
+    for (s, prefix) in [(&mut a, "a"), (&mut b, "b")] {
+        let actions = s.report("rlqs", junk(prefix, "k")).await;
+        assert_eq!(actions.len(), 10_000);
+        assert!(actions
+            .iter()
+            .all(|x| strategy_of(x) == Err("allow_all") && ttl_of(x) == 3600));
+    }
+    let mut c = Stream::open(&server).await;
+    let actions = c
+        .report("rlqs", vec![usage(&[("x-api-key", "newcomer")], 1, 0)])
+        .await;
+    assert_eq!(
+        (strategy_of(&actions[0]), ttl_of(&actions[0])),
+        (Ok(10), 15),
+        "600 a minute: 10 tokens a second"
+    );
+    server.stop().await;
+
+    // Junk that names the limit, filling both caps (scaled down: 100 per stream, 200 in all).
+    let clock = ManualClock::new(support::T0);
+    let config = ServerConfig {
+        quota: QuotaSettings {
+            max_buckets_per_stream: 100,
+            max_buckets: 200,
+            ..QuotaSettings::default()
+        },
+        ..ServerConfig::for_tests(rules(YAML), Arc::new(clock.clone()))
+    };
+    let server = TestServer::start_config(config, clock).await;
+    let limited_junk = |prefix: &str| -> Vec<BucketQuotaUsage> {
+        (0..100)
+            .map(|i| usage(&[("x-api-key", &format!("{prefix}{i}"))], 1, 0))
+            .collect()
+    };
+    let (mut a, mut b) = (Stream::open(&server).await, Stream::open(&server).await);
+    a.report("rlqs", limited_junk("a")).await;
+    b.report("rlqs", limited_junk("b")).await;
+    let mut c = Stream::open(&server).await;
+    let actions = c
+        .report("rlqs", vec![usage(&[("x-api-key", "newcomer")], 1, 0)])
+        .await;
+    assert_eq!(
+        (strategy_of(&actions[0]), ttl_of(&actions[0])),
+        (Err("deny_all"), 15),
+        "past the caps: denied until its next report, never ALLOW_ALL"
+    );
+    let (_, metrics) = http(server.http_addr, "GET", "/metrics", "").await;
+    let line = "sluice_rlqs_refused_total{reason=\"over_total_bucket_cap\"} 1";
+    assert!(metrics.contains(line), "{line} in:\n{metrics}");
     server.stop().await;
 }

@@ -427,7 +427,7 @@ fn memory(pid: u32, field: &str) -> u64 {
 const BYTES_PER_BUCKET: u64 = 8 * 1024;
 
 /// Acceptance 5: 10 000 distinct keys through one Envoy against a sluice capped at 8 000
-/// buckets per stream: sluice tracks 8 000, answers the rest ALLOW_ALL untracked (counted),
+/// buckets per stream: sluice tracks 8 000, answers the rest DENY_ALL untracked (counted),
 /// its memory grows by no more than the cap times the stated cost of a bucket, and once the
 /// keys go idle every bucket is abandoned, so Envoy's reports shrink back to nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

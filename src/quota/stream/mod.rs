@@ -268,17 +268,8 @@ impl QuotaStream {
                 .num_requests_allowed
                 .saturating_add(usage.num_requests_denied);
             if !self.buckets.contains_key(&pairs) {
-                if let Some(reason) = self.over_cap() {
-                    // Not tracked. While it is used, a blanket rule (an abandon would bring it
-                    // straight back at its next request); once idle, abandoned, so Envoy's
-                    // reports shrink back.
-                    self.refuse(reason);
-                    let id = bucket_id(&pairs);
-                    slots.push(Slot::Ready(if used == 0 {
-                        abandon_action(id)
-                    } else {
-                        assign(id, blanket(BlanketRule::AllowAll), ALLOW_TTL)
-                    }));
+                if let Some(action) = self.untracked(&pairs, used) {
+                    slots.push(Slot::Ready(action));
                     continue;
                 }
                 self.track(Arc::clone(&pairs));
@@ -286,6 +277,30 @@ impl QuotaStream {
             slots.extend(self.account(&pairs, usage.num_requests_allowed, used));
         }
         self.answer(slots).await
+    }
+
+    /// The answer to a new bucket that is not tracked, or `None` to track it. A bucket no limit
+    /// names is not tracked: ALLOW_ALL is its answer either way, and values the config does not
+    /// limit must not fill the caps for everyone (review A1). Past a cap, a limited bucket is
+    /// denied until its next report tries again, never ALLOW_ALL: the cap must not fail open,
+    /// and its usage could not be charged. Either, once idle, is abandoned, so Envoy's reports
+    /// shrink back (an abandon while in use would bring it straight back).
+    fn untracked(&mut self, pairs: &Pairs, used: u64) -> Option<BucketAction> {
+        let id = || bucket_id(pairs);
+        if self.resolve(pairs).is_none() {
+            return Some(if used == 0 {
+                abandon_action(id())
+            } else {
+                assign(id(), blanket(BlanketRule::AllowAll), ALLOW_TTL)
+            });
+        }
+        let reason = self.over_cap()?;
+        self.refuse(reason);
+        Some(if used == 0 {
+            abandon_action(id())
+        } else {
+            assign(id(), blanket(BlanketRule::DenyAll), ASSIGNMENT_TTL)
+        })
     }
 
     /// Why a new bucket cannot be tracked, if it cannot.
