@@ -27,6 +27,7 @@ use crate::proto::envoy::service::rate_limit_quota::v3::{
 use crate::service::RateLimiter;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use stream::QuotaStream;
 use tokio::sync::watch;
 use tokio_stream::wrappers::ReceiverStream;
@@ -46,6 +47,12 @@ pub struct QuotaSettings {
     pub idle_reports: u32,
     /// `/debug/rlqs` shows bucket values (else only their length).
     pub show_values: bool,
+    /// A bucket not reported for this long is abandoned (its peer is gone, or holds it only to
+    /// fill the caps).
+    pub bucket_timeout: Duration,
+    /// A stream that sends no first report within this is ended (an Envoy sends its first
+    /// report as it opens the stream).
+    pub first_report_timeout: Duration,
 }
 
 impl Default for QuotaSettings {
@@ -56,6 +63,8 @@ impl Default for QuotaSettings {
             max_streams: 10_000,
             idle_reports: 3,
             show_values: false,
+            bucket_timeout: Duration::from_secs(300),
+            first_report_timeout: Duration::from_secs(30),
         }
     }
 }

@@ -13,8 +13,9 @@ pub struct RlqsArgs {
         value_parser = clap::value_parser!(u32).range(1..))]
     pub rlqs_max_streams: u32,
 
-    /// Buckets one stream may hold; past it, a new bucket is answered ALLOW_ALL (for an hour,
-    /// untracked) and `sluice_rlqs_refused_total{reason="over_bucket_cap"}` counts it.
+    /// Buckets one stream may hold; past it, a new bucket that names a limit is denied until
+    /// its next report (untracked) and `sluice_rlqs_refused_total{reason="over_bucket_cap"}`
+    /// counts it; a bucket no limit names is never tracked.
     #[arg(long, env = "RLQS_MAX_BUCKETS_PER_STREAM",
         default_value_t = QuotaSettings::default().max_buckets_per_stream as u32,
         value_parser = clap::value_parser!(u32).range(1..))]
@@ -30,6 +31,17 @@ pub struct RlqsArgs {
     #[arg(long, env = "RLQS_IDLE_REPORTS", default_value_t = QuotaSettings::default().idle_reports,
         value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub rlqs_idle_reports: u32,
+
+    /// A bucket not reported for this long is abandoned (`5m`; longer than any Envoy's
+    /// `reporting_interval`), counted as `reason="bucket_timeout"`.
+    #[arg(long, env = "RLQS_BUCKET_TIMEOUT", default_value = "5m",
+        value_parser = crate::settings::parse_duration)]
+    pub rlqs_bucket_timeout: std::time::Duration,
+
+    /// A stream that sends no first usage report within this is ended with DEADLINE_EXCEEDED.
+    #[arg(long, env = "RLQS_FIRST_REPORT_TIMEOUT", default_value = "30s",
+        value_parser = crate::settings::parse_duration)]
+    pub rlqs_first_report_timeout: std::time::Duration,
 
     /// Show bucket values on `/debug/rlqs` (by default each value is shown as its length only).
     #[arg(
@@ -51,6 +63,8 @@ impl RlqsArgs {
             max_buckets_per_stream: self.rlqs_max_buckets_per_stream as usize,
             max_buckets: self.rlqs_max_buckets as usize,
             idle_reports: self.rlqs_idle_reports,
+            bucket_timeout: self.rlqs_bucket_timeout,
+            first_report_timeout: self.rlqs_first_report_timeout,
             show_values: self.rlqs_debug_show_values,
         }
     }

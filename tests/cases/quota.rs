@@ -568,3 +568,82 @@ async fn junk_buckets_never_make_a_newcomer_allow_all() {
     assert!(metrics.contains(line), "{line} in:\n{metrics}");
     server.stop().await;
 }
+
+/// Reviews A1 and A2 (issue 38): a bucket its Envoy stops reporting is abandoned after
+/// `RLQS_BUCKET_TIMEOUT` (it held its place under the caps for as long as the stream lived),
+/// and a stream that never sends a first report is ended after `RLQS_FIRST_REPORT_TIMEOUT`.
+/// Both run on sluice's clock (a manual one here); the stream's timer wakes on real time and
+/// reads that clock, so the test moves the clock and waits for the answer.
+#[tokio::test]
+async fn unreported_buckets_and_silent_streams_time_out() {
+    let clock = ManualClock::new(support::T0);
+    let config = ServerConfig {
+        quota: QuotaSettings {
+            bucket_timeout: std::time::Duration::from_millis(200),
+            first_report_timeout: std::time::Duration::from_millis(200),
+            ..QuotaSettings::default()
+        },
+        ..ServerConfig::for_tests(rules(YAML), Arc::new(clock.clone()))
+    };
+    let server = TestServer::start_config(config, clock.clone()).await;
+    let mut s = Stream::open(&server).await;
+    let actions = s
+        .report(
+            "rlqs",
+            vec![
+                usage(&[("x-api-key", "a")], 1, 0),
+                usage(&[("x-api-key", "b")], 1, 0),
+            ],
+        )
+        .await;
+    assert_eq!(actions.len(), 2);
+    clock.advance(std::time::Duration::from_secs(1));
+    // Bounded, so a stream that never abandons fails the test instead of hanging it.
+    let bound = std::time::Duration::from_secs(60);
+    let abandoned = tokio::time::timeout(bound, s.rx.message())
+        .await
+        .expect("the timed-out buckets are abandoned")
+        .expect("stream alive")
+        .expect("the abandons")
+        .bucket_action;
+    let mut gone: Vec<(String, Result<u32, &str>)> = abandoned
+        .iter()
+        .map(|a| {
+            let id = a.bucket_id.as_ref().map(|b| b.bucket["x-api-key"].clone());
+            (id.unwrap_or_default(), strategy_of(a))
+        })
+        .collect();
+    gone.sort();
+    assert_eq!(
+        gone,
+        [
+            ("a".to_string(), Err("abandon")),
+            ("b".to_string(), Err("abandon"))
+        ]
+    );
+    let (_, metrics) = http(server.http_addr, "GET", "/metrics", "").await;
+    for line in [
+        "sluice_rlqs_buckets{domain=\"rlqs\"} 0",
+        "sluice_rlqs_refused_total{reason=\"bucket_timeout\"} 2",
+    ] {
+        assert!(metrics.contains(line), "{line} in:\n{metrics}");
+    }
+
+    // A stream that says nothing.
+    let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc_addr))
+        .await
+        .expect("RLQS connect");
+    let (_tx, rx) = mpsc::channel::<RateLimitQuotaUsageReports>(1);
+    let mut silent = client
+        .stream_rate_limit_quotas(ReceiverStream::new(rx))
+        .await
+        .expect("stream opens")
+        .into_inner();
+    clock.advance(std::time::Duration::from_secs(1));
+    let err = tokio::time::timeout(bound, silent.message())
+        .await
+        .expect("the silent stream is ended")
+        .expect_err("ended");
+    assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "{err:?}");
+    server.stop().await;
+}

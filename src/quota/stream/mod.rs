@@ -18,6 +18,7 @@ use super::{bucket, Shared};
 use actions::{abandon_action, assign, bucket_id};
 
 mod actions;
+mod expiry;
 mod rules;
 use crate::proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use crate::proto::envoy::r#type::v3::RateLimitStrategy;
@@ -77,6 +78,8 @@ pub(super) struct QuotaStream {
     /// them, so a changed tree (or a first config) applies to buckets already held.
     rules: Option<Arc<crate::config::RuleSet>>,
     buckets: HashMap<Pairs, Bucket>,
+    /// When the stream opened, on sluice's clock (for the first-report deadline).
+    opened: Duration,
 }
 
 type Outbox = tokio::sync::mpsc::Sender<Result<RateLimitQuotaResponse, Status>>;
@@ -100,6 +103,7 @@ impl QuotaStream {
             label: None,
             rules: None,
             buckets: HashMap::new(),
+            opened: Duration::ZERO,
         }
     }
 
@@ -109,8 +113,10 @@ impl QuotaStream {
         tx: Outbox,
         mut closing: watch::Receiver<bool>,
     ) {
+        self.opened = self.now();
         loop {
             let boundary = self.next_boundary();
+            let expiry = self.next_expiry();
             let actions = tokio::select! {
                 m = inbound.message() => match m {
                     Ok(Some(report)) if self.domain.is_none() && report.domain.is_empty() => {
@@ -124,6 +130,14 @@ impl QuotaStream {
                     Ok(None) | Err(_) => break,
                 },
                 () = sleep_until(boundary, self.now()) => self.refresh().await,
+                () = sleep_until(expiry, self.now()) => match self.expire().await {
+                    Some(actions) => actions,
+                    None => {
+                        let why = "no first usage report in time (RLQS_FIRST_REPORT_TIMEOUT)";
+                        let _ = tx.send(Err(Status::deadline_exceeded(why))).await;
+                        break;
+                    }
+                },
                 () = closed(&mut closing) => {
                     let farewell = self.farewell().await;
                     if !farewell.is_empty() {
