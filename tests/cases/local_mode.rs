@@ -703,36 +703,55 @@ async fn failovers_through_envoy_keep_the_limits_and_the_written_back_usage() {
     );
     // A key on another master is decided on the store throughout: its answers count down one
     // by one (the cluster runs with `cluster-require-full-coverage no`, so the other masters
-    // keep serving while the dead one's replica takes over).
+    // keep serving while the dead one's replica takes over). What sluice controls is asserted:
+    // every answer is the store's. A 500 is Envoy giving up on its own 20 ms timer (counted in
+    // its `ratelimit.error`; sluice's own time to answer is asserted above), reported here, not
+    // asserted: that request may or may not have reached the counter, so the count down may
+    // step by two across it, never otherwise.
     let elsewhere = lock(&elsewhere);
     let n = elsewhere.len() as u32;
-    assert_eq!(
-        Answers::admitted(&elsewhere, 0.0) as u32,
-        n,
-        "all admitted (600/min)"
-    );
     let mut by_time: Vec<&Answer> = elsewhere.iter().collect();
     by_time.sort_by(|a, b| a.0.total_cmp(&b.0));
-    // The store's own count down, one per answer: 599, 598, ... in the order they were sent.
-    let off: Vec<(f64, Option<u32>)> = by_time
+    let envoy_gave_up = by_time.iter().filter(|(_, s, _)| *s == 500).count() as u32;
+    let not_the_store: Vec<&&Answer> = by_time
         .iter()
-        .zip((0..600u32).rev())
-        .filter(|((_, _, r), want)| *r != Some(*want))
-        .map(|((t, _, r), _)| (*t, *r))
+        .filter(|(_, s, r)| *s != 500 && (*s != 200 || r.is_none()))
         .collect();
+    assert!(
+        not_the_store.is_empty(),
+        "all admitted (600/min), each with the store's remaining: {not_the_store:?}"
+    );
+    // The store's own count down, in the order they were sent: 599, 598, ...
+    let (mut want, mut skips, mut after_500) = (599u32, 0u32, false);
+    let mut off: Vec<(f64, Option<u32>)> = Vec::new();
+    for (t, status, r) in by_time.iter().copied() {
+        if *status == 500 {
+            after_500 = true;
+            continue;
+        }
+        match *r {
+            Some(got) if got == want => {}
+            Some(got) if after_500 && want.checked_sub(1) == Some(got) => skips += 1,
+            _ => off.push((*t, *r)),
+        }
+        want = r.unwrap_or(want).saturating_sub(1);
+        after_500 = false;
+    }
     eprintln!(
         "cluster failover: {} of {n} answers for a key on another master were not the store's \
-         count down {off:?}",
+         count down {off:?}; Envoy gave up on {envoy_gave_up}",
         off.len()
     );
     assert!(
         off.is_empty(),
         "decided other than on a healthy master: {off:?}"
     );
-    assert_eq!(
-        cluster_count(&c, &other, "/api/hot"),
-        u64::from(n),
-        "its counter is whole"
+    let admitted = n - envoy_gave_up;
+    let held = cluster_count(&c, &other, "/api/hot");
+    assert!(
+        held >= u64::from(admitted + skips) && held <= u64::from(admitted + skips + envoy_gave_up),
+        "its counter is whole: {held}, for {admitted} admitted, {skips} counted behind Envoy's \
+         500s, {envoy_gave_up} 500s"
     );
     drop(c);
     let s = lock(&sentinel);
