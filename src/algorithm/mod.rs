@@ -296,6 +296,11 @@ pub fn sliding_window(
 /// work per call stays bounded whatever `hits` says.
 pub const LOG_REFUND_ENTRIES: usize = 64;
 
+/// Most entries a reservation's give-back on a sliding_log searches for its own entry, newest
+/// first (decide.lua rewrites the running total of each entry after it): past them nothing is
+/// given back, which can only under-admit.
+pub const LOG_GIVE_BACK_ENTRIES: usize = 256;
+
 /// sliding_log: the exact charges within the last period. `reset` is when the newest counted
 /// charge leaves the period (the quota is full again); a denial retries when enough old hits
 /// have left for this request to fit. A charge is stamped no earlier than the newest entry, so
@@ -335,11 +340,11 @@ pub fn sliding_log_in(
     log.trim(now.saturating_sub(p.period_us));
     let limit = u64::from(p.limit);
     let count = log.total;
-    let newest = log.entries.back().map(|&(t, _)| t);
+    let newest = log.newest();
     let (allowed, total, last) = match mode {
         Mode::Refund => {
             log.refund(hits, LOG_REFUND_ENTRIES);
-            (true, log.total, log.entries.back().map(|&(t, _)| t))
+            (true, log.total, log.newest())
         }
         Mode::Record => {
             // Written below, after the retry time is read off the log as it was.
@@ -584,7 +589,7 @@ pub fn expires_at(state: &State, p: LimitParams) -> u64 {
 
 /// When a sliding_log's newest charge leaves the period.
 pub fn log_expires_at(log: &Log, p: LimitParams) -> u64 {
-    log.entries.back().map_or(0, |(t, _)| t + p.period_us)
+    log.newest().map_or(0, |t| t + p.period_us)
 }
 
 #[cfg(test)]

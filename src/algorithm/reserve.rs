@@ -13,14 +13,16 @@
 //!   the admitted requests still running. With a reservation, the difference is applied: more than the estimate
 //!   records the excess, less gives the rest back, but only while the window that took the
 //!   estimate is still the counter's (a give-back into a later window would hand out quota it
-//!   never took). Without one (never made, or its lease ended) the hits are recorded;
+//!   never took). On a sliding_log the give-back shrinks the reservation's own log entry (kept
+//!   in [`Reservation::entry`]), not the newest ones. Without a reservation (never made, or its
+//!   lease ended) the hits are recorded;
 //! - a reservation whose settle never comes stays charged at its estimate: the request may have
 //!   run, and usage is never lost. Its entry goes when its lease ends.
 //!
 //! The counter's own state is the algorithm's, unchanged; the reservations ride beside it
 //! ([`Reserved`]), so a request on the same limit without an id shares the counter.
 
-use super::{decide, LimitParams, Mode, Outcome, State};
+use super::{decide, LimitParams, Mode, Outcome, State, LOG_GIVE_BACK_ENTRIES};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +37,10 @@ pub struct Reservation {
     pub until: u64,
     /// When the lease ends (µs).
     pub ends: u64,
+    /// On a sliding_log, the id of the log entry the estimate made (0: none): a settle gives
+    /// back on that entry, not on the newest ones, so hits other requests charged since keep
+    /// counting for their whole period.
+    pub entry: u64,
 }
 
 /// A counter with reservations: the algorithm's state and the reservations held.
@@ -125,21 +131,26 @@ pub fn reserve(
                 return (o, wrap_or_keep(inner, live));
             }
             let ends = now.saturating_add(terms.lease_us);
+            let entry = match &s {
+                State::Log(log) if hits > 0 => log.newest_id(),
+                _ => 0,
+            };
             live.push(Reservation {
                 id,
                 hits,
                 until: give_back_until(&s, now, p, ends),
                 ends,
+                entry,
             });
             (o, wrap(s, live))
         }
         Settle::Settle(id) => {
-            let (reserved, until) = match holding(&live, id) {
+            let (reserved, until, entry) = match holding(&live, id) {
                 Some(i) => {
                     let r = live.remove(i);
-                    (r.hits, r.until)
+                    (r.hits, r.until, r.entry)
                 }
-                None => (0, 0),
+                None => (0, 0, 0),
             };
             let (o, s) = if hits > reserved {
                 let (mut o, s) = decide(inner, now, p, hits - reserved, Mode::Record);
@@ -147,7 +158,16 @@ pub fn reserve(
                 o.retry_after = Duration::ZERO;
                 (o, s)
             } else if hits < reserved && now < until {
-                decide(inner, now, p, reserved - hits, Mode::Refund)
+                match inner {
+                    Some(State::Log(log)) if entry != 0 => {
+                        // The reservation's own entry, as decide.lua's `log_give_back`.
+                        let mut log = log.clone();
+                        log.trim(now.saturating_sub(p.period_us));
+                        log.give_back(entry, reserved - hits, LOG_GIVE_BACK_ENTRIES);
+                        as_is(Some(&State::Log(log)))
+                    }
+                    _ => decide(inner, now, p, reserved - hits, Mode::Refund),
+                }
             } else {
                 as_is(inner)
             };

@@ -303,3 +303,29 @@ fn a_recorded_sliding_log_never_holds_more_entries_than_its_limit() {
     assert!(!o.allowed);
     assert_eq!(o.remaining, 0);
 }
+
+#[test]
+fn a_log_gives_back_on_the_entry_named_and_only_within_its_bound() {
+    let mut log = Log::from_entries([(T0, 5), (T0 + 1, 2), (T0 + 2, 3)]);
+    // Ids start at the first entry's time and rise by one.
+    assert_eq!(log.newest_id(), T0 + 2);
+    assert_eq!(log.give_back(T0, 4, 3), 4, "the oldest entry, found");
+    assert_eq!(log, Log::from_entries([(T0, 1), (T0 + 1, 2), (T0 + 2, 3)]));
+    assert_eq!(
+        log.give_back(T0, 9, 3),
+        1,
+        "no more than it holds, then it goes"
+    );
+    assert_eq!(log.total, 5);
+    assert_eq!(
+        log.give_back(T0 + 1, 2, 1),
+        0,
+        "past the newest 1: not found"
+    );
+    assert_eq!(
+        log.give_back(T0 + 7, 2, 9),
+        0,
+        "no such entry: nothing from the others"
+    );
+    assert_eq!(log.total, 5);
+}

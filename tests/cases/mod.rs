@@ -63,6 +63,7 @@ mod fuzz;
 mod grpcurl;
 mod hostile;
 mod hostile_rates;
+mod hostile_reservations;
 mod hostile_rlqs;
 mod http;
 mod in_flight;

@@ -214,6 +214,58 @@ async fn a_give_back_stays_in_its_window(kind: &str) {
 
 test_with_all_stores!(give_back_window_on, kind => a_give_back_stays_in_its_window);
 
+/// On a sliding_log, a settle gives back on the reservation's own log entry (review B9): hits
+/// charged by other requests after the reservation keep counting for their whole period.
+/// Reserved 900 at 0 s, another request's 100 at 1 800 s, settled at 100 at 1 900 s: at
+/// 3 660 s the reservation's entry has left the period, the other request's 100 has not, so 900
+/// are left (the give-back shrank the newest entries before: all 1 000 were).
+async fn a_sliding_log_give_back_shrinks_its_own_entry(kind: &str) {
+    let config = r#"
+domain: ai
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000, algorithm: sliding_log}
+    reservations: {lease: 1h, id_key: request_id, done_key: request_done}
+"#;
+    let (store, clock, _backend) = make_store(kind).await;
+    let s = TestServer::start_on(
+        config,
+        ServiceOptions::default(),
+        Some(store),
+        clock.clone(),
+    )
+    .await;
+    assert_eq!(
+        code(&s.call(reserve("u", "a", 900)).await),
+        Code::Ok,
+        "{kind}"
+    );
+    clock.advance(Duration::from_secs(1800));
+    let other = with_hits(one("ai", &[("user", "u")]), 100);
+    assert_eq!(code(&s.call(other).await), Code::Ok, "{kind}");
+    clock.advance(Duration::from_secs(100));
+    let r = s.call(settle("u", "a", 100)).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 800,
+        "{kind}: 100 + 100 counted"
+    );
+    clock.advance(Duration::from_secs(1760));
+    let peek = s.call(with_hits(one("ai", &[("user", "u")]), 0)).await;
+    assert_eq!(
+        peek.statuses[0].limit_remaining, 900,
+        "{kind}: the other request's 100 still counts, the reservation's entry has left"
+    );
+    let r = s.call(with_hits(one("ai", &[("user", "u")]), 1000)).await;
+    assert_eq!(
+        code(&r),
+        Code::OverLimit,
+        "{kind}: 100 + 1000 in one period"
+    );
+    s.stop().await;
+}
+
+test_with_all_stores!(log_give_back_on, kind => a_sliding_log_give_back_shrinks_its_own_entry);
+
 /// 100 000 distinct request ids against one counter with `max: 3`: a reservation past the cap
 /// is denied and holds nothing, so memory keeps 3 entries and Redis 3 (a sorted set and a hash
 /// beside the counter's window key); the budget itself takes only the admitted estimates.
@@ -382,3 +434,42 @@ descriptors:
 }
 
 test_with_all_stores!(the_deny_cache_and_releases_on, kind => a_release_ends_a_denial_the_deny_cache_never_kept);
+
+/// The give-back's search is bounded (256 entries newer than the reservation's at most, as
+/// `LOG_GIVE_BACK_ENTRIES`, since decide.lua rewrites each one's running total): within it the
+/// reservation's entry is found and shrunk; past it nothing is given back (it under-admits),
+/// the same on every store.
+async fn a_sliding_log_give_back_searches_a_bounded_span(kind: &str) {
+    let config = r#"
+domain: ai
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000, algorithm: sliding_log}
+    reservations: {lease: 1h, id_key: request_id, done_key: request_done}
+"#;
+    let (store, clock, _backend) = make_store(kind).await;
+    let s = TestServer::start_on(
+        config,
+        ServiceOptions::default(),
+        Some(store),
+        clock.clone(),
+    )
+    .await;
+    for (user, newer, left) in [("near", 255, 1000 - 255), ("far", 256, 1000 - 256 - 500)] {
+        assert_eq!(code(&s.call(reserve(user, "a", 500)).await), Code::Ok);
+        for _ in 0..newer {
+            clock.advance(Duration::from_millis(1));
+            let r = s.call(one("ai", &[("user", user)])).await;
+            assert_eq!(code(&r), Code::Ok, "{kind}");
+        }
+        let r = s.call(settle(user, "a", 0)).await;
+        assert_eq!(
+            u64::from(r.statuses[0].limit_remaining),
+            left,
+            "{kind}: {newer} entries after the reservation's"
+        );
+    }
+    s.stop().await;
+}
+
+test_with_all_stores!(log_give_back_bound_on, kind => a_sliding_log_give_back_searches_a_bounded_span);

@@ -395,10 +395,10 @@ if mode == 'u' then
     elseif op == 4 then
       local rk, kept, at = key .. ':r', {}, nil
       for e in string.gmatch(call('HGET', rk, id) or '', '[^;]+') do
-        local k, h, u, ends = string.match(e, '^(%d+),(%d+),(%d+),(%d+)$')
+        local k, h, u, ends, lid = string.match(e, RES_ENTRY)
         if ends and tonumber(ends) > now then
           kept[#kept + 1] = e
-          if tonumber(h) == hits then at = {#kept, k, tonumber(u)} end
+          if tonumber(h) == hits then at = {#kept, k, tonumber(u), tonumber(lid) or 0} end
         end
       end
       if at then
@@ -406,9 +406,13 @@ if mode == 'u' then
         call('ZREM', key .. ':e', id .. ':' .. at[2])
         if #kept > 0 then call('HSET', rk, id, table.concat(kept, ';')) else call('HDEL', rk, id) end
         if hits > 0 and now < at[3] then
-          local v = load_view(key, meta % 4, period)
+          local v = views[key] or load_view(key, meta % 4, period)
           views[key] = v
-          run_alg(key, v, meta % 4, limit, period, meta, hits, true, false)
+          if meta % 4 == 2 and at[4] > 0 then
+            log_give_back(key, v, at[4], hits)
+          else
+            run_alg(key, v, meta % 4, limit, period, meta, hits, true, false)
+          end
         end
         done = 1
       end

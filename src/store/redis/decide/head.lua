@@ -274,6 +274,9 @@ end
 local TRIM = 64
 local REFUND_ENTRIES = 64
 local UNDO_REWRITE = 256
+local GIVE_BACK = 256 -- src/algorithm/mod.rs LOG_GIVE_BACK_ENTRIES
+-- A reservation: "<k>,<hits>,<until>,<end>" and, since its sliding_log entry is kept, ",<entry>".
+local RES_ENTRY = '^(%d+),(%d+),(%d+),(%d+),?(%d*)$'
 
 -- Whole milliseconds, rounded up, at least 1, jittered: a TTL for PEXPIRE / SET PX.
 local function ttl_ms(us)

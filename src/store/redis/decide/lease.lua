@@ -169,7 +169,8 @@ if has.lease then
   -- key's view for this request, as for slots). An id may hold several (the id grants nothing:
   -- each reserve is its own): "<key>:e" has one member per reservation, "<id>:<k>", scored by
   -- its lease end; "<key>:r" field <id> lists the id's reservations oldest first,
-  -- "<k>,<hits>,<until>,<end>;...". Drops at most TRIM entries whose lease ended; `dn` is what
+  -- "<k>,<hits>,<until>,<end>,<entry>;..." (entry: on a sliding_log, the id of the log entry
+  -- the estimate made, which its settle gives back on; 0 or absent: none). Drops at most TRIM entries whose lease ended; `dn` is what
   -- this request's checks changed the live count by (the count itself is read only when a
   -- reservation needs it for the cap: a settle never does).
   res_view = function(key)
@@ -188,7 +189,7 @@ if has.lease then
       for id in pairs(ids) do
         local kept = {}
         for e in string.gmatch(call('HGET', rk, id) or '', '[^;]+') do
-          local _, _, _, ends = string.match(e, '^(%d+),(%d+),(%d+),(%d+)$')
+          local _, _, _, ends = string.match(e, RES_ENTRY)
           if ends and tonumber(ends) > now then kept[#kept + 1] = e end
         end
         if #kept > 0 then call('HSET', rk, id, table.concat(kept, ';')) else call('HDEL', rk, id) end
@@ -203,15 +204,16 @@ if has.lease then
     return rv.stored + rv.dn
   end
 
-  -- The id's live reservations on the view, oldest first: a list of {hits, until, lease end, k}.
+  -- The id's live reservations on the view, oldest first: a list of {hits, until, lease end, k,
+  -- log entry}.
   local function res_list(key, rv, id)
     local t = rv.ids[id]
     if t ~= nil then return t end
     t = {}
     for e in string.gmatch(call('HGET', key .. ':r', id) or '', '[^;]+') do
-      local k, h, u, ends = string.match(e, '^(%d+),(%d+),(%d+),(%d+)$')
+      local k, h, u, ends, lid = string.match(e, RES_ENTRY)
       if ends and tonumber(ends) > now then
-        t[#t + 1] = {tonumber(h), tonumber(u), tonumber(ends), tonumber(k)}
+        t[#t + 1] = {tonumber(h), tonumber(u), tonumber(ends), tonumber(k), tonumber(lid) or 0}
       end
     end
     rv.ids[id] = t
@@ -266,22 +268,29 @@ if has.lease then
       local ends = now + lease
       local until_ = ends
       if alg <= 1 then until_ = token + period elseif alg == 2 then until_ = now + period end
-      local entry = {hits, until_, ends}
+      local lid = 0
+      if alg == 2 and hits > 0 then lid = v.adds[#v.adds].id end
+      local entry = {hits, until_, ends, lid = lid}
       local list = res_list(key, rv, id)
       list[#list + 1] = entry
       rv.dn = rv.dn + 1
       return true, remaining, reset, 0, hits > 0, entry
     end
     local held, at = res_get(key, rv, id)
-    local reserved, until_ = 0, 0
+    local reserved, until_, lid = 0, 0, 0
     if held then
-      reserved, until_ = held[1], held[2]
+      reserved, until_, lid = held[1], held[2], held[5] or held.lid or 0
       table.remove(res_list(key, rv, id), at)
       rv.dn = rv.dn - 1
     end
     local _, remaining, reset, changed
     if hits > reserved then
       _, remaining, reset = run_alg(key, v, alg, limit, period, meta, hits - reserved, false, true)
+      changed = true
+    elseif hits < reserved and now < until_ and alg == 2 and lid > 0 then
+      -- A sliding_log gives back on the reservation's own entry.
+      log_give_back(key, v, lid, reserved - hits)
+      remaining, reset = as_is()
       changed = true
     elseif hits < reserved and now < until_ then
       _, remaining, reset = run_alg(key, v, alg, limit, period, meta, reserved - hits, true, false)
@@ -302,7 +311,7 @@ if has.lease then
     local ek, rk = key .. ':e', key .. ':r'
     local kept, hits, top = {}, {}, 0
     for e in string.gmatch(call('HGET', rk, id) or '', '[^;]+') do
-      local k, h, _, ends = string.match(e, '^(%d+),(%d+),(%d+),(%d+)$')
+      local k, h, _, ends = string.match(e, RES_ENTRY)
       if ends then
         k = tonumber(k)
         if k > top then top = k end
@@ -322,7 +331,7 @@ if has.lease then
       end
     else
       local k = top + 1
-      kept[#kept + 1] = fmt('%d,%d,%d,%d', k, change[1], change[2], now + lease)
+      kept[#kept + 1] = fmt('%d,%d,%d,%d,%d', k, change[1], change[2], now + lease, change.lid)
       call('ZADD', ek, now + lease, id .. ':' .. k)
       call('PEXPIRE', ek, ttl_ms(lease))
       call('PEXPIRE', rk, ttl_ms(lease))

@@ -1,9 +1,13 @@
 -- decide.lua, part 3 of 5: sliding_log (see head.lua for KEYS and ARGV).
 -------------------------------------------------------------------------------- sliding_log
 -- A log view: what is stored (read with O(log n) commands) plus what this call changes at the
--- newest end: stored entries popped or shrunk by refunds, and entries added.
+-- newest end: stored entries popped or shrunk by refunds, and entries added. Every entry has an
+-- id (src/algorithm/log.rs): a new entry's is one past the newest entry's in the view (`now`
+-- when none is in the period), a recorded charge that joins the newest entry keeps its id, so
+-- both stores give a reservation back on the same entry.
 
 local parse_member, entry, load_log, cached, newest_stored, log_count, log_retry, sliding_log, member, commit_log, undo_log
+local next_id, log_give_back
 if has[2] then
   -- "C:h:id" -> C, h, id
   parse_member = function(m)
@@ -52,6 +56,15 @@ if has[2] then
     local r = v.size - 1 - v.sp
     if r >= v.e then return r end
     return nil
+  end
+
+  -- The id a new entry of the view gets.
+  next_id = function(key, v)
+    local na = #v.adds
+    if na > 0 then return v.adds[na].id + 1 end
+    local r = newest_stored(v)
+    if r then return cached(key, v, r).id + 1 end
+    return max(now, 1)
   end
 
   log_count = function(v)
@@ -167,11 +180,11 @@ if has[2] then
             local en = cached(key, v, r)
             local h = en.h - v.sr
             v.sp, v.spsum, v.sr = v.sp + 1, v.spsum + en.h, 0
-            v.adds[1] = {t = t, h = h + hits}
+            v.adds[1] = {t = t, h = h + hits, id = en.id}
             v.addsum = v.addsum + h + hits
           end
         else
-          v.adds[na + 1] = {t = t, h = hits}
+          v.adds[na + 1] = {t = t, h = hits, id = next_id(key, v)}
           v.addsum = v.addsum + hits
         end
         v.dirty = true
@@ -186,7 +199,7 @@ if has[2] then
           local r = newest_stored(v)
           if r then t = max(cached(key, v, r).t, now) end
         end
-        v.adds[na + 1] = {t = t, h = hits}
+        v.adds[na + 1] = {t = t, h = hits, id = next_id(key, v)}
         v.addsum = v.addsum + hits
         v.dirty = true
       end
@@ -217,13 +230,14 @@ if has[2] then
     -- Pops and shrinks first (newest end), then the new entries, then a bounded trim of expired
     -- ones from the oldest end; C keeps running from the newest entry left in the set.
     if v.sp > 0 then call('ZREMRANGEBYRANK', key, v.size - v.sp, v.size - 1) end
-    -- New entries' ids continue from the newest one left, so ids are unique within the set
-    -- and never change (C does, when an undo removes an older entry).
-    local cprev, idprev, newest_t = 0, 0, nil
+    -- C continues from the newest entry left (expired or not), so C rises strictly along the
+    -- set and no two members are equal; ids are the view's (see `next_id`) and never change
+    -- (C does, when an older entry goes).
+    local cprev, newest_t = 0, nil
     local r = v.size - 1 - v.sp
     if r >= 0 then
       local en = cached(key, v, r)
-      cprev, idprev = en.c, en.id
+      cprev = en.c
       if v.sr > 0 then
         cprev = en.c - v.sr
         call('ZREM', key, en.m)
@@ -235,10 +249,10 @@ if has[2] then
     if #v.adds > 0 then
       local z = {}
       for i, a in ipairs(v.adds) do
-        cprev, idprev = cprev + a.h, idprev + 1
+        cprev = cprev + a.h
         z[#z + 1] = fmt('%d', a.t)
-        z[#z + 1] = member(cprev, a.h, idprev)
-        tokens[i] = idprev
+        z[#z + 1] = member(cprev, a.h, a.id)
+        tokens[i] = a.id
         newest_t = a.t
       end
       call('ZADD', key, unpack(z))
@@ -251,7 +265,10 @@ if has[2] then
   end
 
   -- Takes back exactly the entry a charge added (found by its id among the newest entries):
-  -- removes it and lowers C of the entries after it by its hits.
+  -- removes it and lowers C of the entries after it by its hits. (Ids start at the time of
+  -- the first entry in a period and rise by one per entry, so an id an entry had is not given
+  -- to a later one unless a log takes more than one entry per microsecond, or the clock steps
+  -- back.)
   undo_log = function(key, id)
     local newest = call('ZREVRANGE', key, 0, UNDO_REWRITE, 'WITHSCORES')
     local at = nil
@@ -278,5 +295,49 @@ if has[2] then
       call('ZADD', key, unpack(add))
     end
     return 1
+  end
+
+  -- A reservation's give-back (src/algorithm/log.rs `give_back`): up to `hits` taken off the
+  -- entry `id`, searched newest first among the view's newest GIVE_BACK entries (this call's
+  -- adds, then stored ones in the period); nothing if it is not there. Stored entries from it
+  -- to the newest become this call's adds (popped and added again with their ids), so their C
+  -- is rewritten when the view is committed: the view stays the log's exact content.
+  log_give_back = function(key, v, id, hits)
+    local na = #v.adds
+    for j = na, 1, -1 do
+      local a = v.adds[j]
+      if a.id == id then
+        local g = min(hits, a.h)
+        a.h, v.addsum, v.dirty = a.h - g, v.addsum - g, true
+        if a.h == 0 then table.remove(v.adds, j) end
+        return g
+      end
+    end
+    local r = newest_stored(v)
+    if not r or na >= GIVE_BACK then return 0 end
+    local lo = max(v.e, r - (GIVE_BACK - na) + 1)
+    local got = call('ZRANGE', key, lo, r, 'WITHSCORES')
+    local at = nil
+    for j = #got - 1, 1, -2 do
+      local _, _, eid = parse_member(got[j])
+      if eid == id then at = j break end
+    end
+    if not at then return 0 end
+    local moved, sum = {}, 0
+    for j = at, #got - 1, 2 do
+      local _, h, eid = parse_member(got[j])
+      moved[#moved + 1] = {t = tonumber(got[j + 1]), h = h, id = eid}
+      sum = sum + h
+    end
+    -- The newest stored entry may already be shrunk by this call (sr).
+    moved[#moved].h = moved[#moved].h - v.sr
+    local added = sum - v.sr
+    v.sp, v.spsum, v.sr = v.sp + #moved, v.spsum + sum, 0
+    local g = min(hits, moved[1].h)
+    moved[1].h = moved[1].h - g
+    if moved[1].h == 0 then table.remove(moved, 1) end
+    for _, a in ipairs(v.adds) do moved[#moved + 1] = a end
+    v.adds, v.addsum, v.dirty = moved, v.addsum + added - g, true
+    return g
   end
 end
