@@ -139,6 +139,7 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, SettingsError> {
     config.xds = xds;
     config.envoy_stats = args.stats.settings()?;
     config.quota = args.rlqs.settings();
+    config.http2 = args.http2.limits();
     if args.grpc_uds.is_some() && config.grpc_tls.is_some() {
         return Err(SettingsError::Tls(
             "GRPC_UDS and GRPC_SERVER_USE_TLS are both set: sluice serves a Unix socket in \

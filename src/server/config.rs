@@ -94,6 +94,27 @@ pub struct ServerConfig {
     pub debug_addr: Option<SocketAddr>,
     /// `GRPC_MAX_CONNECTION_AGE`; `None` never ages a connection out.
     pub connection_age: Option<ConnectionAge>,
+    /// The gRPC listener's HTTP/2 and TCP bounds.
+    pub http2: Http2Limits,
+}
+
+/// The gRPC listener's per-connection bounds (settings/http2.rs says what each is for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Http2Limits {
+    /// SETTINGS_MAX_CONCURRENT_STREAMS.
+    pub max_concurrent_streams: u32,
+    /// Keepalive: the idle time before a PING (and TCP probes), and how long its answer may
+    /// take; `None` sends none.
+    pub keepalive: Option<(Duration, Duration)>,
+}
+
+impl Default for Http2Limits {
+    fn default() -> Self {
+        Self {
+            max_concurrent_streams: 1024,
+            keepalive: Some((Duration::from_secs(60), Duration::from_secs(20))),
+        }
+    }
 }
 
 /// gRPC connections are asked to go (HTTP/2 GOAWAY, NO_ERROR) once older than `max`, as
@@ -142,6 +163,7 @@ impl ServerConfig {
             grpc_uds: None,
             debug_addr: None,
             connection_age: None,
+            http2: Http2Limits::default(),
         }
     }
 }

@@ -8,6 +8,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::io::DuplexStream;
 use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio_stream::Stream;
@@ -18,13 +19,22 @@ pub(crate) trait Accept {
     fn poll_accept_conn(&self, cx: &mut Context<'_>) -> Poll<io::Result<Self::Conn>>;
 }
 
-impl Accept for TcpListener {
+/// A TCP listener, and the idle time after which its connections are probed (TCP keepalive).
+pub(crate) struct Tcp(pub TcpListener, pub Option<Duration>);
+
+impl Accept for Tcp {
     type Conn = TcpStream;
     fn poll_accept_conn(&self, cx: &mut Context<'_>) -> Poll<io::Result<TcpStream>> {
-        self.poll_accept(cx).map_ok(|(stream, _peer)| {
+        self.0.poll_accept(cx).map_ok(|(stream, _peer)| {
             // Envoy's 20 ms budget makes Nagle's delay on small HTTP/2 frames unaffordable;
             // a failing socket option is not worth dropping the connection over.
             let _ = stream.set_nodelay(true);
+            if let Some(idle) = self.1 {
+                let probes = socket2::TcpKeepalive::new()
+                    .with_time(idle)
+                    .with_interval(Duration::from_secs(10));
+                let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&probes);
+            }
             stream
         })
     }

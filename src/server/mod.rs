@@ -33,8 +33,8 @@ mod uds_authority;
 
 use background::Background;
 pub use config::{
-    ConnectionAge, EnvoyStatsSettings, Parts, ServerConfig, ServerError, DEFAULT_DRAIN_DELAY,
-    DEFAULT_HEALTH_INTERVAL, DEFAULT_SHUTDOWN_GRACE, HEALTH_SERVICE_NAME,
+    ConnectionAge, EnvoyStatsSettings, Http2Limits, Parts, ServerConfig, ServerError,
+    DEFAULT_DRAIN_DELAY, DEFAULT_HEALTH_INTERVAL, DEFAULT_SHUTDOWN_GRACE, HEALTH_SERVICE_NAME,
 };
 use health::start_health;
 use listener::Listeners;
@@ -160,7 +160,12 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     // dropped `Running` alive).
     let (shutdown, trigger) = signal::channel();
     let (drain, draining) = signal::channel();
-    let (grpc_task, workers) = grpc.spawn(&limiter, config.connection_age, config.quota, &draining);
+    let (grpc_task, workers) = grpc.spawn(
+        &limiter,
+        (config.connection_age, config.http2),
+        config.quota,
+        &draining,
+    );
     // /healthcheck fails from the trigger on (the drain delay included), not from the drain.
     let app = http::router(
         Arc::clone(&limiter),

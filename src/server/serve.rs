@@ -5,7 +5,7 @@
 use super::listener::{GrpcListener, StdListener};
 use super::signal::ShutdownWatch;
 use super::workers::Workers;
-use super::{grpc, incoming, tls, ConnectionAge, ServerError};
+use super::{grpc, incoming, tls, ConnectionAge, Http2Limits, ServerError};
 use crate::service::RateLimiter;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -67,7 +67,7 @@ impl GrpcServing {
     pub(super) fn spawn(
         self,
         limiter: &Arc<RateLimiter>,
-        age: Option<ConnectionAge>,
+        (age, http2): (Option<ConnectionAge>, Http2Limits),
         quota: crate::quota::QuotaSettings,
         draining: &ShutdownWatch,
     ) -> (JoinHandle<Result<(), ServerError>>, Workers) {
@@ -80,7 +80,11 @@ impl GrpcServing {
         let routes = routes.routes();
         // Each serving thread gets its own router: its own jittered connection age.
         let router = |n: u64| {
-            let mut builder = tonic::transport::Server::builder();
+            let keepalive = http2.keepalive;
+            let mut builder = tonic::transport::Server::builder()
+                .max_concurrent_streams(http2.max_concurrent_streams)
+                .http2_keepalive_interval(keepalive.map(|k| k.0))
+                .http2_keepalive_timeout(keepalive.map(|k| k.1));
             if let Some(age) = age {
                 builder = builder.max_connection_age(age.jittered(n));
             }
@@ -88,10 +92,11 @@ impl GrpcServing {
         };
         let tls = self.tls.map(tls::GrpcTls::start);
         let mut servers = JoinSet::new();
+        let tcp_keepalive = http2.keepalive.map(|k| k.0);
         servers.spawn(serve_grpc(
             router(0),
             self.listener,
-            draining.clone(),
+            (draining.clone(), tcp_keepalive),
             tls.clone(),
         ));
         let addr = self.addr;
@@ -102,7 +107,7 @@ impl GrpcServing {
             servers.spawn_on(
                 async move {
                     match listener.into_tokio() {
-                        Ok(l) => serve_grpc(router, l, drain, tls).await,
+                        Ok(l) => serve_grpc(router, l, (drain, tcp_keepalive), tls).await,
                         Err(source) => Err(ServerError::Bind {
                             what: "gRPC",
                             addr,
@@ -121,7 +126,7 @@ impl GrpcServing {
 async fn serve_grpc(
     router: tonic::transport::server::Router,
     listener: GrpcListener,
-    drain: ShutdownWatch,
+    (drain, tcp_keepalive): (ShutdownWatch, Option<std::time::Duration>),
     tls: Option<tls::TlsAcceptors>,
 ) -> Result<(), ServerError> {
     let pending = std::future::pending::<()>;
@@ -136,7 +141,7 @@ async fn serve_grpc(
                 .map_err(ServerError::Grpc);
         }
     };
-    let incoming = incoming::DrainingIncoming::new(listener, drain);
+    let incoming = incoming::DrainingIncoming::new(incoming::Tcp(listener, tcp_keepalive), drain);
     let served = match tls {
         None => {
             router

@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 mod check;
+mod http2;
 mod observe;
 mod parse;
 mod redis;
@@ -361,6 +362,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub rlqs: rlqs::RlqsArgs,
+
+    #[command(flatten)]
+    pub http2: http2::Http2Args,
 
     /// Counters the in-memory store holds at most (used when no `REDIS_URL` is set): about 100
     /// bytes each when full. Past it, the counter closest to expiry is evicted (it starts

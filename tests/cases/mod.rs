@@ -66,6 +66,7 @@ mod hostile_rates;
 mod hostile_reservations;
 mod hostile_rlqs;
 mod http;
+mod http2_bounds;
 mod in_flight;
 mod lease_metrics;
 mod local_mode;
