@@ -15,12 +15,11 @@
 
 mod allocate;
 pub mod bucket;
+mod server;
 mod stream;
 mod work;
 
-use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::{
-    RateLimitQuotaService, RateLimitQuotaServiceServer,
-};
+use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaService;
 use crate::proto::envoy::service::rate_limit_quota::v3::{
     RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
@@ -53,6 +52,10 @@ pub struct QuotaSettings {
     /// A stream that sends no first report within this is ended (an Envoy sends its first
     /// report as it opens the stream).
     pub first_report_timeout: Duration,
+    /// The largest usage report taken, in bytes (refused from its length prefix, unread).
+    pub max_report_bytes: usize,
+    /// Usages one report may carry, counted before it is decoded.
+    pub max_usages_per_report: usize,
 }
 
 impl Default for QuotaSettings {
@@ -65,15 +68,17 @@ impl Default for QuotaSettings {
             show_values: false,
             bucket_timeout: Duration::from_secs(300),
             first_report_timeout: Duration::from_secs(30),
+            max_report_bytes: MAX_REPORT_BYTES,
+            max_usages_per_report: 100_000,
         }
     }
 }
 
-/// The largest usage report taken (tonic's default is 4 MiB): Envoy reports every bucket it
-/// holds in one message, about 80 bytes each, so 4 MiB would end the stream of an Envoy holding
-/// some 50 000 buckets, and it would reconnect and resend the same report for ever. 16 MiB is
-/// about 200 000 buckets, and one message per stream is in memory at a time.
-pub const MAX_REPORT_BYTES: usize = 16 << 20;
+/// The default largest usage report (`RLQS_MAX_REPORT_BYTES`): Envoy reports every bucket it
+/// holds in one message, about 80 bytes each, so 8 MiB is about 100 000 buckets (the default
+/// `RLQS_MAX_USAGES_PER_REPORT`); an Envoy holding more has its stream ended and reconnects to
+/// the same refusal, so both are settings. One message per stream is in memory at a time.
+pub const MAX_REPORT_BYTES: usize = 8 << 20;
 
 /// The RLQS gRPC service around the one `RateLimiter` (its rules and store).
 #[derive(Debug, Clone)]
@@ -116,9 +121,10 @@ impl QuotaService {
         }
     }
 
-    /// The gRPC service, taking reports up to [`MAX_REPORT_BYTES`].
-    pub fn into_server(self) -> RateLimitQuotaServiceServer<Self> {
-        RateLimitQuotaServiceServer::new(self).max_decoding_message_size(MAX_REPORT_BYTES)
+    /// The gRPC service, taking reports of the settings' bytes and usages at most.
+    pub fn into_server(self) -> server::QuotaServer {
+        let s = self.shared.settings;
+        server::QuotaServer::new(self, s.max_report_bytes, s.max_usages_per_report)
     }
 }
 

@@ -43,6 +43,20 @@ pub struct RlqsArgs {
         value_parser = crate::settings::parse_duration)]
     pub rlqs_first_report_timeout: std::time::Duration,
 
+    /// The largest usage report taken, in bytes; a larger one ends its stream with
+    /// OUT_OF_RANGE, unread. An Envoy reports about 80 bytes per bucket it holds.
+    #[arg(long, env = "RLQS_MAX_REPORT_BYTES",
+        default_value_t = QuotaSettings::default().max_report_bytes as u32,
+        value_parser = clap::value_parser!(u32).range(1024..=(64 << 20)))]
+    pub rlqs_max_report_bytes: u32,
+
+    /// Bucket usages one report may carry, counted on the wire before it is decoded; one more
+    /// ends the stream with INVALID_ARGUMENT.
+    #[arg(long, env = "RLQS_MAX_USAGES_PER_REPORT",
+        default_value_t = QuotaSettings::default().max_usages_per_report as u32,
+        value_parser = clap::value_parser!(u32).range(1..))]
+    pub rlqs_max_usages_per_report: u32,
+
     /// Show bucket values on `/debug/rlqs` (by default each value is shown as its length only).
     #[arg(
         long,
@@ -66,6 +80,8 @@ impl RlqsArgs {
             bucket_timeout: self.rlqs_bucket_timeout,
             first_report_timeout: self.rlqs_first_report_timeout,
             show_values: self.rlqs_debug_show_values,
+            max_report_bytes: self.rlqs_max_report_bytes as usize,
+            max_usages_per_report: self.rlqs_max_usages_per_report as usize,
         }
     }
 }

@@ -119,15 +119,15 @@ impl QuotaStream {
             let expiry = self.next_expiry();
             let actions = tokio::select! {
                 m = inbound.message() => match m {
-                    Ok(Some(report)) if self.domain.is_none() && report.domain.is_empty() => {
-                        // The proto requires the domain in a stream's first report: without
-                        // it no bucket names a limit, and nothing reported could be recorded.
-                        let why = "the first usage report of a stream must name its domain";
-                        let _ = tx.send(Err(Status::invalid_argument(why))).await;
+                    Ok(Some(report)) if self.domain.is_some() || !report.domain.is_empty() => {
+                        self.on_report(report).await
+                    }
+                    m => {
+                        if let Some(why) = actions::ending(m, self.number) {
+                            let _ = tx.send(Err(why)).await;
+                        }
                         break;
                     }
-                    Ok(Some(report)) => self.on_report(report).await,
-                    Ok(None) | Err(_) => break,
                 },
                 () = sleep_until(boundary, self.now()) => self.refresh().await,
                 () = sleep_until(expiry, self.now()) => match self.expire().await {

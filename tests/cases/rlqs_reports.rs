@@ -1,0 +1,125 @@
+//! RLQS reports as a hostile peer sends them (issue 38, decode amplification): an empty usage is
+//! 2 bytes on the wire and about 88 decoded. A report over `RLQS_MAX_REPORT_BYTES` is refused
+//! from its length prefix, and one of more than `RLQS_MAX_USAGES_PER_REPORT` usages is refused
+//! before it is decoded, each ending its stream with a clear status while sluice's resident
+//! memory stays within 200 MB of idle; the next stream is served. Sent as raw gRPC frames over
+//! a real HTTP/2 client (h2), so the test itself holds the wire bytes and no decoded message.
+
+use crate::support::binary::{serve, SluiceProcess};
+use bytes::{BufMut, Bytes, BytesMut};
+use prost::Message;
+use sluice::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use sluice::proto::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
+use tokio::net::TcpStream;
+
+const YAML: &str = "domain: rlqs\ndescriptors:\n  - key: x-api-key\n    rate_limit: { unit: minute, requests_per_unit: 600 }\n";
+
+/// A report of domain `rlqs` and `n` empty usages, as a gRPC frame (5-byte prefix).
+fn empty_usages(n: usize) -> Bytes {
+    let mut body = BytesMut::with_capacity(8 + 2 * n);
+    body.put_slice(&[0x0a, 4]);
+    body.put_slice(b"rlqs");
+    for _ in 0..n {
+        body.put_slice(&[0x12, 0]);
+    }
+    frame(&body)
+}
+
+fn frame(body: &[u8]) -> Bytes {
+    let mut f = BytesMut::with_capacity(5 + body.len());
+    f.put_u8(0);
+    f.put_u32(u32::try_from(body.len()).expect("frame size"));
+    f.put_slice(body);
+    f.freeze()
+}
+
+/// What one stream got for `report`: the grpc-status and message if it ended, or `None` and
+/// the first response message's size if it answered and stayed open.
+async fn send(sluice: &SluiceProcess, report: Bytes) -> (Option<String>, String, usize) {
+    let tcp = TcpStream::connect(sluice.grpc).await.expect("connect");
+    let (mut h2, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(connection);
+    let request = http::Request::post(format!(
+        "http://{}/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas",
+        sluice.grpc
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .expect("request");
+    let (response, mut out) = h2.send_request(request, false).expect("send");
+    // h2 queues the data and sends it as flow control allows; the stream stays open.
+    out.send_data(report, false).expect("report queued");
+    let response = response.await.expect("response headers");
+    let field =
+        |h: &http::HeaderMap, k: &str| h.get(k).map(|v| v.to_str().unwrap_or("?").to_string());
+    if let Some(status) = field(response.headers(), "grpc-status") {
+        let message = field(response.headers(), "grpc-message").unwrap_or_default();
+        return (Some(status), message, 0);
+    }
+    let mut body = response.into_body();
+    if let Some(data) = body.data().await {
+        return (None, String::new(), data.expect("data").len());
+    }
+    let trailers = body.trailers().await.expect("trailers").unwrap_or_default();
+    let message = field(&trailers, "grpc-message").unwrap_or_default();
+    (field(&trailers, "grpc-status"), message, 0)
+}
+
+/// Resident memory of a process in bytes: now (`VmRSS:`) or its peak so far (`VmHWM:`).
+fn memory(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("/proc status")
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("memory field")
+        * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_of_empty_usages_are_refused_before_they_are_decoded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("rlqs.yaml");
+    std::fs::write(&config, YAML).expect("config");
+    let sluice = SluiceProcess::spawn(serve(&config)).await;
+    let idle = memory(sluice.pid(), "VmRSS:");
+
+    // 16 MiB of empty usages: over the 8 MiB default, refused from the length prefix.
+    let (status, message, _) = send(&sluice, empty_usages(8 << 20)).await;
+    assert_eq!(status.as_deref(), Some("11"), "OUT_OF_RANGE: {message}");
+    // Just under 8 MiB: 4 million empty usages, refused on the count before decoding.
+    let (status, message, _) = send(&sluice, empty_usages((4 << 20) - 8)).await;
+    assert_eq!(status.as_deref(), Some("3"), "INVALID_ARGUMENT: {message}");
+    assert!(message.contains("RLQS_MAX_USAGES_PER_REPORT"), "{message}");
+    // One past the cap, and exactly the cap (decoded: a response comes).
+    let (status, message, _) = send(&sluice, empty_usages(100_001)).await;
+    assert_eq!(status.as_deref(), Some("3"), "{message}");
+    let peak = memory(sluice.pid(), "VmHWM:");
+    println!(
+        "RLQS empty-usage reports: resident {} MiB idle, peak {} MiB",
+        idle >> 20,
+        peak >> 20
+    );
+    assert!(
+        peak < idle + (200 << 20),
+        "sluice's resident memory peaked at {} MiB, {} MiB idle",
+        peak >> 20,
+        idle >> 20
+    );
+
+    // The next stream, an ordinary report: answered.
+    let report = RateLimitQuotaUsageReports {
+        domain: "rlqs".into(),
+        bucket_quota_usages: vec![BucketQuotaUsage {
+            bucket_id: Some(BucketId {
+                bucket: [("x-api-key".to_string(), "k".to_string())].into(),
+            }),
+            num_requests_allowed: 1,
+            ..Default::default()
+        }],
+    };
+    let (status, message, got) = send(&sluice, frame(&report.encode_to_vec())).await;
+    assert_eq!(status, None, "{message}");
+    assert!(got > 5, "a response message");
+}
