@@ -61,12 +61,30 @@ pub struct DescriptorHits {
 struct SeriesSet {
     pairs: std::collections::HashMap<Box<str>, std::collections::HashSet<Box<str>>>,
     len: usize,
+    /// Times the write lock was taken.
+    writes: u64,
 }
 
 /// (domain, descriptor key) pairs with per-descriptor series of their own, at most.
 pub const MAX_DESCRIPTOR_SERIES: usize = 10_000;
 /// The descriptor key the pairs past [`MAX_DESCRIPTOR_SERIES`] are counted under.
 pub const OVERFLOW_KEY: &str = "_overflow";
+/// The longest descriptor key label, in bytes: a longer key (request values can be kilobytes)
+/// is labelled with its first this many (cut at a character boundary), so a scrape of the full
+/// table stays a few megabytes.
+pub const MAX_LABEL_BYTES: usize = 256;
+
+/// `key`'s first [`MAX_LABEL_BYTES`] bytes, at a character boundary.
+fn label_prefix(key: &str) -> &str {
+    if key.len() <= MAX_LABEL_BYTES {
+        return key;
+    }
+    let mut end = MAX_LABEL_BYTES;
+    while !key.is_char_boundary(end) {
+        end -= 1;
+    }
+    key.get(..end).unwrap_or_default()
+}
 
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -311,16 +329,23 @@ impl Metrics {
             .inc();
     }
 
-    /// `key`, or [`OVERFLOW_KEY`] once [`MAX_DESCRIPTOR_SERIES`] other pairs have series.
-    /// A known pair costs a shared read lock and two lookups, no allocation.
+    /// `key` (its first [`MAX_LABEL_BYTES`]), or [`OVERFLOW_KEY`] once [`MAX_DESCRIPTOR_SERIES`]
+    /// other pairs have series. A known pair, and any pair once the table is full, costs a
+    /// shared read lock and two lookups, no allocation: only a pair that gets a series of its
+    /// own (at most [`MAX_DESCRIPTOR_SERIES`] in the process's life) takes the write lock.
     fn series_key<'k>(&self, domain: &str, key: &'k str) -> &'k str {
+        let key = label_prefix(key);
         let known = |s: &SeriesSet| s.pairs.get(domain).is_some_and(|keys| keys.contains(key));
-        if self.descriptor_series.read().map_or(true, |s| known(&s)) {
-            return key;
+        match self.descriptor_series.read() {
+            Ok(s) if known(&s) => return key,
+            Ok(s) if s.len >= MAX_DESCRIPTOR_SERIES => return OVERFLOW_KEY,
+            Ok(_) => {}
+            Err(_) => return key,
         }
         let Ok(mut set) = self.descriptor_series.write() else {
             return key;
         };
+        set.writes += 1;
         if known(&set) {
             return key;
         }
@@ -515,6 +540,11 @@ mod tests {
         for i in 0..MAX_DESCRIPTOR_SERIES + 500 {
             m.descriptor("d", &format!("user_{i}"), hits);
         }
+        let writes = m.descriptor_series.read().expect("lock").writes;
+        assert_eq!(
+            writes, MAX_DESCRIPTOR_SERIES as u64,
+            "once the table is full, a new key takes no write lock"
+        );
         m.descriptor("d", "user_7", hits);
         let total = m
             .gather()
@@ -540,5 +570,26 @@ mod tests {
             Some(2.0),
             "a known key keeps its series"
         );
+    }
+
+    #[test]
+    fn a_long_key_is_labelled_with_its_first_256_bytes() {
+        let m = Metrics::new().expect("metrics");
+        let hits = DescriptorHits {
+            hits: 1,
+            ..DescriptorHits::default()
+        };
+        // 70 KB: cut at 256 bytes, back to a character boundary (x and 127 two-byte ones).
+        m.descriptor("e", &format!("x{}", "é".repeat(35_000)), hits);
+        let mut labels: Vec<usize> = m
+            .gather()
+            .into_iter()
+            .filter(|f| f.name() == "sluice_rate_limit_total_hits")
+            .flat_map(|f| f.get_metric().to_vec())
+            .flat_map(|s| s.get_label().to_vec())
+            .map(|l| l.value().len())
+            .collect();
+        labels.sort_unstable();
+        assert_eq!(labels, vec![1, 255], "domain and key: {labels:?}");
     }
 }
