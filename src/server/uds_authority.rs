@@ -11,6 +11,12 @@
 //! (a gRPC server does not route on it). Everything else reaches tonic as the client sent it.
 //! TCP connections never take this path. The cost is one more copy per byte on a Unix socket.
 //!
+//! The relay holds the client to what tonic itself accepts on TCP (hyper's HTTP/2 server): frames
+//! of at most 16 KiB (the SETTINGS_MAX_FRAME_SIZE sluice advertises) and header lists of at most
+//! 16 KiB (a larger one ends the connection), and a connection preface within 10 s. PRIORITY
+//! frames are dropped: h2's codec cannot encode one (it panicked the relay), and the server
+//! ignores them anyway (RFC 9113 deprecates them).
+//!
 //! Known limit: the codec drops the padding of padded DATA frames (which gRPC clients do not
 //! send), so such a client's flow-control window would drift.
 
@@ -27,9 +33,13 @@ use tokio_stream::StreamExt;
 const PREFACE_LEN: usize = 24;
 /// Bytes in flight in each direction of the in-process pipe.
 const PIPE_BYTES: usize = 64 * 1024;
-/// Largest frame accepted from the client: HTTP/2's own maximum, so a client that obeys a
-/// larger SETTINGS_MAX_FRAME_SIZE from tonic is never refused here.
-const MAX_FRAME: usize = (1 << 24) - 1;
+/// Largest frame accepted from the client: HTTP/2's default SETTINGS_MAX_FRAME_SIZE, which
+/// tonic advertises (sluice sets no larger one).
+const MAX_FRAME: usize = 16 * 1024;
+/// Largest header list accepted from the client: hyper's server default, as on TCP.
+const MAX_HEADER_LIST: usize = 16 * 1024;
+/// How long a client may take to send the connection preface.
+const PREFACE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Relays `conn` through a task that fixes `:authority`; returns the end tonic serves.
 pub(crate) fn relay(conn: UnixStream) -> DuplexStream {
@@ -52,15 +62,24 @@ async fn pump(client: UnixStream, server: DuplexStream) -> io::Result<()> {
     };
     let up = async move {
         let mut preface = [0u8; PREFACE_LEN];
-        client_r.read_exact(&mut preface).await?;
+        tokio::time::timeout(PREFACE_WAIT, client_r.read_exact(&mut preface))
+            .await
+            .map_err(|_| io::Error::other("no connection preface within 10 s"))??;
         server_w.write_all(&preface).await?;
         let mut from_client: Codec<_, Bytes> =
             Codec::new(tokio::io::join(client_r, tokio::io::sink()));
         from_client.set_max_recv_frame_size(MAX_FRAME);
+        from_client.set_max_recv_header_list_size(MAX_HEADER_LIST);
         let mut to_server: Codec<_, Bytes> =
             Codec::new(tokio::io::join(tokio::io::empty(), server_w));
         while let Some(frame) = from_client.next().await {
-            let frame = frame.map_err(|e| io::Error::other(format!("{e:?}")))?;
+            let frame = match frame.map_err(|e| io::Error::other(format!("{e:?}")))? {
+                Frame::Priority(_) => continue,
+                Frame::Headers(h) if h.is_over_size() => {
+                    return Err(io::Error::other("a header list over 16 KiB"));
+                }
+                frame => frame,
+            };
             poll_fn(|cx| to_server.poll_ready(cx)).await?;
             to_server
                 .buffer(valid_authority(frame))

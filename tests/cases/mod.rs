@@ -88,4 +88,5 @@ mod shutdown;
 pub mod store;
 mod tls;
 mod tracing;
+mod uds_relay;
 mod xds;
