@@ -140,6 +140,8 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, SettingsError> {
     config.envoy_stats = args.stats.settings()?;
     config.quota = args.rlqs.settings();
     config.http2 = args.http2.limits();
+    config.json_endpoint = args.json.json_endpoint;
+    config.json_negative_hits = args.json.json_allow_negative_hits;
     if args.grpc_uds.is_some() && config.grpc_tls.is_some() {
         return Err(SettingsError::Tls(
             "GRPC_UDS and GRPC_SERVER_USE_TLS are both set: sluice serves a Unix socket in \

@@ -96,6 +96,12 @@ pub struct ServerConfig {
     pub connection_age: Option<ConnectionAge>,
     /// The gRPC listener's HTTP/2 and TCP bounds.
     pub http2: Http2Limits,
+    /// `JSON_ENDPOINT`: serve `/json` on the plaintext HTTP port; `None`: only when gRPC is
+    /// plaintext too (with TLS on, `/json` would let a caller without a certificate around it).
+    pub json_endpoint: Option<bool>,
+    /// `JSON_ALLOW_NEGATIVE_HITS`: take `is_negative_hits` on `/json`; `None`: only when gRPC
+    /// is plaintext (a refund zeroes a counter: whoever reaches the port could free anyone).
+    pub json_negative_hits: Option<bool>,
 }
 
 /// The gRPC listener's per-connection bounds (settings/http2.rs says what each is for).
@@ -164,6 +170,8 @@ impl ServerConfig {
             debug_addr: None,
             connection_age: None,
             http2: Http2Limits::default(),
+            json_endpoint: None,
+            json_negative_hits: None,
         }
     }
 }

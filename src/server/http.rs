@@ -72,10 +72,19 @@ impl Transcoder {
     }
 }
 
+/// What `/json` takes (`JSON_ENDPOINT`, `JSON_ALLOW_NEGATIVE_HITS`; both off by default when
+/// gRPC is served with TLS: the HTTP port is plaintext and has no client certificate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct JsonPolicy {
+    pub serve: bool,
+    pub negative_hits: bool,
+}
+
 #[derive(Debug, Clone)]
 struct AdminState {
     limiter: Arc<RateLimiter>,
     transcoder: Transcoder,
+    json: JsonPolicy,
     shutdown: ShutdownWatch,
     /// `RLQS_DEBUG_SHOW_VALUES`: `/debug/rlqs` shows bucket values.
     show_bucket_values: bool,
@@ -84,7 +93,7 @@ struct AdminState {
 /// The admin routes.
 pub(crate) fn router(
     limiter: Arc<RateLimiter>,
-    transcoder: Transcoder,
+    (transcoder, policy): (Transcoder, JsonPolicy),
     shutdown: ShutdownWatch,
     show_bucket_values: bool,
 ) -> Router {
@@ -100,6 +109,7 @@ pub(crate) fn router(
         .with_state(AdminState {
             limiter,
             transcoder,
+            json: policy,
             shutdown,
             show_bucket_values,
         })
@@ -240,10 +250,19 @@ async fn rlqs_assignments(
 }
 
 async fn json(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> Response {
+    if !s.json.serve {
+        let why = "/json is off: gRPC is served with TLS and this port is plaintext \
+                   (JSON_ENDPOINT=true serves it anyway)";
+        return json_error(StatusCode::FORBIDDEN, why);
+    }
     let request = match s.transcoder.decode_request(&body) {
         Ok(r) => r,
         Err(e) => return json_error(StatusCode::BAD_REQUEST, &format!("malformed request: {e}")),
     };
+    if !s.json.negative_hits && request.descriptors.iter().any(|d| d.is_negative_hits) {
+        let why = "is_negative_hits is refused on /json (JSON_ALLOW_NEGATIVE_HITS)";
+        return json_error(StatusCode::FORBIDDEN, why);
+    }
     let parent = crate::telemetry::trace::parent_from_headers(&headers);
     let response = match s
         .limiter

@@ -167,9 +167,14 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         &draining,
     );
     // /healthcheck fails from the trigger on (the drain delay included), not from the drain.
+    let plaintext = config.grpc_tls.is_none();
+    let json = http::JsonPolicy {
+        serve: config.json_endpoint.unwrap_or(plaintext),
+        negative_hits: config.json_negative_hits.unwrap_or(plaintext),
+    };
     let app = http::router(
         Arc::clone(&limiter),
-        transcoder,
+        (transcoder, json),
         trigger.clone(),
         config.quota.show_values,
     );

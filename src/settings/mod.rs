@@ -16,6 +16,7 @@ use std::time::Duration;
 
 mod check;
 mod http2;
+mod json;
 mod observe;
 mod parse;
 mod redis;
@@ -365,6 +366,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub http2: http2::Http2Args,
+
+    #[command(flatten)]
+    pub json: json::JsonArgs,
 
     /// Counters the in-memory store holds at most (used when no `REDIS_URL` is set): about 100
     /// bytes each when full. Past it, the counter closest to expiry is evicted (it starts

@@ -723,3 +723,48 @@ async fn sluice_bench_speaks_mutual_tls() {
     }
     running.stop().await.expect("stops");
 }
+
+/// `/json` on the plaintext HTTP port follows gRPC's TLS (issue 38): with mutual TLS on gRPC it
+/// is refused (it has no client certificate to check) unless `JSON_ENDPOINT` turns it on, and
+/// `is_negative_hits` is refused there unless `JSON_ALLOW_NEGATIVE_HITS`; with plaintext gRPC
+/// both are served, and refunds can be turned off.
+#[tokio::test]
+async fn json_follows_grpc_tls_and_refuses_refunds_with_it() {
+    let files = TlsFiles::new("sluice test CA");
+    let mtls =
+        || TlsSettings::new(&files.server_cert, &files.server_key).with_client_ca(&files.ca_cert);
+    let charge = r#"{"domain":"tls","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+    let refund = r#"{"domain":"tls","descriptors":[{"entries":[{"key":"k","value":"v"}],"hitsAddend":1,"isNegativeHits":true}]}"#;
+    let start = |tls: Option<TlsSettings>, serve: Option<bool>, refunds: Option<bool>| {
+        let config = ServerConfig {
+            grpc_tls: tls,
+            json_endpoint: serve,
+            json_negative_hits: refunds,
+            ..ServerConfig::for_tests(rules(RULES), Arc::new(ManualClock::new(T0)))
+        };
+        async move { server::start(config).await.expect("server starts") }
+    };
+    let status = |running: &Running, body: &'static str| {
+        let addr = running.http_addr();
+        async move { http_request(addr, "POST", "/json", &[], body).await.0 }
+    };
+    // mTLS on gRPC: /json refused by default, whatever the body.
+    let tls = start(Some(mtls()), None, None).await;
+    assert_eq!(status(&tls, charge).await, 403);
+    assert_eq!(status(&tls, refund).await, 403);
+    tls.stop().await.expect("stop");
+    // Turned on: decisions served, refunds still refused.
+    let tls = start(Some(mtls()), Some(true), None).await;
+    assert_eq!(status(&tls, charge).await, 200);
+    assert_eq!(status(&tls, refund).await, 403);
+    tls.stop().await.expect("stop");
+    // Plaintext gRPC: both served (envoyproxy's behaviour); refunds can be refused.
+    let plain = start(None, None, None).await;
+    assert_eq!(status(&plain, charge).await, 200);
+    assert_eq!(status(&plain, refund).await, 200);
+    plain.stop().await.expect("stop");
+    let plain = start(None, None, Some(false)).await;
+    assert_eq!(status(&plain, refund).await, 403);
+    assert_eq!(status(&plain, charge).await, 200);
+    plain.stop().await.expect("stop");
+}
