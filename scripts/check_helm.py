@@ -360,6 +360,16 @@ def check_common(values: dict[str, Any], docs: list[tuple[str, dict[str, Any]]],
     C.equal(len(by_kind(docs, "PodDisruptionBudget")), int(values.get("pdb", {}).get("enabled", False)), "PDB present iff pdb.enabled")
     C.equal(len(by_kind(docs, "ServiceMonitor")), int(values.get("serviceMonitor", {}).get("enabled", False)),
             "ServiceMonitor present iff serviceMonitor.enabled")
+    np_on = values.get("networkPolicy", {}).get("enabled", False)
+    C.equal(len(by_kind(docs, "NetworkPolicy")), int(np_on), "NetworkPolicy present iff networkPolicy.enabled")
+    for np in by_kind(docs, "NetworkPolicy"):
+        C.equal(np["spec"]["podSelector"]["matchLabels"], selector, "NetworkPolicy selects sluice's pods")
+        C.equal(np["spec"]["policyTypes"], ["Ingress"], "NetworkPolicy on ingress")
+        rules = np["spec"]["ingress"]
+        C.equal(rules[0]["ports"], [{"port": "grpc", "protocol": "TCP"}], "gRPC rule's port")
+        C.expect(len(rules[0]["from"]) > 0, "the gRPC rule names its peers (an empty from allows all)")
+        http_from = values["networkPolicy"].get("httpFrom", [])
+        C.equal(len(rules), 1 + int(bool(http_from)), "an HTTP rule iff httpFrom")
     for pdb in by_kind(docs, "PodDisruptionBudget"):
         C.equal(pdb["spec"]["selector"]["matchLabels"], selector, "PDB selector")
     for hpa in by_kind(docs, "HorizontalPodAutoscaler"):
@@ -474,6 +484,10 @@ def facts_cluster(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> Non
     C.equal((hpa["minReplicas"], hpa["maxReplicas"]), (3, 12), "HPA min/max")
     C.equal(hpa["metrics"][0]["resource"]["target"], {"type": "Utilization", "averageUtilization": 60}, "HPA CPU target")
     C.equal(one(docs, "PodDisruptionBudget", FULLNAME)["spec"].get("minAvailable"), 2, "PDB minAvailable")
+    np = one(docs, "NetworkPolicy", FULLNAME)["spec"]["ingress"]
+    C.equal(np[0]["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/managed-by"], "envoy-gateway",
+            "NetworkPolicy: the gateway pods by default")
+    C.equal(np[1]["ports"], [{"port": "http", "protocol": "TCP"}], "NetworkPolicy: the HTTP rule's port")
     sm = one(docs, "ServiceMonitor", FULLNAME)
     C.equal(sm["metadata"]["labels"].get("release"), "kube-prometheus-stack", "ServiceMonitor extra label")
     C.equal(sm["spec"]["endpoints"][0].get("interval"), "15s", "ServiceMonitor interval")
@@ -567,6 +581,8 @@ VALUE_SETS: list[tuple[str, dict[str, Any], Callable[..., None]]] = [
         "autoscaling": {"enabled": True, "minReplicas": 3, "maxReplicas": 12, "targetCPUUtilizationPercentage": 60},
         "pdb": {"enabled": True, "minAvailable": 2},
         "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "kube-prometheus-stack"}},
+        "networkPolicy": {"enabled": True, "httpFrom": [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "monitoring"}}}]},
     }, facts_cluster),
     ("dashboard+alerts", {
         "grafanaDashboard": {"enabled": True, "namespace": "monitoring",
@@ -610,6 +626,8 @@ BAD_VALUES: list[tuple[str, dict[str, Any], list[str]]] = [
     ("headless NodePort", {"service": {"type": "NodePort", "clusterIP": "None"}}, ["/service/type", "'ClusterIP'"]),
     ("tracing without endpoint", {"tracing": {"enabled": True}}, ["/tracing/endpoint"]),
     ("ratio above 1", {"settings": {"nearLimitRatio": 1.5}}, ["/settings/nearLimitRatio", "maximum"]),
+    ("NetworkPolicy allowing everyone", {"networkPolicy": {"enabled": True, "grpcFrom": []}},
+     ["/networkPolicy/grpcFrom", "minItems"]),
     ("PDB with both bounds", {"pdb": {"enabled": True, "minAvailable": 1, "maxUnavailable": 1}}, ["/pdb/maxUnavailable"]),
     ("extra rule group without rules", {"prometheusRule": {"enabled": True, "additionalGroups": [{"name": "x"}]}},
      ["/prometheusRule/additionalGroups/0", "rules"]),
