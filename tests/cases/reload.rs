@@ -290,3 +290,81 @@ async fn an_in_flight_request_finishes_on_the_rules_it_started_with() {
     assert_eq!(limit(&r), 70, "the next request uses the new rules");
     running.stop().await.expect("clean stop");
 }
+
+/// Resident memory of a process in bytes: now (`VmRSS:`) or its peak so far (`VmHWM:`).
+fn resident(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("/proc status")
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("memory field")
+        * 1024
+}
+
+/// A YAML alias bomb reloaded into the running binary (issue 38): a 500 KiB string aliased
+/// 90 000 times fits a 1 MiB ConfigMap and would expand to 45 GB. The reload is refused with an
+/// error naming the file, its line and the alias budget, the old rules stay in force, and the
+/// process's peak resident memory grows by less than 64 MB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alias_bomb_reload_is_refused_and_costs_no_memory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("live.yaml");
+    std::fs::write(&file, config(7)).expect("config");
+    let mut command = crate::support::binary::serve(dir.path());
+    command.env("CONFIG_RELOAD_INTERVAL", "100ms");
+    let sluice = crate::support::binary::SluiceProcess::spawn(command).await;
+    let probe = || async {
+        let mut c = sluice::proto::rate_limit_service_client::RateLimitServiceClient::connect(
+            sluice.grpc_url(),
+        )
+        .await
+        .expect("connect");
+        let r = c
+            .should_rate_limit(one("live", &[("k", "probe")]))
+            .await
+            .expect("decides")
+            .into_inner();
+        limit(&r)
+    };
+    assert_eq!(probe().await, 7);
+    let baseline = resident(sluice.pid(), "VmRSS:");
+
+    let mut bomb = config(9);
+    bomb.push_str(&format!("x: &a \"{}\"\ny: [", "a".repeat(500 * 1024)));
+    bomb.push_str(&vec!["*a"; 90_000].join(","));
+    bomb.push_str("]\n");
+    assert!(
+        bomb.len() < 1 << 20,
+        "fits a ConfigMap: {} bytes",
+        bomb.len()
+    );
+    std::fs::write(&file, &bomb).expect("bomb");
+
+    let http_addr = sluice.http;
+    eventually("the bomb's reload is refused", || async {
+        let (_, body) = http(http_addr, "GET", "/config/status", "").await;
+        body.contains("\"reloads_failed\":1")
+    })
+    .await;
+    let (_, body) = http(http_addr, "GET", "/config/status", "").await;
+    let status: serde_json::Value = serde_json::from_str(&body).expect("JSON status");
+    let error = status["last_reload"]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("live.yaml:6:") && error.contains("aliases expand to more than 8 MiB"),
+        "the error names the file, the line and the budget: {error}"
+    );
+    assert_eq!(probe().await, 7, "the old rules stay in force");
+    let peak = resident(sluice.pid(), "VmHWM:");
+    println!(
+        "alias bomb: resident {} MiB before, peak {} MiB",
+        baseline >> 20,
+        peak >> 20
+    );
+    assert!(
+        peak < baseline + (64 << 20),
+        "peak {} MiB, {} MiB before the bomb",
+        peak >> 20,
+        baseline >> 20
+    );
+}
