@@ -27,6 +27,7 @@ pub use signal::shutdown_signal;
 mod background;
 mod config;
 mod health;
+mod rls_codec;
 mod serve;
 mod supervise;
 mod uds_authority;

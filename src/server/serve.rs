@@ -72,7 +72,7 @@ impl GrpcServing {
         draining: &ShutdownWatch,
     ) -> (JoinHandle<Result<(), ServerError>>, Workers) {
         let mut routes = self.routes;
-        routes.add_service(grpc::RlsService::new(Arc::clone(limiter)).into_server());
+        routes.add_service(super::rls_codec::RlsServer::new(Arc::clone(limiter)));
         routes.add_service(
             crate::quota::QuotaService::new(Arc::clone(limiter), quota, draining.receiver())
                 .into_server(),

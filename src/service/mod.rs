@@ -38,6 +38,7 @@ use plan::plan;
 use respond::Verdict;
 use status::{describe_rules, unix_now};
 use validate::validate;
+pub use validate::validate_wire;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};

@@ -1,5 +1,7 @@
-//! RLQS reports as a hostile peer sends them (issue 38, decode amplification): an empty usage is
-//! 2 bytes on the wire and about 88 decoded. A report over `RLQS_MAX_REPORT_BYTES` is refused
+//! RLQS reports and RLS requests as a hostile peer sends them (issue 38, decode amplification):
+//! an empty usage is 2 bytes on the wire and about 88 decoded, an empty descriptor about 80 (an
+//! RLS request over the descriptor or entry caps is refused on the wire, with the message the
+//! decoded check gives). A report over `RLQS_MAX_REPORT_BYTES` is refused
 //! from its length prefix, and one of more than `RLQS_MAX_USAGES_PER_REPORT` usages is refused
 //! before it is decoded, each ending its stream with a clear status while sluice's resident
 //! memory stays within 200 MB of idle; the next stream is served. Sent as raw gRPC frames over
@@ -36,23 +38,31 @@ fn frame(body: &[u8]) -> Bytes {
 /// What one stream got for `report`: the grpc-status and message if it ended, or `None` and
 /// the first response message's size if it answered and stayed open.
 async fn send(sluice: &SluiceProcess, report: Bytes) -> (Option<String>, String, usize) {
+    let path = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";
+    send_to(sluice, path, report).await
+}
+
+/// [`send`] on any gRPC method.
+async fn send_to(
+    sluice: &SluiceProcess,
+    path: &str,
+    report: Bytes,
+) -> (Option<String>, String, usize) {
     let tcp = TcpStream::connect(sluice.grpc).await.expect("connect");
     let (mut h2, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
     tokio::spawn(connection);
-    let request = http::Request::post(format!(
-        "http://{}/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas",
-        sluice.grpc
-    ))
-    .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .body(())
-    .expect("request");
+    let request = http::Request::post(format!("http://{}/{path}", sluice.grpc))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("request");
     let (response, mut out) = h2.send_request(request, false).expect("send");
-    // h2 queues the data and sends it as flow control allows; the stream stays open.
-    out.send_data(report, false).expect("report queued");
+    // h2 queues the data and sends it as flow control allows; an RLQS stream stays open, a
+    // unary call ends with its message.
+    let unary = path.contains("RateLimitService/");
+    out.send_data(report, unary).expect("report queued");
     let response = response.await.expect("response headers");
-    let field =
-        |h: &http::HeaderMap, k: &str| h.get(k).map(|v| v.to_str().unwrap_or("?").to_string());
+    let field = |h: &http::HeaderMap, k: &str| h.get(k).map(|v| unescape(v.as_bytes()));
     if let Some(status) = field(response.headers(), "grpc-status") {
         let message = field(response.headers(), "grpc-message").unwrap_or_default();
         return (Some(status), message, 0);
@@ -64,6 +74,28 @@ async fn send(sluice: &SluiceProcess, report: Bytes) -> (Option<String>, String,
     let trailers = body.trailers().await.expect("trailers").unwrap_or_default();
     let message = field(&trailers, "grpc-message").unwrap_or_default();
     (field(&trailers, "grpc-status"), message, 0)
+}
+
+/// A `grpc-message` as sent: percent-encoded.
+fn unescape(raw: &[u8]) -> String {
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        let hex = raw
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (raw[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Resident memory of a process in bytes: now (`VmRSS:`) or its peak so far (`VmHWM:`).
@@ -122,4 +154,71 @@ async fn reports_of_empty_usages_are_refused_before_they_are_decoded() {
     let (status, message, got) = send(&sluice, frame(&report.encode_to_vec())).await;
     assert_eq!(status, None, "{message}");
     assert!(got > 5, "a response message");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_requests_over_the_caps_are_refused_before_they_are_decoded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("rlqs.yaml");
+    std::fs::write(&config, YAML).expect("config");
+    let sluice = SluiceProcess::spawn(serve(&config)).await;
+    let idle = memory(sluice.pid(), "VmRSS:");
+    let rls = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    // Just under tonic's 4 MiB: 2 million empty descriptors.
+    let mut body = BytesMut::new();
+    body.put_slice(&[0x0a, 4]);
+    body.put_slice(b"rlqs");
+    for _ in 0..(2 << 20) - 8 {
+        body.put_slice(&[0x12, 0]);
+    }
+    let (status, message, _) = send_to(&sluice, rls, frame(&body)).await;
+    assert_eq!(status.as_deref(), Some("3"), "INVALID_ARGUMENT: {message}");
+    assert!(
+        message.contains("the number of descriptors is 2097144, over the cap of 64"),
+        "{message}"
+    );
+    // One descriptor of a million empty entries.
+    let mut entries = BytesMut::new();
+    for _ in 0..1_000_000 {
+        entries.put_slice(&[0x0a, 0]);
+    }
+    let mut body = BytesMut::new();
+    body.put_slice(&[0x0a, 4]);
+    body.put_slice(b"rlqs");
+    body.put_u8(0x12);
+    prost::encoding::encode_varint(entries.len() as u64, &mut body);
+    body.put_slice(&entries);
+    let (status, message, _) = send_to(&sluice, rls, frame(&body)).await;
+    assert_eq!(status.as_deref(), Some("3"), "{message}");
+    assert!(
+        message.contains("the number of entries of descriptors[0] is 1000000"),
+        "{message}"
+    );
+    let peak = memory(sluice.pid(), "VmHWM:");
+    println!(
+        "RLS empty descriptors and entries: resident {} MiB idle, peak {} MiB",
+        idle >> 20,
+        peak >> 20
+    );
+    assert!(
+        peak < idle + (64 << 20),
+        "peak {} MiB, {} MiB idle",
+        peak >> 20,
+        idle >> 20
+    );
+    // An ordinary request is answered.
+    let request = sluice::proto::RateLimitRequest {
+        domain: "rlqs".into(),
+        descriptors: vec![sluice::proto::RateLimitDescriptor {
+            entries: vec![sluice::proto::rate_limit_descriptor::Entry {
+                key: "x-api-key".into(),
+                value: "k".into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    };
+    let (status, message, got) = send_to(&sluice, rls, frame(&request.encode_to_vec())).await;
+    assert_eq!(status, None, "{message}");
+    assert!(got > 5, "a response");
 }
