@@ -697,9 +697,12 @@ async fn failovers_through_envoy_keep_the_limits_and_the_written_back_usage() {
     );
     let hot = Answers::admitted(&ac.hot, 0.0) as u64;
     let held = cluster_count(&c, "acme", "/api/hot");
+    // As for the fresh key: a request Envoy answered 500 on its own timer may have been
+    // admitted and counted by sluice (seen once under load: 600 counted, 599 admitted, one 500).
+    let dropped = ac.hot.iter().filter(|(_, s, _)| *s == 500).count() as u64;
     assert!(
-        held + 5 >= hot && held <= hot,
-        "cluster: hot counter {held} of {hot}"
+        held + 5 >= hot && held <= hot + dropped,
+        "cluster: hot counter {held} of {hot} admitted, Envoy 500s {dropped}"
     );
     // A key on another master is decided on the store throughout: its answers count down one
     // by one (the cluster runs with `cluster-require-full-coverage no`, so the other masters
