@@ -291,17 +291,6 @@ async fn an_in_flight_request_finishes_on_the_rules_it_started_with() {
     running.stop().await.expect("clean stop");
 }
 
-/// Resident memory of a process in bytes: now (`VmRSS:`) or its peak so far (`VmHWM:`).
-fn resident(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .expect("/proc status")
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("memory field")
-        * 1024
-}
-
 /// A YAML alias bomb reloaded into the running binary (issue 38): a 500 KiB string aliased
 /// 90 000 times fits a 1 MiB ConfigMap and would expand to 45 GB. The reload is refused with an
 /// error naming the file, its line and the alias budget, the old rules stay in force, and the
@@ -328,7 +317,7 @@ async fn an_alias_bomb_reload_is_refused_and_costs_no_memory() {
         limit(&r)
     };
     assert_eq!(probe().await, 7);
-    let baseline = resident(sluice.pid(), "VmRSS:");
+    let baseline = crate::support::binary::resident(sluice.pid(), "VmRSS:");
 
     let mut bomb = config(9);
     bomb.push_str(&format!("x: &a \"{}\"\ny: [", "a".repeat(500 * 1024)));
@@ -355,7 +344,7 @@ async fn an_alias_bomb_reload_is_refused_and_costs_no_memory() {
         "the error names the file, the line and the budget: {error}"
     );
     assert_eq!(probe().await, 7, "the old rules stay in force");
-    let peak = resident(sluice.pid(), "VmHWM:");
+    let peak = crate::support::binary::resident(sluice.pid(), "VmHWM:");
     println!(
         "alias bomb: resident {} MiB before, peak {} MiB",
         baseline >> 20,

@@ -214,12 +214,8 @@ async fn a_give_back_stays_in_its_window(kind: &str) {
 
 test_with_all_stores!(give_back_window_on, kind => a_give_back_stays_in_its_window);
 
-/// On a sliding_log, a settle gives back on the reservation's own log entry (review B9): hits
-/// charged by other requests after the reservation keep counting for their whole period.
-/// Reserved 900 at 0 s, another request's 100 at 1 800 s, settled at 100 at 1 900 s: at
-/// 3 660 s the reservation's entry has left the period, the other request's 100 has not, so 900
-/// are left (the give-back shrank the newest entries before: all 1 000 were).
-async fn a_sliding_log_give_back_shrinks_its_own_entry(kind: &str) {
+/// A server on `kind` with reservations on a sliding_log of 1 000 an hour.
+async fn log_server(kind: &str) -> (TestServer, sluice::clock::ManualClock, Backend) {
     let config = r#"
 domain: ai
 descriptors:
@@ -227,7 +223,7 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1000, algorithm: sliding_log}
     reservations: {lease: 1h, id_key: request_id, done_key: request_done}
 "#;
-    let (store, clock, _backend) = make_store(kind).await;
+    let (store, clock, backend) = make_store(kind).await;
     let s = TestServer::start_on(
         config,
         ServiceOptions::default(),
@@ -235,6 +231,16 @@ descriptors:
         clock.clone(),
     )
     .await;
+    (s, clock, backend)
+}
+
+/// On a sliding_log, a settle gives back on the reservation's own log entry (review B9): hits
+/// charged by other requests after the reservation keep counting for their whole period.
+/// Reserved 900 at 0 s, another request's 100 at 1 800 s, settled at 100 at 1 900 s: at
+/// 3 660 s the reservation's entry has left the period, the other request's 100 has not, so 900
+/// are left (the give-back shrank the newest entries before: all 1 000 were).
+async fn a_sliding_log_give_back_shrinks_its_own_entry(kind: &str) {
+    let (s, clock, _backend) = log_server(kind).await;
     assert_eq!(
         code(&s.call(reserve("u", "a", 900)).await),
         Code::Ok,
@@ -440,21 +446,7 @@ test_with_all_stores!(the_deny_cache_and_releases_on, kind => a_release_ends_a_d
 /// reservation's entry is found and shrunk; past it nothing is given back (it under-admits),
 /// the same on every store.
 async fn a_sliding_log_give_back_searches_a_bounded_span(kind: &str) {
-    let config = r#"
-domain: ai
-descriptors:
-  - key: user
-    rate_limit: {unit: hour, requests_per_unit: 1000, algorithm: sliding_log}
-    reservations: {lease: 1h, id_key: request_id, done_key: request_done}
-"#;
-    let (store, clock, _backend) = make_store(kind).await;
-    let s = TestServer::start_on(
-        config,
-        ServiceOptions::default(),
-        Some(store),
-        clock.clone(),
-    )
-    .await;
+    let (s, clock, _backend) = log_server(kind).await;
     for (user, newer, left) in [("near", 255, 1000 - 255), ("far", 256, 1000 - 256 - 500)] {
         assert_eq!(code(&s.call(reserve(user, "a", 500)).await), Code::Ok);
         for _ in 0..newer {

@@ -409,17 +409,6 @@ async fn a_restarted_sluice_on_redis_keeps_the_usage_and_envoy_comes_back() {
     );
 }
 
-/// Resident memory of a process, in bytes: now (`VmRSS`) or its peak so far (`VmHWM`).
-fn memory(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .expect("/proc status")
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmRSS")
-        * 1024
-}
-
 /// What docs/rlqs.md states a tracked bucket costs sluice's peak resident memory at most: its
 /// state, its debug view, its counter and demand-board posting, and its share of the report
 /// and response buffers of the periodic reports carrying every bucket (measured here: 4.0 to
@@ -444,7 +433,7 @@ async fn ten_thousand_keys_stay_under_the_cap_and_idle_buckets_are_abandoned() {
     let e = front(&backend, &s).await;
     let (status, _) = e.get("/", &[("x-api-key", "warm-up")]).await;
     assert_eq!(status, 200);
-    let baseline = memory(s.pid(), "VmRSS:");
+    let baseline = crate::support::binary::resident(s.pid(), "VmRSS:");
     let front_addr = e.front;
     let sem = Arc::new(tokio::sync::Semaphore::new(32));
     let mut sent = Vec::with_capacity(KEYS);
@@ -502,7 +491,7 @@ async fn ten_thousand_keys_stay_under_the_cap_and_idle_buckets_are_abandoned() {
         "Envoy's reports shrank to nothing"
     );
     // The peak over the whole run, abandoning included.
-    let peak = memory(s.pid(), "VmHWM:");
+    let peak = crate::support::binary::resident(s.pid(), "VmHWM:");
     let grown = peak.saturating_sub(baseline);
     println!(
         "RLQS {KEYS} keys, cap {CAP}: {settled} bucket reports in all, none after the abandon; resident {} KiB -> peak {} KiB (+{} KiB, {} B per tracked bucket)",

@@ -98,24 +98,13 @@ fn unescape(raw: &[u8]) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Resident memory of a process in bytes: now (`VmRSS:`) or its peak so far (`VmHWM:`).
-fn memory(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .expect("/proc status")
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("memory field")
-        * 1024
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_of_empty_usages_are_refused_before_they_are_decoded() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("rlqs.yaml");
     std::fs::write(&config, YAML).expect("config");
     let sluice = SluiceProcess::spawn(serve(&config)).await;
-    let idle = memory(sluice.pid(), "VmRSS:");
+    let idle = crate::support::binary::resident(sluice.pid(), "VmRSS:");
 
     // 16 MiB of empty usages: over the 8 MiB default, refused from the length prefix.
     let (status, message, _) = send(&sluice, empty_usages(8 << 20)).await;
@@ -127,7 +116,7 @@ async fn reports_of_empty_usages_are_refused_before_they_are_decoded() {
     // One past the cap, and exactly the cap (decoded: a response comes).
     let (status, message, _) = send(&sluice, empty_usages(100_001)).await;
     assert_eq!(status.as_deref(), Some("3"), "{message}");
-    let peak = memory(sluice.pid(), "VmHWM:");
+    let peak = crate::support::binary::resident(sluice.pid(), "VmHWM:");
     println!(
         "RLQS empty-usage reports: resident {} MiB idle, peak {} MiB",
         idle >> 20,
@@ -162,7 +151,7 @@ async fn rls_requests_over_the_caps_are_refused_before_they_are_decoded() {
     let config = dir.path().join("rlqs.yaml");
     std::fs::write(&config, YAML).expect("config");
     let sluice = SluiceProcess::spawn(serve(&config)).await;
-    let idle = memory(sluice.pid(), "VmRSS:");
+    let idle = crate::support::binary::resident(sluice.pid(), "VmRSS:");
     let rls = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
     // Just under tonic's 4 MiB: 2 million empty descriptors.
     let mut body = BytesMut::new();
@@ -194,7 +183,7 @@ async fn rls_requests_over_the_caps_are_refused_before_they_are_decoded() {
         message.contains("the number of entries of descriptors[0] is 1000000"),
         "{message}"
     );
-    let peak = memory(sluice.pid(), "VmHWM:");
+    let peak = crate::support::binary::resident(sluice.pid(), "VmHWM:");
     println!(
         "RLS empty descriptors and entries: resident {} MiB idle, peak {} MiB",
         idle >> 20,

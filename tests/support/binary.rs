@@ -207,3 +207,15 @@ pub async fn bench(args: &[String]) -> Result<serde_json::Value, String> {
         )
     })
 }
+
+/// Resident memory of a process in bytes, from `/proc/PID/status`: now (`VmRSS:`) or its peak so
+/// far (`VmHWM:`).
+pub fn resident(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("/proc status")
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("memory field")
+        * 1024
+}
