@@ -398,3 +398,41 @@ async fn a_late_answer_is_taken_off_the_window_it_was_asked_in() {
         "the one admitted request counted once in the new window, not refunded there"
     );
 }
+
+/// A request cancelled while it writes its counter's debt back (tonic drops the handler at the
+/// caller's `grpc-timeout` or on RST_STREAM: Envoy's 20 ms on a busy machine) leaves no attempt
+/// behind that never ends: the next request on the counter sends it again under its token and
+/// is decided by the store, and nothing stays owed. (Before: every later request waited for the
+/// dropped attempt, decided locally, and the debt stayed unwritten until the window closed.)
+#[tokio::test(start_paused = true)]
+async fn a_write_back_whose_caller_went_away_is_sent_again() {
+    let r = rig_with(LocalSettings {
+        retry_every: Duration::ZERO,
+        ..LocalSettings::default()
+    });
+    r.store
+        .fail_with(Some(StoreError::Transient("down".into())));
+    r.store.open(1);
+    let d = r
+        .layer
+        .decide_by(vec![check()], None)
+        .await
+        .expect("answered");
+    assert_eq!(d.steps, 0, "decided locally: 1 owed");
+    r.store.fail_with(None);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!r.down(), "the store is back");
+    let calls = r.store.calls();
+    // A's write-back reaches the store and is held there; A's caller goes away.
+    let a = r.start(None);
+    r.store.wait_calls(calls + 1).await;
+    a.abort();
+    assert!(a.await.is_err_and(|e| e.is_cancelled()), "A was cancelled");
+    // B: the write-back again (the held one never answers), then its own call.
+    r.store.open(2);
+    let b = r.start(None);
+    let b = b.await.expect("task").expect("answered");
+    assert!(b.steps > 0, "B decided by the store: {b:?}");
+    assert_eq!(r.layer.owed(), 0, "nothing owed: the episode can end");
+    assert!(!r.deciding(), "the episode ended");
+}

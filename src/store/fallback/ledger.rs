@@ -217,9 +217,53 @@ impl Ledger {
         self.attempt_ended.notify_waiters();
     }
 
+    /// `send` is under way: the attempt ends as failed unless it is confirmed or failed first.
+    pub fn attempt<'a>(&'a self, send: &'a Send) -> Attempt<'a> {
+        Attempt {
+            ledger: self,
+            send: Some(send),
+        }
+    }
+
     /// Counters owing something (at most `max`): what the background write-back walks.
     pub fn keys(&self, max: usize) -> Vec<CounterKey> {
         self.lock().keys().take(max).cloned().collect()
+    }
+}
+
+/// A write-back under way. Its caller may be cancelled at any await (tonic drops a request's
+/// handler at the caller's `grpc-timeout` or on RST_STREAM: Envoy gives up at 20 ms on a busy
+/// machine): dropped unended, the attempt ends as failed, so the next request or the background
+/// pass sends it again under its token (the script applies it once) instead of every request
+/// on the counter waiting for an attempt that will never end and deciding locally until the
+/// window closes (seen through Envoy: a replica stayed local for 37 s after a Cluster failover,
+/// and Redis admitted its share a second time).
+pub struct Attempt<'a> {
+    ledger: &'a Ledger,
+    send: Option<&'a Send>,
+}
+
+impl Attempt<'_> {
+    /// The store confirmed it: the debt is paid.
+    pub fn confirm(mut self) {
+        if let Some(s) = self.send.take() {
+            self.ledger.confirm(s);
+        }
+    }
+
+    /// No confirmation: it stays owed under its token.
+    pub fn fail(mut self) {
+        if let Some(s) = self.send.take() {
+            self.ledger.fail(s);
+        }
+    }
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if let Some(s) = self.send.take() {
+            self.ledger.fail(s);
+        }
     }
 }
 

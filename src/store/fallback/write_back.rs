@@ -92,15 +92,16 @@ impl Shared {
             Duration::from_micros(send.until_us.saturating_sub(now_us)) + Duration::from_secs(60);
         let checks = [check];
         let started = Instant::now();
+        let attempt = self.ledger.attempt(&send);
         let r = tokio::time::timeout_at(give_up, self.inner.write_back(&checks, &token, ttl)).await;
         match r {
             Ok(Ok(())) => {
-                self.ledger.confirm(&send);
+                attempt.confirm();
                 self.tallies.write_backs.add(1);
                 true
             }
             Ok(Err(e)) => {
-                self.ledger.fail(&send);
+                attempt.fail();
                 self.tallies.write_back_failures.add(1);
                 if e.is_transient() {
                     self.suspect_now(&checks);
@@ -108,7 +109,7 @@ impl Shared {
                 false
             }
             Err(_) => {
-                self.ledger.fail(&send);
+                attempt.fail();
                 self.tallies.write_back_failures.add(1);
                 // A write-back cut short by its caller's deadline says nothing about the store;
                 // one that ran the store's whole budget does.
