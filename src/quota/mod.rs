@@ -56,6 +56,17 @@ pub struct QuotaSettings {
     pub max_report_bytes: usize,
     /// Usages one report may carry, counted before it is decoded.
     pub max_usages_per_report: usize,
+    /// Reports of one stream are taken at most this often: one sent sooner waits, merged with
+    /// any others sent meanwhile, so a peer cannot make sluice do a report's store work more
+    /// often than this (Envoy's `reporting_interval` is 5 s in its examples).
+    pub min_report_interval: Duration,
+    /// Store calls the RLQS streams of this process make at once, all streams together: a
+    /// flood of reports queues here instead of on the store every RLS request needs.
+    pub max_store_calls: usize,
+    /// A stream is ended (its assignments sent again with a reconnect TTL, then OK) once it is
+    /// this old, 0.9-1.1x jittered per stream: `GRPC_MAX_CONNECTION_AGE`, so a connection that
+    /// holds an RLQS stream is recycled too (Envoy opens a new stream, and a new connection).
+    pub max_stream_age: Option<Duration>,
 }
 
 impl Default for QuotaSettings {
@@ -70,6 +81,9 @@ impl Default for QuotaSettings {
             first_report_timeout: Duration::from_secs(30),
             max_report_bytes: MAX_REPORT_BYTES,
             max_usages_per_report: 100_000,
+            min_report_interval: Duration::from_secs(1),
+            max_store_calls: 64,
+            max_stream_age: None,
         }
     }
 }
@@ -100,6 +114,10 @@ struct Shared {
     streams: AtomicUsize,
     /// Buckets held by all streams (against [`QuotaSettings::max_buckets`]).
     buckets: AtomicUsize,
+    /// Streams and buckets per domain: each stream's fair share of the bucket cap.
+    census: stream::Census,
+    /// [`QuotaSettings::max_store_calls`].
+    store_calls: Arc<tokio::sync::Semaphore>,
 }
 
 impl QuotaService {
@@ -117,6 +135,8 @@ impl QuotaService {
                 next_stream: AtomicU64::new(1),
                 streams: AtomicUsize::new(0),
                 buckets: AtomicUsize::new(0),
+                census: stream::Census::default(),
+                store_calls: Arc::new(tokio::sync::Semaphore::new(settings.max_store_calls.max(1))),
             }),
         }
     }

@@ -77,11 +77,13 @@ pub enum Assigned {
     },
 }
 
-/// Who does the work: the limiter, the stream's name on the boards, its domain.
+/// Who does the work: the limiter, the stream's name on the boards, its domain, and the
+/// process's bound on RLQS store calls in flight (`RLQS_MAX_STORE_CALLS`).
 pub struct Worker {
     pub limiter: Arc<RateLimiter>,
     pub name: Arc<str>,
     pub domain: Option<String>,
+    pub calls: Arc<tokio::sync::Semaphore>,
 }
 
 impl Worker {
@@ -98,6 +100,8 @@ impl Worker {
     }
 
     async fn one(&self, step: &Step) -> Option<Assigned> {
+        // Held for the step's store calls; the semaphore is never closed.
+        let _permit = self.calls.acquire().await.ok();
         match step {
             Step::Assign {
                 descriptor,
@@ -248,5 +252,77 @@ impl Worker {
             .position(|p| p.stream == self.name)
             .map_or(0.0, |i| shares[i]);
         (share, board_full)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::fake::FakeStore;
+    use crate::store::{StoreSignals, StoreStack};
+
+    /// `RLQS_MAX_STORE_CALLS` bounds the store calls of all streams together: two streams'
+    /// reports of ten buckets each, with a bound of 3, hold 3 calls in the store, not 2 x 10
+    /// (each report alone would run up to [`CONCURRENCY`] at once).
+    #[tokio::test]
+    async fn store_calls_of_all_streams_are_bounded_together() {
+        let rules = crate::config::load_sources(&[(
+            "t.yaml".into(),
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 600}\n".into(),
+        )])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let clock = Arc::new(crate::clock::ManualClock::default());
+        let store = Arc::new(FakeStore::gated(clock.clone()));
+        let limiter = Arc::new(RateLimiter::new(
+            rules,
+            StoreStack::new(store.clone(), StoreSignals::new("test")),
+            crate::service::ServiceOptions::default(),
+            crate::telemetry::Telemetry::new(clock).unwrap_or_else(|e| panic!("{e}")),
+        ));
+        let calls = Arc::new(tokio::sync::Semaphore::new(3));
+        let report = |stream: &str| -> Vec<Step> {
+            (0..10)
+                .map(|i| {
+                    let pairs: Arc<[(String, String)]> =
+                        Arc::from(vec![("k".to_string(), format!("{stream}{i}"))]);
+                    Step::Assign {
+                        pairs: Arc::clone(&pairs),
+                        descriptor: Some(pairs),
+                        demand: None,
+                        posted: 0,
+                        delta: 1,
+                        reserve: Reserve::No,
+                    }
+                })
+                .collect()
+        };
+        let mut tasks = Vec::new();
+        for stream in ["a", "b"] {
+            let worker = Worker {
+                limiter: Arc::clone(&limiter),
+                name: Arc::from(stream),
+                domain: Some("d".into()),
+                calls: Arc::clone(&calls),
+            };
+            let steps = report(stream);
+            tasks.push(tokio::spawn(async move { worker.run(&steps).await.len() }));
+        }
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            store.calls(),
+            3,
+            "three calls in the store at once, the rest wait"
+        );
+        store.open(usize::MAX >> 4);
+        for t in tasks {
+            assert_eq!(t.await.expect("task"), 10);
+        }
+        assert!(
+            store.calls() >= 20,
+            "every bucket's work done: {}",
+            store.calls()
+        );
     }
 }

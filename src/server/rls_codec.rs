@@ -2,7 +2,9 @@
 //! checks the descriptor and entry caps on the wire before decoding (`validate_wire`). An empty
 //! descriptor is 2 bytes sent and about 80 decoded, so a 4 MiB request of them would cost some
 //! 170 MB before the decoded request could be counted; refused on the wire it costs its own
-//! bytes, with the same INVALID_ARGUMENT message and the same `invalid_argument` metric.
+//! bytes, with the same INVALID_ARGUMENT message and the same `invalid_argument` metric. A
+//! message larger than the caps can admit (`RequestCaps::max_message_bytes`) is refused from
+//! its length prefix, unread.
 
 use super::grpc::RlsService;
 use crate::proto::rate_limit_service_server::RateLimitService;
@@ -60,8 +62,10 @@ where
         }
         let method = Method(Arc::clone(&self.inner));
         let codec = RlsCodec(Arc::clone(&self.limiter));
+        let max_bytes = self.limiter.options().caps.max_message_bytes();
         Box::pin(async move {
-            let mut grpc = tonic::server::Grpc::new(codec);
+            let mut grpc = tonic::server::Grpc::new(codec)
+                .apply_max_message_size_config(Some(max_bytes), None);
             Ok(grpc.unary(method, req).await)
         })
     }

@@ -72,6 +72,12 @@ impl GrpcServing {
         draining: &ShutdownWatch,
     ) -> (JoinHandle<Result<(), ServerError>>, Workers) {
         let mut routes = self.routes;
+        // An RLQS stream never ends by itself: it ends at the connection's age, so that
+        // connection closes too (tonic waits for a closing connection's streams).
+        let quota = crate::quota::QuotaSettings {
+            max_stream_age: quota.max_stream_age.or(age.map(|a| a.max)),
+            ..quota
+        };
         routes.add_service(super::rls_codec::RlsServer::new(Arc::clone(limiter)));
         routes.add_service(
             crate::quota::QuotaService::new(Arc::clone(limiter), quota, draining.receiver())

@@ -65,6 +65,22 @@ impl Default for RequestCaps {
     }
 }
 
+impl RequestCaps {
+    /// The largest RLS request the caps can admit, in bytes on the wire: the domain, and each
+    /// descriptor's entries at their longest with their framing, its limit override and its
+    /// `hits_addend` (4.3 MiB with the defaults). A larger message is refused from its length
+    /// prefix, unread, with OUT_OF_RANGE (issue 38: the RLS message size follows the caps).
+    pub fn max_message_bytes(&self) -> usize {
+        let entry = (self.key_bytes as usize).saturating_add(self.value_bytes as usize) + 16;
+        let descriptor = (self.entries as usize)
+            .saturating_mul(entry)
+            .saturating_add(64);
+        (self.descriptors as usize)
+            .saturating_mul(descriptor)
+            .saturating_add(crate::config::MAX_DOMAIN_BYTES + 64)
+    }
+}
+
 /// envoyproxy/ratelimit's default `NEAR_LIMIT_RATIO`.
 pub const DEFAULT_NEAR_LIMIT_RATIO: f64 = 0.8;
 

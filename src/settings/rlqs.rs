@@ -57,6 +57,19 @@ pub struct RlqsArgs {
         value_parser = clap::value_parser!(u32).range(1..))]
     pub rlqs_max_usages_per_report: u32,
 
+    /// A stream's reports are taken at most this often; one sent sooner waits (merged with any
+    /// others meanwhile: usage adds up) until the interval has passed since the last one taken.
+    #[arg(long, env = "RLQS_MIN_REPORT_INTERVAL", default_value = "1s",
+        value_parser = crate::settings::parse_duration)]
+    pub rlqs_min_report_interval: std::time::Duration,
+
+    /// Store calls all RLQS streams together make at once; more wait their turn, so a flood of
+    /// reports never crowds the store RLS requests need.
+    #[arg(long, env = "RLQS_MAX_STORE_CALLS",
+        default_value_t = QuotaSettings::default().max_store_calls as u32,
+        value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub rlqs_max_store_calls: u32,
+
     /// Show bucket values on `/debug/rlqs` (by default each value is shown as its length only).
     #[arg(
         long,
@@ -82,6 +95,10 @@ impl RlqsArgs {
             show_values: self.rlqs_debug_show_values,
             max_report_bytes: self.rlqs_max_report_bytes as usize,
             max_usages_per_report: self.rlqs_max_usages_per_report as usize,
+            min_report_interval: self.rlqs_min_report_interval,
+            max_store_calls: self.rlqs_max_store_calls as usize,
+            // Set where the gRPC listener's connection age is known (server::serve).
+            max_stream_age: None,
         }
     }
 }

@@ -81,6 +81,7 @@ mod redis_support;
 mod reload;
 mod reservations;
 mod rlqs;
+mod rlqs_bounds;
 mod semantics;
 mod sentinel;
 mod shutdown;

@@ -211,3 +211,43 @@ async fn rls_requests_over_the_caps_are_refused_before_they_are_decoded() {
     assert_eq!(status, None, "{message}");
     assert!(got > 5, "a response");
 }
+
+/// The RLS message size follows the caps (issue 38): with small caps (4 descriptors of 4
+/// entries, 64-byte keys and values: 3 648 bytes at most) a request of one 100 000-byte value is
+/// refused from its length prefix with OUT_OF_RANGE, unread (before: read and decoded up to
+/// tonic's 4 MiB, then INVALID_ARGUMENT); a request within the caps is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rls_request_larger_than_the_caps_admit_is_refused_unread() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("rlqs.yaml");
+    std::fs::write(&config, YAML).expect("config");
+    let mut cmd = serve(&config);
+    for (k, v) in [
+        ("MAX_DESCRIPTORS_PER_REQUEST", "4"),
+        ("MAX_ENTRIES_PER_DESCRIPTOR", "4"),
+        ("MAX_DESCRIPTOR_KEY_BYTES", "64"),
+        ("MAX_DESCRIPTOR_VALUE_BYTES", "64"),
+    ] {
+        cmd.env(k, v);
+    }
+    let sluice = SluiceProcess::spawn(cmd).await;
+    let rls = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    let request = |value: &str| sluice::proto::RateLimitRequest {
+        domain: "rlqs".into(),
+        descriptors: vec![sluice::proto::RateLimitDescriptor {
+            entries: vec![sluice::proto::rate_limit_descriptor::Entry {
+                key: "x-api-key".into(),
+                value: value.into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    };
+    let big = request(&"v".repeat(100_000)).encode_to_vec();
+    let (status, message, _) = send_to(&sluice, rls, frame(&big)).await;
+    assert_eq!(status.as_deref(), Some("11"), "OUT_OF_RANGE: {message}");
+    assert!(message.contains("3648"), "names the limit: {message}");
+    let (status, message, got) = send_to(&sluice, rls, frame(&request("k").encode_to_vec())).await;
+    assert_eq!(status, None, "{message}");
+    assert!(got > 5, "a response");
+}

@@ -12,13 +12,16 @@
 //! A report straddling a window's end is split on sluice's clock: the part before the end was
 //! used in the window that closed (and was reserved there) and is not charged to the new one.
 
-use super::allocate::{blanket, token_rate, ttl, ALLOW_TTL, ASSIGNMENT_TTL};
+use super::allocate::{blanket, token_rate, ALLOW_TTL, ASSIGNMENT_TTL};
 use super::work::{Assigned, Reserve, Step, Worker};
 use super::{bucket, Shared};
 use actions::{abandon_action, assign, bucket_id};
 
 mod actions;
+mod caps;
 mod expiry;
+mod farewell;
+mod pace;
 mod rules;
 use crate::proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use crate::proto::envoy::r#type::v3::RateLimitStrategy;
@@ -30,6 +33,7 @@ use crate::proto::envoy::service::rate_limit_quota::v3::{
 use crate::service::RateLimiter;
 use crate::store::CounterKey;
 use crate::telemetry::assignments::AssignmentView;
+pub use caps::Census;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -80,6 +84,10 @@ pub(super) struct QuotaStream {
     buckets: HashMap<Pairs, Bucket>,
     /// When the stream opened, on sluice's clock (for the first-report deadline).
     opened: Duration,
+    /// Reports waiting for the minimum interval (`pace.rs`).
+    pending: pace::Pending,
+    /// When the stream ends of old age (`RLQS_MAX_STREAM_AGE`: the connection's), if it does.
+    age_due: Option<Duration>,
 }
 
 type Outbox = tokio::sync::mpsc::Sender<Result<RateLimitQuotaResponse, Status>>;
@@ -104,6 +112,8 @@ impl QuotaStream {
             rules: None,
             buckets: HashMap::new(),
             opened: Duration::ZERO,
+            pending: pace::Pending::default(),
+            age_due: None,
         }
     }
 
@@ -114,13 +124,22 @@ impl QuotaStream {
         mut closing: watch::Receiver<bool>,
     ) {
         self.opened = self.now();
+        let s = self.shared.settings;
+        self.age_due = s
+            .max_stream_age
+            .map(|age| self.opened.saturating_add(pace::jittered(age, self.number)));
         loop {
             let boundary = self.next_boundary();
             let expiry = self.next_expiry();
+            let room = self.pending.has_room(s.max_usages_per_report);
+            let waiting = self.pending.due(s.min_report_interval);
             let actions = tokio::select! {
-                m = inbound.message() => match m {
+                m = inbound.message(), if room => match m {
                     Ok(Some(report)) if self.domain.is_some() || !report.domain.is_empty() => {
-                        self.on_report(report).await
+                        match self.pending.offer(report, self.now(), s.min_report_interval) {
+                            Some(report) => self.on_report(report).await,
+                            None => Vec::new(),
+                        }
                     }
                     m => {
                         if let Some(why) = actions::ending(m, self.number) {
@@ -128,6 +147,10 @@ impl QuotaStream {
                         }
                         break;
                     }
+                },
+                () = sleep_until(waiting, self.now()) => match self.pending.take(self.now()) {
+                    Some(report) => self.on_report(report).await,
+                    None => Vec::new(),
                 },
                 () = sleep_until(boundary, self.now()) => self.refresh().await,
                 () = sleep_until(expiry, self.now()) => match self.expire().await {
@@ -138,11 +161,12 @@ impl QuotaStream {
                         break;
                     }
                 },
+                () = sleep_until(self.age_due, self.now()) => {
+                    self.leave(&tx).await;
+                    break;
+                }
                 () = closed(&mut closing) => {
-                    let farewell = self.farewell().await;
-                    if !farewell.is_empty() {
-                        let _ = tx.send(Ok(RateLimitQuotaResponse { bucket_action: farewell })).await;
-                    }
+                    self.leave(&tx).await;
                     break;
                 }
             };
@@ -177,6 +201,9 @@ impl QuotaStream {
         self.shared
             .buckets
             .fetch_sub(self.buckets.len(), Ordering::AcqRel);
+        if let Some(d) = &self.domain {
+            self.shared.census.leave(d, self.buckets.len());
+        }
         self.limiter
             .telemetry()
             .assignments
@@ -198,6 +225,7 @@ impl QuotaStream {
             limiter: Arc::clone(&self.limiter),
             name: Arc::clone(&self.name),
             domain: self.domain.clone(),
+            calls: Arc::clone(&self.shared.store_calls),
         }
     }
 
@@ -228,6 +256,7 @@ impl QuotaStream {
 
     async fn on_report(&mut self, report: RateLimitQuotaUsageReports) -> Vec<BucketAction> {
         if self.domain.is_none() && !report.domain.is_empty() {
+            self.shared.census.join(&report.domain);
             self.domain = Some(report.domain.clone());
         }
         self.follow_rules();
@@ -241,6 +270,7 @@ impl QuotaStream {
             }
         }
         let caps = self.limiter.options().caps;
+        let shed = self.to_shed();
         let mut slots = Vec::new();
         let mut seen = HashSet::new();
         for usage in report.bucket_quota_usages {
@@ -288,50 +318,20 @@ impl QuotaStream {
                 }
                 self.track(Arc::clone(&pairs));
             }
-            slots.extend(self.account(&pairs, usage.num_requests_allowed, used));
+            let shedding = shed.contains(&pairs);
+            if shedding {
+                self.refuse("over_fair_share");
+            }
+            slots.extend(self.account(&pairs, usage.num_requests_allowed, used, shedding));
         }
+        slots.extend(self.shed_unreported(&shed, &seen));
         self.answer(slots).await
     }
 
-    /// The answer to a new bucket that is not tracked, or `None` to track it. A bucket no limit
-    /// names is not tracked: ALLOW_ALL is its answer either way, and values the config does not
-    /// limit must not fill the caps for everyone (review A1). Past a cap, a limited bucket is
-    /// denied until its next report tries again, never ALLOW_ALL: the cap must not fail open,
-    /// and its usage could not be charged. Either, once idle, is abandoned, so Envoy's reports
-    /// shrink back (an abandon while in use would bring it straight back).
-    fn untracked(&mut self, pairs: &Pairs, used: u64) -> Option<BucketAction> {
-        let id = || bucket_id(pairs);
-        if self.resolve(pairs).is_none() {
-            return Some(if used == 0 {
-                abandon_action(id())
-            } else {
-                assign(id(), blanket(BlanketRule::AllowAll), ALLOW_TTL)
-            });
-        }
-        let reason = self.over_cap()?;
-        self.refuse(reason);
-        Some(if used == 0 {
-            abandon_action(id())
-        } else {
-            assign(id(), blanket(BlanketRule::DenyAll), ASSIGNMENT_TTL)
-        })
-    }
-
-    /// Why a new bucket cannot be tracked, if it cannot.
-    fn over_cap(&self) -> Option<&'static str> {
-        let s = &self.shared.settings;
-        if self.buckets.len() >= s.max_buckets_per_stream {
-            return Some("over_bucket_cap");
-        }
-        let before = self.shared.buckets.fetch_add(1, Ordering::AcqRel);
-        if before >= s.max_buckets {
-            self.shared.buckets.fetch_sub(1, Ordering::AcqRel);
-            return Some("over_total_bucket_cap");
-        }
-        None
-    }
-
     fn track(&mut self, pairs: Pairs) {
+        if let Some(d) = &self.domain {
+            self.shared.census.count(d, true);
+        }
         let label = self.label().to_string();
         self.metrics().buckets.with_label_values(&[&label]).inc();
         let descriptor = self.resolve(&pairs);
@@ -351,8 +351,8 @@ impl QuotaStream {
     }
 
     /// Takes a bucket's report in: its demand, the use to record (reconciled with what was
-    /// reserved for it), and whether it is abandoned or assigned.
-    fn account(&mut self, pairs: &Pairs, allowed: u64, used: u64) -> Option<Slot> {
+    /// reserved for it), and whether it is abandoned (idle, or `shed`) or assigned.
+    fn account(&mut self, pairs: &Pairs, allowed: u64, used: u64, shed: bool) -> Option<Slot> {
         let now = self.now();
         let idle_limit = self.shared.settings.idle_reports;
         let bucket = self.buckets.get_mut(pairs)?;
@@ -381,7 +381,7 @@ impl QuotaStream {
         let delta = i64::try_from(allowed).unwrap_or(i64::MAX) - i64::try_from(held).unwrap_or(0);
         bucket.last_report = Some(now);
         bucket.idle = if used == 0 { bucket.idle + 1 } else { 0 };
-        if bucket.idle >= idle_limit {
+        if bucket.idle >= idle_limit || shed {
             return Some(self.abandon(pairs, delta));
         }
         self.step(pairs, delta, Reserve::Yes).map(Slot::Work)
@@ -406,6 +406,9 @@ impl QuotaStream {
         self.set_rate(pairs, 0.0);
         let gone = self.buckets.remove(pairs);
         self.shared.buckets.fetch_sub(1, Ordering::AcqRel);
+        if let Some(d) = &self.domain {
+            self.shared.census.count(d, false);
+        }
         let label = self.label().to_string();
         self.metrics().buckets.with_label_values(&[&label]).dec();
         self.limiter
@@ -528,38 +531,6 @@ impl QuotaStream {
             .assigned_rate
             .with_label_values(&[&label])
             .add(rate - old);
-    }
-
-    /// When sluice drains: every bucket's reservation given back and its assignment sent
-    /// again, a token bucket's TTL stretched to [`RECONNECT_TTL`] (a DENY_ALL keeps its TTL:
-    /// the window's end). The Envoy reports what it uses meanwhile to the replica it
-    /// reconnects to.
-    async fn farewell(&mut self) -> Vec<BucketAction> {
-        let now = self.now();
-        let all: Vec<Pairs> = self.buckets.keys().cloned().collect();
-        let mut slots = Vec::new();
-        for pairs in all {
-            let held = self
-                .buckets
-                .get(&pairs)
-                .and_then(|b| b.reserved)
-                .filter(|(_, end)| now < *end)
-                .map_or(0, |(t, _)| i64::try_from(t).unwrap_or(0));
-            slots.extend(self.step(&pairs, -held, Reserve::No).map(Slot::Work));
-        }
-        let mut actions = self.answer(slots).await;
-        for action in &mut actions {
-            if let Some(Action::QuotaAssignmentAction(a)) = &mut action.bucket_action {
-                let tokens = a
-                    .rate_limit_strategy
-                    .as_ref()
-                    .is_some_and(|s| token_rate(s) > 0.0);
-                if tokens {
-                    a.assignment_time_to_live = Some(ttl(RECONNECT_TTL));
-                }
-            }
-        }
-        actions
     }
 
     /// At a window's end: every bucket that has a limit gets a fresh assignment (and a

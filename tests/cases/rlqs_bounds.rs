@@ -1,0 +1,184 @@
+//! What one RLQS peer can take from the others (issue 38, item 2), over real gRPC with Envoy's
+//! message types on a manual clock: at the bucket cap each stream keeps its fair share (a peer
+//! full of junk sheds its excess, a newcomer gets its normal assignment, past its share it is
+//! denied, never ALLOW_ALL); reports sent faster than `RLQS_MIN_REPORT_INTERVAL` are merged, not
+//! worked one by one, and lose no usage; a stream ends at the connection's age, its assignments
+//! re-sent for the reconnect.
+
+use super::quota::{strategy_of, ttl_of, usage, Stream, YAML};
+use crate::support::{self, http, rules, TestServer};
+use sluice::clock::ManualClock;
+use sluice::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use sluice::proto::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
+use sluice::quota::QuotaSettings;
+use sluice::ServerConfig;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Bounded waits, so a stream that never answers fails the test instead of hanging it.
+const BOUND: Duration = Duration::from_secs(60);
+
+fn limited_junk(prefix: &str, n: usize) -> Vec<BucketQuotaUsage> {
+    (0..n)
+        .map(|i| usage(&[("x-api-key", &format!("{prefix}{i}"))], 1, 0))
+        .collect()
+}
+
+async fn metric(server: &TestServer, line: &str) -> bool {
+    let (_, metrics) = http(server.http_addr, "GET", "/metrics", "").await;
+    metrics.lines().any(|l| l == line)
+}
+
+/// Kinds of action in a response: (token buckets, DENY_ALL, abandons).
+fn kinds(
+    actions: &[sluice::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction],
+) -> (usize, usize, usize) {
+    let count = |want: fn(Result<u32, &str>) -> bool| {
+        actions.iter().filter(|a| want(strategy_of(a))).count()
+    };
+    (
+        count(|s| s.is_ok()),
+        count(|s| s == Err("deny_all")),
+        count(|s| s == Err("abandon")),
+    )
+}
+
+/// Scaled down: 100 buckets per stream, 200 in all. Two peers fill the cap with junk under the
+/// limited key; a third stream's new bucket gets its token bucket (before: DENY_ALL for 15 s,
+/// the two peers keeping every newcomer out); the third stream grows to its fair share (200 / 3
+/// streams = 66) and past it is denied; at their next reports the two junk peers shed down to
+/// 66 each, their least used first.
+#[tokio::test]
+async fn at_the_bucket_cap_each_stream_keeps_its_fair_share() {
+    let clock = ManualClock::new(support::T0);
+    let config = ServerConfig {
+        quota: QuotaSettings {
+            max_buckets_per_stream: 100,
+            max_buckets: 200,
+            ..QuotaSettings::default()
+        },
+        ..ServerConfig::for_tests(rules(YAML), Arc::new(clock.clone()))
+    };
+    let server = TestServer::start_config(config, clock.clone()).await;
+    let (mut a, mut b) = (Stream::open(&server).await, Stream::open(&server).await);
+    assert_eq!(
+        kinds(&a.report("rlqs", limited_junk("a", 100)).await),
+        (100, 0, 0)
+    );
+    assert_eq!(
+        kinds(&b.report("rlqs", limited_junk("b", 100)).await),
+        (100, 0, 0)
+    );
+    let mut c = Stream::open(&server).await;
+    let actions = c
+        .report("rlqs", vec![usage(&[("x-api-key", "newcomer")], 1, 0)])
+        .await;
+    assert_eq!(
+        (strategy_of(&actions[0]), ttl_of(&actions[0])),
+        (Ok(10), 15),
+        "the newcomer's normal assignment: 600 a minute, 10 tokens a second"
+    );
+    // The newcomer asks for 70 more: 65 fit its share of 66, 5 are denied (never ALLOW_ALL).
+    clock.advance(Duration::from_secs(1));
+    let mut more = vec![usage(&[("x-api-key", "newcomer")], 1, 0)];
+    more.extend(limited_junk("c", 70));
+    assert_eq!(kinds(&c.report("rlqs", more).await), (66, 5, 0));
+    // The junk peers report again: each sheds 34 of its 100.
+    clock.advance(Duration::from_secs(1));
+    for (s, prefix) in [(&mut a, "a"), (&mut b, "b")] {
+        let actions = s.report("rlqs", limited_junk(prefix, 100)).await;
+        assert_eq!(kinds(&actions), (66, 0, 34), "stream {prefix}");
+    }
+    for line in [
+        "sluice_rlqs_refused_total{reason=\"over_total_bucket_cap\"} 5",
+        "sluice_rlqs_refused_total{reason=\"over_fair_share\"} 68",
+        "sluice_rlqs_buckets{domain=\"rlqs\"} 198",
+    ] {
+        assert!(metric(&server, line).await, "{line}");
+    }
+    server.stop().await;
+}
+
+/// Twenty reports sent back to back, after a first one: sluice works them as one (one response,
+/// two bucket reports counted in all) once `RLQS_MIN_REPORT_INTERVAL` has passed, and every
+/// request they reported is counted. (Before: twenty responses, twenty rounds of store work.)
+#[tokio::test]
+async fn reports_sooner_than_the_interval_are_merged_and_lose_nothing() {
+    let server = TestServer::start(YAML).await;
+    let mut s = Stream::open(&server).await;
+    let first = s
+        .report("rlqs", vec![usage(&[("x-api-key", "k")], 0, 0)])
+        .await;
+    assert_eq!(first.len(), 1);
+    let tx = s.tx.clone();
+    let sender = tokio::spawn(async move {
+        for _ in 0..20 {
+            let report = RateLimitQuotaUsageReports {
+                domain: "rlqs".into(),
+                bucket_quota_usages: vec![usage(&[("x-api-key", "k")], 1, 1)],
+            };
+            tx.send(report).await.expect("report sent");
+        }
+    });
+    sender.await.expect("sender");
+    let merged = tokio::time::timeout(BOUND, s.rx.message())
+        .await
+        .expect("answered")
+        .expect("stream alive")
+        .expect("a response");
+    assert_eq!(merged.bucket_action.len(), 1, "one bucket, one action");
+    // One more, once the clock has moved past the interval: answered at once, and the counts
+    // show every report was taken, the twenty as one.
+    server.clock.advance(Duration::from_secs(2));
+    let last = s
+        .report("rlqs", vec![usage(&[("x-api-key", "k")], 0, 0)])
+        .await;
+    assert_eq!(last.len(), 1);
+    for line in [
+        "sluice_rlqs_bucket_reports_total{domain=\"rlqs\"} 3",
+        "sluice_rlqs_reported_requests_total{domain=\"rlqs\",result=\"allowed\"} 20",
+        "sluice_rlqs_reported_requests_total{domain=\"rlqs\",result=\"denied\"} 20",
+    ] {
+        assert!(metric(&server, line).await, "{line}");
+    }
+    server.stop().await;
+}
+
+/// `GRPC_MAX_CONNECTION_AGE` (here 300 ms, jittered 0.9-1.1x): an RLQS stream, which never ends
+/// by itself and so kept its connection open past any age, is ended once that old: its
+/// assignment sent again with the 60 s reconnect TTL, then OK. (Before: it stayed open.)
+#[tokio::test]
+async fn an_rlqs_stream_ends_at_the_connections_age() {
+    let clock = ManualClock::new(support::T0);
+    let config = ServerConfig {
+        connection_age: Some(sluice::server::ConnectionAge {
+            max: Duration::from_millis(300),
+        }),
+        ..ServerConfig::for_tests(rules(YAML), Arc::new(clock.clone()))
+    };
+    let server = TestServer::start_config(config, clock).await;
+    let mut s = Stream::open(&server).await;
+    let actions = s
+        .report("rlqs", vec![usage(&[("x-api-key", "k")], 1, 0)])
+        .await;
+    assert_eq!(
+        (strategy_of(&actions[0]), ttl_of(&actions[0])),
+        (Ok(10), 15)
+    );
+    let farewell = tokio::time::timeout(BOUND, s.rx.message())
+        .await
+        .expect("the stream ends at its age")
+        .expect("stream alive")
+        .expect("the farewell");
+    let a = &farewell.bucket_action[0];
+    assert_eq!(
+        (strategy_of(a), ttl_of(a)),
+        (Ok(10), 60),
+        "re-sent for the reconnect"
+    );
+    let end = tokio::time::timeout(BOUND, s.rx.message())
+        .await
+        .expect("then it ends");
+    assert!(matches!(end, Ok(None)), "ended with OK: {end:?}");
+    server.stop().await;
+}
