@@ -70,6 +70,21 @@ impl Stream {
     }
 }
 
+impl Stream {
+    /// A first report of the bucket `{x-api-key: newcomer}` gets its normal assignment: 600 a
+    /// minute, a token bucket of 10 a second, for 15 s.
+    pub async fn newcomer_is_paced(&mut self) {
+        let actions = self
+            .report("rlqs", vec![usage(&[("x-api-key", "newcomer")], 1, 0)])
+            .await;
+        assert_eq!(
+            (strategy_of(&actions[0]), ttl_of(&actions[0])),
+            (Ok(10), 15),
+            "the newcomer's normal assignment: 600 a minute, 10 tokens a second"
+        );
+    }
+}
+
 pub fn usage(pairs: &[(&str, &str)], allowed: u64, denied: u64) -> BucketQuotaUsage {
     BucketQuotaUsage {
         bucket_id: Some(bucket(pairs)),
@@ -524,14 +539,7 @@ async fn junk_buckets_never_make_a_newcomer_allow_all() {
             .all(|x| strategy_of(x) == Err("allow_all") && ttl_of(x) == 3600));
     }
     let mut c = Stream::open(&server).await;
-    let actions = c
-        .report("rlqs", vec![usage(&[("x-api-key", "newcomer")], 1, 0)])
-        .await;
-    assert_eq!(
-        (strategy_of(&actions[0]), ttl_of(&actions[0])),
-        (Ok(10), 15),
-        "600 a minute: 10 tokens a second"
-    );
+    c.newcomer_is_paced().await;
     server.stop().await;
     // Junk that names the limit: rlqs_bounds.rs.
 }

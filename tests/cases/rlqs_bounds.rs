@@ -24,9 +24,12 @@ fn limited_junk(prefix: &str, n: usize) -> Vec<BucketQuotaUsage> {
         .collect()
 }
 
-async fn metric(server: &TestServer, line: &str) -> bool {
+/// Each of `lines` is a line of `/metrics`.
+async fn assert_metrics(server: &TestServer, lines: &[&str]) {
     let (_, metrics) = http(server.http_addr, "GET", "/metrics", "").await;
-    metrics.lines().any(|l| l == line)
+    for line in lines {
+        assert!(metrics.lines().any(|l| l == *line), "{line} in:\n{metrics}");
+    }
 }
 
 /// Kinds of action in a response: (token buckets, DENY_ALL, abandons).
@@ -70,14 +73,7 @@ async fn at_the_bucket_cap_each_stream_keeps_its_fair_share() {
         (100, 0, 0)
     );
     let mut c = Stream::open(&server).await;
-    let actions = c
-        .report("rlqs", vec![usage(&[("x-api-key", "newcomer")], 1, 0)])
-        .await;
-    assert_eq!(
-        (strategy_of(&actions[0]), ttl_of(&actions[0])),
-        (Ok(10), 15),
-        "the newcomer's normal assignment: 600 a minute, 10 tokens a second"
-    );
+    c.newcomer_is_paced().await;
     // The newcomer asks for 70 more: 65 fit its share of 66, 5 are denied (never ALLOW_ALL).
     clock.advance(Duration::from_secs(1));
     let mut more = vec![usage(&[("x-api-key", "newcomer")], 1, 0)];
@@ -89,13 +85,12 @@ async fn at_the_bucket_cap_each_stream_keeps_its_fair_share() {
         let actions = s.report("rlqs", limited_junk(prefix, 100)).await;
         assert_eq!(kinds(&actions), (66, 0, 34), "stream {prefix}");
     }
-    for line in [
+    let lines = [
         "sluice_rlqs_refused_total{reason=\"over_total_bucket_cap\"} 5",
         "sluice_rlqs_refused_total{reason=\"over_fair_share\"} 68",
         "sluice_rlqs_buckets{domain=\"rlqs\"} 198",
-    ] {
-        assert!(metric(&server, line).await, "{line}");
-    }
+    ];
+    assert_metrics(&server, &lines).await;
     server.stop().await;
 }
 
@@ -134,13 +129,12 @@ async fn reports_sooner_than_the_interval_are_merged_and_lose_nothing() {
         .report("rlqs", vec![usage(&[("x-api-key", "k")], 0, 0)])
         .await;
     assert_eq!(last.len(), 1);
-    for line in [
+    let lines = [
         "sluice_rlqs_bucket_reports_total{domain=\"rlqs\"} 3",
         "sluice_rlqs_reported_requests_total{domain=\"rlqs\",result=\"allowed\"} 20",
         "sluice_rlqs_reported_requests_total{domain=\"rlqs\",result=\"denied\"} 20",
-    ] {
-        assert!(metric(&server, line).await, "{line}");
-    }
+    ];
+    assert_metrics(&server, &lines).await;
     server.stop().await;
 }
 

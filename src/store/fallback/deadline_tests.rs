@@ -46,6 +46,17 @@ fn check() -> LimitCheck {
 }
 
 impl Rig {
+    /// One request while the store fails: decided locally.
+    async fn failed_one(&self) -> Decision {
+        self.store
+            .fail_with(Some(StoreError::Transient("down".into())));
+        self.store.open(1);
+        self.layer
+            .decide_by(vec![check()], None)
+            .await
+            .expect("answered")
+    }
+
     fn down(&self) -> bool {
         self.layer.shared.suspect()
     }
@@ -63,6 +74,21 @@ impl Rig {
         let deadline = deadline.map(|d| Instant::now() + d);
         tokio::spawn(async move { layer.decide_by(vec![check()], deadline).await })
     }
+}
+
+/// A store that failed one request (decided locally: 1 owed on [`check`]) and is back (a probe
+/// found it); no cool-down after a failure.
+async fn owing_one_after_an_outage() -> Rig {
+    let r = rig_with(LocalSettings {
+        retry_every: Duration::ZERO,
+        ..LocalSettings::default()
+    });
+    let d = r.failed_one().await;
+    assert_eq!(d.steps, 0, "decided locally: 1 owed");
+    r.store.fail_with(None);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!r.down(), "the store is back");
+    r
 }
 
 async fn settle_tasks() {
@@ -202,14 +228,7 @@ async fn in_flight_slots_taken_locally_owe_the_store_nothing() {
 #[tokio::test(start_paused = true)]
 async fn the_cool_down_runs_on_the_monotonic_clock_not_the_wall_clock() {
     let r = rig();
-    r.store
-        .fail_with(Some(StoreError::Transient("down".into())));
-    r.store.open(1);
-    let d = r
-        .layer
-        .decide_by(vec![check()], None)
-        .await
-        .expect("answered");
+    let d = r.failed_one().await;
     assert_eq!(d.steps, 0);
     assert!(r.down());
     // NTP steps the wall clock back an hour; the store heals.
@@ -331,22 +350,7 @@ async fn write_backs_before_a_call_never_count_against_the_stores_budget() {
 /// owing more, so a hot key's episode ends once the store is back.
 #[tokio::test(start_paused = true)]
 async fn a_request_waits_for_its_counters_write_back_instead_of_deciding_locally() {
-    let r = rig_with(LocalSettings {
-        retry_every: Duration::ZERO,
-        ..LocalSettings::default()
-    });
-    r.store
-        .fail_with(Some(StoreError::Transient("down".into())));
-    r.store.open(1);
-    let d = r
-        .layer
-        .decide_by(vec![check()], None)
-        .await
-        .expect("answered");
-    assert_eq!(d.steps, 0, "decided locally: 1 owed");
-    r.store.fail_with(None);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!r.down(), "the store is back");
+    let r = owing_one_after_an_outage().await;
     let calls = r.store.calls();
     // A settles the debt first (its write-back held 5 ms by the store), B arrives meanwhile.
     let a = r.start(None);
@@ -406,22 +410,7 @@ async fn a_late_answer_is_taken_off_the_window_it_was_asked_in() {
 /// dropped attempt, decided locally, and the debt stayed unwritten until the window closed.)
 #[tokio::test(start_paused = true)]
 async fn a_write_back_whose_caller_went_away_is_sent_again() {
-    let r = rig_with(LocalSettings {
-        retry_every: Duration::ZERO,
-        ..LocalSettings::default()
-    });
-    r.store
-        .fail_with(Some(StoreError::Transient("down".into())));
-    r.store.open(1);
-    let d = r
-        .layer
-        .decide_by(vec![check()], None)
-        .await
-        .expect("answered");
-    assert_eq!(d.steps, 0, "decided locally: 1 owed");
-    r.store.fail_with(None);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!r.down(), "the store is back");
+    let r = owing_one_after_an_outage().await;
     let calls = r.store.calls();
     // A's write-back reaches the store and is held there; A's caller goes away.
     let a = r.start(None);
