@@ -7,6 +7,8 @@
    `service/respond.rs`, say).
 3. No file under `src/` longer than 600 lines, its unit tests aside (a trailing
    `#[cfg(test)] mod tests { .. }` and files that are themselves tests do not count).
+4. No function under `src/` longer than 80 lines, from its `fn` line to its closing brace
+   (issue 37: a function is read whole or not at all).
 
 Exits 1 and names every circle and every long file it finds.
 """
@@ -17,6 +19,8 @@ import sys
 
 SRC = pathlib.Path(__file__).resolve().parent.parent / "src"
 MAX_LINES = 600
+MAX_FN_LINES = 80
+FN_START = re.compile(r"^(\s*)(?:pub(?:\([^)]*\))?\s+)?(?:const\s+)?(?:async\s+)?fn\s+(\w+)")
 
 # `crate::a::b`, `super::x`, and `use` groups of them.
 CRATE_PATH = re.compile(r"\bcrate::([a-z_][a-z0-9_]*)(?:::([a-z_][a-z0-9_]*))?")
@@ -188,13 +192,26 @@ def main() -> int:
             problems.append(f"src/{p.relative_to(SRC)}: {n} lines (at most {MAX_LINES}, "
                             "unit tests aside)")
 
+    # 4. Long functions: from a `fn` line to the first line that is its indentation and `}`.
+    for p in sorted(SRC.rglob("*.rs")):
+        lines = p.read_text().split("\n")
+        for i, line in enumerate(lines):
+            m = FN_START.match(line)
+            if not m or line.rstrip().endswith(";"):
+                continue
+            close = m.group(1) + "}"
+            end = next((j for j in range(i + 1, len(lines)) if lines[j] == close), None)
+            if end is not None and end - i + 1 > MAX_FN_LINES:
+                problems.append(f"src/{p.relative_to(SRC)}:{i + 1}: fn {m.group(2)} is "
+                                f"{end - i + 1} lines (at most {MAX_FN_LINES})")
+
     for problem in problems:
         print(problem)
     if problems:
         print(f"{len(problems)} problem(s): see scripts/check_structure.py for the rules")
         return 1
     print("structure: no import circle, no file over "
-          f"{MAX_LINES} lines ({len(files)} Rust files)")
+          f"{MAX_LINES} lines, no function over {MAX_FN_LINES} ({len(files)} Rust files)")
     return 0
 
 

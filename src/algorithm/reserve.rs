@@ -95,33 +95,10 @@ pub fn reserve(
         other => (other, &[][..]),
     };
     let mut live: Vec<Reservation> = held.iter().copied().filter(|r| r.ends > now).collect();
-    // The reservation a settle of `id` releases: the id's smallest (the oldest of those). The
-    // id is the caller's and several requests may share it; whichever of them ended, releasing
-    // the smallest leaves at least the estimates of those still running reserved.
-    let holding = |live: &[Reservation], id: u64| {
-        live.iter()
-            .enumerate()
-            .filter(|(_, r)| r.id == id)
-            .min_by_key(|&(i, r)| (r.hits, i))
-            .map(|(i, _)| i)
-    };
-    // What the counter says as it stands: what a request that changes nothing reports.
-    let as_is = |inner: Option<&State>| {
-        let (mut o, s) = decide(inner, now, p, 0, Mode::Charge);
-        o.allowed = true;
-        o.retry_after = Duration::ZERO;
-        (o, s)
-    };
-    let wrap = |inner: State, held: Vec<Reservation>| {
-        State::Reserved(Box::new(Reserved {
-            inner: Some(inner),
-            held: Arc::new(held),
-        }))
-    };
     match op {
         Settle::Reserve(id) => {
             if live.len() >= terms.max as usize {
-                let (mut o, _) = as_is(inner);
+                let (mut o, _) = as_is(inner, now, p);
                 o.allowed = false;
                 o.retry_after = Duration::from_micros(terms.lease_us);
                 return (o, wrap_or_keep(inner, live));
@@ -145,35 +122,69 @@ pub fn reserve(
             (o, wrap(s, live))
         }
         Settle::Settle(id) => {
-            let (reserved, until, entry) = match holding(&live, id) {
-                Some(i) => {
-                    let r = live.remove(i);
-                    (r.hits, r.until, r.entry)
-                }
-                None => (0, 0, 0),
-            };
-            let (o, s) = if hits > reserved {
-                let (mut o, s) = decide(inner, now, p, hits - reserved, Mode::Record);
-                o.allowed = true;
-                o.retry_after = Duration::ZERO;
-                (o, s)
-            } else if hits < reserved && now < until {
-                match inner {
-                    Some(State::Log(log)) if entry != 0 => {
-                        // The reservation's own entry, as decide.lua's `log_give_back`.
-                        let mut log = log.clone();
-                        log.trim(now.saturating_sub(p.period_us));
-                        log.give_back(entry, reserved - hits, LOG_GIVE_BACK_ENTRIES);
-                        as_is(Some(&State::Log(log)))
-                    }
-                    _ => decide(inner, now, p, reserved - hits, Mode::Refund),
-                }
-            } else {
-                as_is(inner)
-            };
+            let released = holding(&live, id).map(|i| live.remove(i));
+            let (o, s) = settle(inner, now, p, hits, released);
             (o, wrap(s, live))
         }
     }
+}
+
+/// A settle of `hits` for the reservation it `released` (none: never made, or its lease
+/// ended): the excess over the estimate recorded, or the rest given back while the window that
+/// took the estimate is still the counter's.
+fn settle(
+    inner: Option<&State>,
+    now: u64,
+    p: LimitParams,
+    hits: u64,
+    released: Option<Reservation>,
+) -> (Outcome, State) {
+    let (reserved, until, entry) = released.map_or((0, 0, 0), |r| (r.hits, r.until, r.entry));
+    if hits > reserved {
+        let (mut o, s) = decide(inner, now, p, hits - reserved, Mode::Record);
+        o.allowed = true;
+        o.retry_after = Duration::ZERO;
+        (o, s)
+    } else if hits < reserved && now < until {
+        match inner {
+            Some(State::Log(log)) if entry != 0 => {
+                // The reservation's own entry, as decide.lua's `log_give_back`.
+                let mut log = log.clone();
+                log.trim(now.saturating_sub(p.period_us));
+                log.give_back(entry, reserved - hits, LOG_GIVE_BACK_ENTRIES);
+                as_is(Some(&State::Log(log)), now, p)
+            }
+            _ => decide(inner, now, p, reserved - hits, Mode::Refund),
+        }
+    } else {
+        as_is(inner, now, p)
+    }
+}
+
+/// The reservation a settle of `id` releases: the id's smallest (the oldest of those). The id is
+/// the caller's and several requests may share it; whichever of them ended, releasing the
+/// smallest leaves at least the estimates of those still running reserved.
+fn holding(live: &[Reservation], id: u64) -> Option<usize> {
+    live.iter()
+        .enumerate()
+        .filter(|(_, r)| r.id == id)
+        .min_by_key(|&(i, r)| (r.hits, i))
+        .map(|(i, _)| i)
+}
+
+/// What the counter says as it stands: what a request that changes nothing reports.
+fn as_is(inner: Option<&State>, now: u64, p: LimitParams) -> (Outcome, State) {
+    let (mut o, s) = decide(inner, now, p, 0, Mode::Charge);
+    o.allowed = true;
+    o.retry_after = Duration::ZERO;
+    (o, s)
+}
+
+fn wrap(inner: State, held: Vec<Reservation>) -> State {
+    State::Reserved(Box::new(Reserved {
+        inner: Some(inner),
+        held: Arc::new(held),
+    }))
 }
 
 /// The state with `live` reservations and the counter unchanged.

@@ -176,6 +176,17 @@ impl ServerConfig {
     }
 }
 
+impl ServerConfig {
+    /// What `/json` serves: by default what plaintext gRPC would let anyone send anyway.
+    pub(super) fn json_policy(&self) -> super::http::JsonPolicy {
+        let plaintext = self.grpc_tls.is_none();
+        super::http::JsonPolicy {
+            serve: self.json_endpoint.unwrap_or(plaintext),
+            negative_hits: self.json_negative_hits.unwrap_or(plaintext),
+        }
+    }
+}
+
 /// Why the servers could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {

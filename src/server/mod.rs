@@ -136,6 +136,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     let transcoder = http::Transcoder::new()?;
     let threads = config.grpc_threads;
     let tls = config.grpc_tls.as_ref();
+    let json = config.json_policy();
     let mut grpc = GrpcServing::prepare(listeners.grpc, grpc_addr, tls, threads)?;
     let Parts { limiter, tracing } = config.parts;
 
@@ -168,11 +169,6 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         &draining,
     );
     // /healthcheck fails from the trigger on (the drain delay included), not from the drain.
-    let plaintext = config.grpc_tls.is_none();
-    let json = http::JsonPolicy {
-        serve: config.json_endpoint.unwrap_or(plaintext),
-        negative_hits: config.json_negative_hits.unwrap_or(plaintext),
-    };
     let app = http::router(
         Arc::clone(&limiter),
         (transcoder, json),
