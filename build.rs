@@ -15,6 +15,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     // Reflection and `/json` describe only the services sluice serves (RLS and RLQS).
     std::fs::write(out.join("rls_descriptor.bin"), rls.encode_to_vec())?;
+    // The admin API (sluice's own proto) has reflection of its own, on its own listener.
+    let admin = protox::compile(["sluice/admin/v1/admin.proto"], ["proto"])?;
+    std::fs::write(out.join("admin_descriptor.bin"), admin.encode_to_vec())?;
     // The code: the rate-limit service, plus the ADS stream and envoyproxy/ratelimit's
     // `RateLimitConfig` that config over xDS (`CONFIG_TYPE=GRPC_XDS_SOTW`) speaks.
     let all = protox::compile(
@@ -23,6 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "envoy/service/rate_limit_quota/v3/rlqs.proto",
             "envoy/service/discovery/v3/ads.proto",
             "ratelimit/config/ratelimit/v3/rls_conf.proto",
+            "sluice/admin/v1/admin.proto",
         ],
         ["proto"],
     )?;

@@ -151,6 +151,7 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, SettingsError> {
     }
     config.grpc_uds = args.grpc_uds.clone();
     config.debug_addr = Some(resolve("debug", &args.debug_host, args.debug_port)?);
+    config.admin = args.admin.listen()?;
     Ok(config)
 }
 

@@ -9,6 +9,7 @@
 //!
 //! ```text
 //! app        composition root: settings -> store stack, telemetry, RateLimiter -> ServerConfig
+//! admin      the admin API (inspect, reset, overrides): auth, audit, the replicas' poll
 //! server     gRPC (RLS, RLQS, health, reflection) and HTTP admin around one RateLimiter
 //! quota      the Rate Limit Quota Service: buckets -> descriptors, shares, assignments
 //! service    one request: validate -> plan (rules) -> store.decide -> respond
@@ -25,6 +26,8 @@
 //! the binary or the integration tests reach in (hidden from these docs); the rest are private.
 #![forbid(unsafe_code)]
 
+#[doc(hidden)]
+pub mod admin;
 mod algorithm;
 #[doc(hidden)]
 pub mod app;

@@ -32,6 +32,7 @@ fn main() -> ExitCode {
     init_logging(&log);
     match command {
         Command::Check(args) => check(&args),
+        Command::Admin(args) => block_on(tokio::runtime::Builder::new_current_thread(), admin(args)),
         // `serve` starts on a single-threaded runtime that is also its first gRPC serving
         // thread; the server adds the others, one runtime each (`server/workers.rs` says why).
         Command::Serve(args) => {
@@ -111,6 +112,20 @@ async fn run_bench(args: bench::BenchArgs) -> ExitCode {
         }
         Err(e) => {
             eprintln!("sluice bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `sluice admin ...`: the answer on stdout as JSON, an error on stderr and exit 1.
+async fn admin(args: sluice::admin::client::AdminArgs) -> ExitCode {
+    match args.run().await {
+        Ok(json) => {
+            println!("{json}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sluice admin: {e}");
             ExitCode::FAILURE
         }
     }

@@ -77,6 +77,17 @@ pub mod ratelimit {
         }
     }
 }
+/// sluice's own admin API (`proto/sluice/admin/v1/admin.proto`).
+pub mod sluice {
+    pub mod admin {
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/sluice.admin.v1.rs"));
+        }
+    }
+}
+/// Encoded `FileDescriptorSet` of the admin API: reflection on the admin listener.
+pub const ADMIN_FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/admin_descriptor.bin"));
 pub mod udpa {
     pub mod annotations {
         include!(concat!(env!("OUT_DIR"), "/udpa.annotations.rs"));

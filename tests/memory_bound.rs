@@ -41,6 +41,7 @@ fn check(domain: &Arc<str>, consumer: usize) -> LimitCheck {
         quota: false,
         record: false,
         stop_over: false,
+        admin_limit: None,
         lease: None,
         leased: false,
     }

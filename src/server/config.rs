@@ -99,6 +99,9 @@ pub struct ServerConfig {
     /// `JSON_ENDPOINT`: serve `/json` on the plaintext HTTP port; `None`: only when gRPC is
     /// plaintext too (with TLS on, `/json` would let a caller without a certificate around it).
     pub json_endpoint: Option<bool>,
+    /// The admin API's listener (`ADMIN_*`); `None` serves none (the overrides are still
+    /// polled and applied).
+    pub admin: Option<super::admin::AdminListen>,
     /// `JSON_ALLOW_NEGATIVE_HITS`: take `is_negative_hits` on `/json`; `None`: only when gRPC
     /// is plaintext (a refund zeroes a counter: whoever reaches the port could free anyone).
     pub json_negative_hits: Option<bool>,
@@ -172,6 +175,7 @@ impl ServerConfig {
             http2: Http2Limits::default(),
             json_endpoint: None,
             json_negative_hits: None,
+            admin: Some(super::admin::AdminListen::loopback()),
         }
     }
 }
@@ -196,11 +200,14 @@ pub enum ServerError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("cannot listen for gRPC on the Unix socket {path}: {source}")]
+    #[error("cannot listen for {what} on the Unix socket {path}: {source}")]
     BindUnix {
+        what: &'static str,
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("admin API: {0}")]
+    Admin(String),
     #[error("not supported: {0}")]
     Unsupported(&'static str),
     #[error("cannot build gRPC reflection: {0}")]

@@ -28,12 +28,22 @@ impl GrpcListener {
         addr: SocketAddr,
         uds: Option<&Path>,
     ) -> Result<(Self, SocketAddr), ServerError> {
+        Self::bind_named("gRPC", addr, uds).await
+    }
+
+    /// [`GrpcListener::bind`] for the listener `what`.
+    pub(crate) async fn bind_named(
+        what: &'static str,
+        addr: SocketAddr,
+        uds: Option<&Path>,
+    ) -> Result<(Self, SocketAddr), ServerError> {
         let Some(path) = uds else {
-            let l = bind("gRPC", addr).await?;
-            let bound = local_addr("gRPC", addr, &l)?;
+            let l = bind(what, addr).await?;
+            let bound = local_addr(what, addr, &l)?;
             return Ok((GrpcListener::Tcp(l), bound));
         };
         let err = |source: io::Error| ServerError::BindUnix {
+            what,
             path: path.to_path_buf(),
             source,
         };
@@ -117,6 +127,8 @@ pub(super) struct Listeners {
     /// envoyproxy's Prometheus series (`USE_PROMETHEUS`): listener, address, path.
     pub(super) envoy_metrics: Option<(TcpListener, SocketAddr, String)>,
     pub(super) debug: Option<(TcpListener, SocketAddr)>,
+    /// The admin API's listener and its bound address.
+    pub(super) admin: Option<(GrpcListener, SocketAddr)>,
 }
 
 impl Listeners {
@@ -143,7 +155,12 @@ impl Listeners {
             }
             None => None,
         };
+        let admin = match &config.admin {
+            Some(a) => a.bind().await?,
+            None => None,
+        };
         Ok(Self {
+            admin,
             grpc,
             grpc_addr,
             http,

@@ -3,6 +3,7 @@
 //! [`start`] binds both listeners before returning, so tests can ask for port 0 and read the
 //! real addresses from [`Running`].
 
+pub mod admin;
 pub mod grpc;
 pub mod http;
 mod incoming;
@@ -50,6 +51,7 @@ pub struct Running {
     http_addr: SocketAddr,
     envoy_metrics_addr: Option<SocketAddr>,
     debug_addr: Option<SocketAddr>,
+    admin_addr: Option<SocketAddr>,
     limiter: Arc<RateLimiter>,
     shutdown: ShutdownHandle,
     supervisor: JoinHandle<Result<(), ServerError>>,
@@ -74,6 +76,11 @@ impl Running {
     /// The bound debug listener, if any.
     pub fn debug_addr(&self) -> Option<SocketAddr> {
         self.debug_addr
+    }
+
+    /// The bound admin API address, if it listens on TCP.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
     }
 
     /// `http://` URL of the gRPC server, for `tonic` clients (`Endpoint::from_shared`).
@@ -131,6 +138,10 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     let grpc_socket = listeners.grpc.path();
     let envoy_metrics_addr = listeners.envoy_metrics.as_ref().map(|(_, a, _)| *a);
     let debug_addr = listeners.debug.as_ref().map(|(_, a)| *a);
+    let admin_addr = match (&listeners.admin, &config.admin) {
+        (Some((_, a)), Some(s)) if s.uds.is_none() => Some(*a),
+        _ => None,
+    };
 
     // Everything that can fail is built before a task is spawned.
     let transcoder = http::Transcoder::new()?;
@@ -139,11 +150,17 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     let json = config.json_policy();
     let mut grpc = GrpcServing::prepare(listeners.grpc, grpc_addr, tls, threads)?;
     let Parts { limiter, tracing } = config.parts;
+    let admin_server = match (listeners.admin, &config.admin) {
+        (Some((listener, _)), Some(settings)) => {
+            Some(admin::Prepared::new(listener, settings, &limiter)?)
+        }
+        _ => None,
+    };
 
     let (health, health_service, health_watch) =
         start_health(&limiter, config.health_interval).await;
     grpc.routes.add_service(health_service);
-    let mut background = vec![health_watch];
+    let mut background = vec![health_watch, admin::start_poll(&limiter).await];
     background.extend(
         Background {
             envoy_stats: config.envoy_stats,
@@ -168,6 +185,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         config.quota,
         &draining,
     );
+    background.extend(admin_server.map(|a| a.spawn(&draining)));
     // /healthcheck fails from the trigger on (the drain delay included), not from the drain.
     let app = http::router(
         Arc::clone(&limiter),
@@ -178,7 +196,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     let http_server = axum::serve(listeners.http, app).with_graceful_shutdown(draining.triggered());
     let http_task = tokio::spawn(async move { http_server.await });
 
-    log_listening(grpc_addr, http_addr, threads, grpc_socket.as_deref());
+    log_listening(grpc_addr, http_addr, threads, grpc_socket.as_deref(), admin_addr);
     let supervisor = Supervised {
         trigger,
         drain,
@@ -197,6 +215,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         http_addr,
         envoy_metrics_addr,
         debug_addr,
+        admin_addr,
         limiter,
         shutdown,
         supervisor,
@@ -204,10 +223,17 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
 }
 
 /// The line operators (and the tests' binary spawner) read the bound addresses from.
-fn log_listening(grpc: SocketAddr, http: SocketAddr, threads: usize, uds: Option<&Path>) {
+fn log_listening(
+    grpc: SocketAddr,
+    http: SocketAddr,
+    threads: usize,
+    uds: Option<&Path>,
+    admin: Option<SocketAddr>,
+) {
     tracing::info!(
         grpc = %grpc,
         http = %http,
+        admin = %admin.map_or_else(|| "-".to_string(), |a| a.to_string()),
         grpc_threads = threads.max(1),
         grpc_uds = ?uds,
         "sluice listening (gRPC: RLS, RLQS, health, reflection; HTTP: /healthcheck /livez /rlconfig /json /metrics /debug/offenders /debug/rlqs)"

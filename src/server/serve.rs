@@ -129,7 +129,7 @@ impl GrpcServing {
 }
 
 /// One serving thread's gRPC server on its own accept stream, until drained.
-async fn serve_grpc(
+pub(super) async fn serve_grpc(
     router: tonic::transport::server::Router,
     listener: GrpcListener,
     (drain, tcp_keepalive): (ShutdownWatch, Option<std::time::Duration>),

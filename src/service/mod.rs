@@ -10,7 +10,9 @@ mod dynamic_metadata;
 mod error;
 mod error_log;
 pub mod headers;
+mod inspect;
 mod options;
+mod overrides;
 mod plan;
 mod report;
 mod respond;
@@ -20,6 +22,8 @@ mod validate;
 
 pub use crate::telemetry::spans::Edge;
 pub use error::RequestError;
+pub use inspect::Inspected;
+pub use overrides::Overrides;
 pub use options::{FailureMode, RequestCaps, ServiceOptions, DEFAULT_NEAR_LIMIT_RATIO};
 pub use respond::{describe_limit, response_unit};
 pub use status::{ConfigStatus, ReloadOutcome};
@@ -59,6 +63,12 @@ pub struct RateLimiter {
     store_errors: ErrorLog,
     telemetry: Telemetry,
     config_status: std::sync::Mutex<ConfigStatus>,
+    /// The admin overrides in force (see `overrides.rs`).
+    overrides: Overrides,
+    /// The admin side of the store (resets, overrides).
+    admin: Arc<dyn crate::store::admin::CounterAdmin>,
+    /// The stack's deny cache, dropped after admin writes.
+    forget: Option<Arc<dyn crate::store::admin::Forget>>,
     /// Set by [`RateLimiter::awaiting_config`], cleared by the first
     /// [`RateLimiter::replace_rules`]: meanwhile requests get [`RequestError::NoConfig`].
     awaiting_config: AtomicBool,
@@ -97,6 +107,9 @@ impl RateLimiter {
         Self {
             rules: RwLock::new(Arc::new(rules)),
             store: store.store,
+            overrides: Overrides::new(),
+            admin: store.admin,
+            forget: store.forget,
             decider: store.decider,
             demand: store.demand,
             signals: store.signals,
@@ -208,6 +221,33 @@ impl RateLimiter {
         &self.store
     }
 
+    /// Which backend decides (`memory`, `redis`, `redis-cluster`, `redis-sentinel`).
+    pub fn store_backend(&self) -> &'static str {
+        self.signals.backend
+    }
+
+    /// The admin overrides in force.
+    pub fn overrides(&self) -> &Overrides {
+        &self.overrides
+    }
+
+    /// The admin side of the store.
+    pub fn counter_admin(&self) -> &Arc<dyn crate::store::admin::CounterAdmin> {
+        &self.admin
+    }
+
+    /// Drops the deny cache's entries (after an admin write that may have given room).
+    pub fn forget_denials(&self) {
+        if let Some(f) = &self.forget {
+            f.forget_all();
+        }
+    }
+
+    /// The service clock, in Unix milliseconds.
+    pub fn now_ms(&self) -> u64 {
+        u64::try_from(self.telemetry.clock.now().as_millis()).unwrap_or(u64::MAX)
+    }
+
     pub fn demand_board(&self) -> &Arc<dyn crate::store::demand::DemandBoard> {
         &self.demand
     }
@@ -277,7 +317,10 @@ impl RateLimiter {
             return Err(RequestError::NoConfig);
         }
         let snapshot = self.rules();
-        let plan = plan(&snapshot, request, &self.options)?;
+        let mut plan = plan(&snapshot, request, &self.options)?;
+        if self.overrides.is_active() {
+            self.overrides.apply(&mut plan, self.now_ms());
+        }
         if plan.limits.is_empty() {
             return Ok(self.answer(request, &plan, Verdict::NoChecks));
         }

@@ -42,6 +42,8 @@ pub(super) struct PlannedDescriptor {
 #[derive(Debug)]
 pub(super) struct PlannedLimit {
     pub(super) check: LimitCheck,
+    /// The limit the response reports: the check's own, or an admin override's.
+    pub(super) shown: Limit,
     /// The limit's `name` (empty when unnamed).
     pub(super) name: String,
     /// Its configured `shadow_mode`: a status reports OK for it ([`LimitCheck::shadow`] also
@@ -411,6 +413,7 @@ impl Plan {
             }
             indexes.push(self.limits.len());
             self.limits.push(PlannedLimit {
+                shown: check.key.limit,
                 check,
                 name: c.name.unwrap_or_default().to_string(),
                 shadow: c.shadow,
@@ -460,6 +463,7 @@ fn check_for(
             quota: !release && (c.quota_mode || charge.options.global_quota_mode),
             record: release,
             stop_over: false,
+            admin_limit: None,
             lease: lease.cloned(),
             leased: true,
         }
@@ -481,6 +485,7 @@ fn check_for(
             quota: !l.release && (c.quota_mode || charge.options.global_quota_mode),
             record: l.release,
             stop_over: false,
+            admin_limit: None,
             lease: Some(LeaseCall {
                 reservations: c.reservations,
                 ..l.clone()
@@ -496,6 +501,7 @@ fn check_for(
             quota: c.quota_mode || charge.options.global_quota_mode,
             record: envoyproxy || c.record_usage,
             stop_over: envoyproxy && charge.options.stop_increment_when_over,
+            admin_limit: None,
             lease: None,
             leased: c.reservations.is_some(),
         }

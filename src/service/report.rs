@@ -44,7 +44,7 @@ impl RateLimiter {
             let reported = &plan.limits[j.index];
             let near = !j.over_limit
                 && j.outcome.is_some_and(|o| {
-                    let limit = u64::from(reported.check.key.limit.requests_per_unit);
+                    let limit = u64::from(reported.shown.requests_per_unit);
                     let used = limit.saturating_sub(u64::from(o.remaining));
                     // As envoyproxy/ratelimit: past floor(limit * ratio), strictly.
                     used as f64 > (limit as f64 * self.options.near_limit_ratio).floor()

@@ -158,7 +158,7 @@ fn rate_limit_headers(
         .filter(|(l, _)| !l.check.shadow && !l.check.refund)
         .map(|(l, o)| headers::LimitState {
             name: &l.name,
-            limit: &l.check.key.limit,
+            limit: &l.shown,
             remaining: o.remaining,
             reset: o.reset,
             denied_retry_after: (!o.allowed).then_some(o.retry_after),
@@ -225,7 +225,7 @@ fn limited_status(
     let reported = &plan.limits[i];
     let status = DescriptorStatus {
         code: code as i32,
-        current_limit: Some(describe_limit(&reported.name, &reported.check.key.limit)),
+        current_limit: Some(describe_limit(&reported.name, &reported.shown)),
         limit_remaining: outcome.map_or(0, |o| o.remaining),
         duration_until_reset: outcome.map(|o| to_proto_duration(o.reset)),
         quota: None,

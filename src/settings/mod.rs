@@ -14,6 +14,7 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod admin;
 mod check;
 mod http2;
 mod json;
@@ -26,6 +27,7 @@ pub mod stats;
 mod tls;
 pub mod xds;
 
+pub use admin::AdminServeArgs;
 pub use check::{CheckArgs, LoadFlags};
 pub use observe::{
     parse_exporter_protocol, parse_header_name, parse_ratio, HeadersDraft, ObserveArgs,
@@ -113,6 +115,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Validate a config file or directory: print every error, exit 1 if there is any.
     Check(CheckArgs),
+    /// Call a running sluice's admin API: inspect, reset, override limits.
+    Admin(crate::admin::client::AdminArgs),
 }
 
 /// Logging, shared by every command.
@@ -428,6 +432,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub tls: TlsArgs,
+
+    #[command(flatten)]
+    pub admin: AdminServeArgs,
 }
 
 /// Why `serve` cannot start from these settings.

@@ -336,6 +336,7 @@ impl<S: CounterStore + 'static> Drop for CallGuard<'_, S> {
             refund: false,
             record: false,
             stop_over: false,
+            admin_limit: None,
             lease: None,
             ..first.clone()
         };

@@ -45,6 +45,7 @@ impl StoreChain {
         }
         .reporting_to(&signals);
         let board: Arc<dyn super::demand::DemandBoard> = Arc::new(redis.board());
+        let admin: Arc<dyn super::admin::CounterAdmin> = Arc::new(redis.admin());
         let members: Arc<dyn Membership> = Arc::new(redis.members());
         // Under FAILURE_MODE=local a Cluster has no breaker: one slot's master failing must not
         // send the other slots' counters local (each request meets its own slots' health, and
@@ -55,6 +56,7 @@ impl StoreChain {
                 CircuitBreaker::new(redis, self.breaker, Arc::clone(&clock)).reporting_to(&signals),
             ),
         };
+        let mut forget: Option<Arc<dyn super::admin::Forget>> = None;
         let store = if self.local_cache_bytes == 0 {
             store
         } else {
@@ -64,16 +66,27 @@ impl StoreChain {
                 RedisKind::Cluster => DenialFinality::DomainTaggedOnly,
                 RedisKind::Single | RedisKind::Sentinel => DenialFinality::Always,
             };
-            Arc::new(LocalDenyCache::new(
+            let cache = Arc::new(LocalDenyCache::new(
                 store,
                 self.local_cache_bytes,
                 Arc::clone(&clock),
                 finality,
-            ))
+            ));
+            forget = Some(Arc::clone(&cache) as Arc<dyn super::admin::Forget>);
+            cache
         };
         // The local layer on top: what it decides alone is never cached as a store denial.
+        let stack = |store: Arc<dyn CounterStore>, signals: StoreSignals| {
+            let stack = StoreStack::new(store, signals)
+                .with_board(Arc::clone(&board))
+                .with_admin(Arc::clone(&admin));
+            match &forget {
+                Some(f) => stack.with_forget(Arc::clone(f)),
+                None => stack,
+            }
+        };
         let Some(l) = &self.local else {
-            return Ok(StoreStack::new(store, signals).with_board(board));
+            return Ok(stack(store, signals));
         };
         let layer = Arc::new(LocalFallback::new(
             store,
@@ -82,10 +95,6 @@ impl StoreChain {
             clock,
             &signals,
         ));
-        Ok(
-            StoreStack::new(Arc::clone(&layer) as Arc<dyn CounterStore>, signals)
-                .with_decider(layer)
-                .with_board(board),
-        )
+        Ok(stack(Arc::clone(&layer) as Arc<dyn CounterStore>, signals).with_decider(layer))
     }
 }

@@ -168,8 +168,22 @@ pub fn entry_bytes(key: &CounterKey) -> usize {
 /// `in_flight` limit, a rate limit with `reservations`), even on a request that names no
 /// request id: another request's stream-done call can free a slot or give a reservation back
 /// at any moment (and must reach the store itself).
+///
+/// Nor does a check under an admin override: its limit is not the one its key names.
 fn eligible(c: &LimitCheck) -> bool {
-    !c.shadow && !c.refund && !c.quota && c.hits > 0 && c.lease.is_none() && !c.leased
+    !c.shadow
+        && !c.refund
+        && !c.quota
+        && c.hits > 0
+        && c.lease.is_none()
+        && !c.leased
+        && c.admin_limit.is_none()
+}
+
+impl<S: CounterStore> super::admin::Forget for LocalDenyCache<S> {
+    fn forget_all(&self) {
+        self.clear();
+    }
 }
 
 /// A deny cache in front of a [`CounterStore`] `S`.
@@ -242,6 +256,11 @@ impl<S: CounterStore> LocalDenyCache<S> {
     /// Decisions answered from the cache without calling the store.
     pub fn local_denials(&self) -> u64 {
         self.local_denials.load(Ordering::Relaxed)
+    }
+
+    /// Drops every entry (an admin reset or override may have given the counters room).
+    pub fn clear(&self) {
+        *self.lock() = Entries::default();
     }
 
     fn lock(&self) -> MutexGuard<'_, Entries> {

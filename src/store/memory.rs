@@ -14,8 +14,11 @@
 //! within a budget of their own ([`shard::LEASE_ENTRIES_PER_COUNTER`] per counter, per shard).
 
 mod check;
+mod resets;
 mod shard;
 mod table;
+
+pub use resets::{MemoryAdmin, MAX_RESET_PREFIXES};
 
 use super::{
     charged, Admission, BoxFuture, CounterKey, CounterStore, Decision, LeaseEffect, LimitCheck,
@@ -59,6 +62,8 @@ pub struct MemoryStore {
     /// on the counter it had, not on an empty one. (That layer names the configured size in
     /// the key's entries, so two limits differing only in size stay two counters.)
     size_blind: bool,
+    /// Prefixes reset through the admin API (see `resets.rs`).
+    resets: resets::Resets,
 }
 
 impl MemoryStore {
@@ -83,6 +88,7 @@ impl MemoryStore {
             hashers: Default::default(),
             evictions: Tally::default(),
             size_blind: false,
+            resets: resets::Resets::default(),
         }
     }
 
@@ -127,12 +133,20 @@ impl MemoryStore {
     fn fingerprint_of(&self, key: &CounterKey) -> Fingerprint {
         // The key's `Hash` output (length-prefixed, so unambiguous) collected into one buffer,
         // then hashed in bulk: two SipHash passes over ~60 bytes instead of two over dozens of
-        // small writes.
+        // small writes. After a reset of one of its prefixes, the epochs' salt too.
+        let salt = self.resets.salt(key);
         with_key_bytes(key, |bytes| {
-            [
-                self.hashers.0.hash_one(bytes),
-                self.hashers.1.hash_one(bytes),
-            ]
+            if salt == 0 {
+                [
+                    self.hashers.0.hash_one(bytes),
+                    self.hashers.1.hash_one(bytes),
+                ]
+            } else {
+                [
+                    self.hashers.0.hash_one((bytes, salt)),
+                    self.hashers.1.hash_one((bytes, salt)),
+                ]
+            }
         })
     }
 

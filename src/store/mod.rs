@@ -8,6 +8,7 @@
 //! (health, breaker state, running totals, denial finality) is handed over when the stack is
 //! built ([`StoreSignals`], [`DenialFinality`]).
 
+pub mod admin;
 pub mod breaker;
 mod chain;
 pub mod demand;
@@ -74,6 +75,10 @@ pub struct LimitCheck {
     /// envoyproxy's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (set on every check of such a
     /// request): if any recording check would exceed its limit, only those are charged.
     pub stop_over: bool,
+    /// An operator's override (the admin API) of this counter's limit: the algorithms decide
+    /// with this many instead of `key.limit`'s, on the same counter (the key keeps the
+    /// configured limit, so the override applies mid-window to what was counted).
+    pub admin_limit: Option<u32>,
     /// On an `in_flight` limit or a rate limit with `reservations`: the request the
     /// descriptor's trailing id entry names, and whether this is its stream-done call (which
     /// frees the slot or settles the reservation) or its request-time call (which takes one or
@@ -111,11 +116,21 @@ impl LeaseCall {
 impl LimitCheck {
     pub fn params(&self) -> LimitParams {
         let l = self.key.limit;
+        let (limit, burst) = match self.admin_limit {
+            None => (l.requests_per_unit, l.burst),
+            // A token bucket's burst follows its rate in proportion.
+            Some(n) if l.requests_per_unit > 0 => {
+                let burst = u64::from(l.burst) * u64::from(n) / u64::from(l.requests_per_unit);
+                (n, u32::try_from(burst).unwrap_or(u32::MAX))
+            }
+            Some(n) if l.algorithm == crate::config::Algorithm::TokenBucket => (n, n.saturating_sub(1)),
+            Some(n) => (n, 0),
+        };
         LimitParams {
-            limit: l.requests_per_unit,
+            limit,
             period_us: l.period.millis().saturating_mul(1000),
             algorithm: l.algorithm,
-            burst: l.burst,
+            burst,
         }
     }
 
@@ -289,6 +304,7 @@ impl LimitCheck {
             quota: false,
             record: false,
             stop_over: false,
+            admin_limit: None,
             lease: None,
             leased: false,
         }
@@ -384,6 +400,10 @@ pub struct StoreStack {
     pub signals: StoreSignals,
     /// The quota service's demand boards, in the same place as the counters.
     pub demand: Arc<dyn demand::DemandBoard>,
+    /// The admin side of the counters (resets, overrides), in the same place as they.
+    pub admin: Arc<dyn admin::CounterAdmin>,
+    /// The local deny cache, when the stack has one (dropped after admin writes).
+    pub forget: Option<Arc<dyn admin::Forget>>,
 }
 
 impl StoreStack {
@@ -395,7 +415,21 @@ impl StoreStack {
             store,
             signals,
             demand: Arc::new(demand::MemoryBoard::default()),
+            admin: Arc::new(admin::NoReset::default()),
+            forget: None,
         }
+    }
+
+    /// The same stack with `admin` for resets and overrides.
+    pub fn with_admin(mut self, admin: Arc<dyn admin::CounterAdmin>) -> Self {
+        self.admin = admin;
+        self
+    }
+
+    /// The same stack with its deny cache named, to drop after admin writes.
+    pub fn with_forget(mut self, forget: Arc<dyn admin::Forget>) -> Self {
+        self.forget = Some(forget);
+        self
     }
 
     /// The same stack deciding through `decider` (the local layer over `store`).
@@ -414,8 +448,12 @@ impl StoreStack {
     pub fn memory(clock: Arc<dyn crate::clock::Clock>, max_counters: usize) -> Self {
         let signals = StoreSignals::new("memory");
         let board = demand::MemoryBoard::new(Arc::clone(&clock), demand::DEFAULT_MAX_POSTINGS);
-        let store =
-            memory::MemoryStore::with_max_counters(clock, max_counters).reporting_to(&signals);
-        Self::new(Arc::new(store), signals).with_board(Arc::new(board))
+        let store = Arc::new(
+            memory::MemoryStore::with_max_counters(clock, max_counters).reporting_to(&signals),
+        );
+        let admin = Arc::new(memory::MemoryAdmin::new(Arc::clone(&store)));
+        Self::new(store, signals)
+            .with_board(Arc::new(board))
+            .with_admin(admin)
     }
 }

@@ -116,6 +116,8 @@ pub struct Metrics {
     local: LocalMetrics,
     /// The quota service's series.
     pub quota: QuotaMetrics,
+    /// The admin API's series.
+    pub admin: super::admin_metrics::AdminMetrics,
     /// Slots and reservations held, leases expired, releases without an entry.
     pub leases: std::sync::Arc<super::leases::LeaseMetrics>,
 }
@@ -293,6 +295,7 @@ impl Metrics {
             lease_calls,
             local: LocalMetrics::register(&r)?,
             quota: QuotaMetrics::register(&r)?,
+            admin: super::admin_metrics::AdminMetrics::register(&r)?,
             leases: std::sync::Arc::new(super::leases::LeaseMetrics::register(&r.0)?),
             descriptor_series: Default::default(),
             registry: r.0,

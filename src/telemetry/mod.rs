@@ -7,6 +7,7 @@ pub mod envoy_stats;
 pub mod leases;
 pub mod metrics;
 pub mod offenders;
+pub mod admin_metrics;
 pub mod quota_metrics;
 mod registrar;
 pub mod spans;

@@ -47,6 +47,7 @@ macro_rules! test_with_stores {
     };
 }
 
+mod admin;
 mod bench;
 mod cluster_local;
 mod compat;

@@ -53,6 +53,7 @@ pub fn serve(config: impl AsRef<std::ffi::OsStr>) -> Command {
         .env("GRPC_PORT", "0")
         .env("HOST", "127.0.0.1")
         .env("PORT", "0")
+        .env("ADMIN_PORT", "0")
         .env("LOG_LEVEL", "info")
         // Tests that stop the binary drain at once unless they test the delay itself.
         .env("SHUTDOWN_DRAIN_DELAY", "0s");
@@ -118,6 +119,19 @@ impl SluiceProcess {
     }
 
     /// `http://` URL of the gRPC listener.
+    /// The admin API's address, from the listening line.
+    pub fn admin_url(&self) -> String {
+        let log = self.log();
+        let line = log
+            .lines()
+            .find(|l| l.contains("sluice listening"))
+            .unwrap_or_else(|| panic!("no listening line:\n{log}"));
+        let start = line.find(" admin=").map(|i| i + 7).expect("admin= in the listening line");
+        let rest = &line[start..];
+        let end = rest.find(' ').unwrap_or(rest.len());
+        format!("http://{}", &rest[..end])
+    }
+
     pub fn grpc_url(&self) -> String {
         format!("http://{}", self.grpc)
     }

@@ -82,6 +82,7 @@ impl Shared {
             quota: false,
             record: true,
             stop_over: false,
+            admin_limit: None,
             lease: None,
             leased: false,
         };
@@ -149,6 +150,7 @@ impl Shared {
                 quota: false,
                 record: true,
                 stop_over: false,
+                admin_limit: None,
                 lease: None,
                 leased: false,
             };

@@ -6,6 +6,7 @@
 //! admitted). `codec.rs` is the only file that knows the script's argument and reply layout.
 //! Errors are classified transient/permanent here, where they are converted.
 
+mod admin;
 mod batch;
 mod board;
 mod cluster;
@@ -20,6 +21,7 @@ mod sentinel;
 mod settings;
 mod standalone;
 
+pub use admin::RedisAdmin;
 pub use board::{board_key, RedisBoard};
 use cluster::Cluster;
 use codec::{decide_script, Call, ScriptTime};
@@ -205,7 +207,19 @@ impl RedisStore {
     pub fn into_stack(self) -> super::StoreStack {
         let signals = self.common.signals.clone();
         let board = Arc::new(self.board());
-        super::StoreStack::new(Arc::new(self), signals).with_board(board)
+        let admin = Arc::new(self.admin());
+        super::StoreStack::new(Arc::new(self), signals)
+            .with_board(board)
+            .with_admin(admin)
+    }
+
+    /// Resets and overrides in the same Redis, on the same connections.
+    pub fn admin(&self) -> RedisAdmin {
+        let board = self.board();
+        RedisAdmin {
+            common: board.common,
+            source: board.source,
+        }
     }
 
     /// The demand boards of the quota service in the same Redis, on the same connections.

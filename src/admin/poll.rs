@@ -1,0 +1,69 @@
+//! How every replica learns of admin writes: it polls the store's admin generation (one `GET`
+//! on Redis) every [`POLL_INTERVAL`]; when it moved, it reloads the overrides and drops its deny
+//! cache (a reset or a raised limit must not be answered from a denial cached before it). At
+//! most one interval after a write, every replica applies it. Expired overrides leave the
+//! table at the next poll even when nothing was written.
+
+use crate::service::RateLimiter;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often a replica polls: half a second, so every replica applies a write within one.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Loads the overrides now, whatever the generation, and drops the deny cache.
+pub async fn reload(limiter: &RateLimiter) {
+    match limiter.counter_admin().overrides().await {
+        Ok((generation, all)) => apply(limiter, generation, all),
+        Err(e) => tracing::warn!(error = %e, "cannot load the admin overrides"),
+    }
+}
+
+fn apply(limiter: &RateLimiter, generation: u64, all: Vec<crate::store::admin::StoredOverride>) {
+    let changed = limiter.overrides().generation() != Some(generation);
+    limiter.overrides().replace(generation, all, limiter.now_ms());
+    let live = limiter.overrides().list(limiter.now_ms()).len();
+    limiter
+        .telemetry()
+        .metrics
+        .admin
+        .overrides_live
+        .set(i64::try_from(live).unwrap_or(i64::MAX));
+    if changed {
+        limiter.forget_denials();
+    }
+}
+
+/// One poll: reloads when the generation moved, or when a live override may have expired.
+pub async fn poll_once(limiter: &RateLimiter) {
+    let generation = match limiter.counter_admin().generation().await {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot poll the admin generation");
+            return;
+        }
+    };
+    if limiter.overrides().generation() != Some(generation) {
+        reload(limiter).await;
+    } else if limiter.overrides().is_active() {
+        // Nothing written: drop what expired (the request path skips it already), so the
+        // gauge and the request path's fast path follow.
+        let live = limiter.overrides().prune(limiter.now_ms());
+        limiter
+            .telemetry()
+            .metrics
+            .admin
+            .overrides_live
+            .set(i64::try_from(live).unwrap_or(i64::MAX));
+    }
+}
+
+/// Polls until the task is aborted (the server's background tasks are, at shutdown).
+pub async fn watch(limiter: Arc<RateLimiter>) {
+    let mut tick = tokio::time::interval(POLL_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        poll_once(&limiter).await;
+    }
+}

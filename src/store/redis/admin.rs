@@ -1,0 +1,405 @@
+//! The Redis store's admin side (see `store::admin`): resets by key pattern, overrides in one
+//! hash every replica reads.
+//!
+//! - **Reset.** Every counter below a descriptor prefix lives in one Cluster slot (the hash tag
+//!   is the domain and the first entry, or the domain alone under `hash_tag: domain`), and its
+//!   keys start with one literal string. So a reset is a `SCAN ... MATCH <that string>*` on the
+//!   one node owning the slot, `COUNT` [`SCAN_COUNT`] per call (no `KEYS`, no script walking the
+//!   keyspace: each call is short whatever the keyspace holds), each page's keys `UNLINK`ed
+//!   at once. A counter's keys (its windows, its lease sets) go; the RLQS demand boards
+//!   (`#rlqs`) and the write-back guards (`#wb:`, which keep a retried write-back from counting
+//!   twice) stay. A request decided between two pages counts on a key the reset has deleted or
+//!   not yet reached: either way it is on one side of the reset, never half.
+//! - **Overrides** live in the hash `PREFIX{sluice|admin}overrides` (no counter's hash tag is
+//!   `sluice|admin`: a descriptor's has an `=`, a domain tag ends with `|`), one field per
+//!   override, the value its expiry then its JSON; `PREFIX{sluice|admin}generation` counts the
+//!   writes. Both in one slot, so `put.lua` caps the live overrides and drops expired ones
+//!   atomically. Replicas poll the generation (one `GET`) and read the hash when it moved.
+
+use super::board::Source;
+use super::conn::Conn;
+use super::{batch::single_connection, keys, Common};
+use crate::config::Algorithm;
+use crate::store::admin::{too_many, CounterAdmin, OverrideId, ResetCount, StoredOverride};
+use crate::store::{BoxFuture, StoreError};
+use redis::Script;
+use std::collections::HashSet;
+use std::sync::{Arc, LazyLock};
+
+/// Keys one `SCAN` call looks at: a short call (well under a millisecond) however large the
+/// keyspace.
+pub const SCAN_COUNT: usize = 1000;
+
+static PUT_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+-- KEYS[1] the overrides hash, KEYS[2] the generation; ARGV: field, value, now (ms), max live.
+local all = redis.call('HGETALL', KEYS[1])
+local now, max, live, before = tonumber(ARGV[3]), tonumber(ARGV[4]), 0, ''
+for i = 1, #all, 2 do
+  local expires = tonumber(string.match(all[i + 1], '^(%d+)|'))
+  if expires == nil or expires <= now then
+    redis.call('HDEL', KEYS[1], all[i])
+  elseif all[i] == ARGV[1] then
+    before = all[i + 1]
+  else
+    live = live + 1
+  end
+end
+if live >= max then return {0, ''} end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('INCR', KEYS[2])
+return {1, before}
+"#,
+    )
+});
+
+static DELETE_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+-- KEYS[1] the overrides hash, KEYS[2] the generation; ARGV: field.
+local before = redis.call('HGET', KEYS[1], ARGV[1]) or ''
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('INCR', KEYS[2])
+return before
+"#,
+    )
+});
+
+/// The admin side of a [`super::RedisStore`], on its connections.
+pub struct RedisAdmin {
+    pub(super) common: Arc<Common>,
+    pub(super) source: Source,
+}
+
+impl std::fmt::Debug for RedisAdmin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisAdmin")
+            .field("prefix", &self.common.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The hash tag of the admin keys.
+const ADMIN_TAG: &str = "sluice|admin";
+
+impl RedisAdmin {
+    fn hash_key(&self) -> String {
+        format!("{}{{{ADMIN_TAG}}}overrides", self.common.prefix)
+    }
+
+    fn generation_key(&self) -> String {
+        format!("{}{{{ADMIN_TAG}}}generation", self.common.prefix)
+    }
+
+    async fn connection(&self) -> Result<Conn, StoreError> {
+        match &self.source {
+            Source::Pool(p) => single_connection(p).await,
+            Source::Cluster(c) => c.connection().await,
+        }
+    }
+
+    /// One call within `REDIS_TIMEOUT`.
+    async fn call<T: Send>(
+        &self,
+        run: impl AsyncFnOnce(&mut Conn) -> redis::RedisResult<T>,
+    ) -> Result<T, StoreError> {
+        let call = async { self.connection().await?.query(run).await };
+        match tokio::time::timeout(self.common.quick, call).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Transient(format!(
+                "Redis did not answer within {:?}",
+                self.common.quick
+            ))),
+        }
+    }
+
+    async fn reset_now(
+        &self,
+        domain: &str,
+        prefix: &[(String, String)],
+        domain_tag: bool,
+    ) -> Result<ResetCount, StoreError> {
+        let (literal, tag) = reset_literal(&self.common.prefix, domain, prefix, domain_tag)?;
+        let pattern = reset_pattern(&literal, prefix.len(), domain_tag);
+        let slot = keys::tag_slot(&tag);
+        let mut cursor = 0u64;
+        let mut counters = HashSet::new();
+        loop {
+            let (next, found): (u64, Vec<String>) = self
+                .call(async |c| scan(c, slot, cursor, &pattern).await)
+                .await?;
+            let doomed: Vec<&String> = found
+                .iter()
+                .filter(|k| match counter_of(k, literal.len()) {
+                    Some(counter) => {
+                        counters.insert(counter.to_string());
+                        true
+                    }
+                    None => false,
+                })
+                .collect();
+            if !doomed.is_empty() {
+                self.call(async |c| {
+                    redis::cmd("UNLINK")
+                        .arg(&doomed)
+                        .query_async::<u64>(c)
+                        .await
+                })
+                .await?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        let generation = self.generation_key();
+        self.call(async |c| {
+            redis::cmd("INCR")
+                .arg(&generation)
+                .query_async::<u64>(c)
+                .await
+        })
+        .await?;
+        Ok(ResetCount {
+            counters: counters.len() as u64,
+            counted: true,
+        })
+    }
+}
+
+/// One `SCAN` page on the node owning `slot` (any connection on standalone Redis).
+async fn scan(c: &mut Conn, slot: u16, cursor: u64, pattern: &str) -> redis::RedisResult<(u64, Vec<String>)> {
+    let mut cmd = redis::cmd("SCAN");
+    cmd.arg(cursor)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(SCAN_COUNT);
+    match c {
+        Conn::Single(..) => cmd.query_async(c).await,
+        Conn::Cluster(cluster) => {
+            use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+                slot,
+                SlotAddr::Master,
+            )));
+            let v = cluster.route_command(cmd, route).await?;
+            Ok(redis::from_redis_value(v)?)
+        }
+    }
+}
+
+/// The literal start every key below the prefix shares (`PREFIX{tag}|k=v...`), and the tag.
+fn reset_literal(
+    key_prefix: &str,
+    domain: &str,
+    prefix: &[(String, String)],
+    domain_tag: bool,
+) -> Result<(String, String), StoreError> {
+    let Some(((k0, v0), rest)) = prefix.split_first() else {
+        return Err(StoreError::Permanent(
+            "a reset names at least one descriptor entry".into(),
+        ));
+    };
+    let mut tag = String::new();
+    keys::escape_into(&mut tag, domain);
+    tag.push('|');
+    let below: &[(String, String)] = if domain_tag { prefix } else { rest };
+    if !domain_tag {
+        keys::escape_into(&mut tag, k0);
+        tag.push('=');
+        keys::escape_into(&mut tag, v0);
+    }
+    let mut literal = format!("{key_prefix}{{{tag}}}");
+    for (k, v) in below {
+        literal.push('|');
+        keys::escape_into(&mut literal, k);
+        literal.push('=');
+        keys::escape_into(&mut literal, v);
+    }
+    Ok((literal, tag))
+}
+
+/// The `SCAN` pattern: the literal, glob characters escaped, then anything; where the literal
+/// ends in a value (not in the tag's `}`), the next character must end that value.
+fn reset_pattern(literal: &str, entries: usize, domain_tag: bool) -> String {
+    let mut p = String::with_capacity(literal.len() + 8);
+    for c in literal.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            p.push('\\');
+        }
+        p.push(c);
+    }
+    if domain_tag || entries > 1 {
+        p.push_str("[|:]");
+    }
+    p.push('*');
+    p
+}
+
+/// The counter a key below the prefix belongs to (its key without a window or lease suffix), or
+/// `None` for a key that is no counter's (a demand board, a write-back guard). `literal` bytes
+/// of the key are the prefix; past them come the remaining entries (no raw `:` in them: it is
+/// escaped), then `:alg:limit:period[:bN][:o]`, then any suffix.
+fn counter_of(key: &str, literal: usize) -> Option<&str> {
+    let rest = key.get(literal..)?;
+    let colon = rest.find(':')?;
+    let limit = &rest[colon + 1..];
+    if limit.contains('#') {
+        return None;
+    }
+    let fields: Vec<&str> = limit.split(':').collect();
+    let mut n = 3.min(fields.len());
+    if fields.first() == Some(&Algorithm::TokenBucket.key_tag())
+        && fields.get(n).is_some_and(|f| f.starts_with('b'))
+    {
+        n += 1;
+    }
+    if fields.get(n) == Some(&"o") {
+        n += 1;
+    }
+    let len: usize = fields[..n].iter().map(|f| f.len() + 1).sum();
+    key.get(..literal + colon + len)
+}
+
+impl CounterAdmin for RedisAdmin {
+    fn reset<'a>(
+        &'a self,
+        domain: &'a str,
+        prefix: &'a [(String, String)],
+        domain_tag: bool,
+    ) -> BoxFuture<'a, Result<ResetCount, StoreError>> {
+        Box::pin(self.reset_now(domain, prefix, domain_tag))
+    }
+
+    fn overrides(&self) -> BoxFuture<'_, Result<(u64, Vec<StoredOverride>), StoreError>> {
+        Box::pin(async move {
+            let (hash, generation) = (self.hash_key(), self.generation_key());
+            let (g, all): (Option<u64>, Vec<(String, String)>) = self
+                .call(async |c| {
+                    redis::pipe()
+                        .cmd("GET")
+                        .arg(&generation)
+                        .cmd("HGETALL")
+                        .arg(&hash)
+                        .query_async(c)
+                        .await
+                })
+                .await?;
+            let overrides = all
+                .iter()
+                .filter_map(|(_, v)| StoredOverride::decode(v))
+                .collect();
+            Ok((g.unwrap_or(0), overrides))
+        })
+    }
+
+    fn generation(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let generation = self.generation_key();
+            let g: Option<u64> = self
+                .call(async |c| redis::cmd("GET").arg(&generation).query_async(c).await)
+                .await?;
+            Ok(g.unwrap_or(0))
+        })
+    }
+
+    fn put_override<'a>(
+        &'a self,
+        o: &'a StoredOverride,
+        now_ms: u64,
+        max: usize,
+    ) -> BoxFuture<'a, Result<Option<StoredOverride>, StoreError>> {
+        Box::pin(async move {
+            let (hash, generation) = (self.hash_key(), self.generation_key());
+            let (field, value) = (o.id.field(), o.encode());
+            let (stored, before): (u8, String) = self
+                .call(async |c| {
+                    PUT_SCRIPT
+                        .key(&hash)
+                        .key(&generation)
+                        .arg(&field)
+                        .arg(&value)
+                        .arg(now_ms)
+                        .arg(max)
+                        .invoke_async(c)
+                        .await
+                })
+                .await?;
+            if stored == 0 {
+                return Err(too_many(max));
+            }
+            Ok(StoredOverride::decode(&before))
+        })
+    }
+
+    fn delete_override<'a>(
+        &'a self,
+        id: &'a OverrideId,
+        now_ms: u64,
+    ) -> BoxFuture<'a, Result<Option<StoredOverride>, StoreError>> {
+        Box::pin(async move {
+            let (hash, generation) = (self.hash_key(), self.generation_key());
+            let field = id.field();
+            let before: String = self
+                .call(async |c| {
+                    DELETE_SCRIPT
+                        .key(&hash)
+                        .key(&generation)
+                        .arg(&field)
+                        .invoke_async(c)
+                        .await
+                })
+                .await?;
+            Ok(StoredOverride::decode(&before).filter(|o| o.live(now_ms)))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries(e: &[(&str, &str)]) -> Vec<(String, String)> {
+        e.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn a_prefix_pattern_matches_its_counters_and_no_other() {
+        let (lit, tag) = reset_literal("rl_", "d", &entries(&[("tenant", "acme")]), false).unwrap();
+        assert_eq!((lit.as_str(), tag.as_str()), ("rl_{d|tenant=acme}", "d|tenant=acme"));
+        assert_eq!(reset_pattern(&lit, 1, false), "rl_{d|tenant=acme}*");
+        let two = entries(&[("tenant", "acme"), ("user", "b*b")]);
+        let (lit, _) = reset_literal("", "d", &two, false).unwrap();
+        assert_eq!(reset_pattern(&lit, 2, false), "{d|tenant=acme}|user=b\\*b[|:]*");
+        let (lit, tag) = reset_literal("", "d", &two[..1], true).unwrap();
+        assert_eq!((lit.as_str(), tag.as_str()), ("{d|}|tenant=acme", "d|"));
+        assert_eq!(reset_pattern(&lit, 1, true), "{d|}|tenant=acme[|:]*");
+        // Layout characters are escaped as in counter keys: a value cannot end the tag early.
+        let (lit, _) = reset_literal("", "d", &entries(&[("t", "a}|x=y")]), false).unwrap();
+        assert_eq!(lit, "{d|t=a%7D%7Cx%3Dy}");
+        assert!(reset_literal("", "d", &[], false).is_err());
+    }
+
+    #[test]
+    fn keys_map_to_their_counter_and_boards_and_guards_are_kept() {
+        let lit = "{d|tenant=acme}".len();
+        let c = |k: &str| counter_of(k, lit);
+        assert_eq!(c("{d|tenant=acme}:fw:10:minute"), Some("{d|tenant=acme}:fw:10:minute"));
+        assert_eq!(
+            c("{d|tenant=acme}|user=x:fw:10:minute:2900000"),
+            Some("{d|tenant=acme}|user=x:fw:10:minute")
+        );
+        assert_eq!(
+            c("{d|tenant=acme}|user=x:tb:10:minute:b9:o"),
+            Some("{d|tenant=acme}|user=x:tb:10:minute:b9:o")
+        );
+        assert_eq!(
+            c("{d|tenant=acme}:if:3:30s:e"),
+            Some("{d|tenant=acme}:if:3:30s")
+        );
+        assert_eq!(c("{d|tenant=acme}:fw:10:minute#rlqs"), None);
+        assert_eq!(c("{d|tenant=acme}:fw:10:minute#wb:abc"), None);
+    }
+}
