@@ -151,7 +151,7 @@ pub enum ClientError {
         url: String,
         source: tonic::transport::Error,
     },
-    #[error("{}: {}", .0.code(), .0.message())]
+    #[error("{:?}: {}", .0.code(), .0.message())]
     Call(#[from] tonic::Status),
 }
 

@@ -118,7 +118,6 @@ impl SluiceProcess {
         process
     }
 
-    /// `http://` URL of the gRPC listener.
     /// The admin API's address, from the listening line.
     pub fn admin_url(&self) -> String {
         let log = self.log();
@@ -132,6 +131,7 @@ impl SluiceProcess {
         format!("http://{}", &rest[..end])
     }
 
+    /// `http://` URL of the gRPC listener.
     pub fn grpc_url(&self) -> String {
         format!("http://{}", self.grpc)
     }
