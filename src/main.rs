@@ -32,7 +32,9 @@ fn main() -> ExitCode {
     init_logging(&log);
     match command {
         Command::Check(args) => check(&args),
-        Command::Admin(args) => block_on(tokio::runtime::Builder::new_current_thread(), admin(args)),
+        Command::Admin(args) => {
+            block_on(tokio::runtime::Builder::new_current_thread(), admin(args))
+        }
         // `serve` starts on a single-threaded runtime that is also its first gRPC serving
         // thread; the server adds the others, one runtime each (`server/workers.rs` says why).
         Command::Serve(args) => {

@@ -144,7 +144,9 @@ impl AuthSettings {
 
     fn by_token(&self, presented: &str) -> Result<Caller, Status> {
         let Some(path) = &self.tokens_file else {
-            return Err(Status::unauthenticated("no tokens are configured (ADMIN_TOKENS_FILE)"));
+            return Err(Status::unauthenticated(
+                "no tokens are configured (ADMIN_TOKENS_FILE)",
+            ));
         };
         let tokens = read_tokens(path).map_err(|e| {
             tracing::error!("admin tokens file: {e}");
@@ -216,7 +218,10 @@ fn parse_tokens(text: &str) -> Result<Vec<Token>, (usize, String)> {
         };
         let scopes = Scopes::parse(scopes).map_err(|e| (n + 1, e))?;
         if secret.len() < 16 {
-            return Err((n + 1, format!("the token of {name} is shorter than 16 characters")));
+            return Err((
+                n + 1,
+                format!("the token of {name} is shorter than 16 characters"),
+            ));
         }
         if tokens.iter().any(|t| t.secret == secret) {
             return Err((n + 1, format!("the token of {name} is also another name's")));
@@ -236,17 +241,31 @@ mod tests {
 
     #[test]
     fn tokens_files_parse_and_name_the_bad_line() {
-        let t = parse_tokens("# ops\nalice read,write 0123456789abcdef\n\nbob read fedcba9876543210 # ro\n")
-            .unwrap();
+        let t = parse_tokens(
+            "# ops\nalice read,write 0123456789abcdef\n\nbob read fedcba9876543210 # ro\n",
+        )
+        .unwrap();
         assert_eq!(t.len(), 2);
         assert_eq!((t[0].name.as_str(), t[0].scopes), ("alice", Scopes::ALL));
         assert_eq!(
             (t[1].name.as_str(), t[1].scopes),
-            ("bob", Scopes { read: true, write: false })
+            (
+                "bob",
+                Scopes {
+                    read: true,
+                    write: false
+                }
+            )
         );
         assert_eq!(parse_tokens("a read\n").unwrap_err().0, 1);
-        assert!(parse_tokens("\na admin 0123456789abcdef").unwrap_err().1.contains("unknown scope"));
-        assert!(parse_tokens("a read short").unwrap_err().1.contains("shorter"));
+        assert!(parse_tokens("\na admin 0123456789abcdef")
+            .unwrap_err()
+            .1
+            .contains("unknown scope"));
+        assert!(parse_tokens("a read short")
+            .unwrap_err()
+            .1
+            .contains("shorter"));
         let dup = "a read 0123456789abcdef\nb write 0123456789abcdef";
         assert_eq!(parse_tokens(dup).unwrap_err().0, 2);
     }

@@ -21,7 +21,11 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 #[derive(Debug, Clone, Args)]
 pub struct AdminArgs {
     /// The admin listener: `http://HOST:PORT`, `https://HOST:PORT`, or `unix:/path/to/socket`.
-    #[arg(long, env = "SLUICE_ADMIN_URL", default_value = "http://127.0.0.1:8083")]
+    #[arg(
+        long,
+        env = "SLUICE_ADMIN_URL",
+        default_value = "http://127.0.0.1:8083"
+    )]
     pub url: String,
 
     /// A bearer token (prefer --token-file: a command line is visible to every local user).
@@ -175,9 +179,8 @@ impl AdminArgs {
             .timeout(self.timeout)
             .connect_timeout(self.timeout);
         if self.url.starts_with("https://") || self.ca.is_some() || self.cert.is_some() {
-            let read = |p: &PathBuf| {
-                std::fs::read(p).map_err(|e| setup(format!("{}: {e}", p.display())))
-            };
+            let read =
+                |p: &PathBuf| std::fs::read(p).map_err(|e| setup(format!("{}: {e}", p.display())));
             let mut tls = ClientTlsConfig::new();
             if let Some(ca) = &self.ca {
                 tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
@@ -192,13 +195,20 @@ impl AdminArgs {
                 .tls_config(tls)
                 .map_err(|e| setup(format!("TLS: {e}")))?;
         }
-        endpoint.connect().await.map_err(|source| ClientError::Connect {
-            url: self.url.clone(),
-            source,
-        })
+        endpoint
+            .connect()
+            .await
+            .map_err(|source| ClientError::Connect {
+                url: self.url.clone(),
+                source,
+            })
     }
 
-    fn request<T>(&self, message: T, token: Option<&str>) -> Result<tonic::Request<T>, ClientError> {
+    fn request<T>(
+        &self,
+        message: T,
+        token: Option<&str>,
+    ) -> Result<tonic::Request<T>, ClientError> {
         let mut r = tonic::Request::new(message);
         if let Some(t) = token {
             let value = format!("Bearer {t}")
@@ -296,13 +306,21 @@ impl AdminArgs {
                     limit_name: name.clone(),
                     reason: reason.clone(),
                 };
-                to_json(&c.delete_override(self.request(m, token)?).await?.into_inner())
+                to_json(
+                    &c.delete_override(self.request(m, token)?)
+                        .await?
+                        .into_inner(),
+                )
             }
             OverrideCall::List { domain } => {
                 let m = pb::ListOverridesRequest {
                     domain: domain.clone().unwrap_or_default(),
                 };
-                to_json(&c.list_overrides(self.request(m, token)?).await?.into_inner())
+                to_json(
+                    &c.list_overrides(self.request(m, token)?)
+                        .await?
+                        .into_inner(),
+                )
             }
         })
     }
@@ -314,7 +332,8 @@ fn to_json<M: prost::Message + Named + std::fmt::Debug>(m: &M) -> String {
         let pool =
             prost_reflect::DescriptorPool::decode(crate::proto::ADMIN_FILE_DESCRIPTOR_SET).ok()?;
         let desc = pool.get_message_by_name(M::NAME)?;
-        let dynamic = prost_reflect::DynamicMessage::decode(desc, m.encode_to_vec().as_slice()).ok()?;
+        let dynamic =
+            prost_reflect::DynamicMessage::decode(desc, m.encode_to_vec().as_slice()).ok()?;
         let opts = prost_reflect::SerializeOptions::new().skip_default_fields(false);
         let mut out = serde_json::Serializer::pretty(Vec::new());
         dynamic.serialize_with_options(&mut out, &opts).ok()?;

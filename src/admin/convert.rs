@@ -3,15 +3,19 @@
 
 use crate::proto::sluice::admin::v1 as pb;
 use crate::service::{Inspected, RequestCaps};
-use crate::store::admin::{
-    OverrideId, OverrideLimit, StoredOverride, MAX_OVERRIDE_TTL_SECS,
-};
+use crate::store::admin::{OverrideId, OverrideLimit, StoredOverride, MAX_OVERRIDE_TTL_SECS};
 use tonic::Status;
 
 /// Entries from the request, within the RLS caps; at least one.
-pub fn entries(list: &[pb::Entry], caps: &RequestCaps, what: &str) -> Result<Vec<(String, String)>, Status> {
+pub fn entries(
+    list: &[pb::Entry],
+    caps: &RequestCaps,
+    what: &str,
+) -> Result<Vec<(String, String)>, Status> {
     if list.is_empty() {
-        return Err(Status::invalid_argument(format!("{what}: at least one entry")));
+        return Err(Status::invalid_argument(format!(
+            "{what}: at least one entry"
+        )));
     }
     if list.len() > caps.entries as usize {
         return Err(Status::invalid_argument(format!(
@@ -23,7 +27,9 @@ pub fn entries(list: &[pb::Entry], caps: &RequestCaps, what: &str) -> Result<Vec
     list.iter()
         .map(|e| {
             if e.key.is_empty() {
-                return Err(Status::invalid_argument(format!("{what}: an entry has an empty key")));
+                return Err(Status::invalid_argument(format!(
+                    "{what}: an entry has an empty key"
+                )));
             }
             if e.key.len() > caps.key_bytes as usize || e.value.len() > caps.value_bytes as usize {
                 return Err(Status::invalid_argument(format!(
@@ -107,7 +113,9 @@ pub fn override_of(
         )));
     }
     if r.reason.len() > 1024 || r.limit_name.len() > 1024 {
-        return Err(Status::invalid_argument("reason and limit_name: at most 1024 bytes"));
+        return Err(Status::invalid_argument(
+            "reason and limit_name: at most 1024 bytes",
+        ));
     }
     Ok(StoredOverride {
         id: OverrideId {

@@ -21,7 +21,9 @@ pub async fn reload(limiter: &RateLimiter) {
 
 fn apply(limiter: &RateLimiter, generation: u64, all: Vec<crate::store::admin::StoredOverride>) {
     let changed = limiter.overrides().generation() != Some(generation);
-    limiter.overrides().replace(generation, all, limiter.now_ms());
+    limiter
+        .overrides()
+        .replace(generation, all, limiter.now_ms());
     let live = limiter.overrides().list(limiter.now_ms()).len();
     limiter
         .telemetry()

@@ -42,9 +42,11 @@ impl AdminListen {
     fn check(&self) -> Result<(), ServerError> {
         let refuse = |m: String| Err(ServerError::Admin(m));
         if self.uds.is_some() && self.tls.is_some() {
-            return refuse("ADMIN_UDS and ADMIN_TLS_CERT are both set: the admin Unix socket is \
+            return refuse(
+                "ADMIN_UDS and ADMIN_TLS_CERT are both set: the admin Unix socket is \
                            plaintext only"
-                .into());
+                    .into(),
+            );
         }
         if self.uds.is_none() && !self.addr.ip().is_loopback() && !self.auth.configured() {
             return refuse(format!(

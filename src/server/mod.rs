@@ -196,7 +196,13 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     let http_server = axum::serve(listeners.http, app).with_graceful_shutdown(draining.triggered());
     let http_task = tokio::spawn(async move { http_server.await });
 
-    log_listening(grpc_addr, http_addr, threads, grpc_socket.as_deref(), admin_addr);
+    log_listening(
+        grpc_addr,
+        http_addr,
+        threads,
+        grpc_socket.as_deref(),
+        admin_addr,
+    );
     let supervisor = Supervised {
         trigger,
         drain,

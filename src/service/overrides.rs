@@ -61,7 +61,10 @@ impl Overrides {
         let live = self.list(now_ms);
         let held: usize = {
             let table = self.table.read().unwrap_or_else(|e| e.into_inner());
-            table.values().map(|d| d.values().map(Vec::len).sum::<usize>()).sum()
+            table
+                .values()
+                .map(|d| d.values().map(Vec::len).sum::<usize>())
+                .sum()
         };
         if held != live.len() {
             let generation = self.generation.load(Ordering::Acquire);

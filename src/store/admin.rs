@@ -54,7 +54,9 @@ impl std::fmt::Display for OverrideLimit {
 
 /// Which counters an override applies to: a domain, the entries keying the counters, and
 /// optionally one limit's `name` (empty: every limit keyed by those entries).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct OverrideId {
     pub domain: String,
     pub entries: Vec<(String, String)>,
@@ -222,7 +224,11 @@ impl CounterAdmin for NoReset {
         _prefix: &'a [(String, String)],
         _domain_tag: bool,
     ) -> BoxFuture<'a, Result<ResetCount, StoreError>> {
-        Box::pin(async { Err(StoreError::Permanent("this store cannot reset counters".into())) })
+        Box::pin(async {
+            Err(StoreError::Permanent(
+                "this store cannot reset counters".into(),
+            ))
+        })
     }
 
     fn overrides(&self) -> BoxFuture<'_, Result<(u64, Vec<StoredOverride>), StoreError>> {

@@ -123,7 +123,9 @@ impl LimitCheck {
                 let burst = u64::from(l.burst) * u64::from(n) / u64::from(l.requests_per_unit);
                 (n, u32::try_from(burst).unwrap_or(u32::MAX))
             }
-            Some(n) if l.algorithm == crate::config::Algorithm::TokenBucket => (n, n.saturating_sub(1)),
+            Some(n) if l.algorithm == crate::config::Algorithm::TokenBucket => {
+                (n, n.saturating_sub(1))
+            }
             Some(n) => (n, 0),
         };
         LimitParams {

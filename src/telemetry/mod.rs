@@ -2,12 +2,12 @@
 //! traces exported over OTLP, and the heavy-hitters view of who is being denied
 //! (`/debug/offenders`). Everything here has bounded memory and never sits on a Redis call.
 
+pub mod admin_metrics;
 pub mod assignments;
 pub mod envoy_stats;
 pub mod leases;
 pub mod metrics;
 pub mod offenders;
-pub mod admin_metrics;
 pub mod quota_metrics;
 mod registrar;
 pub mod spans;

@@ -7,8 +7,8 @@
 use crate::cases::store::{redis_settings, Backend};
 use crate::support::redis::{start_cluster, start_redis, start_valkey};
 use crate::support::{code, eventually, one, rules, TestServer, T0};
-use sluice::clock::ManualClock;
 use sluice::app::Ingredients;
+use sluice::clock::ManualClock;
 use sluice::proto::rate_limit_response::Code;
 use sluice::proto::sluice::admin::v1 as pb;
 use sluice::proto::sluice::admin::v1::admin_client::AdminClient;
@@ -136,7 +136,10 @@ async fn scenario(kind: &str) {
         );
         assert_eq!(l.algorithm, "fixed_window");
         assert_eq!(l.counter, entries(&acme));
-        assert!(l.reset_after_ms > 0 && l.reset_after_ms <= 3_000_000, "{l:?}");
+        assert!(
+            l.reset_after_ms > 0 && l.reset_after_ms <= 3_000_000,
+            "{l:?}"
+        );
     }
     // The next request still sees 3 (and leaves 2).
     assert_eq!(remaining(other, &acme).await, (Code::Ok, 2));
@@ -333,7 +336,11 @@ async fn writes_without_a_token_or_the_write_scope_are_refused_and_change_nothin
     });
     let v = "Bearer bbbbbbbbbbbbbbbbbbbb".parse().expect("header");
     read.metadata_mut().insert("authorization", v);
-    let state = c.inspect(read).await.expect("read scope inspects").into_inner();
+    let state = c
+        .inspect(read)
+        .await
+        .expect("read scope inspects")
+        .into_inner();
     // Nothing changed: still 3 counted, no override.
     assert_eq!(state.limits[0].usage, 3, "{state:?}");
     assert!(state.limits[0].admin_override.is_none());
@@ -349,7 +356,9 @@ async fn writes_without_a_token_or_the_write_scope_are_refused_and_change_nothin
         .expect("the promoted token writes")
         .into_inner();
     assert_eq!(o.set_by, "viewer");
-    let metrics = crate::support::http(s.http_addr, "GET", "/metrics", "").await.1;
+    let metrics = crate::support::http(s.http_addr, "GET", "/metrics", "")
+        .await
+        .1;
     for series in [
         "sluice_admin_refused_total{reason=\"unauthenticated\"} 3",
         "sluice_admin_refused_total{reason=\"permission_denied\"} 2",
@@ -420,8 +429,187 @@ async fn bad_overrides_are_invalid_and_unknown_domains_not_found() {
     let r = s.call(one("api", &[("tenant", "acme")])).await;
     assert_eq!(code(&r), Code::OverLimit);
     assert_eq!(
-        r.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit),
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit),
         Some(0)
     );
     s.stop().await;
+}
+
+/// `EVAL` filling `n` keys `{tag}:i` (in chunks, so each call stays short).
+fn fill(cli: impl Fn(&[&str]) -> String, tag: &str, n: usize) {
+    const SCRIPT: &str =
+        "for i = tonumber(ARGV[1]), tonumber(ARGV[2]) do redis.call('SET', ARGV[3] .. i, '1') end";
+    let prefix = format!("{{{tag}}}:");
+    for start in (0..n).step_by(10_000) {
+        let (from, to) = (start.to_string(), (start + 9_999).min(n - 1).to_string());
+        cli(&["EVAL", SCRIPT, "0", &from, &to, &prefix]);
+    }
+}
+
+/// A reset on a store holding 100 000 keys (a Cluster: on each master) walks them in short
+/// `SCAN` pages: nothing reaches a 10 ms SLOWLOG, and only acme's counters go.
+async fn bounded_reset(kind: &str) {
+    let (a, b, _clock, backend) = replicas(kind).await;
+    for u in ["u1", "u2", "u3"] {
+        a.call(one("api", &[("tenant", "acme"), ("user", u)])).await;
+    }
+    a.call(one("api", &[("tenant", "globex"), ("user", "u1")]))
+        .await;
+    let nodes: Vec<&crate::support::redis::RedisServer> = match &backend {
+        Backend::Redis(s) => vec![s],
+        Backend::Cluster(c) => (0..3).map(|i| c.node(i)).collect(),
+        Backend::Memory => unreachable!("Redis kinds only"),
+    };
+    for (i, node) in nodes.iter().enumerate() {
+        // A tag this node owns (any tag on standalone Redis).
+        let tag = match &backend {
+            Backend::Cluster(c) => (0..)
+                .map(|n| format!("fill{n}"))
+                .find(|t| c.master_of(&format!("{{{t}}}")) == i)
+                .expect("a tag"),
+            _ => "fill".to_string(),
+        };
+        fill(|args| node.cli(args), &tag, 100_000);
+        node.cli(&["CONFIG", "SET", "slowlog-log-slower-than", "10000"]);
+        node.cli(&["SLOWLOG", "RESET"]);
+    }
+    let dbsize = |node: &crate::support::redis::RedisServer| -> u64 {
+        node.cli(&["DBSIZE"]).trim().parse().expect("DBSIZE")
+    };
+    let before: u64 = nodes.iter().map(|n| dbsize(n)).sum();
+    let reset = admin(&b)
+        .await
+        .reset(pb::ResetRequest {
+            domain: "api".into(),
+            prefix: entries(&[("tenant", "acme")]),
+            reason: String::new(),
+        })
+        .await
+        .expect("reset")
+        .into_inner();
+    assert_eq!((reset.counters, reset.counted), (3, true), "{reset:?}");
+    for node in &nodes {
+        assert_eq!(
+            node.cli(&["SLOWLOG", "LEN"]).trim(),
+            "0",
+            "{}",
+            node.cli(&["SLOWLOG", "GET"])
+        );
+    }
+    // Only acme's 3 counters went (the admin generation key came).
+    let after: u64 = nodes.iter().map(|n| dbsize(n)).sum();
+    assert_eq!(after + 3, before + 1, "before {before}, after {after}");
+    let l = inspect(
+        &mut admin(&b).await,
+        &[("tenant", "globex"), ("user", "u1")],
+    )
+    .await;
+    assert_eq!(l.usage, 1, "{l:?}");
+    a.stop().await;
+    b.stop().await;
+}
+
+per_store!(
+    a_reset_among_100_000_keys_stays_out_of_the_slowlog,
+    [redis, cluster],
+    super::bounded_reset
+);
+
+/// An override lives in Redis: a replica started after it (a restart) applies it before it
+/// serves its first request.
+#[tokio::test]
+async fn an_override_survives_a_replica_restart_on_redis() {
+    let (a, b, clock, backend) = replicas("redis").await;
+    b.stop().await;
+    let acme = [("tenant", "acme")];
+    admin(&a)
+        .await
+        .set_override(pb::SetOverrideRequest {
+            domain: "api".into(),
+            entries: entries(&acme),
+            limit: Some(pb::set_override_request::Limit::RequestsPerUnit(2)),
+            ttl_seconds: 600,
+            ..Default::default()
+        })
+        .await
+        .expect("override");
+    a.stop().await;
+    let Backend::Redis(redis) = &backend else {
+        unreachable!()
+    };
+    let stack = RedisStore::new(&redis_settings(vec![redis.url()], RedisKind::Single))
+        .expect("store")
+        .with_test_clock(Arc::new(clock.clone()))
+        .into_stack();
+    let c = server(stack, &clock).await;
+    let r = c.call(one("api", &acme)).await;
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit),
+        Some(2)
+    );
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    c.stop().await;
+}
+
+/// A replica's deny cache holding acme's denial lets go of it when another replica resets acme
+/// (its poll sees the admin generation move), instead of denying until the window ends.
+#[tokio::test]
+async fn a_reset_through_one_replica_clears_the_deny_cache_of_the_other() {
+    use sluice::store::local_cache::LocalDenyCache;
+    use sluice::store::{DenialFinality, StoreSignals};
+    let clock = ManualClock::new(T0 + Duration::from_secs(600));
+    let redis = start_redis(&[]).await;
+    let cached = || {
+        let store = RedisStore::new(&redis_settings(vec![redis.url()], RedisKind::Single))
+            .expect("store")
+            .with_test_clock(Arc::new(clock.clone()));
+        let admin = Arc::new(store.admin());
+        let cache = Arc::new(LocalDenyCache::new(
+            store,
+            1 << 20,
+            Arc::new(clock.clone()),
+            DenialFinality::Always,
+        ));
+        let stack = StoreStack::new(cache.clone(), StoreSignals::new("redis"))
+            .with_admin(admin)
+            .with_forget(cache.clone());
+        (stack, cache)
+    };
+    let (stack_a, _) = cached();
+    let (stack_b, cache_b) = cached();
+    let a = server(stack_a, &clock).await;
+    let b = server(stack_b, &clock).await;
+    let acme = [("tenant", "acme")];
+    for _ in 0..10 {
+        assert_eq!(code(&b.call(one("api", &acme)).await), Code::Ok);
+    }
+    for _ in 0..2 {
+        assert_eq!(code(&b.call(one("api", &acme)).await), Code::OverLimit);
+    }
+    assert_eq!(
+        cache_b.local_denials(),
+        1,
+        "b answers acme from its deny cache"
+    );
+    admin(&a)
+        .await
+        .reset(pb::ResetRequest {
+            domain: "api".into(),
+            prefix: entries(&acme),
+            reason: String::new(),
+        })
+        .await
+        .expect("reset");
+    eventually("b admits acme again", || async {
+        code(&b.call(one("api", &acme)).await) == Code::Ok
+    })
+    .await;
+    a.stop().await;
+    b.stop().await;
 }

@@ -71,8 +71,12 @@ async fn sluice_admin_and_grpcurl_drive_two_replicas_on_their_own_listener() {
     let admin_b_addr = admin_b.trim_start_matches("http://").to_string();
 
     // The admin service is on its own listener only.
-    let (ok, listed, err) =
-        grpcurl_async(vec!["-plaintext".into(), admin_b_addr.clone(), "list".into()]).await;
+    let (ok, listed, err) = grpcurl_async(vec![
+        "-plaintext".into(),
+        admin_b_addr.clone(),
+        "list".into(),
+    ])
+    .await;
     assert!(ok, "{err}");
     assert!(listed.contains("sluice.admin.v1.Admin"), "{listed}");
     assert!(!listed.contains("ratelimit"), "{listed}");
@@ -90,7 +94,10 @@ async fn sluice_admin_and_grpcurl_drive_two_replicas_on_their_own_listener() {
     ])
     .await;
     assert!(!ok, "the RLS port must not serve the admin API");
-    assert!(err.contains("Unimplemented") || err.contains("not expose"), "{err}");
+    assert!(
+        err.contains("Unimplemented") || err.contains("not expose"),
+        "{err}"
+    );
     let (status, _) = http(a.http, "POST", "/sluice.admin.v1.Admin/Inspect", body).await;
     assert_eq!(status, 404, "the HTTP port must not serve the admin API");
 
@@ -139,7 +146,15 @@ async fn sluice_admin_and_grpcurl_drive_two_replicas_on_their_own_listener() {
         &admin_a,
         Some(OPS),
         &[
-            "override", "set", "api", "tenant=acme", "--limit", "50", "--ttl", "1m", "--reason",
+            "override",
+            "set",
+            "api",
+            "tenant=acme",
+            "--limit",
+            "50",
+            "--ttl",
+            "1m",
+            "--reason",
             "launch",
         ],
     )
@@ -155,7 +170,11 @@ async fn sluice_admin_and_grpcurl_drive_two_replicas_on_their_own_listener() {
     let log = a.log();
     let audit: Vec<&str> = log.lines().filter(|l| l.contains("admin write")).collect();
     assert_eq!(audit.len(), 2, "{log}");
-    assert!(audit[0].contains("caller=\"ops\"") || audit[0].contains("caller=ops"), "{}", audit[0]);
+    assert!(
+        audit[0].contains("caller=\"ops\"") || audit[0].contains("caller=ops"),
+        "{}",
+        audit[0]
+    );
     assert!(audit[0].contains("operation=\"reset\"") || audit[0].contains("operation=reset"));
     assert!(audit[0].contains("ticket 4411") && audit[0].contains("1 counters reset"));
     assert!(audit[1].contains("set_override") && audit[1].contains("50 until"));
@@ -176,7 +195,8 @@ async fn a_reachable_admin_listener_without_authentication_refuses_to_start() {
     // With tokens, it starts on that address (and warns that tokens travel in plaintext).
     let tokens = certs::write(dir.path(), "tokens", &format!("ops write {OPS}\n"));
     let mut c = serve(&config);
-    c.env("ADMIN_HOST", "0.0.0.0").env("ADMIN_TOKENS_FILE", &tokens);
+    c.env("ADMIN_HOST", "0.0.0.0")
+        .env("ADMIN_TOKENS_FILE", &tokens);
     let s = SluiceProcess::spawn(c).await;
     assert!(s.admin_url().starts_with("http://0.0.0.0:"), "{}", s.log());
     assert!(s.log().contains("in plaintext"), "{}", s.log());
@@ -200,8 +220,7 @@ async fn client_certificates_authenticate_admin_callers() {
     let mut config = ServerConfig::from_ingredients(base);
     if let Some(a) = config.admin.as_mut() {
         a.tls = Some(
-            TlsSettings::new(&files.server_cert, &files.server_key)
-                .with_client_ca(&files.ca_cert),
+            TlsSettings::new(&files.server_cert, &files.server_key).with_client_ca(&files.ca_cert),
         );
         a.auth.client_cert_scopes = Some(sluice::admin::Scopes::ALL);
     }
@@ -243,7 +262,9 @@ async fn client_certificates_authenticate_admin_callers() {
     assert_eq!(o.set_by, "sluice test client");
     let stranger = Ca::new("another CA").client("mallory");
     assert!(
-        client(Some((&stranger.cert_pem, &stranger.key_pem))).await.is_err(),
+        client(Some((&stranger.cert_pem, &stranger.key_pem)))
+            .await
+            .is_err(),
         "another CA's certificate is refused"
     );
     assert!(client(None).await.is_err(), "no certificate is refused");

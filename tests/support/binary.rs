@@ -125,7 +125,10 @@ impl SluiceProcess {
             .lines()
             .find(|l| l.contains("sluice listening"))
             .unwrap_or_else(|| panic!("no listening line:\n{log}"));
-        let start = line.find(" admin=").map(|i| i + 7).expect("admin= in the listening line");
+        let start = line
+            .find(" admin=")
+            .map(|i| i + 7)
+            .expect("admin= in the listening line");
         let rest = &line[start..];
         let end = rest.find(' ').unwrap_or(rest.len());
         format!("http://{}", &rest[..end])

@@ -12,9 +12,7 @@
 //! be forgotten while a counter from before it could still be live.
 
 use super::MemoryStore;
-use crate::store::admin::{
-    CounterAdmin, LocalOverrides, OverrideId, ResetCount, StoredOverride,
-};
+use crate::store::admin::{CounterAdmin, LocalOverrides, OverrideId, ResetCount, StoredOverride};
 use crate::store::{BoxFuture, CounterKey, StoreError};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,11 +21,14 @@ use std::sync::RwLock;
 /// Descriptor prefixes the memory store remembers resets of, at most (about 100 bytes each).
 pub const MAX_RESET_PREFIXES: usize = 10_000;
 
+/// A domain's reset prefixes and their epochs.
+type Epochs = HashMap<Vec<(String, String)>, u64>;
+
 /// The epoch of every prefix reset so far: domain -> entries -> epoch.
 #[derive(Debug, Default)]
 pub(super) struct Resets {
     any: AtomicBool,
-    epochs: RwLock<HashMap<String, HashMap<Vec<(String, String)>, u64>>>,
+    epochs: RwLock<HashMap<String, Epochs>>,
     len: std::sync::atomic::AtomicUsize,
 }
 
@@ -49,9 +50,7 @@ impl Resets {
 
     fn bump(&self, domain: &str, prefix: &[(String, String)]) -> Result<(), StoreError> {
         let mut epochs = self.epochs.write().unwrap_or_else(|e| e.into_inner());
-        let known = epochs
-            .get(domain)
-            .is_some_and(|d| d.contains_key(prefix));
+        let known = epochs.get(domain).is_some_and(|d| d.contains_key(prefix));
         if !known && self.len.load(Ordering::Relaxed) >= MAX_RESET_PREFIXES {
             return Err(StoreError::Permanent(format!(
                 "the memory store remembers resets of {MAX_RESET_PREFIXES} descriptor prefixes \

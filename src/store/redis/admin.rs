@@ -169,7 +169,12 @@ impl RedisAdmin {
 }
 
 /// One `SCAN` page on the node owning `slot` (any connection on standalone Redis).
-async fn scan(c: &mut Conn, slot: u16, cursor: u64, pattern: &str) -> redis::RedisResult<(u64, Vec<String>)> {
+async fn scan(
+    c: &mut Conn,
+    slot: u16,
+    cursor: u64,
+    pattern: &str,
+) -> redis::RedisResult<(u64, Vec<String>)> {
     let mut cmd = redis::cmd("SCAN");
     cmd.arg(cursor)
         .arg("MATCH")
@@ -362,17 +367,25 @@ mod tests {
     use super::*;
 
     fn entries(e: &[(&str, &str)]) -> Vec<(String, String)> {
-        e.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        e.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn a_prefix_pattern_matches_its_counters_and_no_other() {
         let (lit, tag) = reset_literal("rl_", "d", &entries(&[("tenant", "acme")]), false).unwrap();
-        assert_eq!((lit.as_str(), tag.as_str()), ("rl_{d|tenant=acme}", "d|tenant=acme"));
+        assert_eq!(
+            (lit.as_str(), tag.as_str()),
+            ("rl_{d|tenant=acme}", "d|tenant=acme")
+        );
         assert_eq!(reset_pattern(&lit, 1, false), "rl_{d|tenant=acme}*");
         let two = entries(&[("tenant", "acme"), ("user", "b*b")]);
         let (lit, _) = reset_literal("", "d", &two, false).unwrap();
-        assert_eq!(reset_pattern(&lit, 2, false), "{d|tenant=acme}|user=b\\*b[|:]*");
+        assert_eq!(
+            reset_pattern(&lit, 2, false),
+            "{d|tenant=acme}|user=b\\*b[|:]*"
+        );
         let (lit, tag) = reset_literal("", "d", &two[..1], true).unwrap();
         assert_eq!((lit.as_str(), tag.as_str()), ("{d|}|tenant=acme", "d|"));
         assert_eq!(reset_pattern(&lit, 1, true), "{d|}|tenant=acme[|:]*");
@@ -384,9 +397,13 @@ mod tests {
 
     #[test]
     fn keys_map_to_their_counter_and_boards_and_guards_are_kept() {
-        let lit = "{d|tenant=acme}".len();
-        let c = |k: &str| counter_of(k, lit);
-        assert_eq!(c("{d|tenant=acme}:fw:10:minute"), Some("{d|tenant=acme}:fw:10:minute"));
+        fn c(k: &str) -> Option<&str> {
+            counter_of(k, "{d|tenant=acme}".len())
+        }
+        assert_eq!(
+            c("{d|tenant=acme}:fw:10:minute"),
+            Some("{d|tenant=acme}:fw:10:minute")
+        );
         assert_eq!(
             c("{d|tenant=acme}|user=x:fw:10:minute:2900000"),
             Some("{d|tenant=acme}|user=x:fw:10:minute")
