@@ -53,7 +53,7 @@ pub struct AdminArgs {
     pub server_name: Option<String>,
 
     /// How long the call may take.
-    #[arg(long, default_value = "10s", value_parser = crate::settings::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::duration::parse_go)]
     pub timeout: Duration,
 
     #[command(subcommand)]
@@ -106,7 +106,7 @@ pub enum OverrideCall {
         #[arg(long, group = "to")]
         deny: bool,
         /// How long it lasts (`90s`, `1h`, at most `2160h`).
-        #[arg(long, value_parser = crate::settings::parse_duration)]
+        #[arg(long, value_parser = crate::duration::parse_go)]
         ttl: Duration,
         /// Only the limit of this name (default: every limit of the descriptor).
         #[arg(long, default_value = "")]

@@ -93,7 +93,22 @@ pub(super) struct Prepared {
 }
 
 impl Prepared {
-    pub(super) fn new(
+    /// The server for the bound listener, if any, and its TCP address (none on a Unix socket).
+    pub(super) fn from_bound(
+        bound: Option<(GrpcListener, SocketAddr)>,
+        settings: Option<&AdminListen>,
+        limiter: &Arc<RateLimiter>,
+    ) -> Result<(Option<Self>, Option<SocketAddr>), ServerError> {
+        match (bound, settings) {
+            (Some((listener, addr)), Some(settings)) => {
+                let tcp = settings.uds.is_none().then_some(addr);
+                Ok((Some(Self::new(listener, settings, limiter)?), tcp))
+            }
+            _ => Ok((None, None)),
+        }
+    }
+
+    fn new(
         listener: GrpcListener,
         settings: &AdminListen,
         limiter: &Arc<RateLimiter>,

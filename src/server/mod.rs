@@ -138,45 +138,32 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     let grpc_socket = listeners.grpc.path();
     let envoy_metrics_addr = listeners.envoy_metrics.as_ref().map(|(_, a, _)| *a);
     let debug_addr = listeners.debug.as_ref().map(|(_, a)| *a);
-    let admin_addr = match (&listeners.admin, &config.admin) {
-        (Some((_, a)), Some(s)) if s.uds.is_none() => Some(*a),
-        _ => None,
-    };
-
     // Everything that can fail is built before a task is spawned.
     let transcoder = http::Transcoder::new()?;
     let threads = config.grpc_threads;
-    let tls = config.grpc_tls.as_ref();
     let json = config.json_policy();
+    let tls = config.grpc_tls.as_ref();
     let mut grpc = GrpcServing::prepare(listeners.grpc, grpc_addr, tls, threads)?;
     let Parts { limiter, tracing } = config.parts;
-    let admin_server = match (listeners.admin, &config.admin) {
-        (Some((listener, _)), Some(settings)) => {
-            Some(admin::Prepared::new(listener, settings, &limiter)?)
-        }
-        _ => None,
-    };
+    let (admin_server, admin_addr) =
+        admin::Prepared::from_bound(listeners.admin, config.admin.as_ref(), &limiter)?;
 
     let (health, health_service, health_watch) =
         start_health(&limiter, config.health_interval).await;
     grpc.routes.add_service(health_service);
-    let mut background = vec![health_watch, admin::start_poll(&limiter).await];
-    background.extend(
-        Background {
-            envoy_stats: config.envoy_stats,
-            envoy_metrics: listeners.envoy_metrics,
-            debug: listeners.debug,
-            xds: config.xds,
-            reload: config.reload,
-            loaded_fingerprint: config.loaded_fingerprint,
-        }
-        .spawn(&limiter),
-    );
+    let mut background = Background {
+        envoy_stats: config.envoy_stats,
+        envoy_metrics: listeners.envoy_metrics,
+        debug: listeners.debug,
+        xds: config.xds,
+        reload: config.reload,
+        loaded_fingerprint: config.loaded_fingerprint,
+    }
+    .spawn(&limiter);
+    background.extend([health_watch, admin::start_poll(&limiter).await]);
 
-    // Two triggers: `shutdown` is the caller's (handles, signals, dropping `Running`); `drain` is
-    // the supervisor's and is what the servers obey, so an early server failure can also stop
-    // the other server without the supervisor holding a caller handle (which would keep a
-    // dropped `Running` alive).
+    // `shutdown` is the caller's trigger (handles, signals, dropping `Running`); `drain` the
+    // supervisor's, which the servers obey (an early failure stops the others; see supervise.rs).
     let (shutdown, trigger) = signal::channel();
     let (drain, draining) = signal::channel();
     let (grpc_task, workers) = grpc.spawn(
@@ -193,12 +180,10 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         trigger.clone(),
         config.quota.show_values,
     );
-    let http_server = axum::serve(listeners.http, app).with_graceful_shutdown(draining.triggered());
-    let http_task = tokio::spawn(async move { http_server.await });
+    let http_task = serve_http(listeners.http, app, &draining);
 
     log_listening(
-        grpc_addr,
-        http_addr,
+        (grpc_addr, http_addr),
         threads,
         grpc_socket.as_deref(),
         admin_addr,
@@ -228,10 +213,19 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     })
 }
 
+/// The HTTP admin server on `listener` until the drain.
+fn serve_http(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    draining: &signal::ShutdownWatch,
+) -> JoinHandle<std::io::Result<()>> {
+    let server = axum::serve(listener, app).with_graceful_shutdown(draining.clone().triggered());
+    tokio::spawn(async move { server.await })
+}
+
 /// The line operators (and the tests' binary spawner) read the bound addresses from.
 fn log_listening(
-    grpc: SocketAddr,
-    http: SocketAddr,
+    (grpc, http): (SocketAddr, SocketAddr),
     threads: usize,
     uds: Option<&Path>,
     admin: Option<SocketAddr>,
