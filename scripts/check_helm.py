@@ -274,7 +274,10 @@ def check_common(values: dict[str, Any], docs: list[tuple[str, dict[str, Any]]],
     C.equal(ctr.get("image"), IMAGE, "image")
 
     # Ports and env.
-    C.equal({p["name"]: p["containerPort"] for p in ctr.get("ports", [])}, {"grpc": 8081, "http": 8080}, "container ports")
+    admin_ports = ({"admin": values["admin"].get("port", 8083)}
+                   if values.get("admin", {}).get("expose") else {})
+    C.equal({p["name"]: p["containerPort"] for p in ctr.get("ports", [])}, {"grpc": 8081, "http": 8080, **admin_ports},
+            "container ports (admin only when exposed)")
     env = env_map(ctr)
     for name, want in {
         "GRPC_PORT": "8081", "PORT": "8080", "RUNTIME_ROOT": "/data", "RUNTIME_SUBDIRECTORY": "ratelimit",
@@ -332,7 +335,7 @@ def check_common(values: dict[str, Any], docs: list[tuple[str, dict[str, Any]]],
     # Service: ports grpc/http, selecting exactly the sluice pods.
     svc = one(docs, "Service", FULLNAME)
     ports = {p["name"]: p for p in svc["spec"]["ports"]}
-    C.equal(sorted(ports), ["grpc", "http"], "Service port names")
+    C.equal(sorted(ports), sorted(["grpc", "http", *admin_ports]), "Service port names")
     C.equal((ports["grpc"]["port"], ports["grpc"].get("appProtocol")), (8081, "grpc"), "Service grpc port")
     C.equal(ports["http"]["port"], 8080, "Service http port")
     C.equal(svc["spec"]["selector"], selector, "Service selector")
@@ -369,7 +372,10 @@ def check_common(values: dict[str, Any], docs: list[tuple[str, dict[str, Any]]],
         C.equal(rules[0]["ports"], [{"port": "grpc", "protocol": "TCP"}], "gRPC rule's port")
         C.expect(len(rules[0]["from"]) > 0, "the gRPC rule names its peers (an empty from allows all)")
         http_from = values["networkPolicy"].get("httpFrom", [])
-        C.equal(len(rules), 1 + int(bool(http_from)), "an HTTP rule iff httpFrom")
+        admin = values.get("admin", {})
+        admin_rule = bool(admin.get("expose") and values["networkPolicy"].get("adminFrom"))
+        C.equal(len(rules), 1 + int(bool(http_from)) + int(admin_rule),
+                "an HTTP rule iff httpFrom, an admin rule iff admin.expose and adminFrom")
     for pdb in by_kind(docs, "PodDisruptionBudget"):
         C.equal(pdb["spec"]["selector"]["matchLabels"], selector, "PDB selector")
     for hpa in by_kind(docs, "HorizontalPodAutoscaler"):
@@ -436,6 +442,24 @@ def facts_default(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> Non
     C.equal(env_value(env, "SHUTDOWN_GRACE_PERIOD"), "15s", "default SHUTDOWN_GRACE_PERIOD")
     C.equal(env_value(env, "MEMORY_MAX_COUNTERS"), "500000", "memory store: MEMORY_MAX_COUNTERS default")
     C.expect("WORKER_THREADS" not in env, "default: no WORKER_THREADS (one serving thread per CPU)")
+    C.equal(env_value(env, "ADMIN_HOST"), "127.0.0.1", "default: the admin API on loopback only")
+    C.expect("ADMIN_TOKENS_FILE" not in env, "default: no admin tokens")
+    ports = [p["name"] for p in one(docs, "Service", FULLNAME)["spec"]["ports"]]
+    C.equal(ports, ["grpc", "http"], "default: the admin port is not in the Service")
+
+
+def facts_admin(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
+    C.equal(env_value(env, "ADMIN_HOST"), "0.0.0.0", "exposed admin API on every interface")
+    C.equal(env_value(env, "ADMIN_PORT"), "9443", "ADMIN_PORT")
+    C.equal(env_value(env, "ADMIN_TOKENS_FILE"), "/etc/sluice/admin/tokens", "ADMIN_TOKENS_FILE")
+    svc = one(docs, "Service", FULLNAME)["spec"]["ports"]
+    C.equal([(p["name"], p["port"]) for p in svc], [("grpc", 8081), ("http", 8080), ("admin", 9443)],
+            "the Service carries the admin port")
+    pod = one(docs, "Deployment", FULLNAME)["spec"]["template"]["spec"]
+    secret = [v for v in pod["volumes"] if v["name"] == "admin-tokens"]
+    C.equal(secret[0]["secret"]["secretName"] if secret else None, "sluice-admin-tokens", "tokens Secret volume")
+    rules = one(docs, "NetworkPolicy", FULLNAME)["spec"]["ingress"]
+    C.equal(rules[-1]["ports"], [{"port": "admin", "protocol": "TCP"}], "the admin rule's port")
 
 
 def facts_headless(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
@@ -592,6 +616,11 @@ VALUE_SETS: list[tuple[str, dict[str, Any], Callable[..., None]]] = [
                                {"alert": "SluiceDenyingMuch", "expr": "sum(rate(sluice_rate_limit_over_limit[5m])) > 100",
                                 "for": "10m", "labels": {"severity": "info"}}]}]},
     }, facts_dashboards),
+    ("admin exposed with tokens", {
+        "admin": {"expose": True, "port": 9443, "tokensSecret": "sluice-admin-tokens"},
+        "networkPolicy": {"enabled": True, "adminFrom": [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "ops"}}}]},
+    }, facts_admin),
     ("evaluation-redis", {
         "store": {"type": "redis", "redis": dict(SECRET)},
         "redis": {"enabled": True},
@@ -639,6 +668,7 @@ BAD_RENDER: list[tuple[str, dict[str, Any], str]] = [
     ("termination grace not above the drain", {"terminationGracePeriodSeconds": 15}, "must be greater than settings.shutdownGracePeriodSeconds"),
     ("termination grace not above drain delay + drain", {"terminationGracePeriodSeconds": 20}, "shutdownDrainDelaySeconds"),
     ("one domain in two files", {"config": {"a": {"domain": "example"}}}, 'domain "example" is defined twice'),
+    ("admin exposed without tokens", {"admin": {"expose": True}}, "admin.expose needs admin.tokensSecret"),
 ]
 
 
