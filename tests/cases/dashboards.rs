@@ -195,6 +195,18 @@ async fn every_dashboard_and_alert_query_parses_and_names_live_series() {
         Code::Ok
     );
     fake.fail_with(None);
+    // An admin write, so the admin API's series exist.
+    super::admin::admin(&s)
+        .await
+        .set_override(sluice::proto::sluice::admin::v1::SetOverrideRequest {
+            domain: "dash".into(),
+            entries: super::admin::entries(&[("tenant", "globex")]),
+            limit: Some(sluice::proto::sluice::admin::v1::set_override_request::Limit::Deny(true)),
+            ttl_seconds: 60,
+            ..Default::default()
+        })
+        .await
+        .expect("an admin override");
     // An RLQS stream with one bucket, so the quota service's series exist.
     let mut rlqs = crate::cases::quota::Stream::open(&s).await;
     let actions = rlqs
@@ -248,6 +260,10 @@ async fn every_dashboard_and_alert_query_parses_and_names_live_series() {
         "sluice_reservations_outstanding",
         "sluice_leases_expired_total",
         "sluice_lease_releases_unmatched_total",
+        "sluice_admin_overrides",
+        "sluice_admin_writes_total",
+        "sluice_admin_counters_reset_total",
+        "sluice_admin_refused_total",
     ] {
         assert!(
             used.contains(name),
