@@ -93,7 +93,10 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, SettingsError> {
     let grpc_tls = args.tls.grpc_tls()?;
     let grpc_addr = resolve("gRPC", &args.grpc_host, args.grpc_port)?;
     let http_addr = resolve("HTTP", &args.host, args.port)?;
-    let xds = args.source.xds(args.load.merge_domain_config)?;
+    let load = &args.load;
+    let xds = args
+        .source
+        .xds((load.merge_domain_config, load.use_calendar_month_rate_limit))?;
     let path = args.config_path();
     // Taken before the read: a change made after it is seen by the first reload check.
     let loaded_fingerprint = match xds {

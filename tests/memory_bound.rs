@@ -42,6 +42,7 @@ fn check(domain: &Arc<str>, consumer: usize) -> LimitCheck {
         record: false,
         stop_over: false,
         admin_limit: None,
+        window: None,
         lease: None,
         leased: false,
     }

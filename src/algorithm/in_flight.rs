@@ -206,6 +206,7 @@ mod tests {
         period_us: 5_000_000,
         algorithm: Algorithm::InFlight,
         burst: 0,
+        window_start: None,
     };
 
     #[test]

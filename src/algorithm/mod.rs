@@ -25,6 +25,9 @@ pub struct LimitParams {
     pub algorithm: Algorithm,
     /// token_bucket only: requests allowed at once above the steady rate.
     pub burst: u32,
+    /// fixed_window on a calendar: the window's start (µs; `period_us` is its length), instead
+    /// of the multiple of the period since the epoch.
+    pub window_start: Option<u64>,
 }
 
 /// Stored state of one counter.
@@ -149,7 +152,8 @@ fn fits(used: u64, hits: u64, limit: u64) -> bool {
     }
 }
 
-/// fixed_window: a counter per window aligned to multiples of the period since the epoch.
+/// fixed_window: a counter per window aligned to multiples of the period since the epoch (or a
+/// calendar window given as `window_start` and its length).
 /// `reset` is the end of the window; a denial retries at the next window (never, if the hits
 /// exceed the limit).
 pub fn fixed_window(
@@ -159,7 +163,7 @@ pub fn fixed_window(
     hits: u64,
     mode: Mode,
 ) -> (Outcome, State) {
-    let mut start = now - now % p.period_us;
+    let mut start = p.window_start.unwrap_or(now - now % p.period_us);
     let current = match state {
         Some(State::Fixed {
             window_start,

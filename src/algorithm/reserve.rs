@@ -215,6 +215,7 @@ mod tests {
         period_us: HOUR,
         algorithm: Algorithm::FixedWindow,
         burst: 0,
+        window_start: None,
     };
     const T: Terms = Terms {
         lease_us: 300_000_000,

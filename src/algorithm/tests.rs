@@ -12,6 +12,7 @@ fn p(limit: u32, period_s: u64, algorithm: Algorithm, burst: u32) -> LimitParams
         period_us: period_s * S,
         algorithm,
         burst,
+        window_start: None,
     }
 }
 
@@ -288,6 +289,7 @@ fn a_recorded_sliding_log_never_holds_more_entries_than_its_limit() {
         period_us: 3_600_000_000,
         algorithm: Algorithm::SlidingLog,
         burst: 0,
+        window_start: None,
     };
     let mut log = Log::default();
     let mut total = 0u64;

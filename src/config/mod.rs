@@ -3,6 +3,7 @@
 //! decided at load time (units, wildcard patterns, replaces), so a bad rule fails at load with its
 //! file and line instead of at request time.
 
+pub mod calendar;
 mod load;
 mod metadata;
 mod xds;
@@ -166,6 +167,9 @@ impl Algorithm {
 pub struct Period {
     millis: u64,
     unit: Option<Unit>,
+    /// A calendar window (`calendar:`): `unit` aligned to the calendar in a time zone, `millis`
+    /// its nominal length (the real window comes from the calendar at each request).
+    calendar: Option<calendar::CalendarId>,
 }
 
 impl Period {
@@ -173,7 +177,21 @@ impl Period {
         Self {
             millis: unit.seconds() * 1000,
             unit: Some(unit),
+            calendar: None,
         }
+    }
+
+    /// `spec.unit` aligned to the calendar (see `calendar.rs`); an unknown zone is an error.
+    pub fn from_calendar(spec: &calendar::CalendarSpec) -> Result<Self, String> {
+        Ok(Self {
+            calendar: Some(calendar::intern(spec)?),
+            ..Self::from_unit(spec.unit)
+        })
+    }
+
+    /// The calendar this period follows, if any.
+    pub fn calendar(self) -> Option<calendar::CalendarId> {
+        self.calendar
     }
 
     /// A `period:` duration; `None` for zero. A period equal to a unit is that unit.
@@ -182,7 +200,11 @@ impl Period {
             return None;
         }
         let unit = Unit::ALL.into_iter().find(|u| u.seconds() * 1000 == millis);
-        Some(Self { millis, unit })
+        Some(Self {
+            millis,
+            unit,
+            calendar: None,
+        })
     }
 
     pub fn millis(self) -> u64 {
@@ -211,6 +233,9 @@ impl Period {
 
 impl fmt::Display for Period {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(c) = self.calendar {
+            return write!(f, "{}", c.calendar().spec);
+        }
         match self.unit {
             Some(u) => write!(f, "{u}"),
             None if self.millis % 1000 == 0 => write!(f, "{}s", self.millis / 1000),

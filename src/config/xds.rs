@@ -20,6 +20,7 @@ use prost_types::value::Kind;
 pub fn load_xds(
     resources: &[RateLimitConfig],
     merge_domains: bool,
+    calendar_months: bool,
 ) -> Result<RuleSet, ConfigErrors> {
     let trees = resources
         .iter()
@@ -33,7 +34,7 @@ pub fn load_xds(
             (name, root(r))
         })
         .collect();
-    load_trees(trees, merge_domains)
+    load_trees(trees, merge_domains, calendar_months)
 }
 
 fn map(entries: Vec<(&str, Node)>) -> Node {
@@ -233,7 +234,7 @@ descriptors:
       - key: method
         rate_limit: {unlimited: true}
 "#;
-        let from_xds = load_xds(&[pushed], false).expect("loads");
+        let from_xds = load_xds(&[pushed], false, false).expect("loads");
         let from_file = load_sources(&[("edge.yaml".into(), yaml.into())]).expect("loads");
         assert_eq!(from_xds.dump(), from_file.dump());
         let dump = from_xds.dump();
@@ -252,16 +253,20 @@ descriptors:
                 ..Default::default()
             }],
         };
-        let e = load_xds(&[bad("team-a")], false).expect_err("no unit");
+        let e = load_xds(&[bad("team-a")], false, false).expect_err("no unit");
         assert_eq!(e.0.len(), 1);
         assert_eq!(e.0[0].file, "team-a");
         assert_eq!(e.0[0].line, None);
         assert_eq!(e.0[0].path, "descriptors[0].rate_limit.unit");
-        let e = load_xds(&[bad(""), bad("")], false).expect_err("both bad, and one domain twice");
+        let e = load_xds(&[bad(""), bad("")], false, false)
+            .expect_err("both bad, and one domain twice");
         let text = e.to_string();
         assert!(text.contains("xds resource #1: descriptors[0]"), "{text}");
         assert!(text.contains("xds resource #2"), "{text}");
         assert!(text.contains("duplicate domain 'd'"), "{text}");
-        assert!(load_xds(&[], false).expect("empty").domains.is_empty());
+        assert!(load_xds(&[], false, false)
+            .expect("empty")
+            .domains
+            .is_empty());
     }
 }

@@ -57,6 +57,8 @@ pub struct XdsSettings {
     pub max_message_bytes: Option<usize>,
     /// `MERGE_DOMAIN_CONFIG`: resources with the same domain are merged.
     pub merge_domains: bool,
+    /// `USE_CALENDAR_MONTH_RATE_LIMIT`: `unit: month` fixed windows are UTC calendar months.
+    pub calendar_months: bool,
 }
 
 /// TLS (and, with a client certificate, mutual TLS) to the management server.
@@ -215,7 +217,8 @@ async fn session(
             Err(s) => return Err(SessionError::Stream(status_text(&s))),
         };
         state.received = true;
-        let reply = match apply(limiter, &response, settings.merge_domains).await {
+        let load = (settings.merge_domains, settings.calendar_months);
+        let reply = match apply(limiter, &response, load).await {
             Ok(()) => {
                 state.acked_version = response.version_info.clone();
                 request(&response.version_info, &response.nonce, None)
@@ -240,7 +243,7 @@ async fn session(
 async fn apply(
     limiter: &Arc<RateLimiter>,
     response: &DiscoveryResponse,
-    merge_domains: bool,
+    (merge_domains, calendar_months): (bool, bool),
 ) -> Result<(), String> {
     let version = response.version_info.clone();
     let resources = response.resources.clone();
@@ -259,7 +262,7 @@ async fn apply(
                 .map_err(|e| format!("resource #{} is not a RateLimitConfig: {e}", i + 1))?;
             configs.push(config);
         }
-        load_xds(&configs, merge_domains).map_err(|e| e.to_string())
+        load_xds(&configs, merge_domains, calendar_months).map_err(|e| e.to_string())
     })
     .await
     .map_err(|e| format!("config load failed: {e}"))?;

@@ -243,6 +243,11 @@ impl RateLimiter {
         }
     }
 
+    /// The service clock, in Unix microseconds.
+    pub fn now_us(&self) -> u64 {
+        u64::try_from(self.telemetry.clock.now().as_micros()).unwrap_or(u64::MAX)
+    }
+
     /// The service clock, in Unix milliseconds.
     pub fn now_ms(&self) -> u64 {
         u64::try_from(self.telemetry.clock.now().as_millis()).unwrap_or(u64::MAX)
@@ -318,6 +323,7 @@ impl RateLimiter {
         }
         let snapshot = self.rules();
         let mut plan = plan(&snapshot, request, &self.options)?;
+        plan.calendar_windows(self.now_us());
         if self.overrides.is_active() {
             self.overrides.apply(&mut plan, self.now_ms());
         }

@@ -64,6 +64,16 @@ impl Plan {
     pub(super) fn checks(&self) -> Vec<LimitCheck> {
         self.limits.iter().map(|l| l.check.clone()).collect()
     }
+
+    /// Gives each calendar limit the window containing `now_us` (see `config/calendar.rs`):
+    /// the one time a plan meets the clock, its caller's.
+    pub(super) fn calendar_windows(&mut self, now_us: u64) {
+        for l in &mut self.limits {
+            if let Some(c) = l.check.key.limit.period.calendar() {
+                l.check.window = c.calendar().window_at(now_us);
+            }
+        }
+    }
 }
 
 /// What one descriptor matched.
@@ -464,6 +474,7 @@ fn check_for(
             record: release,
             stop_over: false,
             admin_limit: None,
+            window: None,
             lease: lease.cloned(),
             leased: true,
         }
@@ -486,6 +497,7 @@ fn check_for(
             record: l.release,
             stop_over: false,
             admin_limit: None,
+            window: None,
             lease: Some(LeaseCall {
                 reservations: c.reservations,
                 ..l.clone()
@@ -502,6 +514,7 @@ fn check_for(
             record: envoyproxy || c.record_usage,
             stop_over: envoyproxy && charge.options.stop_increment_when_over,
             admin_limit: None,
+            window: None,
             lease: None,
             leased: c.reservations.is_some(),
         }

@@ -48,7 +48,8 @@ impl RateLimiter {
             hits_addend: 0,
         };
         let snapshot = self.rules();
-        let planned = plan(&snapshot, &request, self.options())?;
+        let mut planned = plan(&snapshot, &request, self.options())?;
+        planned.calendar_windows(self.now_us());
         let mut checks = planned.checks();
         for c in &mut checks {
             c.record = true;

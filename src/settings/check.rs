@@ -45,6 +45,20 @@ pub struct LoadFlags {
     )]
     pub merge_domain_config: bool,
 
+    /// envoyproxy's `USE_CALENDAR_MONTH_RATE_LIMIT`: a fixed-window `unit: month` without a
+    /// `calendar:` block is a UTC calendar month (reset at 00:00 UTC on the 1st) instead of 30
+    /// days from the Unix epoch.
+    #[arg(
+        long,
+        env = "USE_CALENDAR_MONTH_RATE_LIMIT",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub use_calendar_month_rate_limit: bool,
+
     /// How a domain without its own `counting:` charges its limits (and every domain pushed
     /// over xDS): `envoyproxy` records every hit, as envoyproxy/ratelimit; `all_or_nothing`
     /// charges a request only if every limit admits it.
@@ -57,6 +71,7 @@ impl LoadFlags {
         LoadOptions {
             ignore_dotfiles: self.runtime_ignoredotfiles,
             merge_domains: self.merge_domain_config,
+            calendar_months: self.use_calendar_month_rate_limit,
         }
     }
 }

@@ -134,7 +134,10 @@ fn parse_factor(s: &str) -> Result<f64, String> {
 
 impl ConfigSourceArgs {
     /// The xDS client settings, or `None` for config files.
-    pub fn xds(&self, merge_domains: bool) -> Result<Option<XdsSettings>, SettingsError> {
+    pub fn xds(
+        &self,
+        (merge_domains, calendar_months): (bool, bool),
+    ) -> Result<Option<XdsSettings>, SettingsError> {
         if self.config_type == ConfigType::File {
             return Ok(None);
         }
@@ -190,6 +193,7 @@ impl ConfigSourceArgs {
             },
             max_message_bytes: self.xds_client_max_msg_size_in_bytes.map(|n| n as usize),
             merge_domains,
+            calendar_months,
         }))
     }
 

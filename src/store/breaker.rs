@@ -337,6 +337,7 @@ impl<S: CounterStore + 'static> Drop for CallGuard<'_, S> {
             record: false,
             stop_over: false,
             admin_limit: None,
+            window: None,
             lease: None,
             ..first.clone()
         };

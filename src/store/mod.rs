@@ -79,6 +79,9 @@ pub struct LimitCheck {
     /// with this many instead of `key.limit`'s, on the same counter (the key keeps the
     /// configured limit, so the override applies mid-window to what was counted).
     pub admin_limit: Option<u32>,
+    /// A calendar limit's window `[start, end)` in Unix microseconds, computed by the service
+    /// from its clock (`config/calendar.rs`); `None`: windows aligned to the Unix epoch.
+    pub window: Option<(u64, u64)>,
     /// On an `in_flight` limit or a rate limit with `reservations`: the request the
     /// descriptor's trailing id entry names, and whether this is its stream-done call (which
     /// frees the slot or settles the reservation) or its request-time call (which takes one or
@@ -128,11 +131,16 @@ impl LimitCheck {
             }
             Some(n) => (n, 0),
         };
+        let (period_us, window_start) = match self.window {
+            Some((start, end)) if end > start => (end - start, Some(start)),
+            _ => (l.period.millis().saturating_mul(1000), None),
+        };
         LimitParams {
             limit,
-            period_us: l.period.millis().saturating_mul(1000),
+            period_us,
             algorithm: l.algorithm,
             burst,
+            window_start,
         }
     }
 
@@ -307,6 +315,7 @@ impl LimitCheck {
             record: false,
             stop_over: false,
             admin_limit: None,
+            window: None,
             lease: None,
             leased: false,
         }

@@ -13,6 +13,7 @@ fn options(merge_domains: bool) -> LoadOptions {
     LoadOptions {
         ignore_dotfiles: false,
         merge_domains,
+        calendar_months: false,
     }
 }
 

@@ -50,6 +50,7 @@ macro_rules! test_with_stores {
 mod admin;
 mod admin_cli;
 mod bench;
+mod calendar;
 mod cluster_local;
 mod compat;
 mod counting;

@@ -73,6 +73,7 @@ impl ConfigMapDir {
 
 const OPTIONS: LoadOptions = LoadOptions {
     merge_domains: false,
+    calendar_months: false,
     ignore_dotfiles: true,
 };
 

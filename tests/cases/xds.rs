@@ -327,6 +327,7 @@ async fn before_the_first_push_requests_are_unavailable_and_readiness_follows_th
                 backoff: Backoff::default(),
                 max_message_bytes: None,
                 merge_domains: false,
+                calendar_months: false,
             }),
             ..ServerConfig::from_ingredients(sluice::app::Ingredients {
                 rules: None,

@@ -25,6 +25,8 @@ pub(super) struct ParsedLimit {
 pub(super) struct Ctx {
     pub(super) file: Arc<str>,
     pub(super) errors: Vec<ConfigError>,
+    /// `USE_CALENDAR_MONTH_RATE_LIMIT` (see [`super::LoadOptions::calendar_months`]).
+    pub(super) calendar_months: bool,
 }
 
 impl Ctx {

@@ -25,6 +25,8 @@ struct LimitKeys {
     burst: (Option<usize>, Option<u32>),
     descendants_line: Option<usize>,
     record_usage: bool,
+    /// `calendar`: its line, and the block when well-formed.
+    calendar: Option<(usize, Option<super::calendar::CalendarBlock>)>,
 }
 
 impl LimitKeys {
@@ -193,6 +195,7 @@ impl Ctx {
                     k.descendants_line = (self.flag(v, &p, key) == Some(true)).then_some(v.line);
                 }
                 "record_usage" => k.record_usage = self.flag(v, &p, key) == Some(true),
+                "calendar" => k.calendar = Some((v.line, self.calendar_block(v, &p))),
                 _ => {}
             }
         }
@@ -214,6 +217,7 @@ impl Ctx {
             ("period", keys.period.0),
             ("algorithm", keys.algorithm.0),
             ("burst", keys.burst.0),
+            ("calendar", keys.calendar.as_ref().map(|c| c.0)),
         ] {
             if let Some(line) = line {
                 self.err(
@@ -229,6 +233,12 @@ impl Ctx {
     fn counted_limit(&mut self, keys: &LimitKeys, node: &Node, path: &str) -> Limit {
         let period = self.limit_period(keys, node, path);
         let algorithm = self.limit_algorithm(keys, path);
+        let period = self.calendar_period(
+            keys.calendar.as_ref(),
+            (period, keys.period.0.is_some()),
+            algorithm,
+            path,
+        );
         let rpu = keys.requests_per_unit.unwrap_or(0);
         if algorithm == Some(Algorithm::SlidingLog) && rpu > MAX_SLIDING_LOG_LIMIT {
             self.err(

@@ -11,6 +11,7 @@
 //! by [`ctx::Ctx`] (root and lists), `descriptor.rs` and `limit.rs`; the accepted keys are in
 //! `schema.rs` and the error types in `errors.rs`.
 
+mod calendar;
 mod ctx;
 mod descriptor;
 mod errors;
@@ -44,6 +45,9 @@ pub struct LoadOptions {
     /// descriptors to it, as envoyproxy/ratelimit merges them; a top-level descriptor defined
     /// twice is still an error. Off, a domain defined twice is an error.
     pub merge_domains: bool,
+    /// envoyproxy's `USE_CALENDAR_MONTH_RATE_LIMIT`: a fixed-window `unit: month` without a
+    /// `calendar:` block is a UTC calendar month instead of 30 days from the epoch.
+    pub calendar_months: bool,
 }
 
 /// Loads a config file, or every file of a directory (one domain per file).
@@ -83,7 +87,7 @@ pub fn load_path(path: &Path, opts: &LoadOptions) -> Result<RuleSet, ConfigError
             Err(e) => errors.push(file_error(&name, format!("cannot read config file: {e}"))),
         }
     }
-    build(sources, errors, opts.merge_domains)
+    build(sources, errors, opts.merge_domains, opts.calendar_months)
 }
 
 /// A digest of everything [`load_path`] would read under `path`: which files, their contents
@@ -121,7 +125,7 @@ pub fn load_sources(sources: &[(String, String)]) -> Result<RuleSet, ConfigError
             dotted: has_dot_component(Path::new(name)),
         })
         .collect();
-    build(sources, Vec::new(), false)
+    build(sources, Vec::new(), false, false)
 }
 
 /// Loads configs that come as trees rather than text, `(name, root)`: the same rules and the
@@ -129,6 +133,7 @@ pub fn load_sources(sources: &[(String, String)]) -> Result<RuleSet, ConfigError
 pub(crate) fn load_trees(
     trees: Vec<(String, Node)>,
     merge_domains: bool,
+    calendar_months: bool,
 ) -> Result<RuleSet, ConfigErrors> {
     let sources = trees
         .into_iter()
@@ -139,7 +144,7 @@ pub(crate) fn load_trees(
             dotted: false,
         })
         .collect();
-    build(sources, Vec::new(), merge_domains)
+    build(sources, Vec::new(), merge_domains, calendar_months)
 }
 
 struct Source {
@@ -266,14 +271,15 @@ fn build(
     sources: Vec<Source>,
     mut errors: Vec<ConfigError>,
     merge_domains: bool,
+    calendar_months: bool,
 ) -> Result<RuleSet, ConfigErrors> {
     // domain -> (file, line, dotted) of its first definition
     let mut first: HashMap<String, (String, usize, bool)> = HashMap::new();
     let mut domains = HashMap::new();
     for src in &sources {
         let (parsed, mut file_errors) = match &src.body {
-            Body::Text(text) => parse_file(&src.name, text),
-            Body::Tree(root) => parse_tree(&src.name, root),
+            Body::Text(text) => parse_file(&src.name, text, calendar_months),
+            Body::Tree(root) => parse_tree(&src.name, root, calendar_months),
         };
         errors.append(&mut file_errors);
         let Some((rules, line)) = parsed else {
@@ -400,10 +406,15 @@ fn merge_domain(
 
 /// Parses one file: its rules (with the line of `domain`) when it has a domain, and its errors
 /// sorted by line.
-fn parse_file(name: &str, text: &str) -> (Option<(DomainRules, usize)>, Vec<ConfigError>) {
+fn parse_file(
+    name: &str,
+    text: &str,
+    calendar_months: bool,
+) -> (Option<(DomainRules, usize)>, Vec<ConfigError>) {
     let mut cx = Ctx {
         file: Arc::from(name),
         errors: Vec::new(),
+        calendar_months,
     };
     let docs = match yaml::parse(text) {
         Ok(docs) => docs,
@@ -433,10 +444,15 @@ fn parse_file(name: &str, text: &str) -> (Option<(DomainRules, usize)>, Vec<Conf
 }
 
 /// [`parse_file`] for a tree that did not come from text.
-fn parse_tree(name: &str, root: &Node) -> (Option<(DomainRules, usize)>, Vec<ConfigError>) {
+fn parse_tree(
+    name: &str,
+    root: &Node,
+    calendar_months: bool,
+) -> (Option<(DomainRules, usize)>, Vec<ConfigError>) {
     let mut cx = Ctx {
         file: Arc::from(name),
         errors: Vec::new(),
+        calendar_months,
     };
     let parsed = cx.root(root);
     (parsed, cx.errors)

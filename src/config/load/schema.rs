@@ -15,6 +15,8 @@ pub(super) enum Scope {
     InFlight,
     /// A descriptor's `reservations` block.
     Reservations,
+    /// A limit's `calendar` block.
+    Calendar,
 }
 
 const ROOT_KEYS: &[&str] = &[
@@ -51,9 +53,11 @@ const LIMIT_KEYS: &[&str] = &[
     "burst",
     "applies_to_descendants",
     "record_usage",
+    "calendar",
 ];
 const REPLACES_KEYS: &[&str] = &["name"];
 const IN_FLIGHT_KEYS: &[&str] = &["max", "lease", "id_key", "done_key"];
+const CALENDAR_KEYS: &[&str] = &["time_zone", "week_start", "anchor_day"];
 const RESERVATIONS_KEYS: &[&str] = &["lease", "id_key", "done_key", "max", "min_estimate"];
 
 impl Scope {
@@ -65,6 +69,7 @@ impl Scope {
             Scope::Replaces => REPLACES_KEYS,
             Scope::InFlight => IN_FLIGHT_KEYS,
             Scope::Reservations => RESERVATIONS_KEYS,
+            Scope::Calendar => CALENDAR_KEYS,
         }
     }
 
@@ -81,6 +86,7 @@ impl Scope {
             Scope::Replaces => "in a `replaces` entry",
             Scope::InFlight => "in `in_flight`",
             Scope::Reservations => "in `reservations`",
+            Scope::Calendar => "in `calendar`",
         }
     }
 }

@@ -80,6 +80,7 @@ fn load_path_dotfiles_are_skipped_when_asked() {
         &LoadOptions {
             ignore_dotfiles: true,
             merge_domains: false,
+            calendar_months: false,
         },
     )
     .unwrap();
@@ -119,6 +120,7 @@ fn load_path_kubernetes_configmap_layout() {
         &LoadOptions {
             ignore_dotfiles: true,
             merge_domains: false,
+            calendar_months: false,
         },
     )
     .unwrap();
@@ -167,6 +169,7 @@ fn load_path_missing_path_or_empty_directory() {
         &LoadOptions {
             ignore_dotfiles: true,
             merge_domains: false,
+            calendar_months: false,
         },
     )
     .unwrap_err();

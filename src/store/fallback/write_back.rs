@@ -83,6 +83,7 @@ impl Shared {
             record: true,
             stop_over: false,
             admin_limit: None,
+            window: None,
             lease: None,
             leased: false,
         };
@@ -151,6 +152,7 @@ impl Shared {
                 record: true,
                 stop_over: false,
                 admin_limit: None,
+                window: None,
                 lease: None,
                 leased: false,
             };

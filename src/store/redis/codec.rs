@@ -187,9 +187,14 @@ pub(super) fn encode(
             } else {
                 0
             };
-        u64::from(c.key.limit.algorithm.code())
-            | flags << 2
-            | u64::from(c.key.limit.burst) << META_BURST_SHIFT
+        // Above the flags: a token bucket's burst (an admin override's scales it), or a
+        // calendar fixed window's start in whole seconds (calendar boundaries are).
+        let p = c.params();
+        let high = match p.window_start {
+            Some(start) if p.algorithm == Algorithm::FixedWindow => start / 1_000_000,
+            _ => u64::from(p.burst),
+        };
+        u64::from(c.key.limit.algorithm.code()) | flags << 2 | high << META_BURST_SHIFT
     };
     // A plain request (fixed windows, no flags but one counting for all) may go in the packed
     // layout. A slot of a request spanning slots goes in the general one (it wants undo

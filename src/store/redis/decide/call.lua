@@ -9,6 +9,7 @@ if undo then
     local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
     local meta, token = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
     local alg, burst = meta % 4, floor(meta / 256)
+    calendar_of(key, meta)
     local done = 1
     if alg == 2 then
       done = undo_log(key, token)
@@ -138,6 +139,7 @@ local function general(KB, AB, n)
     local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
     local meta = tonumber(ARGV[b + 3])
     local alg, flags = meta % 4, floor(meta / 4) % 64
+    calendar_of(key, meta)
     local refund = floor(flags / 2) % 2 == 1
     -- As the Rust `Admission`: a shadow limit or a refund never takes part in the quota rule.
     local quota = floor(flags / 8) % 2 == 1 and flags % 2 == 0 and not refund

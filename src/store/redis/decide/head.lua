@@ -50,7 +50,10 @@
 --                         bit 5 (32): stop (envoyproxy's STOP_CACHE_KEY_INCREMENT_WHEN_
 --                                    OVERLIMIT, on every limit of the request): if a record
 --                                    limit would exceed, only those are charged
---              burst      token_bucket: requests allowed at once above the steady rate
+--              burst      token_bucket: requests allowed at once above the steady rate;
+--                         fixed_window on a calendar (config/calendar.rs): the window's start
+--                         in Unix seconds, `period_us` then being its length (the window is
+--                         the service's, not `now`'s multiple of the period: see CAL below)
 --   token      undo calls only: what the charge returned as its token
 --   A request with a lease limit (`in_flight`, or a rate limit with `reservations` whose
 --   descriptor names a request) sends -n instead of n, and K = 8: after meta, per limit,

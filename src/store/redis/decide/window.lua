@@ -2,16 +2,26 @@
 ---------------------------------------------------------------------------- fixed / sliding window
 
 local window_key, load_counter, fixed, estimate, sliding
+-- Calendar fixed windows: key -> the window's start (us), set from `meta` before the key is
+-- loaded (`calendar_of`). Such a window is `[start, start + period)`, keyed by its start.
+local CAL = {}
+local function calendar_of(key, meta)
+  local start = floor(meta / 256)
+  if meta % 4 == 0 and start > 0 then CAL[key] = start * 1000000 end
+end
 if has[0] or has[1] then
-  -- fixed_window keeps one key per window, `<key>:<window index>`, holding the count.
+  -- fixed_window keeps one key per window, `<key>:<window index>` (a calendar window:
+  -- `<key>:c<start in seconds>`), holding the count.
   window_key = function(key, start, period)
+    if CAL[key] then return key .. fmt(':c%d', start / 1000000) end
     return key .. fmt(':%d', start / period)
   end
 
   load_counter = function(key, alg, period)
     if alg == 0 then
-      local start = now - now % period
-      return {ws = start, a = tonumber(call('GET', window_key(key, start, period)) or 0), b = 0}
+      local start = CAL[key] or (now - now % period)
+      return {ws = start, a = tonumber(call('GET', window_key(key, start, period)) or 0), b = 0,
+        cal = CAL[key]}
     end
     local raw = call('GET', key)
     if not raw then return {ws = -1, a = 0, b = 0} end
@@ -23,7 +33,7 @@ if has[0] or has[1] then
 
   -- fixed_window; s = {ws, a = count}
   fixed = function(s, limit, period, hits, refund, record)
-    local start = now - (now % period)
+    local start = s.cal or (now - (now % period))
     local current = 0
     if s.ws == start then current = s.a end
     local reset = start + period - now
