@@ -76,19 +76,7 @@ impl ScriptTime {
 
 /// Script arguments per limit (see the top of `decide.lua`); an undo call adds the token.
 pub(super) const ARGS_PER_KEY: usize = 4;
-/// The flags of `decide.lua`'s `meta` argument (shifted left by 2 into it), and where its
-/// burst starts.
-pub(super) const FLAG_SHADOW: u64 = 1;
-pub(super) const FLAG_REFUND: u64 = 2;
-pub(super) const FLAG_QUOTA: u64 = 8;
-pub(super) const FLAG_RECORD: u64 = 16;
-pub(super) const FLAG_STOP: u64 = 32;
-pub(super) const META_BURST_SHIFT: u32 = 8;
-/// The counting flags as placed in `meta`: what a plain request may carry (one value for all
-/// its limits), sent as its counting `m` instead.
-pub(super) const COUNTING_META: u64 = (FLAG_RECORD | FLAG_STOP) << 2;
-/// The undo flag, as placed in `meta`.
-pub(super) const UNDO: u64 = 4 << 2;
+pub(super) use super::meta::{meta, COUNTING_META, FLAG_RECORD, UNDO};
 
 pub(super) use super::reply::Reply;
 
@@ -176,26 +164,7 @@ pub(super) fn encode(
     whole: bool,
     key_of: impl Fn(&CounterKey) -> String,
 ) -> Call {
-    let meta = |c: &LimitCheck| {
-        let quota = if whole { FLAG_QUOTA } else { FLAG_SHADOW };
-        let flags = if c.shadow { FLAG_SHADOW } else { 0 }
-            | if c.refund { FLAG_REFUND } else { 0 }
-            | if c.quota { quota } else { 0 }
-            | if c.record { FLAG_RECORD } else { 0 }
-            | if c.stop_over && c.record {
-                FLAG_STOP
-            } else {
-                0
-            };
-        // Above the flags: a token bucket's burst (an admin override's scales it), or a
-        // calendar fixed window's start in whole seconds (calendar boundaries are).
-        let p = c.params();
-        let high = match p.window_start {
-            Some(start) if p.algorithm == Algorithm::FixedWindow => start / 1_000_000,
-            _ => u64::from(p.burst),
-        };
-        u64::from(c.key.limit.algorithm.code()) | flags << 2 | high << META_BURST_SHIFT
-    };
+    let meta = |c: &LimitCheck| meta(c, whole);
     // A plain request (fixed windows, no flags but one counting for all) may go in the packed
     // layout. A slot of a request spanning slots goes in the general one (it wants undo
     // tokens).

@@ -16,6 +16,7 @@ mod health;
 pub mod keys;
 mod lease_arg;
 mod members;
+mod meta;
 mod reply;
 mod sentinel;
 mod settings;
