@@ -613,3 +613,159 @@ async fn a_reset_through_one_replica_clears_the_deny_cache_of_the_other() {
     a.stop().await;
     b.stop().await;
 }
+
+/// Inspect, reset and an override through Sentinel (the standalone backend behind the master
+/// the sentinels name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_reset_and_override_through_sentinel() {
+    use crate::support::sentinel::{SentinelSetup, MASTER_NAME};
+    use sluice::store::redis::{RedisSettings, SentinelSettings};
+    let setup = tokio::task::spawn_blocking(SentinelSetup::start)
+        .await
+        .expect("sentinels");
+    let clock = ManualClock::new(T0 + Duration::from_secs(600));
+    let settings = RedisSettings {
+        sentinel: Some(SentinelSettings {
+            master_name: MASTER_NAME.into(),
+            auth: None,
+        }),
+        ..redis_settings(setup.urls(), RedisKind::Sentinel)
+    };
+    let stack = RedisStore::new(&settings)
+        .expect("sentinel store")
+        .with_test_clock(Arc::new(clock.clone()))
+        .into_stack();
+    let s = server(stack, &clock).await;
+    let mut c = admin(&s).await;
+    let acme = [("tenant", "acme")];
+    for _ in 0..7 {
+        s.call(one("api", &acme)).await;
+    }
+    let l = inspect(&mut c, &acme).await;
+    assert_eq!((l.usage, l.remaining), (7, 3), "{l:?}");
+    let reset = c
+        .reset(pb::ResetRequest {
+            domain: "api".into(),
+            prefix: entries(&acme),
+            reason: String::new(),
+        })
+        .await
+        .expect("reset")
+        .into_inner();
+    assert_eq!((reset.counters, reset.counted), (1, true));
+    c.set_override(pb::SetOverrideRequest {
+        domain: "api".into(),
+        entries: entries(&acme),
+        limit: Some(pb::set_override_request::Limit::RequestsPerUnit(2)),
+        ttl_seconds: 60,
+        ..Default::default()
+    })
+    .await
+    .expect("override");
+    let codes: Vec<Code> = {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            v.push(code(&s.call(one("api", &acme)).await));
+        }
+        v
+    };
+    assert_eq!(codes, [Code::Ok, Code::Ok, Code::OverLimit]);
+    s.stop().await;
+}
+
+const LEASES: &str = "\
+domain: ai
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000}
+    reservations: {lease: 5m, id_key: request_id, done_key: request_done}
+  - key: model
+    in_flight: {max: 3, lease: 30s, id_key: request_id, done_key: request_done}
+";
+
+/// Inspect on lease limits: the slots held, and the reservations outstanding counted in the
+/// usage; looking takes no slot and reserves nothing.
+#[tokio::test]
+async fn inspect_shows_slots_and_reservations_held() {
+    let s = TestServer::start(LEASES).await;
+    let mut c = admin(&s).await;
+    for id in ["a", "b"] {
+        let r = s
+            .call(one("ai", &[("model", "m"), ("request_id", id)]))
+            .await;
+        assert_eq!(code(&r), Code::Ok);
+    }
+    let mut reserve = one("ai", &[("user", "u"), ("request_id", "r1")]);
+    reserve.descriptors[0].hits_addend = Some(300);
+    assert_eq!(code(&s.call(reserve).await), Code::Ok);
+    let look = |e: &'static [(&'static str, &'static str)]| {
+        let mut c = c.clone();
+        async move {
+            let r = c
+                .inspect(pb::InspectRequest {
+                    domain: "ai".into(),
+                    entries: entries(e),
+                })
+                .await
+                .expect("inspect")
+                .into_inner();
+            r.limits.into_iter().next().expect("a limit")
+        }
+    };
+    for _ in 0..2 {
+        let slots = look(&[("model", "m")]).await;
+        assert_eq!(
+            (slots.algorithm.as_str(), slots.usage, slots.remaining),
+            ("in_flight", 2, 1)
+        );
+        let budget = look(&[("user", "u")]).await;
+        assert_eq!((budget.usage, budget.remaining), (300, 700), "{budget:?}");
+    }
+    // A third slot is still free: inspecting took none.
+    let r = s
+        .call(one("ai", &[("model", "m"), ("request_id", "c")]))
+        .await;
+    assert_eq!(code(&r), Code::Ok);
+    s.stop().await;
+}
+
+/// Top: the consumers denied most, paged.
+#[tokio::test]
+async fn top_pages_through_the_most_denied_consumers() {
+    let s = TestServer::start(RULES).await;
+    let mut c = admin(&s).await;
+    for (tenant, denials) in [("a", 3), ("b", 2), ("c", 1)] {
+        for _ in 0..10 + denials {
+            s.call(one("api", &[("tenant", tenant)])).await;
+        }
+    }
+    let page = |token: &str| pb::TopRequest {
+        domain: "api".into(),
+        page_size: 2,
+        page_token: token.into(),
+    };
+    let first = c.top(page("")).await.expect("top").into_inner();
+    let names: Vec<&str> = first
+        .consumers
+        .iter()
+        .map(|c| c.descriptor.as_str())
+        .collect();
+    assert_eq!(names, ["tenant=a", "tenant=b"], "{first:?}");
+    assert_eq!(first.consumers[0].denied, 3);
+    assert!(!first.next_page_token.is_empty());
+    let second = c
+        .top(page(&first.next_page_token))
+        .await
+        .expect("top")
+        .into_inner();
+    let names: Vec<&str> = second
+        .consumers
+        .iter()
+        .map(|c| c.descriptor.as_str())
+        .collect();
+    assert_eq!(names, ["tenant=c"]);
+    assert!(second.next_page_token.is_empty());
+    let e = c.top(page("not-a-token")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    s.stop().await;
+}
