@@ -688,7 +688,7 @@ descriptors:
 #[tokio::test]
 async fn inspect_shows_slots_and_reservations_held() {
     let s = TestServer::start(LEASES).await;
-    let mut c = admin(&s).await;
+    let c = admin(&s).await;
     for id in ["a", "b"] {
         let r = s
             .call(one("ai", &[("model", "m"), ("request_id", id)]))
