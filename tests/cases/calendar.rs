@@ -284,3 +284,36 @@ async fn monthly_token_budgets(kind: &str) {
 }
 
 test_with_all_stores!(monthly_token_budgets_on, kind => monthly_token_budgets);
+
+/// An RLQS assignment on a calendar month lasts to the boundary: a spent budget is DENY_ALL for
+/// the 30 s to local midnight on Dec 1, and the new month starts afresh.
+#[tokio::test]
+async fn an_rlqs_assignment_on_a_calendar_month_ends_at_the_boundary() {
+    use super::quota::{strategy_of, ttl_of, usage, Stream};
+    let rules = "\
+domain: rlqs
+descriptors:
+  - key: x-api-key
+    rate_limit:
+      unit: month
+      requests_per_unit: 600
+      calendar: {time_zone: America/New_York}
+";
+    let server = TestServer::start(rules).await;
+    server.clock.set(at("2026-12-01T04:59:30Z")); // Nov 30 23:59:30 EST
+    let mut a = Stream::open(&server).await;
+    let actions = a
+        .report("rlqs", vec![usage(&[("x-api-key", "k")], 600, 0)])
+        .await;
+    assert_eq!(strategy_of(&actions[0]), Err("deny_all"));
+    assert_eq!(ttl_of(&actions[0]), 30, "until local midnight on Dec 1");
+    server.clock.set(at("2026-12-01T05:00:00Z"));
+    let actions = a
+        .report("rlqs", vec![usage(&[("x-api-key", "k")], 0, 5)])
+        .await;
+    assert!(
+        strategy_of(&actions[0]).is_ok(),
+        "a fresh month: {actions:?}"
+    );
+    server.stop().await;
+}
