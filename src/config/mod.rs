@@ -14,7 +14,7 @@ mod tests;
 
 pub use load::{
     fingerprint, load_path, load_sources, ConfigError, ConfigErrors, LoadOptions, MAX_DOMAIN_BYTES,
-    MAX_IN_FLIGHT, MAX_LEASE_ID_BYTES,
+    MAX_IN_FLIGHT, MAX_LEASE_ID_BYTES, MAX_SLIDING_LOG_LIMIT,
 };
 pub use xds::load_xds;
 

@@ -124,8 +124,8 @@ impl Overrides {
             let key = &l.check.key;
             if let Some(o) = self.find(&key.domain, &key.entries, &l.name, now_ms) {
                 l.check.admin_limit = Some(o.limit.requests());
-                l.shown.requests_per_unit = o.limit.requests();
-                l.shown.burst = l.check.params().burst;
+                let p = l.check.params();
+                (l.shown.requests_per_unit, l.shown.burst) = (p.limit, p.burst);
             }
         }
     }

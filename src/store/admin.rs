@@ -285,6 +285,35 @@ mod tests {
     }
 
     #[test]
+    fn an_override_scales_a_burst_and_never_grows_a_log_or_slots_past_their_caps() {
+        use crate::config::{Algorithm, Limit, Unit, MAX_IN_FLIGHT, MAX_SLIDING_LOG_LIMIT};
+        let check = |algorithm, burst, n| {
+            let limit = Limit {
+                algorithm,
+                burst,
+                ..Limit::fixed(10, Unit::Minute)
+            };
+            let mut c = crate::store::LimitCheck::for_tests("d", "v", limit, 1);
+            c.admin_limit = Some(n);
+            let p = c.params();
+            (p.limit, p.burst)
+        };
+        assert_eq!(check(Algorithm::FixedWindow, 0, 50), (50, 0));
+        assert_eq!(
+            check(Algorithm::TokenBucket, 4, 50),
+            (50, 20),
+            "burst x5 with the rate"
+        );
+        let unlimited = OverrideLimit::Unlimited.requests();
+        assert_eq!(
+            check(Algorithm::SlidingLog, 0, unlimited).0,
+            MAX_SLIDING_LOG_LIMIT
+        );
+        assert_eq!(check(Algorithm::InFlight, 0, unlimited).0, MAX_IN_FLIGHT);
+        assert_eq!(check(Algorithm::FixedWindow, 0, unlimited).0, u32::MAX);
+    }
+
+    #[test]
     fn local_overrides_are_capped_replaced_and_expire() {
         let l = LocalOverrides::default();
         assert_eq!(l.put(&o("a", 100), 0, 2).unwrap(), None);

@@ -119,7 +119,14 @@ impl LeaseCall {
 impl LimitCheck {
     pub fn params(&self) -> LimitParams {
         let l = self.key.limit;
-        let (limit, burst) = match self.admin_limit {
+        // An override (`unlimited` included) never grows what the stores keep per admitted
+        // request past what a config may: a sliding_log's entries, an in_flight's slots.
+        let admin = self.admin_limit.map(|n| match l.algorithm {
+            crate::config::Algorithm::SlidingLog => n.min(crate::config::MAX_SLIDING_LOG_LIMIT),
+            crate::config::Algorithm::InFlight => n.min(crate::config::MAX_IN_FLIGHT),
+            _ => n,
+        });
+        let (limit, burst) = match admin {
             None => (l.requests_per_unit, l.burst),
             // A token bucket's burst follows its rate in proportion.
             Some(n) if l.requests_per_unit > 0 => {
