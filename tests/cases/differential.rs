@@ -442,8 +442,10 @@ async fn stores_agree_on_fresh_random_sequences() {
                 ..ServiceOptions::default()
             };
             // The lease limits too (in_flight slots taken, freed and ending with their lease;
-            // reservations made, settled and ending with theirs).
-            compare_with(seed, None, options, true)
+            // reservations made, settled and ending with theirs). Boxed, and made inside the
+            // box: a debug build's comparison future is large, and an array of them built on
+            // the test thread's stack overflowed its 2 MiB.
+            Box::pin(async move { compare_with(seed, None, options, true).await })
         })
     });
     futures_util::stream::iter(runs)

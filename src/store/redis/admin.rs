@@ -23,7 +23,6 @@ use crate::config::Algorithm;
 use crate::store::admin::{too_many, CounterAdmin, OverrideId, ResetCount, StoredOverride};
 use crate::store::{BoxFuture, StoreError};
 use redis::Script;
-use std::collections::HashSet;
 use std::sync::{Arc, LazyLock};
 
 /// Keys one `SCAN` call looks at: a short call (well under a millisecond) however large the
@@ -124,7 +123,10 @@ impl RedisAdmin {
         let pattern = reset_pattern(&literal, prefix.len(), domain_tag);
         let slot = keys::tag_slot(&tag);
         let mut cursor = 0u64;
-        let mut counters = HashSet::new();
+        // Counted, not collected: a prefix with a million consumers must not hold a million
+        // names here. A counter has one key that counts (its current window, or its state);
+        // a lease limit's entry sets beside it are not counted again.
+        let mut counters = 0u64;
         loop {
             let (next, found): (u64, Vec<String>) = self
                 .call(async |c| scan(c, slot, cursor, &pattern).await)
@@ -132,8 +134,8 @@ impl RedisAdmin {
             let doomed: Vec<&String> = found
                 .iter()
                 .filter(|k| match counter_of(k, literal.len()) {
-                    Some(counter) => {
-                        counters.insert(counter.to_string());
+                    Some(counts) => {
+                        counters += u64::from(counts);
                         true
                     }
                     None => false,
@@ -162,7 +164,7 @@ impl RedisAdmin {
         })
         .await?;
         Ok(ResetCount {
-            counters: counters.len() as u64,
+            counters,
             counted: true,
         })
     }
@@ -243,11 +245,12 @@ fn reset_pattern(literal: &str, entries: usize, domain_tag: bool) -> String {
     p
 }
 
-/// The counter a key below the prefix belongs to (its key without a window or lease suffix), or
-/// `None` for a key that is no counter's (a demand board, a write-back guard). `literal` bytes
-/// of the key are the prefix; past them come the remaining entries (no raw `:` in them: it is
-/// escaped), then `:alg:limit:period[:bN][:o]`, then any suffix.
-fn counter_of(key: &str, literal: usize) -> Option<&str> {
+/// Whether a key below the prefix is a counter's: `Some(true)` for the key that counts it (its
+/// state, or its current window: `:<index>`, `:c<start>`), `Some(false)` for a lease set beside
+/// it, `None` for a key that is no counter's (a demand board, a write-back guard), which a
+/// reset keeps. `literal` bytes of the key are the prefix; past them come the remaining entries
+/// (no raw `:` in them: it is escaped), then `:alg:limit:period[:bN][:o]`, then any suffix.
+fn counter_of(key: &str, literal: usize) -> Option<bool> {
     let rest = key.get(literal..)?;
     let colon = rest.find(':')?;
     let limit = &rest[colon + 1..];
@@ -264,8 +267,15 @@ fn counter_of(key: &str, literal: usize) -> Option<&str> {
     if fields.get(n) == Some(&"o") {
         n += 1;
     }
-    let len: usize = fields[..n].iter().map(|f| f.len() + 1).sum();
-    key.get(..literal + colon + len)
+    let window = |f: &str| {
+        let digits = f.strip_prefix('c').unwrap_or(f);
+        !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+    };
+    Some(match &fields[n..] {
+        [] => true,
+        [f] => window(f),
+        _ => false,
+    })
 }
 
 impl CounterAdmin for RedisAdmin {
@@ -396,26 +406,21 @@ mod tests {
     }
 
     #[test]
-    fn keys_map_to_their_counter_and_boards_and_guards_are_kept() {
-        fn c(k: &str) -> Option<&str> {
+    fn a_counter_counts_once_and_boards_and_guards_are_kept() {
+        fn c(k: &str) -> Option<bool> {
             counter_of(k, "{d|tenant=acme}".len())
         }
+        assert_eq!(c("{d|tenant=acme}:sw:10:minute"), Some(true));
+        assert_eq!(c("{d|tenant=acme}|user=x:fw:10:minute:2900000"), Some(true));
         assert_eq!(
-            c("{d|tenant=acme}:fw:10:minute"),
-            Some("{d|tenant=acme}:fw:10:minute")
+            c("{d|tenant=acme}|user=x:fw:10:month@utc:c1764547200"),
+            Some(true)
         );
-        assert_eq!(
-            c("{d|tenant=acme}|user=x:fw:10:minute:2900000"),
-            Some("{d|tenant=acme}|user=x:fw:10:minute")
-        );
-        assert_eq!(
-            c("{d|tenant=acme}|user=x:tb:10:minute:b9:o"),
-            Some("{d|tenant=acme}|user=x:tb:10:minute:b9:o")
-        );
-        assert_eq!(
-            c("{d|tenant=acme}:if:3:30s:e"),
-            Some("{d|tenant=acme}:if:3:30s")
-        );
+        assert_eq!(c("{d|tenant=acme}|user=x:tb:10:minute:b9:o"), Some(true));
+        assert_eq!(c("{d|tenant=acme}:fw:10:hour:o:482000"), Some(true));
+        assert_eq!(c("{d|tenant=acme}:if:3:30s"), Some(true));
+        assert_eq!(c("{d|tenant=acme}:if:3:30s:e"), Some(false));
+        assert_eq!(c("{d|tenant=acme}:fw:1000:hour:r"), Some(false));
         assert_eq!(c("{d|tenant=acme}:fw:10:minute#rlqs"), None);
         assert_eq!(c("{d|tenant=acme}:fw:10:minute#wb:abc"), None);
     }
