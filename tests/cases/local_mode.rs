@@ -534,9 +534,17 @@ async fn outages_through_envoy_are_answered_in_time_within_the_bound_and_written
     );
     let hot_after_kill = Answers::admitted(&a2.hot, OUTAGE.0 as f64 + 0.1) as u64;
     let hot2 = redis_count(&lock(&killed), "/api/hot");
+    // As `holds_admitted`: a request Envoy timed out on its own clock (a 500 here, though
+    // sluice answered it in time) may have been admitted by sluice, so it may be counted.
+    let dropped = a2
+        .hot
+        .iter()
+        .filter(|(t, s, _)| *t >= OUTAGE.0 as f64 + 0.1 && *s == 500)
+        .count() as u64;
     assert!(
-        (hot_after_kill..=hot_after_kill + 2).contains(&hot2),
-        "killed: the restarted Redis holds {hot2} of the {hot_after_kill} admitted from the kill on"
+        (hot_after_kill..=hot_after_kill + 2 + dropped).contains(&hot2),
+        "killed: the restarted Redis holds {hot2} of the {hot_after_kill} admitted from the kill \
+         on (Envoy 500s since: {dropped})"
     );
 
     // The second window: its counters are read right after it, before they expire.
