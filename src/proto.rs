@@ -109,6 +109,35 @@ pub mod xds {
     }
 }
 
+/// Reflection v1 and v1alpha over the descriptor sets `sets` and both reflection protos, so
+/// `grpcurl list` shows every service whichever reflection version the client speaks (the RLS
+/// listener's and the admin listener's, each over its own protos).
+pub fn reflection(
+    sets: &[&'static [u8]],
+) -> Result<
+    (
+        tonic_reflection::server::v1::ServerReflectionServer<
+            impl tonic_reflection::server::v1::ServerReflection,
+        >,
+        tonic_reflection::server::v1alpha::ServerReflectionServer<
+            impl tonic_reflection::server::v1alpha::ServerReflection,
+        >,
+    ),
+    tonic_reflection::server::Error,
+> {
+    let builder = || {
+        sets.iter()
+            .fold(tonic_reflection::server::Builder::configure(), |b, set| {
+                b.register_encoded_file_descriptor_set(set)
+            })
+            .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(
+                tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+            )
+    };
+    Ok((builder().build_v1()?, builder().build_v1alpha()?))
+}
+
 pub use envoy::extensions::common::ratelimit::v3::{rate_limit_descriptor, RateLimitDescriptor};
 pub use envoy::service::ratelimit::v3::{
     rate_limit_response, rate_limit_service_client, rate_limit_service_server, RateLimitRequest,

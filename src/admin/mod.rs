@@ -20,27 +20,3 @@ mod service;
 
 pub use auth::{AuthSettings, Scopes};
 pub use service::AdminService;
-
-/// Reflection (v1 and v1alpha) over the admin API and the reflection protos, so `grpcurl`
-/// works on the admin listener without a proto file.
-pub fn reflection() -> Result<
-    (
-        tonic_reflection::server::v1::ServerReflectionServer<
-            impl tonic_reflection::server::v1::ServerReflection,
-        >,
-        tonic_reflection::server::v1alpha::ServerReflectionServer<
-            impl tonic_reflection::server::v1alpha::ServerReflection,
-        >,
-    ),
-    tonic_reflection::server::Error,
-> {
-    let builder = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(crate::proto::ADMIN_FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(
-                tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
-            )
-    };
-    Ok((builder().build_v1()?, builder().build_v1alpha()?))
-}

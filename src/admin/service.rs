@@ -9,7 +9,8 @@ use super::convert;
 use crate::proto::sluice::admin::v1 as pb;
 use crate::proto::sluice::admin::v1::admin_server::{Admin, AdminServer};
 use crate::service::RateLimiter;
-use crate::store::admin::{OverrideId, MAX_OVERRIDES};
+use crate::store::admin::{OverrideId, StoredOverride, MAX_OVERRIDES};
+use crate::store::StoreError;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
@@ -61,11 +62,35 @@ impl AdminService {
     async fn reload(&self) {
         super::poll::reload(&self.limiter).await;
     }
+
+    /// Ends an override write (set or delete): its audit line with what was there before, and
+    /// when it went through, this replica applies it now.
+    async fn finish_override<T>(
+        &self,
+        mut write: Write<'_>,
+        result: Result<Option<StoredOverride>, StoreError>,
+        answer: impl FnOnce(Option<StoredOverride>) -> T,
+    ) -> Result<Response<T>, Status> {
+        let metrics = &self.limiter.telemetry().metrics.admin;
+        match result {
+            Ok(before) => {
+                write.before = convert::override_text(before.as_ref());
+                write.record(metrics, Ok(()));
+                self.reload().await;
+                Ok(Response::new(answer(before)))
+            }
+            Err(e) => {
+                write.before = "unknown".into();
+                write.record(metrics, Err(&e.to_string()));
+                Err(status(e))
+            }
+        }
+    }
 }
 
-fn status(e: crate::store::StoreError) -> Status {
+fn status(e: StoreError) -> Status {
     match e {
-        crate::store::StoreError::Permanent(m) => Status::failed_precondition(m),
+        StoreError::Permanent(m) => Status::failed_precondition(m),
         e => Status::unavailable(e.to_string()),
     }
 }
@@ -190,30 +215,17 @@ impl Admin for AdminService {
             .counter_admin()
             .put_override(&o, now, MAX_OVERRIDES)
             .await;
-        let metrics = &self.limiter.telemetry().metrics.admin;
-        let audit = |before: String, result: Result<(), &str>| {
-            Write {
-                caller: &caller.name,
-                operation: "set_override",
-                domain: &r.domain,
-                target: entries_text(&o.id.entries),
-                before,
-                after: convert::override_text(Some(&o)),
-                reason: &r.reason,
-            }
-            .record(metrics, result)
+        let write = Write {
+            caller: &caller.name,
+            operation: "set_override",
+            domain: &r.domain,
+            target: entries_text(&o.id.entries),
+            before: String::new(),
+            after: convert::override_text(Some(&o)),
+            reason: &r.reason,
         };
-        match result {
-            Ok(before) => {
-                audit(convert::override_text(before.as_ref()), Ok(()));
-                self.reload().await;
-                Ok(Response::new(convert::to_pb(&o)))
-            }
-            Err(e) => {
-                audit("unknown".into(), Err(&e.to_string()));
-                Err(status(e))
-            }
-        }
+        self.finish_override(write, result, |_| convert::to_pb(&o))
+            .await
     }
 
     async fn delete_override(
@@ -229,32 +241,19 @@ impl Admin for AdminService {
         };
         let now = self.limiter.now_ms();
         let result = self.limiter.counter_admin().delete_override(&id, now).await;
-        let metrics = &self.limiter.telemetry().metrics.admin;
-        let audit = |before: String, result: Result<(), &str>| {
-            Write {
-                caller: &caller.name,
-                operation: "delete_override",
-                domain: &r.domain,
-                target: entries_text(&id.entries),
-                before,
-                after: "none".into(),
-                reason: &r.reason,
-            }
-            .record(metrics, result)
+        let write = Write {
+            caller: &caller.name,
+            operation: "delete_override",
+            domain: &r.domain,
+            target: entries_text(&id.entries),
+            before: String::new(),
+            after: "none".into(),
+            reason: &r.reason,
         };
-        match result {
-            Ok(before) => {
-                audit(convert::override_text(before.as_ref()), Ok(()));
-                self.reload().await;
-                Ok(Response::new(pb::DeleteOverrideResponse {
-                    deleted: before.is_some(),
-                }))
-            }
-            Err(e) => {
-                audit("unknown".into(), Err(&e.to_string()));
-                Err(status(e))
-            }
-        }
+        self.finish_override(write, result, |before| pb::DeleteOverrideResponse {
+            deleted: before.is_some(),
+        })
+        .await
     }
 
     async fn list_overrides(

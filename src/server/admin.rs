@@ -113,7 +113,8 @@ impl Prepared {
         settings: &AdminListen,
         limiter: &Arc<RateLimiter>,
     ) -> Result<Self, ServerError> {
-        let (v1, v1alpha) = crate::admin::reflection()?;
+        // Reflection over the admin API alone: grpcurl needs no proto file here.
+        let (v1, v1alpha) = crate::proto::reflection(&[crate::proto::ADMIN_FILE_DESCRIPTOR_SET])?;
         let tls = settings.tls.as_ref().map(tls::GrpcTls::load).transpose()?;
         let service = AdminService::new(Arc::clone(limiter), settings.auth.clone()).into_server();
         let router = tonic::transport::Server::builder()

@@ -83,8 +83,7 @@ impl From<RequestError> for Status {
     }
 }
 
-/// Reflection v1 and v1alpha over the RLS protos, grpc.health.v1 and both reflection protos, so
-/// `grpcurl list` shows every service whichever reflection version the client speaks.
+/// Reflection over the RLS and RLQS protos and grpc.health.v1 (see [`crate::proto::reflection`]).
 pub fn reflection_services() -> Result<
     (
         tonic_reflection::server::v1::ServerReflectionServer<
@@ -96,16 +95,10 @@ pub fn reflection_services() -> Result<
     ),
     tonic_reflection::server::Error,
 > {
-    let builder = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(
-                tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
-            )
-    };
-    Ok((builder().build_v1()?, builder().build_v1alpha()?))
+    crate::proto::reflection(&[
+        crate::proto::FILE_DESCRIPTOR_SET,
+        tonic_health::pb::FILE_DESCRIPTOR_SET,
+    ])
 }
 
 #[cfg(test)]
