@@ -176,10 +176,10 @@ fn build_store(
             max_counters = args.memory_max_counters,
             "using the in-memory store (counters are per process)"
         );
-        return Ok(StoreStack::memory(
-            Arc::clone(clock),
-            args.memory_max_counters,
-        ));
+        return Ok(
+            StoreStack::memory(Arc::clone(clock), args.memory_max_counters)
+                .with_slices(Arc::clone(clock), crate::store::slices::DEFAULT_MAX_SLICES),
+        );
     };
     tracing::info!(
         kind = ?chain.redis.kind,
@@ -189,7 +189,9 @@ fn build_store(
         local_cache_bytes = chain.local_cache_bytes,
         "using the Redis store"
     );
-    Ok(chain.build(Arc::clone(clock))?)
+    Ok(chain
+        .build(Arc::clone(clock))?
+        .with_slices(Arc::clone(clock), crate::store::slices::DEFAULT_MAX_SLICES))
 }
 
 fn service_options(args: &ServeArgs) -> ServiceOptions {

@@ -45,6 +45,7 @@ fn check(domain: &Arc<str>, consumer: usize) -> LimitCheck {
         window: None,
         lease: None,
         leased: false,
+        slice: None,
     }
 }
 

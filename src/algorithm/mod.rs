@@ -176,9 +176,13 @@ pub fn fixed_window(
         }
         _ => 0,
     };
+    // A refund pinned to a window older than the one counted (a leased slice given back, or a
+    // calendar request, decided after its window's end) gives nothing back to the newer one.
+    let past = p.window_start.is_some_and(|w| w < start);
     let limit = u64::from(p.limit);
-    let reset = start + p.period_us - now;
+    let reset = (start + p.period_us).saturating_sub(now);
     let (allowed, after) = match mode {
+        Mode::Refund if past => (true, current),
         Mode::Refund => (true, current.saturating_sub(hits)),
         Mode::Record => {
             let after = add_count(current, hits);

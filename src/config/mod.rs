@@ -297,6 +297,20 @@ pub struct RateLimitRule {
     /// The descriptor's `reservations`: a request-time call naming a request reserves its hits
     /// on this limit, its stream-done call settles them at the actual.
     pub reservations: Option<Reservations>,
+    /// The descriptor's `leased`: replicas spend slices of this limit's window reserved from
+    /// the store, deciding locally while a slice lasts (`store/slices.rs`).
+    pub leased: Option<Leasing>,
+}
+
+/// A limit's `leased` terms, resolved against its quota at load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Leasing {
+    /// The most one grant takes from the store (`max_slice`; by default 1 % of the limit, at
+    /// least 1): with R replicas, at most R of these are left unspent when a window ends.
+    pub max_slice: u32,
+    /// How much of a replica's demand one grant covers (`ahead`, 100 ms by default): a grant
+    /// asks for what the replica admitted over this long, refilled before it runs out.
+    pub ahead: Period,
 }
 
 /// A rate limit's `reservations` terms: how long a reservation waits for its settle, and how

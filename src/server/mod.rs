@@ -114,13 +114,18 @@ impl Running {
     pub async fn wait(self) -> Result<(), ServerError> {
         // Keep the handle alive while waiting so only an explicit shutdown ends the servers.
         let _keep = self.shutdown;
-        match self.supervisor.await {
+        let r = match self.supervisor.await {
             Ok(r) => r,
             Err(source) => Err(ServerError::Task {
                 what: "supervisor",
                 source,
             }),
-        }
+        };
+        // Drained: no request spends a slice any more, so what is left goes back.
+        self.limiter
+            .give_back_slices(std::time::Duration::from_secs(2))
+            .await;
+        r
     }
 
     /// [`Running::shutdown`] then [`Running::wait`].

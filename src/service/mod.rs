@@ -69,6 +69,8 @@ pub struct RateLimiter {
     admin: Arc<dyn crate::store::admin::CounterAdmin>,
     /// The stack's deny cache, dropped after admin writes.
     forget: Option<Arc<dyn crate::store::admin::Forget>>,
+    /// This replica's slices of leased limits, given back when it stops.
+    slices: Option<Arc<crate::store::slices::Slices>>,
     /// Set by [`RateLimiter::awaiting_config`], cleared by the first
     /// [`RateLimiter::replace_rules`]: meanwhile requests get [`RequestError::NoConfig`].
     awaiting_config: AtomicBool,
@@ -110,6 +112,7 @@ impl RateLimiter {
             overrides: Overrides::new(),
             admin: store.admin,
             forget: store.forget,
+            slices: store.slices,
             decider: store.decider,
             demand: store.demand,
             signals: store.signals,
@@ -123,6 +126,24 @@ impl RateLimiter {
             }),
             awaiting_config: AtomicBool::new(awaiting),
         }
+    }
+
+    /// Gives this replica's unspent slices back to the store (it stops): the other replicas
+    /// can spend them. Bounded by `within`; returns the units given back.
+    pub async fn give_back_slices(&self, within: std::time::Duration) -> u64 {
+        let Some(slices) = &self.slices else {
+            return 0;
+        };
+        let n = tokio::time::timeout(within, slices.give_back_all())
+            .await
+            .unwrap_or(0);
+        if n > 0 {
+            tracing::info!(
+                units = n,
+                "gave unspent slices of leased limits back to the store"
+            );
+        }
+        n
     }
 
     /// No config has been loaded yet (see [`RateLimiter::awaiting_config`]).

@@ -69,8 +69,15 @@ impl Plan {
     /// the one time a plan meets the clock, its caller's.
     pub(super) fn calendar_windows(&mut self, now_us: u64) {
         for l in &mut self.limits {
-            if let Some(c) = l.check.key.limit.period.calendar() {
+            let period = l.check.key.limit.period;
+            if let Some(c) = period.calendar() {
                 l.check.window = c.calendar().window_at(now_us);
+            } else if l.check.slice.is_some() {
+                // A leased limit's counter is keyed by its window's start (as a calendar
+                // window's is), so a slice granted or given back lands in its own window.
+                let p = period.millis().saturating_mul(1000).max(1);
+                let start = now_us - now_us % p;
+                l.check.window = Some((start, start.saturating_add(p)));
             }
         }
     }
@@ -106,6 +113,8 @@ struct Candidate<'a> {
     record_usage: bool,
     /// The limit's `reservations`, if the descriptor has them.
     reservations: Option<Reservations>,
+    /// The limit's `leased` terms, if the descriptor has them.
+    leased: Option<crate::config::Leasing>,
     overridden: bool,
     /// How many leading counter entries key the counter (all of them, except for a resource
     /// limit above the descriptor's last node).
@@ -246,6 +255,7 @@ fn override_matching<'a>(
         quota_mode: false,
         record_usage: false,
         reservations: None,
+        leased: None,
         overridden: true,
         depth,
         resource: false,
@@ -279,6 +289,7 @@ fn resource(r: &RateLimitRule, depth: usize) -> Candidate<'_> {
         quota_mode: r.quota_mode,
         record_usage: r.record_usage,
         reservations: r.reservations,
+        leased: r.leased,
         overridden: false,
         depth,
         resource: true,
@@ -477,6 +488,7 @@ fn check_for(
             window: None,
             lease: lease.cloned(),
             leased: true,
+            slice: None,
         }
     } else if let Some(l) = reserving {
         // A reservation: the request-time call charges its hits (the estimate) all or
@@ -503,6 +515,7 @@ fn check_for(
                 ..l.clone()
             }),
             leased: true,
+            slice: None,
         }
     } else {
         LimitCheck {
@@ -517,6 +530,7 @@ fn check_for(
             window: None,
             lease: None,
             leased: c.reservations.is_some(),
+            slice: c.leased,
         }
     }
 }

@@ -20,6 +20,7 @@ pub mod local_cache;
 pub mod memory;
 pub mod redis;
 mod signals;
+pub mod slices;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -92,6 +93,9 @@ pub struct LimitCheck {
     /// request's stream-done call can give it room at any moment, so its denials are never
     /// cached (whether or not this request names one).
     pub leased: bool,
+    /// The limit's `leased` terms: decided from this replica's slice of the window when the
+    /// stack has slices (`slices.rs`), else as any check.
+    pub slice: Option<crate::config::Leasing>,
 }
 
 /// A request's own entry on an `in_flight` limit or a rate limit with `reservations`.
@@ -325,6 +329,7 @@ impl LimitCheck {
             window: None,
             lease: None,
             leased: false,
+            slice: None,
         }
     }
 }
@@ -422,6 +427,8 @@ pub struct StoreStack {
     pub admin: Arc<dyn admin::CounterAdmin>,
     /// The local deny cache, when the stack has one (dropped after admin writes).
     pub forget: Option<Arc<dyn admin::Forget>>,
+    /// This replica's slices of leased limits, when the stack decides them from slices.
+    pub slices: Option<Arc<slices::Slices>>,
 }
 
 impl StoreStack {
@@ -435,7 +442,21 @@ impl StoreStack {
             demand: Arc::new(demand::MemoryBoard::default()),
             admin: Arc::new(admin::NoReset::default()),
             forget: None,
+            slices: None,
         }
+    }
+
+    /// The same stack deciding leased limits from this replica's slices (at most `max` of
+    /// them), granted by its store; its signals report them.
+    pub fn with_slices(mut self, clock: Arc<dyn crate::clock::Clock>, max: usize) -> Self {
+        let slices = slices::Slices::new(Arc::clone(&self.store), clock, max);
+        self.signals.slices = Arc::clone(&slices.tallies);
+        self.decider = Arc::new(slices::SlicedDecider::new(
+            Arc::clone(&slices),
+            Arc::clone(&self.decider),
+        ));
+        self.slices = Some(slices);
+        self
     }
 
     /// The same stack with `admin` for resets and overrides.

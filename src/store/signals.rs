@@ -26,6 +26,8 @@ pub struct StoreSignals {
     pub evictions: Tally,
     /// `FAILURE_MODE=local`'s decisions and write-backs (zero without it).
     pub local: Arc<LocalTallies>,
+    /// The slices of leased limits (zero without them).
+    pub slices: Arc<super::slices::SliceTallies>,
 }
 
 /// What `FAILURE_MODE=local` reports: decisions made locally by domain and outcome, whether the
@@ -85,6 +87,7 @@ impl StoreSignals {
             undo_failures: Tally::default(),
             evictions: Tally::default(),
             local: Arc::default(),
+            slices: Arc::default(),
         }
     }
 

@@ -256,6 +256,7 @@ async fn memory_and_redis_decide_identically_for_every_algorithm() {
                     window: None,
                     lease: None,
                     leased: false,
+                    slice: None,
                 },
                 LimitCheck {
                     key: key(
@@ -275,6 +276,7 @@ async fn memory_and_redis_decide_identically_for_every_algorithm() {
                     window: None,
                     lease: None,
                     leased: false,
+                    slice: None,
                 },
             ];
             let m = memory.decide(&checks).await.expect("memory decides");
@@ -337,6 +339,7 @@ async fn measure_redis_memory_per_counter() {
             window: None,
             lease: None,
             leased: false,
+            slice: None,
             refund: false,
             shadow: false,
             quota: false,

@@ -72,6 +72,7 @@ mod http;
 mod http2_bounds;
 mod in_flight;
 mod lease_metrics;
+mod leased;
 mod local_mode;
 mod observability;
 mod overrides;

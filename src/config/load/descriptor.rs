@@ -32,6 +32,8 @@ struct DescriptorKeys<'a> {
     /// (value node, path) of `in_flight` and of `reservations`.
     in_flight: Option<(&'a Node, String)>,
     reservations: Option<(&'a Node, String)>,
+    /// (value node, path) of `leased`.
+    leased: Option<(&'a Node, String)>,
 }
 
 impl Ctx {
@@ -80,6 +82,9 @@ impl Ctx {
         }
         let mut rules = self.descriptor_limits(&keys, path);
         let lease_keys = self.lease_limit(&keys, &mut rules);
+        if let Some((node, p)) = &keys.leased {
+            self.leased_on(node, p, &mut rules);
+        }
         let mut level = Level::default();
         if let Some((node, p)) = &keys.children {
             // Children are checked even when this descriptor is broken, so all errors show.
@@ -283,6 +288,7 @@ impl Ctx {
                 "descriptors" => d.children = Some((v, p)),
                 "in_flight" => d.in_flight = Some((v, p)),
                 "reservations" => d.reservations = Some((v, p)),
+                "leased" => d.leased = Some((v, p)),
                 "shadow_mode" => d.shadow_mode = self.flag(v, &p, name).unwrap_or(false),
                 "quota_mode" => d.quota_mode = self.flag(v, &p, name).unwrap_or(false),
                 "detailed_metric" => d.detailed_metric = self.flag(v, &p, name).unwrap_or(false),

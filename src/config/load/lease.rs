@@ -60,6 +60,7 @@ impl Ctx {
             applies_to_descendants: false,
             record_usage: false,
             reservations: None,
+            leased: None,
         };
         let parsed = ParsedLimit {
             rule,

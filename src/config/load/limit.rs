@@ -157,6 +157,7 @@ impl Ctx {
                 applies_to_descendants: descendants_line.is_some(),
                 record_usage,
                 reservations: None,
+                leased: None,
             },
             descendants_line,
         })

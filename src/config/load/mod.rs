@@ -16,6 +16,7 @@ mod ctx;
 mod descriptor;
 mod errors;
 mod lease;
+mod leased;
 mod limit;
 mod schema;
 

@@ -17,6 +17,8 @@ pub(super) enum Scope {
     Reservations,
     /// A limit's `calendar` block.
     Calendar,
+    /// A descriptor's `leased` block.
+    Leased,
 }
 
 const ROOT_KEYS: &[&str] = &[
@@ -40,6 +42,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "metadata",
     "in_flight",
     "reservations",
+    "leased",
 ];
 /// The keys of one limit: envoyproxy/ratelimit's, then the sluice extensions (docs/semantics.md, "sluice extensions").
 const LIMIT_KEYS: &[&str] = &[
@@ -58,6 +61,7 @@ const LIMIT_KEYS: &[&str] = &[
 const REPLACES_KEYS: &[&str] = &["name"];
 const IN_FLIGHT_KEYS: &[&str] = &["max", "lease", "id_key", "done_key"];
 const CALENDAR_KEYS: &[&str] = &["time_zone", "week_start", "anchor_day"];
+const LEASED_KEYS: &[&str] = &["max_slice", "ahead"];
 const RESERVATIONS_KEYS: &[&str] = &["lease", "id_key", "done_key", "max", "min_estimate"];
 
 impl Scope {
@@ -70,6 +74,7 @@ impl Scope {
             Scope::InFlight => IN_FLIGHT_KEYS,
             Scope::Reservations => RESERVATIONS_KEYS,
             Scope::Calendar => CALENDAR_KEYS,
+            Scope::Leased => LEASED_KEYS,
         }
     }
 
@@ -87,6 +92,7 @@ impl Scope {
             Scope::InFlight => "in `in_flight`",
             Scope::Reservations => "in `reservations`",
             Scope::Calendar => "in `calendar`",
+            Scope::Leased => "in `leased`",
         }
     }
 }

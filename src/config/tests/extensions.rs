@@ -44,6 +44,7 @@ fn envoyproxy_config_keeps_its_exact_model() {
             applies_to_descendants: false,
             record_usage: false,
             reservations: None,
+            leased: None,
         }]
     );
     let Quota::Limited(l) = n.rate_limits[0].quota else {

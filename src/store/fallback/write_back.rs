@@ -86,6 +86,7 @@ impl Shared {
             window: None,
             lease: None,
             leased: false,
+            slice: None,
         };
         let token = format!("{}-{}", self.id, send.token);
         let now_us = self.now_us();
@@ -155,6 +156,7 @@ impl Shared {
                 window: None,
                 lease: None,
                 leased: false,
+                slice: None,
             };
             if self.skip_store(std::slice::from_ref(&like)) {
                 continue;

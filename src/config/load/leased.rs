@@ -1,0 +1,151 @@
+//! A descriptor's `leased: {max_slice, ahead}` block: its rate limits are spent by each replica
+//! from slices of the current window reserved from the store (`store/slices.rs`), so a hot limit
+//! costs the store one call per slice instead of one per request, never admitting over it.
+//!
+//! What it composes with is decided here, at load, with a clear error for the rest: a counted
+//! `fixed_window` limit (a calendar one too) of a period of at least a second (slices are
+//! keyed by the window's start in seconds), not `record_usage` (it charges past the limit,
+//! which a slice cannot), not `reservations` (a reservation settles on the store).
+
+use super::super::yaml::{Node, Resolved, Value};
+use super::super::{Algorithm, Leasing, Quota, RateLimitRule};
+use super::ctx::{describe, join, kind, Ctx};
+use super::limit::parse_period;
+use super::schema::Scope;
+
+/// What one grant covers by default: the replica's demand over this long.
+pub const DEFAULT_AHEAD_MS: u64 = 100;
+
+/// The block as written, before it meets each limit.
+struct LeasedBlock {
+    max_slice: Option<u32>,
+    ahead: super::super::Period,
+}
+
+impl Ctx {
+    /// Sets `leased` on the node's rate limits, or reports why one cannot be leased.
+    pub(super) fn leased_on(&mut self, node: &Node, path: &str, rules: &mut [RateLimitRule]) {
+        let Some(block) = self.leased_block(node, path) else {
+            return;
+        };
+        if rules.is_empty() {
+            self.err(
+                node.line,
+                path,
+                "`leased` slices the descriptor's `rate_limit`, and it has none".to_string(),
+            );
+        }
+        for r in rules.iter_mut() {
+            let why = match r.quota {
+                Quota::Unlimited => Some("an `unlimited` limit has nothing to slice".to_string()),
+                Quota::Limited(l) if l.algorithm != Algorithm::FixedWindow => Some(format!(
+                    "`leased` slices `fixed_window` limits (calendar ones too); this one is \
+                     `{}`: its state is not a count a slice can be taken from",
+                    l.algorithm.name()
+                )),
+                Quota::Limited(l) if l.period.millis() < 1000 => Some(
+                    "`leased` needs a window of at least 1s (slices are keyed by the window's \
+                     start in seconds)"
+                        .to_string(),
+                ),
+                Quota::Limited(_) if r.record_usage => Some(
+                    "`leased` with `record_usage`: a recorded hit is charged past the limit, \
+                     which no slice can hold"
+                        .to_string(),
+                ),
+                Quota::Limited(_) if r.reservations.is_some() => Some(
+                    "`leased` with `reservations`: a reservation is settled on the store, not \
+                     in a slice"
+                        .to_string(),
+                ),
+                Quota::Limited(l) => {
+                    let max_slice = block
+                        .max_slice
+                        .unwrap_or((l.requests_per_unit / 100).max(1))
+                        .max(1);
+                    r.leased = Some(Leasing {
+                        max_slice,
+                        ahead: block.ahead,
+                    });
+                    None
+                }
+            };
+            if let Some(why) = why {
+                let name = r
+                    .name
+                    .as_deref()
+                    .map_or(String::new(), |n| format!(" ('{n}')"));
+                self.err(node.line, path, format!("limit{name}: {why}"));
+            }
+        }
+    }
+
+    fn leased_block(&mut self, node: &Node, path: &str) -> Option<LeasedBlock> {
+        let entries = match &node.value {
+            Value::Map(entries) => entries.as_slice(),
+            // `leased: {}` written as `leased:` (null) or `leased: true`: the defaults.
+            Value::Scalar(s) if matches!(s.resolve(), Resolved::Null | Resolved::Bool(true)) => &[],
+            _ => {
+                self.err(
+                    node.line,
+                    path,
+                    format!(
+                        "`leased` must be a mapping like {{}} or {{max_slice: 200, ahead: 100ms}}, \
+                         not a {}",
+                        kind(node)
+                    ),
+                );
+                return None;
+            }
+        };
+        let errors_before = self.errors.len();
+        let mut block = LeasedBlock {
+            max_slice: None,
+            ahead: super::super::Period::from_millis(DEFAULT_AHEAD_MS)?,
+        };
+        for (key, _, v) in self.entries(entries, path, Scope::Leased) {
+            let p = join(path, key);
+            match key {
+                "max_slice" => block.max_slice = self.max_slice(v, &p),
+                "ahead" => {
+                    let text = self.text(v, &p, key, "a duration such as 50ms, 100ms or 1s")?;
+                    match parse_period(&text) {
+                        Ok(a) if a.millis() <= 60_000 => block.ahead = a,
+                        Ok(_) => self.err(
+                            v.line,
+                            &p,
+                            "`ahead` must be at most 60s: a grant covers a moment of demand, \
+                             not a window"
+                                .to_string(),
+                        ),
+                        Err(e) => self.err(v.line, &p, format!("`ahead` {e}")),
+                    }
+                }
+                _ => {}
+            }
+        }
+        (self.errors.len() == errors_before).then_some(block)
+    }
+
+    fn max_slice(&mut self, node: &Node, path: &str) -> Option<u32> {
+        if let Value::Scalar(s) = &node.value {
+            if let Resolved::Int(n) = s.resolve() {
+                if let Ok(n) = u32::try_from(n) {
+                    if n >= 1 {
+                        return Some(n);
+                    }
+                }
+            }
+        }
+        self.err(
+            node.line,
+            path,
+            format!(
+                "`max_slice` must be a whole number from 1 to 4294967295 (the most one grant \
+                 takes from the store), got {}",
+                describe(node)
+            ),
+        );
+        None
+    }
+}

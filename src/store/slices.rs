@@ -1,0 +1,644 @@
+//! Leased limits (`leased:` on a descriptor): each replica spends *slices* of a hot limit's
+//! current window, reserved from the store, and decides that limit locally while its slice
+//! lasts. A grant is an ordinary charge of the slice's size on the limit's own counter, so the
+//! store never grants more than is left: however many replicas spend slices, the total admitted
+//! in a window never exceeds the limit (a slice unspent at the window's end is the only loss).
+//!
+//! Why a layer over the [`Decider`]: the leased checks of a request are taken from the slices
+//! first; only the rest (the per-consumer limits below a leased resource) go down to the store,
+//! in the one call the request makes. So a resource + consumer request on a leased resource
+//! costs the consumer's counter alone, on its own hash tag, and an API-wide leased limit costs
+//! the store one call per slice.
+//!
+//! - **Never over.** Grants and returns are decisions on the counter itself, pinned to the
+//!   window the slice belongs to (`LimitCheck::window`), so a slice returned late never lands in
+//!   the next window. Decisions that are not sliced on the same counter (a refund, a check-only
+//!   request, an operator's override, a quota-mode or `stop_over` check) go to the store as
+//!   they always did and see what the slices took.
+//! - **Slices adapt.** A grant asks for the replica's demand over `ahead` (its rate since the
+//!   last grant), at most `max_slice`, at most a quarter of what the store had left at the last
+//!   grant (slices shrink as the window fills), at least the request's hits. At a window's end a
+//!   replica holds at most its last grant unspent: stranded quota per window ≤ Σ over replicas of
+//!   their last grant ≤ replicas × `max_slice`.
+//! - **Refills ahead.** Below half of its last grant a slice is refilled in the background; a
+//!   request that finds it empty waits for the refill in flight (one per slice: the requests
+//!   queue on its gate and find the slice filled), never a second call.
+//! - **Counting.** Under envoyproxy counting a leased check is charged whatever the other checks
+//!   say (as a recorded hit); under `all_or_nothing` a request another limit denies gives its
+//!   units back to the slice. A request the slices deny is not sent to the store, except for its
+//!   recording checks (charged whatever the verdict).
+//! - **Bounded.** At most `max_counters` slices are held; a new one evicts the least recently
+//!   used (its unspent units go back to the store). On shutdown every slice goes back.
+//! - **Outage.** A grant that fails sends the check down as an ordinary one: the stack's failure
+//!   mode decides it (under `FAILURE_MODE=local`, its local layer). What a slice holds is spent
+//!   through an outage without the store.
+
+use super::{
+    charged, Admission, BoxFuture, CounterKey, CounterStore, Decider, Decision, LimitCheck,
+    Outcome, StoreError, Tally,
+};
+use crate::clock::Clock;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Slices one replica holds at most by default (`LEASED_MAX_COUNTERS`).
+pub const DEFAULT_MAX_SLICES: usize = 10_000;
+
+/// What the slices report (`sluice_slice_*`).
+#[derive(Debug, Default)]
+pub struct SliceTallies {
+    /// Grants the store answered (script calls made for slices).
+    pub grants: Tally,
+    /// Units granted.
+    pub granted: Tally,
+    /// Units given back (a denied all-or-nothing request is not counted: it stays local).
+    pub returned: Tally,
+    /// Units left unspent in slices whose window ended.
+    pub stranded: Tally,
+    /// Requests that waited on a refill.
+    pub waited: Tally,
+    /// Slices evicted to make room.
+    pub evictions: Tally,
+    /// Slices held now.
+    pub held: std::sync::atomic::AtomicU64,
+}
+
+/// One replica's slice of one counter's window.
+#[derive(Debug)]
+struct Slice {
+    /// The window `[start, end)` in Unix microseconds the units belong to.
+    window: (u64, u64),
+    /// Units this replica may still spend.
+    left: u64,
+    /// What the store had left after the last grant (for `remaining`, and to shrink grants).
+    store_left: u64,
+    /// The last grant's size (the refill-ahead mark is half of it).
+    last_grant: u64,
+    /// Units spent since the last grant, and when it was made (the replica's rate).
+    spent: u64,
+    since_us: u64,
+    /// The store had nothing left at the last grant: no refill until `retry_us`.
+    dry_until_us: u64,
+    /// A refill is running.
+    refilling: bool,
+    /// The last refill failed (the store did not answer): the check goes down as it is.
+    failed: bool,
+    /// For eviction.
+    touched_us: u64,
+}
+
+/// A counter's slice, and the signal its refill sends when done (one refill in flight at a
+/// time; every request short of units waits for that one).
+#[derive(Debug)]
+struct Entry {
+    slice: Mutex<Slice>,
+    done: tokio::sync::watch::Sender<u64>,
+}
+
+type Slot = CounterKey;
+
+/// The slices of one replica, over the store that grants them.
+#[derive(Debug)]
+pub struct Slices {
+    store: Arc<dyn CounterStore>,
+    clock: Arc<dyn Clock>,
+    map: Mutex<HashMap<Slot, Arc<Entry>>>,
+    max: usize,
+    pub tallies: Arc<SliceTallies>,
+}
+
+/// The decider with leased limits decided from slices, over the stack's own decider.
+#[derive(Debug)]
+pub struct SlicedDecider {
+    slices: Arc<Slices>,
+    inner: Arc<dyn Decider>,
+}
+
+/// Whether a check is decided from a slice (see the module docs for what is not).
+fn sliced(c: &LimitCheck) -> bool {
+    c.slice.is_some()
+        && c.hits > 0
+        && !c.refund
+        && !c.quota
+        && !c.stop_over
+        && c.admin_limit.is_none()
+        && c.lease.is_none()
+        && !c.key.overridden
+        && c.window.is_some()
+}
+
+impl Slices {
+    pub fn new(store: Arc<dyn CounterStore>, clock: Arc<dyn Clock>, max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            clock,
+            map: Mutex::new(HashMap::new()),
+            max: max.max(1),
+            tallies: Arc::default(),
+        })
+    }
+
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.clock.now().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// The entry of `check`'s counter in its window, created (evicting one if full) if new.
+    fn entry(&self, check: &LimitCheck, window: (u64, u64), now: u64) -> Arc<Entry> {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = map.get(&check.key) {
+            return Arc::clone(e);
+        }
+        let slot = check.key.clone();
+        if map.len() >= self.max {
+            self.evict(&mut map, now);
+        }
+        let e = Arc::new(Entry {
+            slice: Mutex::new(Slice {
+                window,
+                left: 0,
+                store_left: u64::MAX,
+                last_grant: 0,
+                spent: 0,
+                since_us: now,
+                dry_until_us: 0,
+                refilling: false,
+                failed: false,
+                touched_us: now,
+            }),
+            done: tokio::sync::watch::Sender::new(0),
+        });
+        map.insert(slot, Arc::clone(&e));
+        self.tallies
+            .held
+            .store(map.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        e
+    }
+
+    /// Drops ended windows' slices (their units are stranded), then, if still full, the least
+    /// recently used one (its units go back). Looks at every entry: runs once per new slot on
+    /// a full map, which hot keys only (`max` of them) keep rare.
+    fn evict(&self, map: &mut HashMap<Slot, Arc<Entry>>, now: u64) {
+        let mut oldest: Option<(Slot, u64)> = None;
+        map.retain(|slot, e| {
+            let s = e.slice.lock().unwrap_or_else(|p| p.into_inner());
+            if s.window.1 <= now {
+                self.tallies.stranded.add(s.left);
+                return false;
+            }
+            if oldest.as_ref().is_none_or(|(_, t)| s.touched_us < *t) {
+                oldest = Some((slot.clone(), s.touched_us));
+            }
+            true
+        });
+        if map.len() < self.max {
+            return;
+        }
+        if let Some((slot, _)) = oldest {
+            if let Some(e) = map.remove(&slot) {
+                self.tallies.evictions.add(1);
+                self.give_back_later(&slot, &e);
+            }
+        }
+    }
+
+    /// Returns an evicted slice's units in the background.
+    fn give_back_later(&self, key: &CounterKey, e: &Arc<Entry>) {
+        let (left, window) = {
+            let mut s = e.slice.lock().unwrap_or_else(|p| p.into_inner());
+            (std::mem::take(&mut s.left), s.window)
+        };
+        if left == 0 {
+            return;
+        }
+        let store = Arc::clone(&self.store);
+        let check = grant_check(key, window, left, true);
+        let returned = self.tallies.returned.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if store.decide(std::slice::from_ref(&check)).await.is_ok() {
+                    returned.add(left);
+                }
+            });
+        }
+    }
+
+    /// Units this replica holds unspent in slices of the window that contains `at`.
+    pub fn held_in(&self, at: Duration) -> u64 {
+        let at = u64::try_from(at.as_micros()).unwrap_or(u64::MAX);
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        map.values()
+            .map(|e| {
+                let s = e.slice.lock().unwrap_or_else(|p| p.into_inner());
+                if s.window.0 <= at && at < s.window.1 {
+                    s.left
+                } else {
+                    0
+                }
+            })
+            .sum()
+    }
+
+    /// Gives every slice's unspent units back to the store (a replica that stops): the other
+    /// replicas can spend them. Returns the units given back.
+    pub async fn give_back_all(&self) -> u64 {
+        let now = self.now_us();
+        let entries: Vec<(Slot, Arc<Entry>)> = {
+            let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+            map.drain().collect()
+        };
+        let mut total = 0;
+        for (key, e) in entries {
+            let (left, window) = {
+                let mut s = e.slice.lock().unwrap_or_else(|p| p.into_inner());
+                (std::mem::take(&mut s.left), s.window)
+            };
+            if left == 0 || window.1 <= now {
+                continue;
+            }
+            let check = grant_check(&key, window, left, true);
+            if self
+                .store
+                .decide(std::slice::from_ref(&check))
+                .await
+                .is_ok()
+            {
+                self.tallies.returned.add(left);
+                total += left;
+            }
+        }
+        total
+    }
+}
+
+/// The charge (or, `back`, the refund) of `hits` on `key`'s counter in `window`, as a grant or
+/// a return makes it: an ordinary all-or-nothing charge, never cached as a denial (another
+/// replica's return can give the counter room).
+fn grant_check(key: &CounterKey, window: (u64, u64), hits: u64, back: bool) -> LimitCheck {
+    LimitCheck {
+        key: key.clone(),
+        hits,
+        refund: back,
+        shadow: false,
+        quota: false,
+        record: false,
+        stop_over: false,
+        admin_limit: None,
+        window: Some(window),
+        lease: None,
+        leased: true,
+        slice: None,
+    }
+}
+
+/// What taking a check's hits from its slice came to.
+#[derive(Debug)]
+struct Taken {
+    entry: Arc<Entry>,
+    allowed: bool,
+    /// This replica's units left plus what the store had left at the last grant.
+    remaining: u64,
+    window_end: u64,
+}
+
+/// How a check fared against its slice: decided, or sent down as an ordinary check (its
+/// grant failed, did not come in time, or the window moved under it).
+enum Take {
+    Done(Taken),
+    Down,
+}
+
+/// Refill attempts one request waits for before it is decided as an ordinary check.
+const MAX_WAITS: usize = 3;
+
+impl Slices {
+    /// Takes `check.hits` from its slice, waiting for a refill (by `deadline`) when short.
+    async fn take(
+        self: &Arc<Self>,
+        check: &LimitCheck,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Take {
+        let (Some(window), Some(terms)) = (check.window, check.slice) else {
+            return Take::Down;
+        };
+        for _ in 0..MAX_WAITS {
+            let now = self.now_us();
+            let entry = self.entry(check, window, now);
+            let (mut rx, start) = {
+                let mut s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
+                if s.window != window {
+                    if s.window.0 > window.0 {
+                        return Take::Down; // an older window than the slice's: the store decides
+                    }
+                    self.tallies.stranded.add(s.left);
+                    *s = Slice::fresh(window, now);
+                }
+                s.touched_us = now;
+                if s.left >= check.hits {
+                    s.left -= check.hits;
+                    s.spent += check.hits;
+                    let ahead = !s.refilling && s.left < s.last_grant / 2 && now >= s.dry_until_us;
+                    let taken = s.taken(&entry, true);
+                    if ahead {
+                        s.refilling = true;
+                        drop(s);
+                        self.refill_in_background(&entry, check, terms, 1);
+                    }
+                    return Take::Done(taken);
+                }
+                if now < s.dry_until_us {
+                    return Take::Done(s.taken(&entry, false));
+                }
+                if s.failed && !s.refilling {
+                    s.failed = false;
+                    return Take::Down;
+                }
+                let start = !s.refilling;
+                s.refilling = true;
+                (entry.done.subscribe(), start)
+            };
+            if start {
+                self.refill_in_background(&entry, check, terms, check.hits);
+            }
+            self.tallies.waited.add(1);
+            let changed = rx.changed();
+            let got = match deadline {
+                Some(d) => tokio::time::timeout_at(d, changed).await.ok(),
+                None => Some(changed.await),
+            };
+            if !matches!(got, Some(Ok(()))) {
+                return Take::Down;
+            }
+        }
+        Take::Down
+    }
+
+    /// Starts the slice's refill (the caller set `refilling`): a task of its own, so a request
+    /// that stops waiting (its deadline) never loses what the store granted.
+    fn refill_in_background(
+        self: &Arc<Self>,
+        entry: &Arc<Entry>,
+        check: &LimitCheck,
+        terms: crate::config::Leasing,
+        need: u64,
+    ) {
+        let (me, entry, key) = (Arc::clone(self), Arc::clone(entry), check.key.clone());
+        tokio::spawn(async move {
+            let ok = me.refill(&entry, &key, terms, need).await;
+            {
+                let mut s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
+                s.refilling = false;
+                s.failed = !ok;
+            }
+            entry.done.send_modify(|v| *v = v.wrapping_add(1));
+        });
+    }
+
+    /// One grant: the replica's demand, what is left when less (a second call), or nothing
+    /// (the slice is dry until `ahead` has passed: other replicas may give units back).
+    /// Returns whether the store answered.
+    async fn refill(
+        &self,
+        entry: &Entry,
+        key: &CounterKey,
+        terms: crate::config::Leasing,
+        need: u64,
+    ) -> bool {
+        let now = self.now_us();
+        let (want, window) = {
+            let s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
+            (s.want(need, now, terms), s.window)
+        };
+        let mut ask = want;
+        for _ in 0..2 {
+            let check = grant_check(key, window, ask, false);
+            let Ok(d) = self.store.decide(std::slice::from_ref(&check)).await else {
+                return false;
+            };
+            self.tallies.grants.add(1);
+            let Some(o) = d.outcomes.first() else {
+                return false;
+            };
+            let mut s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
+            if s.window != window {
+                return true; // the window moved on while the grant was out: stranded
+            }
+            s.store_left = u64::from(o.remaining);
+            if o.allowed {
+                self.tallies.granted.add(ask);
+                s.left += ask;
+                s.last_grant = ask;
+                s.spent = 0;
+                s.since_us = self.now_us();
+                return true;
+            }
+            let left = u64::from(o.remaining);
+            if left == 0 || left < need.saturating_sub(s.left) || o.retry_after == Duration::MAX {
+                let ahead_us = terms.ahead.millis().saturating_mul(1000);
+                s.dry_until_us = window.1.min(now.saturating_add(ahead_us));
+                return true;
+            }
+            ask = left;
+        }
+        true
+    }
+}
+
+impl Slice {
+    fn fresh(window: (u64, u64), now: u64) -> Self {
+        Slice {
+            window,
+            left: 0,
+            store_left: u64::MAX,
+            last_grant: 0,
+            spent: 0,
+            since_us: now,
+            dry_until_us: 0,
+            refilling: false,
+            failed: false,
+            touched_us: now,
+        }
+    }
+
+    fn taken(&self, entry: &Arc<Entry>, allowed: bool) -> Taken {
+        let store_left = if self.store_left == u64::MAX {
+            0
+        } else {
+            self.store_left
+        };
+        Taken {
+            entry: Arc::clone(entry),
+            allowed,
+            remaining: self.left.saturating_add(store_left),
+            window_end: self.window.1,
+        }
+    }
+
+    /// The next grant's size: the replica's demand over `ahead` (its rate since the last
+    /// grant), at most `max_slice` and a quarter of what the store had left, at least `need`.
+    fn want(&self, need: u64, now: u64, terms: crate::config::Leasing) -> u64 {
+        let max_slice = u64::from(terms.max_slice);
+        let demand = if self.last_grant == 0 {
+            max_slice / 8
+        } else {
+            let elapsed = u128::from(now.saturating_sub(self.since_us).max(1));
+            let ahead_us = u128::from(terms.ahead.millis()) * 1000;
+            u64::try_from(u128::from(self.spent) * ahead_us / elapsed).unwrap_or(u64::MAX)
+        };
+        let quarter = if self.store_left == u64::MAX {
+            u64::MAX
+        } else {
+            self.store_left.div_ceil(4)
+        };
+        demand.min(max_slice).min(quarter).max(1).max(need)
+    }
+}
+
+impl Entry {
+    /// Gives units taken for a request that was not charged back to the slice.
+    fn untake(&self, hits: u64, window_end: u64) {
+        let mut s = self.slice.lock().unwrap_or_else(|p| p.into_inner());
+        if s.window.1 == window_end {
+            s.left += hits;
+            s.spent = s.spent.saturating_sub(hits);
+        }
+    }
+}
+
+impl SlicedDecider {
+    pub fn new(slices: Arc<Slices>, inner: Arc<dyn Decider>) -> Self {
+        Self { slices, inner }
+    }
+
+    async fn decide_sliced(
+        &self,
+        checks: Vec<LimitCheck>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Decision, StoreError> {
+        let n = checks.len();
+        let mut taken: Vec<Option<Taken>> = Vec::with_capacity(n);
+        for c in &checks {
+            taken.push(match sliced(c) {
+                true => match self.slices.take(c, deadline).await {
+                    Take::Done(t) => Some(t),
+                    Take::Down => None,
+                },
+                false => None,
+            });
+        }
+        let denied = checks
+            .iter()
+            .zip(&taken)
+            .any(|(c, t)| t.as_ref().is_some_and(|t| !t.allowed) && !c.shadow);
+        // Sent down: every check not decided from a slice; only the recording ones when the
+        // slices deny the request (they are charged whatever the verdict).
+        let idx: Vec<usize> = (0..n)
+            .filter(|&i| taken[i].is_none() && (!denied || checks[i].record))
+            .collect();
+        let below = if idx.is_empty() {
+            None
+        } else {
+            let rest = idx.iter().map(|&i| checks[i].clone()).collect();
+            match self.inner.decide_by(rest, deadline).await {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    self.untake_all(&checks, &taken, |_| true);
+                    return Err(e.widened(&idx, n));
+                }
+            }
+        };
+        Ok(self.assemble(&checks, taken, &idx, below))
+    }
+
+    /// Gives back the units of the sliced checks `keep` says are not charged.
+    fn untake_all(
+        &self,
+        checks: &[LimitCheck],
+        taken: &[Option<Taken>],
+        uncharged: impl Fn(usize) -> bool,
+    ) {
+        for (i, (c, t)) in checks.iter().zip(taken).enumerate() {
+            if let Some(t) = t {
+                if t.allowed && uncharged(i) {
+                    t.entry.untake(c.hits, t.window_end);
+                }
+            }
+        }
+    }
+
+    /// The request's decision from the slices' verdicts and the store's on the rest.
+    fn assemble(
+        &self,
+        checks: &[LimitCheck],
+        taken: Vec<Option<Taken>>,
+        idx: &[usize],
+        below: Option<Decision>,
+    ) -> Decision {
+        let now = self.slices.now_us();
+        let n = checks.len();
+        let mut outcomes: Vec<Outcome> = taken
+            .iter()
+            .map(|t| match t {
+                Some(t) => {
+                    let reset = Duration::from_micros(t.window_end.saturating_sub(now));
+                    Outcome {
+                        allowed: t.allowed,
+                        remaining: u32::try_from(t.remaining).unwrap_or(u32::MAX),
+                        reset,
+                        retry_after: if t.allowed { Duration::ZERO } else { reset },
+                    }
+                }
+                // Not read (the slices denied the request): as the deny cache reports them.
+                None => Outcome {
+                    allowed: true,
+                    remaining: 0,
+                    reset: Duration::ZERO,
+                    retry_after: Duration::ZERO,
+                },
+            })
+            .collect();
+        let (mut steps, mut leases) = (0, Vec::new());
+        if let Some(d) = below {
+            steps = d.steps;
+            if !d.leases.is_empty() {
+                leases = vec![super::LeaseEffect::default(); n];
+            }
+            for (k, &i) in idx.iter().enumerate() {
+                if let Some(o) = d.outcomes.get(k) {
+                    outcomes[i] = *o;
+                }
+                if let (Some(l), Some(slot)) = (d.leases.get(k), leases.get_mut(i)) {
+                    *slot = *l;
+                }
+            }
+        }
+        let mut admission = Admission::default();
+        for (c, o) in checks.iter().zip(&outcomes) {
+            admission.add(c, o.allowed);
+        }
+        let admitted = admission.admitted();
+        let allowed: Vec<bool> = outcomes.iter().map(|o| o.allowed).collect();
+        let charge = charged(checks, &allowed, admitted);
+        self.untake_all(checks, &taken, |i| !charge[i]);
+        Decision {
+            admitted,
+            outcomes,
+            local: false,
+            steps,
+            leases,
+        }
+    }
+}
+
+impl Decider for SlicedDecider {
+    fn decide_by(
+        &self,
+        checks: Vec<LimitCheck>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> BoxFuture<'_, Result<Decision, StoreError>> {
+        if !checks.iter().any(sliced) {
+            return self.inner.decide_by(checks, deadline);
+        }
+        Box::pin(self.decide_sliced(checks, deadline))
+    }
+}
