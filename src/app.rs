@@ -43,7 +43,8 @@ impl Ingredients {
             store: StoreStack::memory(
                 Arc::clone(&clock),
                 crate::store::memory::DEFAULT_MAX_COUNTERS,
-            ),
+            )
+            .with_slices(Arc::clone(&clock), crate::store::slices::DEFAULT_MAX_SLICES),
             options: ServiceOptions::default(),
             clock,
             tracing: None,

@@ -18,10 +18,8 @@ pub use reserve::{reserve, Reserved, Settle, Terms};
 /// A limit as the math sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LimitParams {
-    /// Requests admitted per period; 0 blocks everything.
-    pub limit: u32,
-    /// Period in microseconds (> 0).
-    pub period_us: u64,
+    pub limit: u32,     // requests admitted per period; 0 blocks everything
+    pub period_us: u64, // microseconds (> 0)
     pub algorithm: Algorithm,
     /// token_bucket only: requests allowed at once above the steady rate.
     pub burst: u32,
@@ -176,13 +174,11 @@ pub fn fixed_window(
         }
         _ => 0,
     };
-    // A refund pinned to a window older than the one counted (a leased slice given back, or a
-    // calendar request, decided after its window's end) gives nothing back to the newer one.
-    let past = p.window_start.is_some_and(|w| w < start);
     let limit = u64::from(p.limit);
     let reset = (start + p.period_us).saturating_sub(now);
     let (allowed, after) = match mode {
-        Mode::Refund if past => (true, current),
+        // A refund pinned to an older window than the one counted gives the newer one nothing.
+        Mode::Refund if p.window_start.is_some_and(|w| w < start) => (true, current),
         Mode::Refund => (true, current.saturating_sub(hits)),
         Mode::Record => {
             let after = add_count(current, hits);

@@ -13,8 +13,8 @@ mod yaml;
 mod tests;
 
 pub use load::{
-    fingerprint, load_path, load_sources, ConfigError, ConfigErrors, LoadOptions, MAX_DOMAIN_BYTES,
-    MAX_IN_FLIGHT, MAX_LEASE_ID_BYTES, MAX_SLIDING_LOG_LIMIT,
+    fingerprint, load_path, load_sources, ConfigError, ConfigErrors, Leasing, LoadOptions,
+    MAX_DOMAIN_BYTES, MAX_IN_FLIGHT, MAX_LEASE_ID_BYTES, MAX_SLIDING_LOG_LIMIT,
 };
 pub use xds::load_xds;
 
@@ -297,20 +297,8 @@ pub struct RateLimitRule {
     /// The descriptor's `reservations`: a request-time call naming a request reserves its hits
     /// on this limit, its stream-done call settles them at the actual.
     pub reservations: Option<Reservations>,
-    /// The descriptor's `leased`: replicas spend slices of this limit's window reserved from
-    /// the store, deciding locally while a slice lasts (`store/slices.rs`).
+    /// The descriptor's `leased` terms (`store/slices`).
     pub leased: Option<Leasing>,
-}
-
-/// A limit's `leased` terms, resolved against its quota at load.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Leasing {
-    /// The most one grant takes from the store (`max_slice`; by default 1 % of the limit, at
-    /// least 1): with R replicas, at most R of these are left unspent when a window ends.
-    pub max_slice: u32,
-    /// How much of a replica's demand one grant covers (`ahead`, 100 ms by default): a grant
-    /// asks for what the replica admitted over this long, refilled before it runs out.
-    pub ahead: Period,
 }
 
 /// A rate limit's `reservations` terms: how long a reservation waits for its settle, and how

@@ -118,6 +118,7 @@ pub struct Metrics {
     pub quota: QuotaMetrics,
     /// The admin API's series.
     pub admin: super::admin_metrics::AdminMetrics,
+    slices: super::slice_metrics::SliceMetrics,
     /// Slots and reservations held, leases expired, releases without an entry.
     pub leases: std::sync::Arc<super::leases::LeaseMetrics>,
 }
@@ -296,6 +297,7 @@ impl Metrics {
             local: LocalMetrics::register(&r)?,
             quota: QuotaMetrics::register(&r)?,
             admin: super::admin_metrics::AdminMetrics::register(&r)?,
+            slices: super::slice_metrics::SliceMetrics::register(&r)?,
             leases: std::sync::Arc::new(super::leases::LeaseMetrics::register(&r.0)?),
             descriptor_series: Default::default(),
             registry: r.0,
@@ -435,6 +437,7 @@ impl Metrics {
         });
         self.store_up.set(i64::from(store_up));
         self.local.update(&store.local);
+        self.slices.update(&store.slices);
         let mut out = Vec::new();
         // Encoding into a Vec fails only on a metric with an invalid name, which `new` rejects.
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {

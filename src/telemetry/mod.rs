@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod offenders;
 pub mod quota_metrics;
 mod registrar;
+mod slice_metrics;
 pub mod spans;
 pub mod trace;
 

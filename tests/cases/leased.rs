@@ -224,3 +224,205 @@ async fn a_hundred_replicas_never_admit_over_the_limit_and_strand_within_the_bou
         }
     }
 }
+
+const HOT: &str = r#"
+domain: hot
+descriptors:
+  - key: resource
+    value: api
+    leased: {max_slice: 10}
+    rate_limit: {unit: minute, requests_per_unit: 30, applies_to_descendants: true}
+    descriptors:
+      - key: consumer
+        rate_limit: {unit: minute, requests_per_unit: 4}
+"#;
+
+fn consumer(c: &str) -> sluice::proto::RateLimitRequest {
+    crate::support::one("hot", &[("resource", "api"), ("consumer", c)])
+}
+
+/// What the resource's counter has left, read by a replica with no slice (a check-only
+/// request: `hits_addend` 0 on the descriptor), after the replicas that spent slices stopped.
+async fn resource_left(store: Arc<dyn CounterStore>, clock: &ManualClock) -> u32 {
+    let fresh = crate::support::TestServer::start_on(
+        HOT,
+        sluice::ServiceOptions::default(),
+        Some(store),
+        clock.clone(),
+    )
+    .await;
+    let mut d = crate::support::desc(&[("resource", "api")]);
+    d.hits_addend = Some(0);
+    let r = fresh.call(crate::support::request("hot", vec![d])).await;
+    fresh.stop().await;
+    r.statuses[0].limit_remaining
+}
+
+async fn two_on(
+    kind: &str,
+    counting: sluice::config::Counting,
+) -> (
+    crate::support::TestServer,
+    crate::support::TestServer,
+    Arc<dyn CounterStore>,
+    ManualClock,
+    crate::cases::store::Backend,
+) {
+    use crate::cases::store::{make_store, Backend};
+    use sluice::store::redis::RedisKind;
+    let (store, clock, backend) = make_store(kind).await;
+    let other = match &backend {
+        Backend::Memory => store.clone(),
+        Backend::Redis(r) => {
+            crate::cases::store::redis_store(vec![r.url()], RedisKind::Single, &clock)
+        }
+        Backend::Cluster(c) => {
+            crate::cases::store::redis_store(c.seeds(), RedisKind::Cluster, &clock)
+        }
+    };
+    let options = || sluice::ServiceOptions {
+        counting,
+        ..Default::default()
+    };
+    let start = |s| crate::support::TestServer::start_on(HOT, options(), Some(s), clock.clone());
+    let a = start(store.clone()).await;
+    let b = start(other).await;
+    (a, b, store, clock, backend)
+}
+
+/// Two replicas spend one leased resource above per-consumer limits (`all_or_nothing`): never
+/// more than the resource's 30 admitted; a request its consumer denies gives its resource unit
+/// back to the slice; each replica gives its unspent slice back when it stops, so the counter
+/// then holds exactly what was admitted.
+async fn slices_of_a_resource_above_consumers(kind: &str) {
+    use sluice::proto::rate_limit_response::Code;
+    let (a, b, store, clock, _backend) = two_on(kind, sluice::config::Counting::AllOrNothing).await;
+    let mut ok = 0;
+    // c0 asks 6 times of a: its 4th is its last; the 2 its consumer limit denies cost the
+    // resource nothing.
+    for _ in 0..6 {
+        ok += u32::from(crate::support::code(&a.call(consumer("c0")).await) == Code::Ok);
+    }
+    assert_eq!(ok, 4, "{kind}: c0's own limit is 4");
+    for i in 1..=9 {
+        for j in 0..4 {
+            let replica = if (i + j) % 2 == 0 { &a } else { &b };
+            let r = replica.call(consumer(&format!("c{i}"))).await;
+            ok += u32::from(crate::support::code(&r) == Code::Ok);
+        }
+    }
+    assert!(
+        ok <= 30,
+        "{kind}: {ok} admitted against a resource limit of 30"
+    );
+    // The resource was decided from slices: grants, far fewer than the requests.
+    let grants = metric(&a, "sluice_slice_grants_total").await
+        + metric(&b, "sluice_slice_grants_total").await;
+    assert!(
+        (1..=20).contains(&grants),
+        "{kind}: {grants} grants for 40 requests on a slice of up to 10"
+    );
+    a.stop().await;
+    b.stop().await;
+    let left = resource_left(store, &clock).await;
+    assert_eq!(
+        left,
+        30 - ok,
+        "{kind}: after both replicas stopped (giving their slices back) the resource must have \
+         exactly 30 - {ok} admitted left"
+    );
+    // 40 asked of 30: the replicas stranded nothing once they gave their slices back, and at
+    // most two slices (one per replica, each at most max_slice) went unspent meanwhile.
+    assert!(
+        ok + 2 * 10 >= 30,
+        "{kind}: only {ok} admitted of 30 with 40 asked"
+    );
+}
+
+test_with_all_stores!(resource_above_consumers_on, kind => slices_of_a_resource_above_consumers);
+
+/// Under envoyproxy counting a leased resource is charged for every request that reaches it,
+/// as a recorded hit is: a request its consumer denies still spends its resource unit.
+async fn envoyproxy_counting_charges_the_resource_whatever_the_consumer_says(kind: &str) {
+    let (a, b, store, clock, _backend) = two_on(kind, sluice::config::Counting::Envoyproxy).await;
+    for _ in 0..6 {
+        a.call(consumer("c0")).await;
+    }
+    a.stop().await;
+    b.stop().await;
+    assert_eq!(
+        resource_left(store, &clock).await,
+        24,
+        "{kind}: 6 requests, 6 charged"
+    );
+}
+
+test_with_all_stores!(envoyproxy_counting_on, kind => envoyproxy_counting_charges_the_resource_whatever_the_consumer_says);
+
+/// A counter's value in a replica's `/metrics`.
+async fn metric(s: &crate::support::TestServer, name: &str) -> u64 {
+    let (_, body) = crate::support::http(s.http_addr, "GET", "/metrics", "").await;
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+        .map_or_else(|| panic!("{name} not in /metrics:\n{body}"), |v| v as u64)
+}
+
+#[test]
+fn what_cannot_be_leased_is_a_load_error_naming_the_line_and_the_rule() {
+    let bad = |descriptor: &str| {
+        let yaml = format!("domain: d\ndescriptors:\n  - key: k\n{descriptor}");
+        sluice::config::load_sources(&[("l.yaml".into(), yaml)])
+            .expect_err("refused")
+            .to_string()
+    };
+    for (descriptor, says) in [
+        (
+            "    leased: {}\n    rate_limit: {unit: minute, requests_per_unit: 9, algorithm: token_bucket}\n",
+            "this one is `token_bucket`",
+        ),
+        (
+            "    leased: {}\n    rate_limit: {period: 500ms, requests_per_unit: 9}\n",
+            "at least 1s",
+        ),
+        (
+            "    leased: {}\n    rate_limit: {unit: minute, requests_per_unit: 9, record_usage: true}\n",
+            "`record_usage`",
+        ),
+        (
+            "    leased: {}\n    rate_limit: {unlimited: true}\n",
+            "nothing to slice",
+        ),
+        ("    leased: {}\n", "it has none"),
+        (
+            "    leased: {max_slice: 0}\n    rate_limit: {unit: minute, requests_per_unit: 9}\n",
+            "`max_slice` must be a whole number",
+        ),
+        (
+            "    leased: {ahead: 2m}\n    rate_limit: {unit: minute, requests_per_unit: 9}\n",
+            "at most 60s",
+        ),
+        (
+            "    leased: {slice: 3}\n    rate_limit: {unit: minute, requests_per_unit: 9}\n",
+            "unknown key 'slice'",
+        ),
+        (
+            "    leased: [1]\n    rate_limit: {unit: minute, requests_per_unit: 9}\n",
+            "must be a mapping",
+        ),
+    ] {
+        let e = bad(descriptor);
+        assert!(e.contains("l.yaml:4"), "{descriptor}: {e}");
+        assert!(e.contains(says), "{descriptor}: {e}");
+    }
+    // The defaults: `leased: {}` (or an empty `leased:`) on a fixed window loads.
+    for written in [
+        "leased: {}",
+        "leased:",
+        "leased: {max_slice: 50, ahead: 250ms}",
+    ] {
+        let yaml = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    {written}\n    rate_limit: {{unit: minute, requests_per_unit: 9}}\n"
+        );
+        sluice::config::load_sources(&[("l.yaml".into(), yaml)]).expect(written);
+    }
+}

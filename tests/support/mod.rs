@@ -103,7 +103,10 @@ impl TestServer {
         let config = ServerConfig::from_ingredients(Ingredients {
             options,
             store: match store {
-                Some(s) => stack(s, "test"),
+                Some(s) => stack(s, "test").with_slices(
+                    Arc::new(clock.clone()),
+                    sluice::store::slices::DEFAULT_MAX_SLICES,
+                ),
                 None => base.store.clone(),
             },
             ..base

@@ -8,10 +8,21 @@
 //! which a slice cannot), not `reservations` (a reservation settles on the store).
 
 use super::super::yaml::{Node, Resolved, Value};
-use super::super::{Algorithm, Leasing, Quota, RateLimitRule};
+use super::super::{Algorithm, Period, Quota, RateLimitRule};
 use super::ctx::{describe, join, kind, Ctx};
 use super::limit::parse_period;
 use super::schema::Scope;
+
+/// A limit's `leased` terms, resolved against its quota at load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Leasing {
+    /// The most one grant takes from the store (`max_slice`; by default 1 % of the limit, at
+    /// least 1): with R replicas, at most R of these are left unspent when a window ends.
+    pub max_slice: u32,
+    /// How much of a replica's demand one grant covers (`ahead`, 100 ms by default): a grant
+    /// asks for what the replica admitted over this long, refilled before it runs out.
+    pub ahead: Period,
+}
 
 /// What one grant covers by default: the replica's demand over this long.
 pub const DEFAULT_AHEAD_MS: u64 = 100;

@@ -24,6 +24,7 @@ use ctx::{is_null, Ctx};
 use errors::file_error;
 pub use errors::{ConfigError, ConfigErrors};
 pub use lease::{MAX_IN_FLIGHT, MAX_LEASE_ID_BYTES};
+pub use leased::Leasing;
 pub use limit::MAX_SLIDING_LOG_LIMIT;
 
 /// Longest domain a config may name, and so a request may (review A10: a request's domain

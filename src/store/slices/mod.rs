@@ -33,10 +33,11 @@
 //!   mode decides it (under `FAILURE_MODE=local`, its local layer). What a slice holds is spent
 //!   through an outage without the store.
 
-use super::{
-    charged, Admission, BoxFuture, CounterKey, CounterStore, Decider, Decision, LimitCheck,
-    Outcome, StoreError, Tally,
-};
+mod decider;
+
+pub use decider::SlicedDecider;
+
+use super::{CounterKey, CounterStore, LimitCheck, Tally};
 use crate::clock::Clock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -108,15 +109,8 @@ pub struct Slices {
     pub tallies: Arc<SliceTallies>,
 }
 
-/// The decider with leased limits decided from slices, over the stack's own decider.
-#[derive(Debug)]
-pub struct SlicedDecider {
-    slices: Arc<Slices>,
-    inner: Arc<dyn Decider>,
-}
-
 /// Whether a check is decided from a slice (see the module docs for what is not).
-fn sliced(c: &LimitCheck) -> bool {
+pub(super) fn sliced(c: &LimitCheck) -> bool {
     c.slice.is_some()
         && c.hits > 0
         && !c.refund
@@ -139,7 +133,7 @@ impl Slices {
         })
     }
 
-    fn now_us(&self) -> u64 {
+    pub(super) fn now_us(&self) -> u64 {
         u64::try_from(self.clock.now().as_micros()).unwrap_or(u64::MAX)
     }
 
@@ -293,7 +287,7 @@ fn grant_check(key: &CounterKey, window: (u64, u64), hits: u64, back: bool) -> L
 
 /// What taking a check's hits from its slice came to.
 #[derive(Debug)]
-struct Taken {
+pub(super) struct Taken {
     entry: Arc<Entry>,
     allowed: bool,
     /// This replica's units left plus what the store had left at the last grant.
@@ -303,7 +297,7 @@ struct Taken {
 
 /// How a check fared against its slice: decided, or sent down as an ordinary check (its
 /// grant failed, did not come in time, or the window moved under it).
-enum Take {
+pub(super) enum Take {
     Done(Taken),
     Down,
 }
@@ -313,7 +307,7 @@ const MAX_WAITS: usize = 3;
 
 impl Slices {
     /// Takes `check.hits` from its slice, waiting for a refill (by `deadline`) when short.
-    async fn take(
+    pub(super) async fn take(
         self: &Arc<Self>,
         check: &LimitCheck,
         deadline: Option<tokio::time::Instant>,
@@ -502,143 +496,5 @@ impl Entry {
             s.left += hits;
             s.spent = s.spent.saturating_sub(hits);
         }
-    }
-}
-
-impl SlicedDecider {
-    pub fn new(slices: Arc<Slices>, inner: Arc<dyn Decider>) -> Self {
-        Self { slices, inner }
-    }
-
-    async fn decide_sliced(
-        &self,
-        checks: Vec<LimitCheck>,
-        deadline: Option<tokio::time::Instant>,
-    ) -> Result<Decision, StoreError> {
-        let n = checks.len();
-        let mut taken: Vec<Option<Taken>> = Vec::with_capacity(n);
-        for c in &checks {
-            taken.push(match sliced(c) {
-                true => match self.slices.take(c, deadline).await {
-                    Take::Done(t) => Some(t),
-                    Take::Down => None,
-                },
-                false => None,
-            });
-        }
-        let denied = checks
-            .iter()
-            .zip(&taken)
-            .any(|(c, t)| t.as_ref().is_some_and(|t| !t.allowed) && !c.shadow);
-        // Sent down: every check not decided from a slice; only the recording ones when the
-        // slices deny the request (they are charged whatever the verdict).
-        let idx: Vec<usize> = (0..n)
-            .filter(|&i| taken[i].is_none() && (!denied || checks[i].record))
-            .collect();
-        let below = if idx.is_empty() {
-            None
-        } else {
-            let rest = idx.iter().map(|&i| checks[i].clone()).collect();
-            match self.inner.decide_by(rest, deadline).await {
-                Ok(d) => Some(d),
-                Err(e) => {
-                    self.untake_all(&checks, &taken, |_| true);
-                    return Err(e.widened(&idx, n));
-                }
-            }
-        };
-        Ok(self.assemble(&checks, taken, &idx, below))
-    }
-
-    /// Gives back the units of the sliced checks `keep` says are not charged.
-    fn untake_all(
-        &self,
-        checks: &[LimitCheck],
-        taken: &[Option<Taken>],
-        uncharged: impl Fn(usize) -> bool,
-    ) {
-        for (i, (c, t)) in checks.iter().zip(taken).enumerate() {
-            if let Some(t) = t {
-                if t.allowed && uncharged(i) {
-                    t.entry.untake(c.hits, t.window_end);
-                }
-            }
-        }
-    }
-
-    /// The request's decision from the slices' verdicts and the store's on the rest.
-    fn assemble(
-        &self,
-        checks: &[LimitCheck],
-        taken: Vec<Option<Taken>>,
-        idx: &[usize],
-        below: Option<Decision>,
-    ) -> Decision {
-        let now = self.slices.now_us();
-        let n = checks.len();
-        let mut outcomes: Vec<Outcome> = taken
-            .iter()
-            .map(|t| match t {
-                Some(t) => {
-                    let reset = Duration::from_micros(t.window_end.saturating_sub(now));
-                    Outcome {
-                        allowed: t.allowed,
-                        remaining: u32::try_from(t.remaining).unwrap_or(u32::MAX),
-                        reset,
-                        retry_after: if t.allowed { Duration::ZERO } else { reset },
-                    }
-                }
-                // Not read (the slices denied the request): as the deny cache reports them.
-                None => Outcome {
-                    allowed: true,
-                    remaining: 0,
-                    reset: Duration::ZERO,
-                    retry_after: Duration::ZERO,
-                },
-            })
-            .collect();
-        let (mut steps, mut leases) = (0, Vec::new());
-        if let Some(d) = below {
-            steps = d.steps;
-            if !d.leases.is_empty() {
-                leases = vec![super::LeaseEffect::default(); n];
-            }
-            for (k, &i) in idx.iter().enumerate() {
-                if let Some(o) = d.outcomes.get(k) {
-                    outcomes[i] = *o;
-                }
-                if let (Some(l), Some(slot)) = (d.leases.get(k), leases.get_mut(i)) {
-                    *slot = *l;
-                }
-            }
-        }
-        let mut admission = Admission::default();
-        for (c, o) in checks.iter().zip(&outcomes) {
-            admission.add(c, o.allowed);
-        }
-        let admitted = admission.admitted();
-        let allowed: Vec<bool> = outcomes.iter().map(|o| o.allowed).collect();
-        let charge = charged(checks, &allowed, admitted);
-        self.untake_all(checks, &taken, |i| !charge[i]);
-        Decision {
-            admitted,
-            outcomes,
-            local: false,
-            steps,
-            leases,
-        }
-    }
-}
-
-impl Decider for SlicedDecider {
-    fn decide_by(
-        &self,
-        checks: Vec<LimitCheck>,
-        deadline: Option<tokio::time::Instant>,
-    ) -> BoxFuture<'_, Result<Decision, StoreError>> {
-        if !checks.iter().any(sliced) {
-            return self.inner.decide_by(checks, deadline);
-        }
-        Box::pin(self.decide_sliced(checks, deadline))
     }
 }

@@ -1,0 +1,155 @@
+//! The leased limits' decider: a request's sliced checks are taken from this replica's slices,
+//! the rest go down to the stack's own decider in the one call the request makes, and the
+//! request's verdict and charges follow the store's rules ([`Admission`], [`charged`]).
+
+use super::{sliced, Slices, Take, Taken};
+use crate::store::{
+    charged, Admission, BoxFuture, Decider, Decision, LimitCheck, Outcome, StoreError,
+};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The decider with leased limits decided from slices, over the stack's own decider.
+#[derive(Debug)]
+pub struct SlicedDecider {
+    slices: Arc<Slices>,
+    inner: Arc<dyn Decider>,
+}
+
+impl SlicedDecider {
+    pub fn new(slices: Arc<Slices>, inner: Arc<dyn Decider>) -> Self {
+        Self { slices, inner }
+    }
+
+    async fn decide_sliced(
+        &self,
+        checks: Vec<LimitCheck>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Decision, StoreError> {
+        let n = checks.len();
+        let mut taken: Vec<Option<Taken>> = Vec::with_capacity(n);
+        for c in &checks {
+            taken.push(match sliced(c) {
+                true => match self.slices.take(c, deadline).await {
+                    Take::Done(t) => Some(t),
+                    Take::Down => None,
+                },
+                false => None,
+            });
+        }
+        let denied = checks
+            .iter()
+            .zip(&taken)
+            .any(|(c, t)| t.as_ref().is_some_and(|t| !t.allowed) && !c.shadow);
+        // Sent down: every check not decided from a slice; only the recording ones when the
+        // slices deny the request (they are charged whatever the verdict).
+        let idx: Vec<usize> = (0..n)
+            .filter(|&i| taken[i].is_none() && (!denied || checks[i].record))
+            .collect();
+        let below = if idx.is_empty() {
+            None
+        } else {
+            let rest = idx.iter().map(|&i| checks[i].clone()).collect();
+            match self.inner.decide_by(rest, deadline).await {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    self.untake_all(&checks, &taken, |_| true);
+                    return Err(e.widened(&idx, n));
+                }
+            }
+        };
+        Ok(self.assemble(&checks, taken, &idx, below))
+    }
+
+    /// Gives back the units of the sliced checks `keep` says are not charged.
+    fn untake_all(
+        &self,
+        checks: &[LimitCheck],
+        taken: &[Option<Taken>],
+        uncharged: impl Fn(usize) -> bool,
+    ) {
+        for (i, (c, t)) in checks.iter().zip(taken).enumerate() {
+            if let Some(t) = t {
+                if t.allowed && uncharged(i) {
+                    t.entry.untake(c.hits, t.window_end);
+                }
+            }
+        }
+    }
+
+    /// The request's decision from the slices' verdicts and the store's on the rest.
+    fn assemble(
+        &self,
+        checks: &[LimitCheck],
+        taken: Vec<Option<Taken>>,
+        idx: &[usize],
+        below: Option<Decision>,
+    ) -> Decision {
+        let now = self.slices.now_us();
+        let n = checks.len();
+        let mut outcomes: Vec<Outcome> = taken
+            .iter()
+            .map(|t| match t {
+                Some(t) => {
+                    let reset = Duration::from_micros(t.window_end.saturating_sub(now));
+                    Outcome {
+                        allowed: t.allowed,
+                        remaining: u32::try_from(t.remaining).unwrap_or(u32::MAX),
+                        reset,
+                        retry_after: if t.allowed { Duration::ZERO } else { reset },
+                    }
+                }
+                // Not read (the slices denied the request): as the deny cache reports them.
+                None => Outcome {
+                    allowed: true,
+                    remaining: 0,
+                    reset: Duration::ZERO,
+                    retry_after: Duration::ZERO,
+                },
+            })
+            .collect();
+        let (mut steps, mut leases) = (0, Vec::new());
+        if let Some(d) = below {
+            steps = d.steps;
+            if !d.leases.is_empty() {
+                leases = vec![crate::store::LeaseEffect::default(); n];
+            }
+            for (k, &i) in idx.iter().enumerate() {
+                if let Some(o) = d.outcomes.get(k) {
+                    outcomes[i] = *o;
+                }
+                if let (Some(l), Some(slot)) = (d.leases.get(k), leases.get_mut(i)) {
+                    *slot = *l;
+                }
+            }
+        }
+        let mut admission = Admission::default();
+        for (c, o) in checks.iter().zip(&outcomes) {
+            admission.add(c, o.allowed);
+        }
+        let admitted = admission.admitted();
+        let allowed: Vec<bool> = outcomes.iter().map(|o| o.allowed).collect();
+        let charge = charged(checks, &allowed, admitted);
+        self.untake_all(checks, &taken, |i| !charge[i]);
+        Decision {
+            admitted,
+            outcomes,
+            local: false,
+            steps,
+            leases,
+        }
+    }
+}
+
+impl Decider for SlicedDecider {
+    fn decide_by(
+        &self,
+        checks: Vec<LimitCheck>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> BoxFuture<'_, Result<Decision, StoreError>> {
+        if !checks.iter().any(sliced) {
+            return self.inner.decide_by(checks, deadline);
+        }
+        Box::pin(self.decide_sliced(checks, deadline))
+    }
+}
