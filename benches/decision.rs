@@ -91,6 +91,7 @@ fn benches(c: &mut Criterion) {
                     window: None,
                     lease: None,
                     leased: false,
+                    slice: None,
                 },
                 LimitCheck {
                     key: counter(n),
@@ -104,6 +105,7 @@ fn benches(c: &mut Criterion) {
                     window: None,
                     lease: None,
                     leased: false,
+                    slice: None,
                 },
             ];
             rt.block_on(store.decide(black_box(&checks)))
