@@ -39,6 +39,7 @@ fn counter(consumer: u64) -> CounterKey {
         limit: Limit::fixed(1_000_000_000, Unit::Minute),
         overridden: false,
         domain_tag: false,
+        own_tag: false,
     }
 }
 

@@ -34,6 +34,7 @@ fn check(domain: &Arc<str>, consumer: usize) -> LimitCheck {
             limit: Limit::fixed(1000, Unit::Day),
             overridden: false,
             domain_tag: false,
+            own_tag: false,
         },
         hits: 1,
         refund: false,

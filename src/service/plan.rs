@@ -389,6 +389,9 @@ impl Plan {
         let full: Arc<[(String, String)]> = Arc::from(entries.0);
         let above: Option<Arc<[(String, String)]>> = entries.1.map(Arc::from);
         let mut indexes = Vec::new();
+        // Below a leased resource, the other limits are decided apart from it: their counters
+        // take hash tags of their own (spread over a Cluster's slots).
+        let spread = live.iter().any(|c| c.resource && c.leased.is_some());
         for c in live {
             let Quota::Limited(limit) = c.quota else {
                 continue;
@@ -416,6 +419,7 @@ impl Plan {
                 limit,
                 overridden: c.overridden,
                 domain_tag: charge.domain.domain_tag,
+                own_tag: spread && c.leased.is_none() && !charge.domain.domain_tag,
             };
             let check = check_for(c, key, charge, lease, envoyproxy);
             if c.resource {

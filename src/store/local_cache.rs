@@ -790,6 +790,7 @@ mod tests {
             limit: crate::config::Limit::fixed(1, Unit::Second),
             overridden: false,
             domain_tag: false,
+            own_tag: false,
         };
         assert_eq!(entry_bytes(&k), 3 + 2 + 3 + 1 + ENTRY_OVERHEAD);
     }

@@ -52,6 +52,10 @@ pub struct CounterKey {
     /// The domain's `hash_tag: domain`: the Redis hash tag is the domain alone, so every counter
     /// of the domain shares one Cluster slot (one atomic call per request, on one node).
     pub domain_tag: bool,
+    /// The counter's Redis hash tag is its own entries, not the descriptor's first entry: a
+    /// limit below a leased resource is decided apart from the resource (`store/slices`), so it
+    /// spreads over a Cluster's slots instead of sharing the resource's.
+    pub own_tag: bool,
 }
 
 /// One limit to decide for one request.
@@ -318,6 +322,7 @@ impl LimitCheck {
                 limit,
                 overridden: false,
                 domain_tag: false,
+                own_tag: false,
             },
             hits,
             refund: false,

@@ -242,6 +242,7 @@ async fn memory_and_redis_decide_identically_for_every_algorithm() {
                 limit: l,
                 overridden: false,
                 domain_tag: false,
+                own_tag: false,
             };
             let checks = vec![
                 LimitCheck {
@@ -331,6 +332,7 @@ async fn measure_redis_memory_per_counter() {
                 limit: l,
                 overridden: false,
                 domain_tag: false,
+                own_tag: false,
             },
             hits: 1,
             record: false,

@@ -426,3 +426,63 @@ fn what_cannot_be_leased_is_a_load_error_naming_the_line_and_the_rule() {
         sluice::config::load_sources(&[("l.yaml".into(), yaml)]).expect(written);
     }
 }
+
+/// A 3-master Cluster, a leased resource above per-consumer limits: the consumers' counters
+/// take hash tags of their own, so the script calls spread over the masters (none above 60 %;
+/// without `leased` one master takes them all), and every consumer stays within its limit.
+#[tokio::test]
+async fn on_a_cluster_the_consumers_below_a_leased_resource_spread_over_the_masters() {
+    use crate::cases::store::{make_store, Backend};
+    use sluice::proto::rate_limit_response::Code;
+    const SPREAD: &str = r#"
+domain: hot
+descriptors:
+  - key: resource
+    value: api
+    leased: {max_slice: 500}
+    rate_limit: {unit: hour, requests_per_unit: 100000, applies_to_descendants: true}
+    descriptors:
+      - key: consumer
+        rate_limit: {unit: minute, requests_per_unit: 3}
+"#;
+    let (store, clock, backend) = make_store("cluster").await;
+    let Backend::Cluster(cluster) = &backend else {
+        panic!("a cluster")
+    };
+    let s = crate::support::TestServer::start_on(
+        SPREAD,
+        sluice::ServiceOptions::default(),
+        Some(store),
+        clock.clone(),
+    )
+    .await;
+    let before: Vec<u64> = (0..3).map(|i| cluster.node(i).evalsha_calls()).collect();
+    let mut client = s.client().await;
+    for i in 0..60 {
+        let mut ok = 0;
+        for _ in 0..5 {
+            let r = client
+                .should_rate_limit(consumer(&format!("user{i}")))
+                .await
+                .expect("answered")
+                .into_inner();
+            ok += u32::from(crate::support::code(&r) == Code::Ok);
+        }
+        assert_eq!(ok, 3, "user{i}: 3 of 5 admitted (its own limit)");
+    }
+    let calls: Vec<u64> = (0..3)
+        .map(|i| cluster.node(i).evalsha_calls() - before[i])
+        .collect();
+    let total: u64 = calls.iter().sum();
+    assert!(
+        total >= 300,
+        "one call per consumer decision at least: {calls:?}"
+    );
+    for c in &calls {
+        assert!(
+            *c * 100 <= total * 60,
+            "script calls per master {calls:?}: one master above 60 %"
+        );
+    }
+    s.stop().await;
+}

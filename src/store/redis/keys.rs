@@ -35,7 +35,8 @@ pub fn hash_tag(key: &CounterKey) -> String {
         tag.push('|');
         return tag;
     }
-    if let Some((k, v)) = key.entries.first() {
+    let tagged = if key.own_tag { key.entries.len() } else { 1 };
+    for (k, v) in key.entries.iter().take(tagged) {
         tag.push('|');
         escape_into(&mut tag, k);
         tag.push('=');
@@ -51,7 +52,13 @@ pub fn counter_key(prefix: &str, key: &CounterKey) -> String {
     out.push('{');
     out.push_str(&hash_tag(key));
     out.push('}');
-    let rest = if key.domain_tag { 0 } else { 1 };
+    let rest = if key.domain_tag {
+        0
+    } else if key.own_tag {
+        key.entries.len()
+    } else {
+        1
+    };
     for (k, v) in key.entries.iter().skip(rest) {
         out.push('|');
         escape_into(&mut out, k);
@@ -146,6 +153,7 @@ mod tests {
             limit: Limit::fixed(rpu, unit),
             overridden: o,
             domain_tag: false,
+            own_tag: false,
         }
     }
 
