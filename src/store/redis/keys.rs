@@ -231,10 +231,10 @@ mod tests {
             ],
             prop::sample::select(Algorithm::ALL.to_vec()),
             0u32..3,
-            (any::<bool>(), any::<bool>()),
+            (any::<bool>(), any::<bool>(), any::<bool>()),
         )
             .prop_map(
-                |(d, entries, rpu, period, algorithm, burst, (o, domain_tag))| CounterKey {
+                |(d, entries, rpu, period, algorithm, burst, (o, domain_tag, own))| CounterKey {
                     domain: Arc::from(d.as_str()),
                     entries: entries.into(),
                     limit: Limit {
@@ -250,6 +250,8 @@ mod tests {
                     },
                     overridden: o,
                     domain_tag,
+                    // The plan never sets both (`hash_tag: domain` wins).
+                    own_tag: own && !domain_tag,
                 },
             )
     }
@@ -270,6 +272,8 @@ mod tests {
             extra in prop::collection::vec((component(), component()), 0..3),
             rpu in 0u32..1000,
         ) {
+            let mut base = base;
+            base.own_tag = false;
             let mut other = base.clone();
             let mut entries = other.entries.to_vec();
             entries.truncate(1);
