@@ -73,6 +73,7 @@ mod http2_bounds;
 mod in_flight;
 mod lease_metrics;
 mod leased;
+mod leased_processes;
 mod local_mode;
 mod observability;
 mod overrides;

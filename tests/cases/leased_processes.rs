@@ -1,0 +1,218 @@
+//! Leased limits across real replicas: three `sluice` processes on one real Redis, loaded with
+//! `sluice bench` over gRPC at once, each deciding one hot resource from its slices.
+//!
+//! - 20 000/min offered several times over in one window: never more than 20 000 admitted in
+//!   total, at least 19 000, and once every replica has stopped (SIGTERM: each gives its
+//!   unspent slice back) the counter holds exactly what was admitted.
+//! - A limit never reached: at most 0.01 script calls per decision (counted by Redis).
+//! - SIGTERM of one of three replicas mid-window: its unspent slice comes back at once (the
+//!   counter holds exactly what it admitted), so the other two can spend it.
+//!
+//! Nothing here is timed: the windows are a minute long and a run starts early in one (it waits
+//! for the next when fewer than 20 s are left), and what is asserted are counts.
+
+use crate::support::binary::{bench, serve, SluiceProcess};
+use crate::support::redis::{start_redis, RedisServer};
+use std::time::Duration;
+
+fn config(limit: u64, max_slice: Option<u32>) -> String {
+    let leased = match max_slice {
+        Some(n) => format!("{{max_slice: {n}}}"),
+        None => "{}".to_string(),
+    };
+    // all_or_nothing: a request a slice cannot decide (its waits for refills ran out) goes to
+    // the store as a charge, never as a hit recorded past the limit as envoyproxy counting
+    // records it, so the counter equals what was admitted once every slice is back.
+    format!(
+        "domain: hot\ncounting: all_or_nothing\ndescriptors:\n  - key: resource\n    value: api\n    leased: {leased}\n    \
+         rate_limit: {{unit: minute, requests_per_unit: {limit}}}\n"
+    )
+}
+
+/// Three replicas on `redis` serving `yaml`.
+async fn replicas(
+    redis: &RedisServer,
+    yaml: &str,
+    n: usize,
+) -> (tempfile::TempDir, Vec<SluiceProcess>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("hot.yaml");
+    std::fs::write(&path, yaml).expect("write config");
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let mut c = serve(&path);
+        c.env("REDIS_URL", redis.url()).env("REDIS_TYPE", "single");
+        out.push(SluiceProcess::spawn(c).await);
+    }
+    (dir, out)
+}
+
+/// Waits for the next minute when fewer than 20 s of this one are left, so a run stays in one
+/// window (a wait, never a measurement).
+fn seconds_into_the_minute() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    now.as_secs() % 60
+}
+
+async fn early_in_a_minute() {
+    let into = seconds_into_the_minute();
+    if into >= 40 {
+        tokio::time::sleep(Duration::from_secs(61 - into)).await;
+    }
+}
+
+/// `sluice bench` on `target` for `secs`: (ok, over_limit).
+async fn load(target: String, duration: &str) -> (u64, u64) {
+    let args: Vec<String> = [
+        "--target",
+        &target,
+        "--domain",
+        "hot",
+        "--descriptor",
+        "resource=api",
+        "--concurrency",
+        "32",
+        "--connections",
+        "2",
+        "--duration",
+        duration,
+        "--timeout",
+        "5s",
+    ]
+    .map(String::from)
+    .to_vec();
+    let s = bench(&args).await.expect("bench runs");
+    assert_eq!(s["errors"].as_u64(), Some(0), "{s}");
+    (
+        s["ok"].as_u64().expect("ok"),
+        s["over_limit"].as_u64().expect("over_limit"),
+    )
+}
+
+/// The resource's counter value(s) in Redis (one key per window).
+fn counters(redis: &RedisServer) -> Vec<(String, u64)> {
+    let keys = redis.cli(&["KEYS", "*resource=api*"]);
+    keys.lines()
+        .filter(|k| !k.is_empty())
+        .map(|k| {
+            let v = redis.cli(&["GET", k]).trim().parse().unwrap_or(0);
+            (k.to_string(), v)
+        })
+        .collect()
+}
+
+async fn stop_all(replicas: &mut [SluiceProcess]) -> String {
+    let mut logs = String::new();
+    for r in replicas.iter_mut() {
+        r.sigterm();
+        let (code, log) = r.exit().await;
+        assert_eq!(code, Some(0), "clean exit:\n{log}");
+        logs.push_str(&log);
+    }
+    logs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_never_admit_over_a_hot_limit_and_spend_nearly_all_of_it() {
+    let redis = start_redis(&[]).await;
+    let (_dir, mut rs) = replicas(&redis, &config(20_000, None), 3).await;
+    early_in_a_minute().await;
+    // Rounds of load on all three at once until 5x the limit was offered, within the minute.
+    let (mut ok, mut offered, mut rounds) = (0, 0, 0);
+    while offered < 100_000 && seconds_into_the_minute() < 50 {
+        let (a, b, c) = tokio::join!(
+            load(rs[0].grpc_url(), "1s"),
+            load(rs[1].grpc_url(), "1s"),
+            load(rs[2].grpc_url(), "1s")
+        );
+        ok += a.0 + b.0 + c.0;
+        offered += a.0 + a.1 + b.0 + b.1 + c.0 + c.1;
+        rounds += 1;
+    }
+    let logs = stop_all(&mut rs).await;
+    eprintln!("offered {offered} in {rounds} rounds, admitted {ok}");
+    assert!(
+        offered >= 25_000,
+        "the load must exceed the limit well: {offered}"
+    );
+    assert!(ok <= 20_000, "{ok} admitted against 20 000");
+    assert!(
+        ok >= 19_000,
+        "{ok} admitted of 20 000 with {offered} offered"
+    );
+    let windows = counters(&redis);
+    assert_eq!(windows.len(), 1, "one window: {windows:?}");
+    assert_eq!(
+        windows[0].1, ok,
+        "every replica stopped and gave its slice back: the counter holds what was admitted\n{logs}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_never_reached_costs_at_most_a_hundredth_of_a_script_call_per_decision() {
+    let redis = start_redis(&[]).await;
+    // `ahead: 1s`: a grant covers a second of a replica's demand, whatever the machine's speed.
+    let yaml = config(1_000_000_000, None).replace("leased: {}", "leased: {ahead: 1s}");
+    let (_dir, mut rs) = replicas(&redis, &yaml, 3).await;
+    early_in_a_minute().await;
+    let before = redis.evalsha_calls();
+    let (a, b, c) = tokio::join!(
+        load(rs[0].grpc_url(), "2s"),
+        load(rs[1].grpc_url(), "2s"),
+        load(rs[2].grpc_url(), "2s")
+    );
+    let calls = redis.evalsha_calls() - before;
+    let decisions = a.0 + b.0 + c.0;
+    eprintln!("{calls} script calls for {decisions} decisions");
+    assert_eq!(a.1 + b.1 + c.1, 0, "nothing denied");
+    assert!(decisions >= 600, "{decisions}");
+    assert!(
+        calls * 100 <= decisions,
+        "{calls} script calls for {decisions} decisions: more than 0.01 per decision"
+    );
+    stop_all(&mut rs).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_stopped_mid_window_gives_its_unspent_slice_back() {
+    let redis = start_redis(&[]).await;
+    // Large slices, so the stopped replica holds many units when it stops.
+    let (_dir, mut rs) = replicas(&redis, &config(20_000, Some(5_000)), 3).await;
+    early_in_a_minute().await;
+    let (a_ok, _) = load(rs[0].grpc_url(), "300ms").await;
+    let held: u64 = counters(&redis).iter().map(|(_, v)| v).sum();
+    rs[0].sigterm();
+    let (code, log) = rs[0].exit().await;
+    assert_eq!(code, Some(0), "{log}");
+    assert!(
+        held > a_ok,
+        "the replica held an unspent slice when it stopped ({held} granted, {a_ok} admitted)"
+    );
+    assert!(log.contains("gave unspent slices"), "{log}");
+    let after: u64 = counters(&redis).iter().map(|(_, v)| v).sum();
+    assert_eq!(
+        after, a_ok,
+        "after SIGTERM the counter holds what the stopped replica admitted, its slice came back"
+    );
+    // The other two spend the rest: up to the limit minus what was admitted.
+    let (b, c) = tokio::join!(load(rs[1].grpc_url(), "3s"), load(rs[2].grpc_url(), "3s"));
+    let mut rest = rs.split_off(1);
+    stop_all(&mut rest).await;
+    let total = a_ok + b.0 + c.0;
+    eprintln!(
+        "stopped replica admitted {a_ok}, the others {} and {}",
+        b.0, c.0
+    );
+    assert!(total <= 20_000, "{total} admitted against 20 000");
+    let final_count: u64 = counters(&redis).iter().map(|(_, v)| v).sum();
+    assert_eq!(
+        final_count, total,
+        "all slices back: the counter is what was admitted"
+    );
+    if b.1 + c.1 > 0 {
+        // They ran dry: what they did not spend was at most their two last slices.
+        assert!(total + 2 * 5_000 >= 20_000, "{total} admitted of 20 000");
+    }
+}
