@@ -56,7 +56,7 @@ impl RateLimiter {
             return Err(RequestError::NoConfig);
         }
         let mut plan = plan(&self.rules(), &request, &self.options)?;
-        plan.calendar_windows(self.now_us());
+        plan.calendar_windows(|| self.now_us());
         let now_ms = self.now_ms();
         self.overrides.apply(&mut plan, now_ms);
         let mut checks = plan.checks();

@@ -344,7 +344,7 @@ impl RateLimiter {
         }
         let snapshot = self.rules();
         let mut plan = plan(&snapshot, request, &self.options)?;
-        plan.calendar_windows(self.now_us());
+        plan.calendar_windows(|| self.now_us());
         if self.overrides.is_active() {
             self.overrides.apply(&mut plan, self.now_ms());
         }

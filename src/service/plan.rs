@@ -67,15 +67,19 @@ impl Plan {
 
     /// Gives each calendar limit the window containing `now_us` (see `config/calendar.rs`):
     /// the one time a plan meets the clock, its caller's.
-    pub(super) fn calendar_windows(&mut self, now_us: u64) {
+    /// `now_us` is read once, and only by a plan that has such a limit.
+    pub(super) fn calendar_windows(&mut self, now_us: impl Fn() -> u64) {
+        let mut now = None;
+        let mut read = || *now.get_or_insert_with(&now_us);
         for l in &mut self.limits {
             let period = l.check.key.limit.period;
             if let Some(c) = period.calendar() {
-                l.check.window = c.calendar().window_at(now_us);
+                l.check.window = c.calendar().window_at(read());
             } else if l.check.slice.is_some() {
                 // A leased limit's counter is keyed by its window's start (as a calendar
                 // window's is), so a slice granted or given back lands in its own window.
                 let p = period.millis().saturating_mul(1000).max(1);
+                let now_us = read();
                 let start = now_us - now_us % p;
                 l.check.window = Some((start, start.saturating_add(p)));
             }

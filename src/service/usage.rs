@@ -49,7 +49,7 @@ impl RateLimiter {
         };
         let snapshot = self.rules();
         let mut planned = plan(&snapshot, &request, self.options())?;
-        planned.calendar_windows(self.now_us());
+        planned.calendar_windows(|| self.now_us());
         let mut checks = planned.checks();
         for c in &mut checks {
             c.record = true;

@@ -70,12 +70,12 @@ pub fn counter_key(prefix: &str, key: &CounterKey) -> String {
     // spellings of one period share a counter and different periods never do.
     let l = key.limit;
     let alg = l.algorithm.key_tag();
-    let _ = write!(
-        out,
-        ":{alg}:{}:{}",
-        l.requests_per_unit,
-        l.period.to_string().to_ascii_lowercase()
-    );
+    // Lowercased in place (the tag and the digits are already): no allocation per key.
+    let start = out.len();
+    let _ = write!(out, ":{alg}:{}:{}", l.requests_per_unit, l.period);
+    if let Some(written) = out.get_mut(start..) {
+        written.make_ascii_lowercase();
+    }
     if l.algorithm == Algorithm::TokenBucket {
         let _ = write!(out, ":b{}", l.burst);
     }
