@@ -44,7 +44,10 @@ impl Ingredients {
                 Arc::clone(&clock),
                 crate::store::memory::DEFAULT_MAX_COUNTERS,
             )
-            .with_slices(Arc::clone(&clock), crate::store::slices::DEFAULT_MAX_SLICES),
+            .with_slices(
+                Arc::clone(&clock),
+                (crate::store::slices::DEFAULT_MAX_SLICES, false),
+            ),
             options: ServiceOptions::default(),
             clock,
             tracing: None,
@@ -179,7 +182,7 @@ fn build_store(
         );
         return Ok(
             StoreStack::memory(Arc::clone(clock), args.memory_max_counters)
-                .with_slices(Arc::clone(clock), crate::store::slices::DEFAULT_MAX_SLICES),
+                .with_slices(Arc::clone(clock), (args.leased_max_counters, false)),
         );
     };
     tracing::info!(
@@ -190,9 +193,10 @@ fn build_store(
         local_cache_bytes = chain.local_cache_bytes,
         "using the Redis store"
     );
-    Ok(chain
-        .build(Arc::clone(clock))?
-        .with_slices(Arc::clone(clock), crate::store::slices::DEFAULT_MAX_SLICES))
+    Ok(chain.build(Arc::clone(clock))?.with_slices(
+        Arc::clone(clock),
+        (args.leased_max_counters, chain.local.is_some()),
+    ))
 }
 
 fn service_options(args: &ServeArgs) -> ServiceOptions {

@@ -417,14 +417,7 @@ impl Plan {
             } else {
                 Arc::from(&full[..depth])
             };
-            let key = CounterKey {
-                domain: Arc::clone(&charge.domain.name),
-                entries: key_entries,
-                limit,
-                overridden: c.overridden,
-                domain_tag: charge.domain.domain_tag,
-                own_tag: spread && c.leased.is_none() && !charge.domain.domain_tag,
-            };
+            let key = counter_key(charge, c, (key_entries, limit), spread);
             let check = check_for(c, key, charge, lease, envoyproxy);
             if c.resource {
                 if let Some(&existing) = resource_checks
@@ -453,6 +446,24 @@ impl Plan {
         } else {
             Resolution::Limited(indexes)
         }
+    }
+}
+
+/// The counter of limit `c` keyed by `entries`; `spread`: below a leased resource, so a limit
+/// not leased itself takes a hash tag of its own.
+fn counter_key(
+    charge: &Charge<'_>,
+    c: &Candidate<'_>,
+    (entries, limit): (Arc<[(String, String)]>, crate::config::Limit),
+    spread: bool,
+) -> CounterKey {
+    CounterKey {
+        domain: Arc::clone(&charge.domain.name),
+        entries,
+        limit,
+        overridden: c.overridden,
+        domain_tag: charge.domain.domain_tag,
+        own_tag: spread && c.leased.is_none() && !charge.domain.domain_tag,
     }
 }
 

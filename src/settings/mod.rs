@@ -381,6 +381,12 @@ pub struct ServeArgs {
         value_parser = parse_max_counters)]
     pub memory_max_counters: usize,
 
+    /// Slices of leased limits one replica holds at most (`leased:`); a new one past it evicts
+    /// the least recently used, whose unspent units go back to the store.
+    #[arg(long, env = "LEASED_MAX_COUNTERS", default_value_t = crate::store::slices::DEFAULT_MAX_SLICES,
+        value_parser = parse_max_counters)]
+    pub leased_max_counters: usize,
+
     /// Bytes of the local deny cache (0 = off): a counter known to be over its limit is denied
     /// locally until its window resets, without a Redis call.
     #[arg(long, env = "LOCAL_CACHE_SIZE_IN_BYTES", default_value_t = 0)]

@@ -452,9 +452,14 @@ impl StoreStack {
     }
 
     /// The same stack deciding leased limits from this replica's slices (at most `max` of
-    /// them), granted by its store; its signals report them.
-    pub fn with_slices(mut self, clock: Arc<dyn crate::clock::Clock>, max: usize) -> Self {
-        let slices = slices::Slices::new(Arc::clone(&self.store), clock, max);
+    /// them; `outage_denies` under `FAILURE_MODE=local`), granted by its store; its signals
+    /// report them.
+    pub fn with_slices(
+        mut self,
+        clock: Arc<dyn crate::clock::Clock>,
+        terms: (usize, bool),
+    ) -> Self {
+        let slices = slices::Slices::new(Arc::clone(&self.store), clock, terms);
         self.signals.slices = Arc::clone(&slices.tallies);
         self.decider = Arc::new(slices::SlicedDecider::new(
             Arc::clone(&slices),

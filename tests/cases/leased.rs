@@ -52,7 +52,7 @@ async fn run_seed(seed: u64) -> Result<(), String> {
     let store: Arc<dyn CounterStore> = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
     let replicas: Vec<Replica> = (0..100)
         .map(|_| {
-            let slices = Slices::new(Arc::clone(&store), Arc::new(clock.clone()), 1000);
+            let slices = Slices::new(Arc::clone(&store), Arc::new(clock.clone()), (1000, false));
             let decider =
                 SlicedDecider::new(Arc::clone(&slices), Arc::new(Plain(Arc::clone(&store))));
             Replica { slices, decider }
@@ -486,3 +486,212 @@ descriptors:
     }
     s.stop().await;
 }
+
+/// One replica's slices over a [`FakeStore`] on `clock`, deciding the rest on the store too.
+fn replica_over(
+    store: &Arc<sluice::store::fake::FakeStore>,
+    clock: &ManualClock,
+    outage_denies: bool,
+) -> (Arc<Slices>, SlicedDecider) {
+    let s: Arc<dyn CounterStore> = store.clone();
+    let slices = Slices::new(
+        Arc::clone(&s),
+        Arc::new(clock.clone()),
+        (100, outage_denies),
+    );
+    let decider = SlicedDecider::new(Arc::clone(&slices), Arc::new(Plain(s)));
+    (slices, decider)
+}
+
+/// The counter's count in the window containing `now`, read with a check-only call.
+async fn count_at(store: &Arc<sluice::store::fake::FakeStore>, now: Duration, value: &str) -> u64 {
+    let mut probe = check(now, 0, MAX_SLICE);
+    probe.slice = None;
+    probe.key.entries = Arc::from(vec![("k".to_string(), value.to_string())]);
+    let d = store
+        .decide(std::slice::from_ref(&probe))
+        .await
+        .expect("decided");
+    u64::from(LIMIT) - u64::from(d.outcomes[0].remaining)
+}
+
+/// A slice its replica stops using (its demand moved to another key) goes back to the store at
+/// the next sweep, a second after its last use: another replica can spend it.
+#[tokio::test]
+async fn an_idle_slice_goes_back_to_the_store() {
+    let clock = ManualClock::new(T0 + Duration::from_secs(1));
+    let store = Arc::new(sluice::store::fake::FakeStore::new(Arc::new(clock.clone())));
+    let (slices, decider) = replica_over(&store, &clock, false);
+    let on = |value: &str| {
+        let mut c = check(clock_now(&clock), 1, 40);
+        c.key.entries = Arc::from(vec![("k".to_string(), value.to_string())]);
+        c
+    };
+    let first = on("api");
+    let d = decider.decide_by(vec![first], None).await.expect("decided");
+    assert!(d.admitted);
+    tokio::task::yield_now().await;
+    let now = clock_now(&clock);
+    let granted = count_at(&store, now, "api").await;
+    assert!(
+        granted > 1,
+        "a slice of more than the one request: {granted}"
+    );
+    // Demand moves to another key; a second later the sweep gives the idle slice back.
+    clock.advance(Duration::from_millis(1_500));
+    let other = on("other");
+    decider.decide_by(vec![other], None).await.expect("decided");
+    for _ in 0..4 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        count_at(&store, now, "api").await,
+        1,
+        "only the one admitted request stays counted"
+    );
+    assert_eq!(slices.tallies.returned.get(), granted - 1);
+}
+
+/// Under `FAILURE_MODE=local` a slice is all a replica may spend while the store does not
+/// answer: once it is spent, requests are denied here (nothing over the limit during the
+/// outage), not decided by the local layer; without it the check goes down to the stack's
+/// failure mode as an ordinary one.
+#[tokio::test]
+async fn through_an_outage_a_replica_spends_its_slice_and_no_more() {
+    for outage_denies in [true, false] {
+        let clock = ManualClock::new(T0 + Duration::from_secs(1));
+        let store = Arc::new(sluice::store::fake::FakeStore::new(Arc::new(clock.clone())));
+        let (_slices, decider) = replica_over(&store, &clock, outage_denies);
+        let now = clock_now(&clock);
+        // The first grant: max_slice / 8 = 5 units.
+        let d = decider
+            .decide_by(vec![check(now, 1, 40)], None)
+            .await
+            .expect("decided");
+        assert!(d.admitted);
+        store.fail_with(Some(sluice::store::StoreError::Transient("down".into())));
+        let mut admitted = 1;
+        let mut errors = 0;
+        for _ in 0..20 {
+            match decider.decide_by(vec![check(now, 1, 40)], None).await {
+                Ok(d) => admitted += u32::from(d.admitted),
+                Err(_) => errors += 1,
+            }
+        }
+        if outage_denies {
+            assert_eq!((admitted, errors), (5, 0), "the slice's 5, then denials");
+        } else {
+            assert!(
+                errors > 0,
+                "the store's failure reaches the stack's failure mode"
+            );
+        }
+    }
+}
+
+/// The randomized differential test of leased limits: one replica with `leased` and one without,
+/// each on its own store of the same kind and the same manual clock, get the same random
+/// requests (consumers below a resource, 1-3 hits, clock jumps across window edges) under
+/// `all_or_nothing`: while one replica's slices cover its demand, every answer (overall code,
+/// per status code, remaining and reset) is the one the store gives without slices. Fixed
+/// seeds plus fresh ones (a failure prints its seed).
+async fn one_replica_answers_as_the_store_does(kind: &str) {
+    let mut seeds: Vec<u64> = vec![11, 12, 13];
+    let fresh = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(5);
+    seeds.extend((0..2).map(|i| fresh.wrapping_add(i)));
+    for seed in seeds {
+        differential_seed(kind, seed).await;
+    }
+}
+
+async fn differential_seed(kind: &str, seed: u64) {
+    use crate::cases::store::make_store;
+    use crate::support::{request, TestServer};
+    const PLAIN: &str = r#"
+domain: hot
+counting: all_or_nothing
+descriptors:
+  - key: resource
+    value: api
+    rate_limit: {unit: minute, requests_per_unit: 40, applies_to_descendants: true}
+    descriptors:
+      - key: consumer
+        rate_limit: {unit: second, requests_per_unit: 6}
+"#;
+    let leased = PLAIN.replace(
+        "    value: api\n",
+        "    value: api\n    leased: {max_slice: 7}\n",
+    );
+    let (s1, clock, _b1) = make_store(kind).await;
+    let (s2, clock2, _b2) = make_store(kind).await;
+    let options = || sluice::ServiceOptions::default();
+    let plain = TestServer::start_on(PLAIN, options(), Some(s1), clock.clone()).await;
+    let sliced = TestServer::start_on(&leased, options(), Some(s2), clock2.clone()).await;
+    let mut rng = Rng::new(seed);
+    let (mut used, mut covered_not) = ((0u64, 0u64), 0);
+    for step in 0..150 {
+        let jump = match rng.below(20) {
+            0 => Duration::from_secs(rng.below(80)),
+            1..=6 => Duration::from_millis(rng.below(1_500)),
+            _ => Duration::ZERO,
+        };
+        clock.advance(jump);
+        clock2.advance(jump);
+        let mut d = crate::support::desc(&[
+            ("resource", "api"),
+            ("consumer", &format!("c{}", rng.below(4))),
+        ]);
+        let req_hits = 1 + rng.below(3);
+        d.hits_addend = Some(req_hits);
+        let req = request("hot", vec![d]);
+        let (a, b) = (plain.call(req.clone()).await, sliced.call(req).await);
+        let view = |r: &sluice::proto::RateLimitResponse| {
+            let s = &r.statuses[0];
+            (
+                r.overall_code,
+                s.code,
+                s.limit_remaining,
+                s.duration_until_reset.as_ref().map(|d| d.seconds),
+            )
+        };
+        // Let the background refill of a slice run before the next request.
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+        // The resource's count, modelled from the answers without slices: while it has room
+        // for the request (the slice covers the demand) the answers are the same in full; once
+        // it has not, the request is denied by both, and the status shown may be the
+        // resource's (its slice denied it without reading the consumer, as the deny cache
+        // reports a request it denies) rather than the consumer's.
+        let window = clock_now(&clock).as_secs() / 60;
+        if window != used.0 {
+            used = (window, 0);
+        }
+        let hits = req_hits;
+        if used.1 + hits <= 40 {
+            assert_eq!(
+                view(&a),
+                view(&b),
+                "{kind}, seed {seed}, step {step}: without slices (left) and with them (right)"
+            );
+        } else {
+            assert_eq!(
+                (view(&a).0, view(&a).1),
+                (view(&b).0, view(&b).1),
+                "{kind}, seed {seed}, step {step}: the resource is full: both deny"
+            );
+            covered_not += 1;
+        }
+        if a.overall_code == sluice::proto::rate_limit_response::Code::Ok as i32 {
+            used.1 += hits;
+        }
+    }
+    assert!(covered_not > 0, "seed {seed}: the resource never filled");
+    plain.stop().await;
+    sliced.stop().await;
+}
+
+test_with_stores!(differential_on, [memory, redis, cluster], kind => one_replica_answers_as_the_store_does);

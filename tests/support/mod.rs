@@ -105,7 +105,7 @@ impl TestServer {
             store: match store {
                 Some(s) => stack(s, "test").with_slices(
                     Arc::new(clock.clone()),
-                    sluice::store::slices::DEFAULT_MAX_SLICES,
+                    (sluice::store::slices::DEFAULT_MAX_SLICES, false),
                 ),
                 None => base.store.clone(),
             },

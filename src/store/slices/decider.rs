@@ -26,6 +26,7 @@ impl SlicedDecider {
         checks: Vec<LimitCheck>,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Decision, StoreError> {
+        self.slices.sweep_if_due();
         let n = checks.len();
         let mut taken: Vec<Option<Taken>> = Vec::with_capacity(n);
         for c in &checks {

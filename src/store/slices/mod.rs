@@ -106,8 +106,17 @@ pub struct Slices {
     clock: Arc<dyn Clock>,
     map: Mutex<HashMap<Slot, Arc<Entry>>>,
     max: usize,
+    /// `FAILURE_MODE=local`: a slice is all a replica may spend while the store does not
+    /// answer (a check whose grant fails is denied here, not decided by the local layer).
+    outage_denies: bool,
+    /// When the last sweep ran (µs): idle slices go back, ended windows are dropped.
+    last_sweep_us: std::sync::atomic::AtomicU64,
     pub tallies: Arc<SliceTallies>,
 }
+
+/// A slice untouched this long (µs) goes back to the store at the next sweep: its replica's
+/// demand moved elsewhere, another replica may spend it.
+const IDLE_US: u64 = 1_000_000;
 
 /// Whether a check is decided from a slice (see the module docs for what is not).
 pub(super) fn sliced(c: &LimitCheck) -> bool {
@@ -123,14 +132,66 @@ pub(super) fn sliced(c: &LimitCheck) -> bool {
 }
 
 impl Slices {
-    pub fn new(store: Arc<dyn CounterStore>, clock: Arc<dyn Clock>, max: usize) -> Arc<Self> {
+    /// At most `max` slices; `outage_denies` under `FAILURE_MODE=local`.
+    pub fn new(
+        store: Arc<dyn CounterStore>,
+        clock: Arc<dyn Clock>,
+        (max, outage_denies): (usize, bool),
+    ) -> Arc<Self> {
         Arc::new(Self {
             store,
             clock,
             map: Mutex::new(HashMap::new()),
             max: max.max(1),
+            outage_denies,
+            last_sweep_us: std::sync::atomic::AtomicU64::new(0),
             tallies: Arc::default(),
         })
+    }
+
+    /// At most once a second: slices idle for [`IDLE_US`] go back to the store, slices of
+    /// ended windows are dropped (their units stranded). One pass over at most `max` slices.
+    pub(super) fn sweep_if_due(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = self.now_us();
+        let last = self.last_sweep_us.load(Relaxed);
+        if now < last.saturating_add(1_000_000)
+            || self
+                .last_sweep_us
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        let mut back = Vec::new();
+        {
+            let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+            map.retain(|key, e| {
+                let s = e.slice.lock().unwrap_or_else(|p| p.into_inner());
+                if s.window.1 <= now {
+                    self.tallies.stranded.add(s.left);
+                    return false;
+                }
+                let idle = now.saturating_sub(s.touched_us) >= IDLE_US && !s.refilling;
+                if idle {
+                    back.push((key.clone(), Arc::clone(e)));
+                }
+                !idle
+            });
+            self.tallies.held.store(map.len() as u64, Relaxed);
+        }
+        for (key, e) in back {
+            self.give_back_later(&key, &e);
+        }
+    }
+
+    /// A check whose slice could not be refilled (the store did not answer, or not in time).
+    fn unreachable(&self, entry: &Arc<Entry>) -> Take {
+        if !self.outage_denies {
+            return Take::Down;
+        }
+        let s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
+        Take::Done(s.taken(entry, false))
     }
 
     pub(super) fn now_us(&self) -> u64 {
@@ -340,12 +401,16 @@ impl Slices {
                     }
                     return Take::Done(taken);
                 }
-                if now < s.dry_until_us {
+                // Dry: the store had less than these hits at the last grant (a request that
+                // fits what it had left still asks).
+                let had = s.left.saturating_add(s.store_left);
+                if now < s.dry_until_us && check.hits > had {
                     return Take::Done(s.taken(&entry, false));
                 }
                 if s.failed && !s.refilling {
                     s.failed = false;
-                    return Take::Down;
+                    drop(s);
+                    return self.unreachable(&entry);
                 }
                 let start = !s.refilling;
                 s.refilling = true;
@@ -361,7 +426,7 @@ impl Slices {
                 None => Some(changed.await),
             };
             if !matches!(got, Some(Ok(()))) {
-                return Take::Down;
+                return self.unreachable(&entry);
             }
         }
         Take::Down
