@@ -46,6 +46,12 @@ WORKLOADS = {
     # A reservation of 1 and its settle at 1 on a fixed-window budget (both calls of a request
     # in one, as above). Not run by default.
     "reservation": ("ai", ["user={id},request_id={req}", "user={id},request_done={req}"]),
+    # Issue 40: the resource+consumer load on a leased resource (hot.yaml), and one API-wide
+    # limit without and with `leased` (api.yaml, api_leased.yaml). Not run by default; with
+    # `--replicas 1,2,4` against one Redis.
+    "hot-resource": ("hot", ["resource=api,consumer={id}"]),
+    "api-wide": ("api", ["resource=api"]),
+    "api-wide-leased": ("api_leased", ["resource=api"]),
 }
 DEFAULT_WORKLOADS = ["resource+consumer", "two-descriptors"]
 
@@ -120,7 +126,7 @@ def start_server(system, store, redis_port, variants, envs=None):
     return proc, port
 
 
-def bench(port, workload, args, duration):
+def bench_cmd(port, workload, args, duration):
     domain, descriptors = WORKLOADS[workload]
     cmd = [SLUICE, "bench", "--target", f"http://127.0.0.1:{port}", "--domain", domain,
            "--consumers", str(args.consumers), "--concurrency", str(args.concurrency),
@@ -128,36 +134,69 @@ def bench(port, workload, args, duration):
            "--rate", str(args.rate), "--json"]
     for d in descriptors:
         cmd += ["--descriptor", d]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out)
+    return cmd
 
 
-def run_one(system, workload, args, tmp):
+def redis_calls(port):
+    """Script calls (EVALSHA and EVAL) redis-server answered so far."""
+    out = subprocess.run(["redis-cli", "-p", str(port), "INFO", "commandstats"],
+                         capture_output=True, text=True).stdout
+    calls = 0
+    for line in out.splitlines():
+        if line.startswith(("cmdstat_evalsha:", "cmdstat_eval:")):
+            calls += int(line.split("calls=", 1)[1].split(",", 1)[0])
+    return calls
+
+
+def run_one(system, workload, args, tmp, replicas=1):
+    """One measured run: `replicas` servers of `system` on one redis-server, each loaded by a
+    `sluice bench` of its own (the concurrency split among them), CPU summed over the servers."""
     redis = None
     redis_port = 0
     if args.store == "redis" and system != "floor":
         redis, redis_port = start_redis(tmp)
-    server, port = start_server(system, args.store, redis_port, args.variant_map, args.env_map)
+    servers = [start_server(system, args.store, redis_port, args.variant_map, args.env_map)
+               for _ in range(replicas)]
+    share = argparse.Namespace(**vars(args))
+    share.concurrency = max(args.concurrency // replicas, 1)
+    share.connections = max(args.connections // replicas, 1)
+    share.rate = args.rate // replicas
+
+    def load(duration):
+        procs = [subprocess.Popen(bench_cmd(port, workload, share, duration),
+                                  stdout=subprocess.PIPE, text=True) for _, port in servers]
+        return [json.loads(p.communicate()[0]) for p in procs]
+
     try:
-        bench(port, workload, args, args.warmup)  # connections, scripts, allocator warm
-        s0 = cpu_seconds(server.pid)
+        load(args.warmup)  # connections, scripts, allocator warm
+        s0 = sum(cpu_seconds(p.pid) for p, _ in servers)
         r0 = cpu_seconds(redis.pid) if redis else 0.0
-        result = bench(port, workload, args, args.duration)
-        s1 = cpu_seconds(server.pid)
+        c0 = redis_calls(redis_port) if redis else 0
+        parts = load(args.duration)
+        s1 = sum(cpu_seconds(p.pid) for p, _ in servers)
         r1 = cpu_seconds(redis.pid) if redis else 0.0
+        c1 = redis_calls(redis_port) if redis else 0
+        result = dict(parts[0])
+        for k in ("decisions", "ok", "over_limit", "errors"):
+            result[k] = sum(r[k] for r in parts)
+        result["decisions_per_s"] = sum(r["decisions_per_s"] for r in parts)
+        result["p99_us"] = max(r["p99_us"] for r in parts)
         if redis:
             slow = subprocess.run(["redis-cli", "-p", str(redis_port), "SLOWLOG", "LEN"],
                                   capture_output=True, text=True).stdout.strip()
             result["redis_slowlog"] = int(slow or 0)
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=15)
+        for server, _ in servers:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=15)
         if redis:
             redis.terminate()
             redis.wait(timeout=15)
     n = max(result["decisions"], 1)
     result["server_cpu_us"] = (s1 - s0) / n * 1e6
     result["redis_cpu_us"] = (r1 - r0) / n * 1e6
+    result["redis_calls"] = (c1 - c0) / n
+    result["replicas"] = replicas
     return result
 
 
@@ -188,6 +227,9 @@ def main():
                    help="WORKER_THREADS of every sluice variant. With 2 threads, how the "
                         "connections happen to fall on them changes CPU per decision by up to "
                         "30 %% from run to run; 1 removes that from an A/B of two builds")
+    p.add_argument("--replicas", default="1",
+                   help="comma list: servers of each system sharing one redis-server, each "
+                        "loaded by its own bench (the concurrency split among them), e.g. 1,2,4")
     p.add_argument("--json", help="also write every run to this file")
     p.add_argument("--stat", choices=["mean", "median"], default="mean",
                    help="how the rounds of one system are summarised")
@@ -209,25 +251,32 @@ def main():
     if args.config:
         CONFIG_DIR[0] = args.config
     systems = args.systems.split(",")
+    replicas = [int(n) for n in args.replicas.split(",")]
+    workloads = [(w, n) for w in args.workloads.split(",") for n in replicas]
+
+    def label(w):
+        return w[0] if w[1] == 1 and replicas == [1] else f"{w[0]} x{w[1]}"
+
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
-        for workload in args.workloads.split(","):
+        for workload in workloads:
             for rnd in range(args.rounds):
                 order = systems if rnd % 2 == 0 else list(reversed(systems))
                 for system in order:
-                    r = run_one(system, workload, args, tmp)
-                    r.update(system=system, workload=workload, round=rnd)
+                    r = run_one(system, workload[0], args, tmp, workload[1])
+                    r.update(system=system, workload=label(workload), round=rnd)
                     runs.append(r)
-                    print(f"{workload:18} {system:9} {r['decisions_per_s']:8.0f}/s "
+                    print(f"{label(workload):18} {system:9} {r['decisions_per_s']:8.0f}/s "
                           f"p99 {r['p99_us'] / 1000:6.2f}ms server {r['server_cpu_us']:6.1f}us "
-                          f"redis {r['redis_cpu_us']:5.1f}us errors {r['errors']} "
-                          f"slowlog {r.get('redis_slowlog', '-')}", flush=True)
+                          f"redis {r['redis_cpu_us']:5.1f}us calls {r['redis_calls']:.4f} "
+                          f"errors {r['errors']} slowlog {r.get('redis_slowlog', '-')}", flush=True)
     print()
     print(f"store={args.store}  concurrency={args.concurrency}  connections={args.connections}  "
           f"consumers={args.consumers}  rate={args.rate or 'closed loop'}  {args.duration}s x {args.rounds} rounds ({args.stat}s)")
     keys = [("decisions_per_s", "decisions/s"), ("p99_us", "p99 us"),
-            ("server_cpu_us", "server CPU us/decision"), ("redis_cpu_us", "Redis CPU us/decision")]
-    for workload in args.workloads.split(","):
+            ("server_cpu_us", "server CPU us/decision"), ("redis_cpu_us", "Redis CPU us/decision"),
+            ("redis_calls", "script calls/decision")]
+    for workload in (label(w) for w in workloads):
         mean = {}
         for system in systems:
             rs = [r for r in runs if r["system"] == system and r["workload"] == workload]
@@ -238,8 +287,8 @@ def main():
         print(f"\n{workload}")
         print(f"  {'figure':24}" + "".join(f"{s:>12}" for s in systems) +
               (f"   sluice/{other}" if ratio else ""))
-        for k, label in keys:
-            line = f"  {label:24}" + "".join(f"{mean[s][k]:12.1f}" for s in systems)
+        for k, name in keys:
+            line = f"  {name:24}" + "".join(f"{mean[s][k]:12.4g}" for s in systems)
             if ratio and mean[other][k]:
                 line += f"   {mean['sluice'][k] / mean[other][k]:.3f}x"
             print(line)
