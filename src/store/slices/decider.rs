@@ -26,12 +26,13 @@ impl SlicedDecider {
         checks: Vec<LimitCheck>,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Decision, StoreError> {
-        self.slices.sweep_if_due();
+        let now = self.slices.now_us();
+        self.slices.sweep_if_due(now);
         let n = checks.len();
         let mut taken: Vec<Option<Taken>> = Vec::with_capacity(n);
         for c in &checks {
             taken.push(match sliced(c) {
-                true => match self.slices.take(c, deadline).await {
+                true => match self.slices.take(c, deadline, now).await {
                     Take::Done(t) => Some(t),
                     Take::Down => None,
                 },
@@ -59,7 +60,7 @@ impl SlicedDecider {
                 }
             }
         };
-        Ok(self.assemble(&checks, taken, &idx, below))
+        Ok(self.assemble(&checks, taken, &idx, below, now))
     }
 
     /// Gives back the units of the sliced checks `keep` says are not charged.
@@ -85,8 +86,8 @@ impl SlicedDecider {
         taken: Vec<Option<Taken>>,
         idx: &[usize],
         below: Option<Decision>,
+        now: u64,
     ) -> Decision {
-        let now = self.slices.now_us();
         let n = checks.len();
         let mut outcomes: Vec<Outcome> = taken
             .iter()

@@ -117,6 +117,8 @@ pub struct Slices {
 /// A slice untouched this long (µs) goes back to the store at the next sweep: its replica's
 /// demand moved elsewhere, another replica may spend it.
 const IDLE_US: u64 = 1_000_000;
+/// Slices one eviction looks at.
+const EVICT_SAMPLE: usize = 16;
 
 /// Whether a check is decided from a slice (see the module docs for what is not).
 pub(super) fn sliced(c: &LimitCheck) -> bool {
@@ -151,9 +153,8 @@ impl Slices {
 
     /// At most once a second: slices idle for [`IDLE_US`] go back to the store, slices of
     /// ended windows are dropped (their units stranded). One pass over at most `max` slices.
-    pub(super) fn sweep_if_due(&self) {
+    pub(super) fn sweep_if_due(&self, now: u64) {
         use std::sync::atomic::Ordering::Relaxed;
-        let now = self.now_us();
         let last = self.last_sweep_us.load(Relaxed);
         if now < last.saturating_add(1_000_000)
             || self
@@ -230,27 +231,31 @@ impl Slices {
         e
     }
 
-    /// Drops ended windows' slices (their units are stranded), then, if still full, the least
-    /// recently used one (its units go back). Looks at every entry: runs once per new slot on
-    /// a full map, which hot keys only (`max` of them) keep rare.
+    /// Makes room for one slice: of up to [`EVICT_SAMPLE`] slices, the least recently used
+    /// goes (an ended window's units are stranded, a live one's go back). Bounded work per new
+    /// slice, whatever a caller's values make of the map (ended windows are also dropped by
+    /// the sweep).
     fn evict(&self, map: &mut HashMap<Slot, Arc<Entry>>, now: u64) {
-        let mut oldest: Option<(Slot, u64)> = None;
-        map.retain(|slot, e| {
-            let s = e.slice.lock().unwrap_or_else(|p| p.into_inner());
-            if s.window.1 <= now {
-                self.tallies.stranded.add(s.left);
-                return false;
-            }
-            if oldest.as_ref().is_none_or(|(_, t)| s.touched_us < *t) {
-                oldest = Some((slot.clone(), s.touched_us));
-            }
-            true
-        });
-        if map.len() < self.max {
+        let oldest = map
+            .iter()
+            .take(EVICT_SAMPLE)
+            .map(|(slot, e)| {
+                let s = e.slice.lock().unwrap_or_else(|p| p.into_inner());
+                let ended = s.window.1 <= now;
+                (slot, if ended { 0 } else { s.touched_us.max(1) })
+            })
+            .min_by_key(|(_, t)| *t)
+            .map(|(slot, _)| slot.clone());
+        let Some(slot) = oldest else {
             return;
-        }
-        if let Some((slot, _)) = oldest {
-            if let Some(e) = map.remove(&slot) {
+        };
+        if let Some(e) = map.remove(&slot) {
+            let ended = e.slice.lock().unwrap_or_else(|p| p.into_inner()).window.1 <= now;
+            if ended {
+                let left =
+                    std::mem::take(&mut e.slice.lock().unwrap_or_else(|p| p.into_inner()).left);
+                self.tallies.stranded.add(left);
+            } else {
                 self.tallies.evictions.add(1);
                 self.give_back_later(&slot, &e);
             }
@@ -368,16 +373,18 @@ const MAX_WAITS: usize = 3;
 
 impl Slices {
     /// Takes `check.hits` from its slice, waiting for a refill (by `deadline`) when short.
+    /// `now`: the request's time (read again after a wait).
     pub(super) async fn take(
         self: &Arc<Self>,
         check: &LimitCheck,
         deadline: Option<tokio::time::Instant>,
+        now: u64,
     ) -> Take {
         let (Some(window), Some(terms)) = (check.window, check.slice) else {
             return Take::Down;
         };
-        for _ in 0..MAX_WAITS {
-            let now = self.now_us();
+        for wait in 0..MAX_WAITS {
+            let now = if wait == 0 { now } else { self.now_us() };
             let entry = self.entry(check, window, now);
             let (mut rx, start) = {
                 let mut s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
