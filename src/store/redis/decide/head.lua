@@ -154,17 +154,6 @@ local function jittered(ms)
   return ms + spread % (j + 1) + slack
 end
 
--- fixed_window's rule, the one both layouts use: whether `hits` on a window holding `count`
--- fit under `limit` (a check, hits 0, asks for room for one more; a recorded charge is taken
--- whatever, and fits while the count after it is not above the limit), and the count after
--- the charge if it is made.
-local function window_charge(count, hits, limit, record)
-  local after = min(count + hits, MAXC)
-  if record then return after <= limit, after end
-  if hits == 0 then return count < limit, count end
-  return after <= limit, after
-end
-
 -- The packed layout (ARGV[2] = "p"): plain requests only, every distinct counter once.
 --   KEYS      the U distinct counter keys of the call
 --   ARGV[3]   U; then per key: limit, period_us
@@ -205,12 +194,21 @@ if ARGV[2] == 'p' then
     local n = (hdr - m) / 4
     -- The verdict: all or nothing (m = 0) admits if every limit fits; a recording request
     -- (m = 1, or 3 with stop) is denied if a limit is over once charged.
+    -- window_charge's rule, written out (no function call per limit: this loop is the
+    -- script's per-request work on the hot path).
+    local rec = m > 0
     local ok, over = true, false
     for i = p + 2, p + 1 + n do
       local code = tonumber(ARGV[i])
       local u = code % 64 + 1
-      if not window_charge(count[u], (code - u + 1) / 64, limit[u], m > 0) then
-        if m > 0 then over = true else ok = false end
+      local hits = (code - u + 1) / 64
+      local c, lim = count[u], limit[u]
+      if rec then
+        if min(c + hits, MAXC) > lim then over = true end
+      elseif hits == 0 then
+        if c >= lim then ok = false end
+      elseif c + hits > lim then
+        ok = false
       end
     end
     o = o + 1
@@ -223,12 +221,21 @@ if ARGV[2] == 'p' then
       local u = code % 64 + 1
       local hits = (code - u + 1) / 64
       local c, lim = count[u], limit[u]
-      local allowed, after = window_charge(c, hits, lim, m > 0)
-      if (m == 0 and ok) or (m > 0 and (m < 2 or not over or not allowed)) then
+      local after = min(c + hits, MAXC)
+      local allowed
+      if rec then
+        allowed = after <= lim
+      elseif hits == 0 then
+        allowed, after = c < lim, c
+      else
+        allowed = after <= lim
+      end
+      if (not rec and ok) or (rec and (m < 2 or not over or not allowed)) then
         count[u], c = after, after
       end
       o = o + 1
-      if allowed then out[o] = 1 + 2 * max(lim - c, 0) else out[o] = 2 * max(lim - c, 0) end
+      if c < lim then c = lim - c else c = 0 end
+      if allowed then out[o] = 1 + 2 * c else out[o] = 2 * c end
     end
     p = p + 1 + n
   end
@@ -243,6 +250,17 @@ if ARGV[2] == 'p' then
     end
   end
   return out
+end
+
+-- fixed_window's rule, the one the general layout uses (the packed one writes it out):
+-- whether `hits` on a window holding `count` fit under `limit` (a check, hits 0, asks for room
+-- for one more; a recorded charge is taken whatever, and fits while the count after it is not
+-- above the limit), and the count after the charge if it is made.
+local function window_charge(count, hits, limit, record)
+  local after = min(count + hits, MAXC)
+  if record then return after <= limit, after end
+  if hits == 0 then return count < limit, count end
+  return after <= limit, after
 end
 
 -- ARGV[2]: see the top.
