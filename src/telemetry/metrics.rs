@@ -7,7 +7,7 @@
 
 use super::quota_metrics::QuotaMetrics;
 pub use super::registrar::MetricsError;
-use super::registrar::Registrar;
+use super::registrar::{catch_up, Registrar};
 use crate::store::breaker::BreakerState;
 use crate::store::StoreSignals;
 use prometheus::{
@@ -135,14 +135,6 @@ struct LocalMetrics {
     late_calls_dropped: IntCounter,
     replicas: IntGauge,
     owed: IntGauge,
-}
-
-/// Brings a counter up to a running total kept elsewhere.
-fn catch_up(c: &IntCounter, total: u64) {
-    let seen = c.get();
-    if total > seen {
-        c.inc_by(total - seen);
-    }
 }
 
 impl LocalMetrics {

@@ -64,3 +64,11 @@ impl Registrar {
         self.add(HistogramVec::new(opts, &[label]))
     }
 }
+
+/// Brings a counter up to a running total kept elsewhere.
+pub(super) fn catch_up(c: &prometheus::IntCounter, total: u64) {
+    let seen = c.get();
+    if total > seen {
+        c.inc_by(total - seen);
+    }
+}

@@ -3,7 +3,7 @@
 //! units stranded in slices whose window ended, requests that waited on a refill, evictions,
 //! and the slices held. Running totals kept by the slices, brought up at each scrape.
 
-use super::registrar::{MetricsError, Registrar};
+use super::registrar::{catch_up, MetricsError, Registrar};
 use crate::store::slices::SliceTallies;
 use prometheus::{IntCounter, IntGauge};
 
@@ -16,13 +16,6 @@ pub struct SliceMetrics {
     waited: IntCounter,
     evictions: IntCounter,
     held: IntGauge,
-}
-
-fn catch_up(c: &IntCounter, total: u64) {
-    let seen = c.get();
-    if total > seen {
-        c.inc_by(total - seen);
-    }
 }
 
 impl SliceMetrics {

@@ -728,3 +728,58 @@ async fn slices_stay_under_their_cap_and_evicted_ones_go_back() {
     }
     assert_eq!(counted, 1_000 + slices.held_in(now));
 }
+
+/// A reset of a leased resource on Redis reaches the counters below it, though their hash tags
+/// are their own (any slot of a Cluster): every consumer at its limit is admitted again, and
+/// the reset counts them.
+async fn a_reset_reaches_the_consumers_below_a_leased_resource(kind: &str) {
+    use crate::cases::store::make_redis_store;
+    use sluice::proto::rate_limit_response::Code;
+    use sluice::store::admin::CounterAdmin;
+    let (store, clock, _backend) = make_redis_store(kind).await;
+    let admin = store.admin();
+    let s = crate::support::TestServer::start_on(
+        HOT,
+        sluice::ServiceOptions {
+            counting: sluice::config::Counting::AllOrNothing,
+            ..Default::default()
+        },
+        Some(store),
+        clock.clone(),
+    )
+    .await;
+    let consumers = ["c1", "c2", "c3"];
+    for c in consumers {
+        for _ in 0..4 {
+            assert_eq!(crate::support::code(&s.call(consumer(c)).await), Code::Ok);
+        }
+        assert_eq!(
+            crate::support::code(&s.call(consumer(c)).await),
+            Code::OverLimit,
+            "{kind}: {c} at its limit of 4"
+        );
+    }
+    let prefix = [("resource".to_string(), "api".to_string())];
+    let reset = admin.reset("hot", &prefix, false).await.expect("reset");
+    assert_eq!(
+        reset.counters, 4,
+        "{kind}: the resource and its three consumers"
+    );
+    for c in consumers {
+        assert_eq!(
+            crate::support::code(&s.call(consumer(c)).await),
+            Code::Ok,
+            "{kind}: {c} admitted again after the reset"
+        );
+    }
+    // One consumer alone: its own tag is the whole prefix.
+    let one = [
+        ("resource".to_string(), "api".to_string()),
+        ("consumer".to_string(), "c1".to_string()),
+    ];
+    let reset = admin.reset("hot", &one, false).await.expect("reset");
+    assert_eq!(reset.counters, 1, "{kind}: c1's counter");
+    s.stop().await;
+}
+
+test_with_redis_stores!(reset_below_a_leased_resource_on, kind => a_reset_reaches_the_consumers_below_a_leased_resource);

@@ -218,14 +218,8 @@ impl Ctx {
 
     /// `min_estimate`: 1 to 2^32 - 1 (0 would let a caller's estimate of 0 reserve nothing).
     fn min_estimate(&mut self, node: &Node, path: &str) -> Option<u32> {
-        if let Value::Scalar(s) = &node.value {
-            if let Resolved::Int(n) = s.resolve() {
-                if let Ok(n) = u32::try_from(n) {
-                    if n >= 1 {
-                        return Some(n);
-                    }
-                }
-            }
+        if let Some(n) = positive_u32(node) {
+            return Some(n);
         }
         self.err(
             node.line,
@@ -275,4 +269,15 @@ impl Ctx {
         }
         Some(s)
     }
+}
+
+/// A whole number from 1 to 2^32 - 1, if `node` is one.
+pub(super) fn positive_u32(node: &Node) -> Option<u32> {
+    let Value::Scalar(s) = &node.value else {
+        return None;
+    };
+    let Resolved::Int(n) = s.resolve() else {
+        return None;
+    };
+    u32::try_from(n).ok().filter(|&n| n >= 1)
 }

@@ -139,14 +139,8 @@ impl Ctx {
     }
 
     fn max_slice(&mut self, node: &Node, path: &str) -> Option<u32> {
-        if let Value::Scalar(s) = &node.value {
-            if let Resolved::Int(n) = s.resolve() {
-                if let Ok(n) = u32::try_from(n) {
-                    if n >= 1 {
-                        return Some(n);
-                    }
-                }
-            }
+        if let Some(n) = super::lease::positive_u32(node) {
+            return Some(n);
         }
         self.err(
             node.line,

@@ -6,7 +6,8 @@
 //!   keys start with one literal string. So a reset is a `SCAN ... MATCH <that string>*` on the
 //!   one node owning the slot, `COUNT` [`SCAN_COUNT`] per call (no `KEYS`, no script walking the
 //!   keyspace: each call is short whatever the keyspace holds), each page's keys `UNLINK`ed
-//!   at once. A counter's keys (its windows, its lease sets) go; the RLQS demand boards
+//!   at once. The counters below a leased resource (hash tags of their own, any slot) are
+//!   found by a second `SCAN` of every master for `PREFIX{domain|k=v|...`. A counter's keys (its windows, its lease sets) go; the RLQS demand boards
 //!   (`#rlqs`) and the write-back guards (`#wb:`, which keep a retried write-back from counting
 //!   twice) stay. A request decided between two pages counts on a key the reset has deleted or
 //!   not yet reached: either way it is on one side of the reset, never half.
@@ -121,39 +122,22 @@ impl RedisAdmin {
     ) -> Result<ResetCount, StoreError> {
         let (literal, tag) = reset_literal(&self.common.prefix, domain, prefix, domain_tag)?;
         let pattern = reset_pattern(&literal, prefix.len(), domain_tag);
-        let slot = keys::tag_slot(&tag);
-        let mut cursor = 0u64;
         // Counted, not collected: a prefix with a million consumers must not hold a million
         // names here. A counter has one key that counts (its current window, or its state);
         // a lease limit's entry sets beside it are not counted again.
-        let mut counters = 0u64;
-        loop {
-            let (next, found): (u64, Vec<String>) = self
-                .call(async |c| scan(c, slot, cursor, &pattern).await)
-                .await?;
-            let doomed: Vec<&String> = found
-                .iter()
-                .filter(|k| match counter_of(k, literal.len()) {
-                    Some(counts) => {
-                        counters += u64::from(counts);
-                        true
-                    }
-                    None => false,
-                })
-                .collect();
-            if !doomed.is_empty() {
-                self.call(async |c| {
-                    redis::cmd("UNLINK")
-                        .arg(&doomed)
-                        .query_async::<u64>(c)
-                        .await
-                })
-                .await?;
+        let mut counters = self
+            .reset_pages(keys::tag_slot(&tag), &pattern, literal.len(), true)
+            .await?;
+        if !domain_tag {
+            // The counters below a leased resource have hash tags of their own
+            // (`{d|k=v|...}`), in any slot: every master is scanned for them.
+            // At the prefix's own depth a one-entry tag is the ordinary one (reset above).
+            let own = own_literal(&self.common.prefix, domain, prefix);
+            let end = if prefix.len() > 1 { "[|}]*" } else { "|*" };
+            let pattern = format!("{}{end}", glob_escape(&own));
+            for slot in self.master_slots().await? {
+                counters += self.reset_pages(slot, &pattern, own.len(), false).await?;
             }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
         }
         let generation = self.generation_key();
         self.call(async |c| {
@@ -168,6 +152,115 @@ impl RedisAdmin {
             counted: true,
         })
     }
+}
+
+impl RedisAdmin {
+    /// Every page of `SCAN MATCH pattern` on the node owning `slot`, each page's counter keys
+    /// `UNLINK`ed; returns the counters among them. `one_slot`: every match shares one slot
+    /// (one `UNLINK` per page), else each key is unlinked on its own (a Cluster refuses keys
+    /// of several slots in one command).
+    async fn reset_pages(
+        &self,
+        slot: u16,
+        pattern: &str,
+        literal: usize,
+        one_slot: bool,
+    ) -> Result<u64, StoreError> {
+        let (mut cursor, mut counters) = (0u64, 0u64);
+        loop {
+            let (next, found): (u64, Vec<String>) = self
+                .call(async |c| scan(c, slot, cursor, pattern).await)
+                .await?;
+            let doomed: Vec<&String> = found
+                .iter()
+                .filter(|k| match counter_of(k, literal) {
+                    Some(counts) => {
+                        counters += u64::from(counts);
+                        true
+                    }
+                    None => false,
+                })
+                .collect();
+            let batches: Vec<Vec<&String>> = match (doomed.is_empty(), one_slot) {
+                (true, _) => Vec::new(),
+                (false, true) => vec![doomed],
+                (false, false) => doomed.into_iter().map(|k| vec![k]).collect(),
+            };
+            for batch in batches {
+                self.call(async |c| redis::cmd("UNLINK").arg(&batch).query_async::<u64>(c).await)
+                    .await?;
+            }
+            if next == 0 {
+                return Ok(counters);
+            }
+            cursor = next;
+        }
+    }
+
+    /// One slot of each master (`CLUSTER SLOTS`), where a scan of the whole keyspace goes; on
+    /// standalone Redis or Sentinel, the one node.
+    async fn master_slots(&self) -> Result<Vec<u16>, StoreError> {
+        if matches!(self.source, Source::Pool(_)) {
+            return Ok(vec![0]);
+        }
+        let ranges: redis::Value = self
+            .call(async |c| redis::cmd("CLUSTER").arg("SLOTS").query_async(c).await)
+            .await?;
+        let mut seen: Vec<(String, i64)> = Vec::new();
+        let mut slots = Vec::new();
+        let redis::Value::Array(ranges) = ranges else {
+            return Err(StoreError::Permanent("CLUSTER SLOTS: not an array".into()));
+        };
+        for range in ranges {
+            let redis::Value::Array(fields) = range else {
+                continue;
+            };
+            let (Some(redis::Value::Int(start)), Some(redis::Value::Array(master))) =
+                (fields.first(), fields.get(2))
+            else {
+                continue;
+            };
+            let host = match master.first() {
+                Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                _ => String::new(),
+            };
+            let port = match master.get(1) {
+                Some(redis::Value::Int(p)) => *p,
+                _ => 0,
+            };
+            if !seen.contains(&(host.clone(), port)) {
+                seen.push((host, port));
+                slots.push(u16::try_from(*start).unwrap_or(0));
+            }
+        }
+        Ok(slots)
+    }
+}
+
+/// The literal start of the own-tagged keys below `prefix`: `PREFIX{domain|k=v|...` (the tag
+/// left open: deeper entries or its `}` follow).
+fn own_literal(key_prefix: &str, domain: &str, prefix: &[(String, String)]) -> String {
+    let mut literal = format!("{key_prefix}{{");
+    keys::escape_into(&mut literal, domain);
+    for (k, v) in prefix {
+        literal.push('|');
+        keys::escape_into(&mut literal, k);
+        literal.push('=');
+        keys::escape_into(&mut literal, v);
+    }
+    literal
+}
+
+/// `literal` with the glob characters escaped.
+fn glob_escape(literal: &str) -> String {
+    let mut p = String::with_capacity(literal.len() + 8);
+    for c in literal.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            p.push('\\');
+        }
+        p.push(c);
+    }
+    p
 }
 
 /// One `SCAN` page on the node owning `slot` (any connection on standalone Redis).
@@ -231,13 +324,7 @@ fn reset_literal(
 /// The `SCAN` pattern: the literal, glob characters escaped, then anything; where the literal
 /// ends in a value (not in the tag's `}`), the next character must end that value.
 fn reset_pattern(literal: &str, entries: usize, domain_tag: bool) -> String {
-    let mut p = String::with_capacity(literal.len() + 8);
-    for c in literal.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            p.push('\\');
-        }
-        p.push(c);
-    }
+    let mut p = glob_escape(literal);
     if domain_tag || entries > 1 {
         p.push_str("[|:]");
     }

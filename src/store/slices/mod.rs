@@ -210,18 +210,7 @@ impl Slices {
             self.evict(&mut map, now);
         }
         let e = Arc::new(Entry {
-            slice: Mutex::new(Slice {
-                window,
-                left: 0,
-                store_left: u64::MAX,
-                last_grant: 0,
-                spent: 0,
-                since_us: now,
-                dry_until_us: 0,
-                refilling: false,
-                failed: false,
-                touched_us: now,
-            }),
+            slice: Mutex::new(Slice::fresh(window, now)),
             done: tokio::sync::watch::Sender::new(0),
         });
         map.insert(slot, Arc::clone(&e));
