@@ -298,6 +298,14 @@ impl Slices {
         };
         let mut total = 0;
         for (key, e) in entries {
+            // A refill still out lands in the slice first (what the store granted comes back).
+            let pending = {
+                let s = e.slice.lock().unwrap_or_else(|p| p.into_inner());
+                s.refilling.then(|| e.done.subscribe())
+            };
+            if let Some(mut rx) = pending {
+                let _ = rx.changed().await;
+            }
             let (left, window) = {
                 let mut s = e.slice.lock().unwrap_or_else(|p| p.into_inner());
                 (std::mem::take(&mut s.left), s.window)
