@@ -783,3 +783,51 @@ async fn a_reset_reaches_the_consumers_below_a_leased_resource(kind: &str) {
 }
 
 test_with_redis_stores!(reset_below_a_leased_resource_on, kind => a_reset_reaches_the_consumers_below_a_leased_resource);
+
+/// The caller's values against a slice: a request of 2^40 hits (Envoy's `hits_addend` is a u64,
+/// capped there) and one of 2^32 are denied and charge nothing, and do not turn the slice dry
+/// for the ordinary requests after them; a deadline already past sends the check down to the
+/// store (decided as without slices), never admits it from nowhere.
+#[tokio::test]
+async fn hostile_hits_and_deadlines_buy_nothing_from_a_slice() {
+    let clock = ManualClock::new(T0 + Duration::from_secs(1));
+    let store = Arc::new(sluice::store::fake::FakeStore::new(Arc::new(clock.clone())));
+    let (_slices, decider) = replica_over(&store, &clock, false);
+    let now = clock_now(&clock);
+    for hits in [1u64 << 40, 1 << 32, u64::from(LIMIT) + 1] {
+        let d = decider
+            .decide_by(vec![check(now, hits, 40)], None)
+            .await
+            .expect("decided");
+        assert!(!d.admitted, "{hits} hits against {LIMIT}");
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+    }
+    assert_eq!(
+        count_at(&store, now, "api").await,
+        0,
+        "the refused requests charged nothing"
+    );
+    let mut ok = 0;
+    for _ in 0..10 {
+        let d = decider
+            .decide_by(vec![check(now, 1, 40)], None)
+            .await
+            .expect("decided");
+        ok += u32::from(d.admitted);
+    }
+    assert_eq!(ok, 10, "ordinary requests after them are admitted");
+    // A deadline already past: the check goes down to the store, which decides it exactly.
+    let past = tokio::time::Instant::now();
+    let before = count_at(&store, now, "api").await;
+    let d = decider
+        .decide_by(vec![check(now, u64::from(LIMIT), 40)], Some(past))
+        .await
+        .expect("decided");
+    assert!(
+        !d.admitted,
+        "the whole limit in one request, with 10 already taken"
+    );
+    assert_eq!(count_at(&store, now, "api").await, before);
+}
