@@ -225,7 +225,7 @@ async fn a_hundred_replicas_never_admit_over_the_limit_and_strand_within_the_bou
     }
 }
 
-const HOT: &str = r#"
+pub(crate) const HOT: &str = r#"
 domain: hot
 descriptors:
   - key: resource
@@ -237,13 +237,13 @@ descriptors:
         rate_limit: {unit: minute, requests_per_unit: 4}
 "#;
 
-fn consumer(c: &str) -> sluice::proto::RateLimitRequest {
+pub(crate) fn consumer(c: &str) -> sluice::proto::RateLimitRequest {
     crate::support::one("hot", &[("resource", "api"), ("consumer", c)])
 }
 
 /// What the resource's counter has left, read by a replica with no slice (a check-only
 /// request: `hits_addend` 0 on the descriptor), after the replicas that spent slices stopped.
-async fn resource_left(store: Arc<dyn CounterStore>, clock: &ManualClock) -> u32 {
+pub(crate) async fn resource_left(store: Arc<dyn CounterStore>, clock: &ManualClock) -> u32 {
     let fresh = crate::support::TestServer::start_on(
         HOT,
         sluice::ServiceOptions::default(),
@@ -360,7 +360,7 @@ async fn envoyproxy_counting_charges_the_resource_whatever_the_consumer_says(kin
 test_with_all_stores!(envoyproxy_counting_on, kind => envoyproxy_counting_charges_the_resource_whatever_the_consumer_says);
 
 /// A counter's value in a replica's `/metrics`.
-async fn metric(s: &crate::support::TestServer, name: &str) -> u64 {
+pub(crate) async fn metric(s: &crate::support::TestServer, name: &str) -> u64 {
     let (_, body) = crate::support::http(s.http_addr, "GET", "/metrics", "").await;
     body.lines()
         .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())

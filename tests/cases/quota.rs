@@ -622,3 +622,58 @@ async fn unreported_buckets_and_silent_streams_time_out() {
     assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "{err:?}");
     server.stop().await;
 }
+
+/// RLQS buckets on a leased limit (issue 40) draw from the same budget as the replicas' slices:
+/// a report and its reservation are charged on the window's counter the slices are granted
+/// from, so slices and assignments together never admit more than the limit, and the bucket
+/// is denied once the slices have taken the rest.
+async fn a_bucket_on_a_leased_limit_shares_the_slices_budget(kind: &str) {
+    let yaml = YAML.replace(
+        "  - key: x-api-key\n",
+        "  - key: x-api-key\n    leased: {max_slice: 60}\n",
+    );
+    assert_ne!(yaml, YAML);
+    let (store, clock, _backend) = crate::cases::store::make_store(kind).await;
+    let server =
+        TestServer::start_on(&yaml, sluice::ServiceOptions::default(), Some(store), clock).await;
+    let rls = || support::one("rlqs", &[("x-api-key", "k9")]);
+    let ok = |r: &sluice::proto::RateLimitResponse| {
+        support::code(r) == sluice::proto::rate_limit_response::Code::Ok
+    };
+    // One RLS request: the replica's first slice of the window (max_slice / 8 = 7), 1 spent.
+    assert!(ok(&server.call(rls()).await), "{kind}");
+    assert_eq!(
+        remaining(&server, "k9").await,
+        600 - 7,
+        "{kind}: the slice granted"
+    );
+    // Envoy's first report of the bucket: 1 used, and 6 s of a 10/s share ((600 - 8) / 60 s)
+    // reserved, on the same counter.
+    let mut a = Stream::open(&server).await;
+    let actions = a
+        .report("rlqs", vec![usage(&[("x-api-key", "k9")], 1, 0)])
+        .await;
+    assert_eq!(strategy_of(&actions[0]), Ok(10), "{kind}");
+    assert_eq!(remaining(&server, "k9").await, 600 - 7 - 1 - 60, "{kind}");
+    // The RLS spends the rest through its slices, and no more: 600 less the bucket's 1 used
+    // and 60 reserved (one replica drains its last slice: nothing stranded).
+    let mut admitted = 1;
+    for _ in 0..700 {
+        admitted += u32::from(ok(&server.call(rls()).await));
+    }
+    assert_eq!(
+        admitted,
+        600 - 1 - 60,
+        "{kind}: RLS admitted past the bucket's share"
+    );
+    assert_eq!(remaining(&server, "k9").await, 0, "{kind}");
+    // The bucket used its reservation: charged nothing more, and the window is spent.
+    let actions = a
+        .report("rlqs", vec![usage(&[("x-api-key", "k9")], 60, 5)])
+        .await;
+    assert_eq!(strategy_of(&actions[0]), Err("deny_all"), "{kind}");
+    assert_eq!(remaining(&server, "k9").await, 0, "{kind}");
+    server.stop().await;
+}
+
+test_with_stores!(a_bucket_on_a_leased_limit, [memory, redis, cluster], kind => a_bucket_on_a_leased_limit_shares_the_slices_budget);

@@ -270,3 +270,83 @@ async fn demand_boards_work_through_sentinel_and_survive_a_failover() {
     assert!(seen.contains(&posting("b-1", 0.5)), "replicated: {seen:?}");
     assert!(seen.contains(&posting("a-1", 3.0)), "{seen:?}");
 }
+
+/// A leased resource above per-consumer limits on Sentinel (issue 40): the master the
+/// sentinels name grants the slices; through a failover (the counters replicated first) both
+/// replicas keep spending their slices and refill them on the promoted master, never more than
+/// the resource's 30 admitted in all; what they give back when they stop lands there too, so it
+/// then holds exactly what was admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_slices_follow_a_failover() {
+    use super::leased::{consumer, metric, resource_left, HOT};
+    let mut setup = SentinelSetup::start();
+    let clock = ManualClock::new(T0);
+    let options = || ServiceOptions {
+        counting: sluice::config::Counting::AllOrNothing,
+        ..ServiceOptions::default()
+    };
+    let start = |store| TestServer::start_on(HOT, options(), Some(store), clock.clone());
+    let a = start(sentinel_store(&setup, &clock, None)).await;
+    let b = start(sentinel_store(&setup, &clock, None)).await;
+    let mut ok = 0;
+    for i in 0..3 {
+        for j in 0..4 {
+            let replica = if (i + j) % 2 == 0 { &a } else { &b };
+            ok += u32::from(code(&replica.call(consumer(&format!("c{i}"))).await) == Code::Ok);
+        }
+    }
+    assert_eq!(
+        ok, 12,
+        "12 asked of a resource of 30, each consumer at its 4"
+    );
+    let grants = metric(&a, "sluice_slice_grants_total").await
+        + metric(&b, "sluice_slice_grants_total").await;
+    assert!(
+        (1..12).contains(&grants),
+        "{grants} grants for 12 requests: the resource was decided from slices"
+    );
+    setup.wait_replicated();
+
+    setup.kill_master_and_fail_over();
+
+    // Every request until the pool reaches the promoted master is UNAVAILABLE (its consumer
+    // check has nowhere to go) and gives its resource unit back to the slice.
+    let failed = std::sync::atomic::AtomicU32::new(0);
+    for i in 3..12 {
+        for j in 0..4 {
+            let replica = if (i + j) % 2 == 0 { &a } else { &b };
+            let r = poll_until("a decision after the failover", || async {
+                let mut client = replica.client().await;
+                match client.should_rate_limit(consumer(&format!("c{i}"))).await {
+                    Ok(r) => Ok(r.into_inner()),
+                    Err(e) => {
+                        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+                        failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        Err(e)
+                    }
+                }
+            })
+            .await;
+            ok += u32::from(code(&r) == Code::Ok);
+        }
+    }
+    // 48 asked of 30 (36 past the failover): never over; at most one slice per replica (each
+    // at most max_slice, 10) unspent while the other ran dry.
+    assert!(
+        ok <= 30 && ok + 2 * 10 >= 30,
+        "{ok} admitted of a resource of 30"
+    );
+    a.stop().await;
+    b.stop().await;
+    let left = resource_left(sentinel_store(&setup, &clock, None), &clock).await;
+    assert_eq!(
+        left,
+        30 - ok,
+        "the promoted master holds the {ok} admitted once the slices came back ({failed:?} calls \
+         failed over)"
+    );
+    assert!(
+        setup.replica.cli(&["KEYS", "*"]).contains("resource=api"),
+        "decided on the promoted replica"
+    );
+}
