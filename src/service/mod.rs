@@ -220,6 +220,9 @@ impl RateLimiter {
             Err(e) => *e.into_inner() = new,
         }
         self.awaiting_config.store(false, Ordering::Release);
+        if let Some(slices) = &self.slices {
+            slices.sweep_once_idle();
+        }
     }
 
     pub fn options(&self) -> &ServiceOptions {

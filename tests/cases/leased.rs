@@ -831,3 +831,36 @@ async fn hostile_hits_and_deadlines_buy_nothing_from_a_slice() {
     );
     assert_eq!(count_at(&store, now, "api").await, before);
 }
+
+/// A reload that changes a leased limit gives the old limit's slice back (a changed limit is a
+/// new counter, so the old one's slice goes idle), though no leased request comes after it to
+/// run the sweep.
+#[tokio::test]
+async fn a_reload_gives_the_slices_of_a_changed_limit_back() {
+    use sluice::proto::rate_limit_response::Code;
+    let s = crate::support::TestServer::start(HOT).await;
+    // The first grant is max_slice / 8 (1), the refill a quarter of what is left (8).
+    for _ in 0..2 {
+        assert_eq!(
+            crate::support::code(&s.call(consumer("c0")).await),
+            Code::Ok
+        );
+    }
+    let granted = metric(&s, "sluice_slice_granted_total").await;
+    assert!(
+        granted > 2,
+        "slices of more than the two requests: {granted}"
+    );
+    let changed = HOT.replace("requests_per_unit: 30,", "requests_per_unit: 40,");
+    assert_ne!(changed, HOT);
+    let running = s.running.as_ref().expect("running");
+    running
+        .limiter()
+        .replace_rules(crate::support::rules(&changed));
+    s.clock.advance(Duration::from_secs(2));
+    crate::support::eventually("the old limit's slice given back", || async {
+        metric(&s, "sluice_slice_returned_total").await == granted - 2
+    })
+    .await;
+    s.stop().await;
+}

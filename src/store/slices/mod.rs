@@ -164,6 +164,28 @@ impl Slices {
         {
             return;
         }
+        self.sweep(now);
+    }
+
+    /// After a reload or an xDS push: a changed limit is a new counter, so the old one's slices
+    /// go idle; one sweep once they are idle gives them back, even when no leased request comes
+    /// to run it (the limit was removed, or its traffic stopped).
+    pub fn sweep_once_idle(self: &Arc<Self>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let me = Arc::clone(self);
+        rt.spawn(async move {
+            tokio::time::sleep(Duration::from_micros(IDLE_US + 100_000)).await;
+            let now = me.now_us();
+            me.last_sweep_us
+                .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+            me.sweep(now);
+        });
+    }
+
+    fn sweep(&self, now: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
         let mut back = Vec::new();
         {
             let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
