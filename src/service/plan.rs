@@ -75,9 +75,13 @@ impl Plan {
             let period = l.check.key.limit.period;
             if let Some(c) = period.calendar() {
                 l.check.window = c.calendar().window_at(read());
-            } else if l.check.slice.is_some() {
-                // A leased limit's counter is keyed by its window's start (as a calendar
-                // window's is), so a slice granted or given back lands in its own window.
+            } else if l.check.slice.is_some()
+                && l.check.key.limit.algorithm == Algorithm::FixedWindow
+            {
+                // A leased window's counter is keyed by its window's start (as a calendar
+                // window's is), so a slice granted or given back lands in its own window. (A
+                // leased token bucket has no window: its slices are tokens, taken and given
+                // back on the one bucket.)
                 let p = period.millis().saturating_mul(1000).max(1);
                 let now_us = read();
                 let start = now_us - now_us % p;

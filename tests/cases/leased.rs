@@ -244,8 +244,13 @@ pub(crate) fn consumer(c: &str) -> sluice::proto::RateLimitRequest {
 /// What the resource's counter has left, read by a replica with no slice (a check-only
 /// request: `hits_addend` 0 on the descriptor), after the replicas that spent slices stopped.
 pub(crate) async fn resource_left(store: Arc<dyn CounterStore>, clock: &ManualClock) -> u32 {
+    resource_left_in(HOT, store, clock).await
+}
+
+/// [`resource_left`] under the rules `yaml`.
+async fn resource_left_in(yaml: &str, store: Arc<dyn CounterStore>, clock: &ManualClock) -> u32 {
     let fresh = crate::support::TestServer::start_on(
-        HOT,
+        yaml,
         sluice::ServiceOptions::default(),
         Some(store),
         clock.clone(),
@@ -261,6 +266,7 @@ pub(crate) async fn resource_left(store: Arc<dyn CounterStore>, clock: &ManualCl
 async fn two_on(
     kind: &str,
     counting: sluice::config::Counting,
+    yaml: &'static str,
 ) -> (
     crate::support::TestServer,
     crate::support::TestServer,
@@ -284,7 +290,7 @@ async fn two_on(
         counting,
         ..Default::default()
     };
-    let start = |s| crate::support::TestServer::start_on(HOT, options(), Some(s), clock.clone());
+    let start = |s| crate::support::TestServer::start_on(yaml, options(), Some(s), clock.clone());
     let a = start(store.clone()).await;
     let b = start(other).await;
     (a, b, store, clock, backend)
@@ -295,8 +301,35 @@ async fn two_on(
 /// back to the slice; each replica gives its unspent slice back when it stops, so the counter
 /// then holds exactly what was admitted.
 async fn slices_of_a_resource_above_consumers(kind: &str) {
+    resource_above_consumers_under(kind, HOT).await;
+}
+
+/// [`HOT`] with the resource a token bucket of 30 tokens (30 a minute, the default burst):
+/// on the manual clock nothing refills, so its slices behave as a window's.
+const HOT_BUCKET: &str = r#"
+domain: hot
+descriptors:
+  - key: resource
+    value: api
+    leased: {max_slice: 10}
+    rate_limit: {unit: minute, requests_per_unit: 30, algorithm: token_bucket, applies_to_descendants: true}
+    descriptors:
+      - key: consumer
+        rate_limit: {unit: minute, requests_per_unit: 4}
+"#;
+
+/// A leased token bucket: a slice is a batch of its tokens, taken from and given back to the
+/// one bucket (no window to pin), with the same rules as a window's slices.
+async fn bucket_slices_of_a_resource_above_consumers(kind: &str) {
+    resource_above_consumers_under(kind, HOT_BUCKET).await;
+}
+
+test_with_all_stores!(bucket_resource_above_consumers_on, kind => bucket_slices_of_a_resource_above_consumers);
+
+async fn resource_above_consumers_under(kind: &str, yaml: &'static str) {
     use sluice::proto::rate_limit_response::Code;
-    let (a, b, store, clock, _backend) = two_on(kind, sluice::config::Counting::AllOrNothing).await;
+    let (a, b, store, clock, _backend) =
+        two_on(kind, sluice::config::Counting::AllOrNothing, yaml).await;
     let mut ok = 0;
     // c0 asks 6 times of a: its 4th is its last; the 2 its consumer limit denies cost the
     // resource nothing.
@@ -324,7 +357,7 @@ async fn slices_of_a_resource_above_consumers(kind: &str) {
     );
     a.stop().await;
     b.stop().await;
-    let left = resource_left(store, &clock).await;
+    let left = resource_left_in(yaml, store, &clock).await;
     assert_eq!(
         left,
         30 - ok,
@@ -344,7 +377,8 @@ test_with_all_stores!(resource_above_consumers_on, kind => slices_of_a_resource_
 /// Under envoyproxy counting a leased resource is charged for every request that reaches it,
 /// as a recorded hit is: a request its consumer denies still spends its resource unit.
 async fn envoyproxy_counting_charges_the_resource_whatever_the_consumer_says(kind: &str) {
-    let (a, b, store, clock, _backend) = two_on(kind, sluice::config::Counting::Envoyproxy).await;
+    let (a, b, store, clock, _backend) =
+        two_on(kind, sluice::config::Counting::Envoyproxy, HOT).await;
     for _ in 0..6 {
         a.call(consumer("c0")).await;
     }
@@ -377,8 +411,12 @@ fn what_cannot_be_leased_is_a_load_error_naming_the_line_and_the_rule() {
     };
     for (descriptor, says) in [
         (
-            "    leased: {}\n    rate_limit: {unit: minute, requests_per_unit: 9, algorithm: token_bucket}\n",
-            "this one is `token_bucket`",
+            "    leased: {}\n    rate_limit: {unit: minute, requests_per_unit: 9, algorithm: sliding_window}\n",
+            "this one is `sliding_window`",
+        ),
+        (
+            "    leased: {max_slice: 10}\n    rate_limit: {unit: minute, requests_per_unit: 9, algorithm: token_bucket}\n",
+            "more than this token bucket holds (burst + 1 = 9)",
         ),
         (
             "    leased: {}\n    rate_limit: {period: 500ms, requests_per_unit: 9}\n",
@@ -424,6 +462,16 @@ fn what_cannot_be_leased_is_a_load_error_naming_the_line_and_the_rule() {
             "domain: d\ndescriptors:\n  - key: k\n    {written}\n    rate_limit: {{unit: minute, requests_per_unit: 9}}\n"
         );
         sluice::config::load_sources(&[("l.yaml".into(), yaml)]).expect(written);
+    }
+    // A token bucket leases batches of its tokens, a 500 ms one too (it has no window).
+    for rate_limit in [
+        "{unit: minute, requests_per_unit: 9, algorithm: token_bucket}",
+        "{period: 500ms, requests_per_unit: 9, algorithm: token_bucket, burst: 20}",
+    ] {
+        let yaml = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    leased: {{max_slice: 9}}\n    rate_limit: {rate_limit}\n"
+        );
+        sluice::config::load_sources(&[("l.yaml".into(), yaml)]).expect(rate_limit);
     }
 }
 
@@ -863,4 +911,122 @@ async fn a_reload_gives_the_slices_of_a_changed_limit_back() {
     })
     .await;
     s.stop().await;
+}
+
+/// A leased token bucket of 600 a minute (10/s), burst 99 (100 tokens), slices of up to 10.
+fn bucket_check(hits: u64) -> LimitCheck {
+    let limit = Limit {
+        requests_per_unit: 600,
+        period: Period::from_unit(Unit::Minute),
+        algorithm: sluice::config::Algorithm::TokenBucket,
+        burst: 99,
+    };
+    let mut c = LimitCheck::for_tests("leased", "bucket", limit, hits);
+    c.slice = Some(Leasing {
+        max_slice: 10,
+        ahead: Period::from_millis(100).expect("positive"),
+    });
+    c.record = false;
+    c
+}
+
+/// One seed of the bucket model: 20 replicas, random skew and bursts, time in small steps and
+/// sometimes seconds. What the bucket could have handed out from `t0` to `t` is its 100 tokens
+/// plus 10 a second; slices taken before `t0` and spent after it add what the replicas held
+/// at `t0`. So at every step, from every checkpoint: admitted since ≤ 100 + ⌊10/s × elapsed⌋
+/// + held then. And slices do not starve the load: when demand outruns the bucket, at least
+///   half of what the bucket refilled is admitted.
+async fn bucket_seed(seed: u64) -> Result<(), String> {
+    let mut rng = Rng::new(seed);
+    let clock = ManualClock::new(T0);
+    let store: Arc<dyn CounterStore> = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
+    let replicas: Vec<Replica> = (0..20)
+        .map(|_| {
+            let slices = Slices::new(Arc::clone(&store), Arc::new(clock.clone()), (1000, false));
+            let decider =
+                SlicedDecider::new(Arc::clone(&slices), Arc::new(Plain(Arc::clone(&store))));
+            Replica { slices, decider }
+        })
+        .collect();
+    let weights: Vec<usize> = (0..20).map(|_| 1 + rng.below(6).pow(2) as usize).collect();
+    let held = |at: Duration| -> u64 { replicas.iter().map(|r| r.slices.held_in(at)).sum() };
+    let start = clock_now(&clock);
+    // (µs since start, admitted so far, held then)
+    let mut checkpoints: Vec<(u64, u64, u64)> = vec![(0, 0, 0)];
+    let (mut admitted, mut demand) = (0u64, 0u64);
+    for step in 0..4_000 {
+        let jump = match rng.below(1000) {
+            0..=4 => Duration::from_millis(rng.below(5_000)),
+            _ => Duration::from_micros(rng.below(60_000)),
+        };
+        clock.advance(jump);
+        let now = clock_now(&clock);
+        let since_us = u64::try_from((now - start).as_micros()).expect("in range");
+        let mut x = rng.below(weights.iter().sum::<usize>() as u64) as usize;
+        let who = weights
+            .iter()
+            .position(|w| {
+                let hit = x < *w;
+                x = x.saturating_sub(*w);
+                hit
+            })
+            .unwrap_or(0);
+        let r = &replicas[who];
+        let most = if rng.below(4) == 0 { 30 } else { 3 };
+        let burst = 1 + rng.below(most);
+        let calls = (0..burst).map(|_| {
+            let hits = 1 + u64::from(rng.below(25) == 0) * rng.below(4);
+            demand += hits;
+            let c = bucket_check(hits);
+            async move { (c.hits, r.decider.decide_by(vec![c.clone()], None).await) }
+        });
+        for (hits, d) in futures_util::future::join_all(calls).await {
+            if d.map_err(|e| format!("seed {seed}: store error {e}"))?
+                .admitted
+            {
+                admitted += hits;
+            }
+        }
+        tokio::task::yield_now().await;
+        for &(t0, admitted0, held0) in &checkpoints {
+            let refilled = (since_us - t0) / 100_000; // 10 a second
+            let bound = 100 + refilled + held0;
+            if admitted - admitted0 > bound {
+                return Err(format!(
+                    "seed {seed}, step {step}: {} admitted in {} µs from a checkpoint, bound {bound}",
+                    admitted - admitted0,
+                    since_us - t0
+                ));
+            }
+        }
+        if step % 200 == 199 {
+            checkpoints.push((since_us, admitted, held(now)));
+        }
+    }
+    let elapsed_us = u64::try_from((clock_now(&clock) - start).as_micros()).expect("in range");
+    let could = 100 + elapsed_us / 100_000;
+    eprintln!(
+        "bucket seed {seed}: {admitted} admitted of {demand} asked, the bucket could give {could}"
+    );
+    if demand > 2 * could && admitted * 2 < could {
+        return Err(format!(
+            "seed {seed}: only {admitted} admitted of the {could} the bucket refilled ({demand} asked)"
+        ));
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn leased_token_buckets_never_hand_out_more_than_the_bucket_refills() {
+    let mut seeds: Vec<u64> = vec![1, 2, 3];
+    let fresh = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(7);
+    seeds.extend((0..3).map(|i| fresh.wrapping_add(i)));
+    for seed in seeds {
+        if let Err(e) = bucket_seed(seed).await {
+            panic!("{e} (replay: add seed {seed})");
+        }
+    }
 }

@@ -4,7 +4,8 @@
 //!
 //! What it composes with is decided here, at load, with a clear error for the rest: a counted
 //! `fixed_window` limit (a calendar one too) of a period of at least a second (slices are
-//! keyed by the window's start in seconds), not `record_usage` (it charges past the limit,
+//! keyed by the window's start in seconds) or a `token_bucket` (a slice is a batch of its
+//! tokens, at most burst + 1), not `record_usage` (it charges past the limit,
 //! which a slice cannot), not `reservations` (a reservation settles on the store).
 
 use super::super::yaml::{Node, Resolved, Value};
@@ -47,40 +48,7 @@ impl Ctx {
             );
         }
         for r in rules.iter_mut() {
-            let why = match r.quota {
-                Quota::Unlimited => Some("an `unlimited` limit has nothing to slice".to_string()),
-                Quota::Limited(l) if l.algorithm != Algorithm::FixedWindow => Some(format!(
-                    "`leased` slices `fixed_window` limits (calendar ones too); this one is \
-                     `{}`: its state is not a count a slice can be taken from",
-                    l.algorithm.name()
-                )),
-                Quota::Limited(l) if l.period.millis() < 1000 => Some(
-                    "`leased` needs a window of at least 1s (slices are keyed by the window's \
-                     start in seconds)"
-                        .to_string(),
-                ),
-                Quota::Limited(_) if r.record_usage => Some(
-                    "`leased` with `record_usage`: a recorded hit is charged past the limit, \
-                     which no slice can hold"
-                        .to_string(),
-                ),
-                Quota::Limited(_) if r.reservations.is_some() => Some(
-                    "`leased` with `reservations`: a reservation is settled on the store, not \
-                     in a slice"
-                        .to_string(),
-                ),
-                Quota::Limited(l) => {
-                    let max_slice = block
-                        .max_slice
-                        .unwrap_or((l.requests_per_unit / 100).max(1))
-                        .max(1);
-                    r.leased = Some(Leasing {
-                        max_slice,
-                        ahead: block.ahead,
-                    });
-                    None
-                }
-            };
+            let why = lease(r, &block);
             if let Some(why) = why {
                 let name = r
                     .name
@@ -152,5 +120,68 @@ impl Ctx {
             ),
         );
         None
+    }
+}
+
+/// Why `r` cannot be leased under `block`, or `None` once its `leased` terms are set.
+fn lease(r: &mut RateLimitRule, block: &LeasedBlock) -> Option<String> {
+    match r.quota {
+        Quota::Unlimited => Some("an `unlimited` limit has nothing to slice".to_string()),
+        Quota::Limited(l)
+            if !matches!(l.algorithm, Algorithm::FixedWindow | Algorithm::TokenBucket) =>
+        {
+            Some(format!(
+                "`leased` slices `fixed_window` limits (calendar ones too) and \
+                 `token_bucket` ones; this one is `{}`: its state is not a count or a \
+                 bucket of tokens a slice can be taken from",
+                l.algorithm.name()
+            ))
+        }
+        Quota::Limited(l)
+            if l.algorithm == Algorithm::TokenBucket
+                && block
+                    .max_slice
+                    .is_some_and(|m| m > l.burst.saturating_add(1)) =>
+        {
+            Some(format!(
+                "`max_slice` {} is more than this token bucket holds (burst + 1 = {}): \
+                 no grant could ever take it",
+                block.max_slice.unwrap_or(0),
+                l.burst.saturating_add(1)
+            ))
+        }
+        Quota::Limited(l) if l.algorithm == Algorithm::FixedWindow && l.period.millis() < 1000 => {
+            Some(
+                "`leased` needs a window of at least 1s (slices are keyed by the \
+                 window's start in seconds)"
+                    .to_string(),
+            )
+        }
+        Quota::Limited(_) if r.record_usage => Some(
+            "`leased` with `record_usage`: a recorded hit is charged past the limit, \
+             which no slice can hold"
+                .to_string(),
+        ),
+        Quota::Limited(_) if r.reservations.is_some() => Some(
+            "`leased` with `reservations`: a reservation is settled on the store, not \
+             in a slice"
+                .to_string(),
+        ),
+        Quota::Limited(l) => {
+            // A token bucket never holds more than burst + 1 tokens to grant.
+            let most = match l.algorithm {
+                Algorithm::TokenBucket => l.burst.saturating_add(1),
+                _ => u32::MAX,
+            };
+            let max_slice = block
+                .max_slice
+                .unwrap_or((l.requests_per_unit / 100).clamp(1, most))
+                .max(1);
+            r.leased = Some(Leasing {
+                max_slice,
+                ahead: block.ahead,
+            });
+            None
+        }
     }
 }

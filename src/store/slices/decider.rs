@@ -92,15 +92,15 @@ impl SlicedDecider {
         let mut outcomes: Vec<Outcome> = taken
             .iter()
             .map(|t| match t {
-                Some(t) => {
-                    let reset = Duration::from_micros(t.window_end.saturating_sub(now));
-                    Outcome {
-                        allowed: t.allowed,
-                        remaining: u32::try_from(t.remaining).unwrap_or(u32::MAX),
-                        reset,
-                        retry_after: if t.allowed { Duration::ZERO } else { reset },
-                    }
-                }
+                Some(t) => Outcome {
+                    allowed: t.allowed,
+                    remaining: u32::try_from(t.remaining).unwrap_or(u32::MAX),
+                    reset: Duration::from_micros(t.reset_at.saturating_sub(now)),
+                    retry_after: match t.allowed {
+                        true => Duration::ZERO,
+                        false => Duration::from_micros(t.retry_at.saturating_sub(now).max(1)),
+                    },
+                },
                 // Not read (the slices denied the request): as the deny cache reports them.
                 None => Outcome {
                     allowed: true,

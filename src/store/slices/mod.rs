@@ -27,6 +27,9 @@
 //!   say (as a recorded hit); under `all_or_nothing` a request another limit denies gives its
 //!   units back to the slice. A request the slices deny is not sent to the store, except for its
 //!   recording checks (charged whatever the verdict).
+//! - **Token buckets.** A leased token bucket's slice is a batch of its tokens (an ordinary
+//!   charge of that many on the one bucket, given back as a refund): no window to pin, so its
+//!   slices never end ([`UNPINNED`]); they go back when idle, evicted or at shutdown.
 //! - **Bounded.** At most `max_counters` slices are held; a new one evicts the least recently
 //!   used (its unspent units go back to the store). On shutdown every slice goes back.
 //! - **Outage.** A grant that fails sends the check down as an ordinary one: the stack's failure
@@ -34,6 +37,7 @@
 //!   through an outage without the store.
 
 mod decider;
+mod slice;
 
 pub use decider::SlicedDecider;
 
@@ -81,6 +85,8 @@ struct Slice {
     since_us: u64,
     /// The store had nothing left at the last grant: no refill until `retry_us`.
     dry_until_us: u64,
+    /// A token bucket's: when it would be full again, as of the last grant (its `reset`).
+    full_at_us: u64,
     /// A refill is running.
     refilling: bool,
     /// The last refill failed (the store did not answer): the check goes down as it is.
@@ -130,7 +136,20 @@ pub(super) fn sliced(c: &LimitCheck) -> bool {
         && c.admin_limit.is_none()
         && c.lease.is_none()
         && !c.key.overridden
-        && c.window.is_some()
+        && slice_window(c).is_some()
+}
+
+/// The "window" of a token bucket's slices: it has none (its tokens are taken from and given
+/// back to the one bucket, whenever), so its slices never end and are never stranded.
+const UNPINNED: (u64, u64) = (0, u64::MAX);
+
+/// The window a check's slice belongs to: a leased fixed window's, pinned by the plan; every
+/// token bucket's slices share [`UNPINNED`].
+fn slice_window(c: &LimitCheck) -> Option<(u64, u64)> {
+    match c.key.limit.algorithm {
+        crate::config::Algorithm::TokenBucket => Some(UNPINNED),
+        _ => c.window,
+    }
 }
 
 impl Slices {
@@ -363,7 +382,7 @@ fn grant_check(key: &CounterKey, window: (u64, u64), hits: u64, back: bool) -> L
         record: false,
         stop_over: false,
         admin_limit: None,
-        window: Some(window),
+        window: (window != UNPINNED).then_some(window),
         lease: None,
         leased: true,
         slice: None,
@@ -378,6 +397,9 @@ pub(super) struct Taken {
     /// This replica's units left plus what the store had left at the last grant.
     remaining: u64,
     window_end: u64,
+    /// When the answer's limit resets, and (denied) when to retry, in Unix µs.
+    reset_at: u64,
+    retry_at: u64,
 }
 
 /// How a check fared against its slice: decided, or sent down as an ordinary check (its
@@ -399,7 +421,7 @@ impl Slices {
         deadline: Option<tokio::time::Instant>,
         now: u64,
     ) -> Take {
-        let (Some(window), Some(terms)) = (check.window, check.slice) else {
+        let (Some(window), Some(terms)) = (slice_window(check), check.slice) else {
             return Take::Down;
         };
         for wait in 0..MAX_WAITS {
@@ -509,6 +531,8 @@ impl Slices {
                 return true; // the window moved on while the grant was out: stranded
             }
             s.store_left = u64::from(o.remaining);
+            let reset_us = u64::try_from(o.reset.as_micros()).unwrap_or(u64::MAX);
+            s.full_at_us = now.saturating_add(reset_us);
             if o.allowed {
                 self.tallies.granted.add(ask);
                 s.left += ask;
@@ -526,66 +550,5 @@ impl Slices {
             ask = left;
         }
         true
-    }
-}
-
-impl Slice {
-    fn fresh(window: (u64, u64), now: u64) -> Self {
-        Slice {
-            window,
-            left: 0,
-            store_left: u64::MAX,
-            last_grant: 0,
-            spent: 0,
-            since_us: now,
-            dry_until_us: 0,
-            refilling: false,
-            failed: false,
-            touched_us: now,
-        }
-    }
-
-    fn taken(&self, entry: &Arc<Entry>, allowed: bool) -> Taken {
-        let store_left = if self.store_left == u64::MAX {
-            0
-        } else {
-            self.store_left
-        };
-        Taken {
-            entry: Arc::clone(entry),
-            allowed,
-            remaining: self.left.saturating_add(store_left),
-            window_end: self.window.1,
-        }
-    }
-
-    /// The next grant's size: the replica's demand over `ahead` (its rate since the last
-    /// grant), at most `max_slice` and a quarter of what the store had left, at least `need`.
-    fn want(&self, need: u64, now: u64, terms: crate::config::Leasing) -> u64 {
-        let max_slice = u64::from(terms.max_slice);
-        let demand = if self.last_grant == 0 {
-            max_slice / 8
-        } else {
-            let elapsed = u128::from(now.saturating_sub(self.since_us).max(1));
-            let ahead_us = u128::from(terms.ahead.millis()) * 1000;
-            u64::try_from(u128::from(self.spent) * ahead_us / elapsed).unwrap_or(u64::MAX)
-        };
-        let quarter = if self.store_left == u64::MAX {
-            u64::MAX
-        } else {
-            self.store_left.div_ceil(4)
-        };
-        demand.min(max_slice).min(quarter).max(1).max(need)
-    }
-}
-
-impl Entry {
-    /// Gives units taken for a request that was not charged back to the slice.
-    fn untake(&self, hits: u64, window_end: u64) {
-        let mut s = self.slice.lock().unwrap_or_else(|p| p.into_inner());
-        if s.window.1 == window_end {
-            s.left += hits;
-            s.spent = s.spent.saturating_sub(hits);
-        }
     }
 }

@@ -1,0 +1,81 @@
+//! One slice's own arithmetic: a fresh one, what taking from it answers, the next grant's
+//! size, and units given back to it (the [`Slices`](super::Slices) around it decide when).
+
+use super::{Entry, Slice, Taken, UNPINNED};
+use std::sync::Arc;
+
+impl Slice {
+    pub(super) fn fresh(window: (u64, u64), now: u64) -> Self {
+        Slice {
+            window,
+            left: 0,
+            store_left: u64::MAX,
+            last_grant: 0,
+            spent: 0,
+            since_us: now,
+            dry_until_us: 0,
+            full_at_us: now,
+            refilling: false,
+            failed: false,
+            touched_us: now,
+        }
+    }
+
+    pub(super) fn taken(&self, entry: &Arc<Entry>, allowed: bool) -> Taken {
+        let store_left = if self.store_left == u64::MAX {
+            0
+        } else {
+            self.store_left
+        };
+        // A window's answers reset at its end, a bucket's when it would be full again (as of
+        // the last grant); a dry bucket's slice asks the store again after `ahead`.
+        let (reset_at, retry_at) = if self.window == UNPINNED {
+            let retry = match (allowed, self.dry_until_us) {
+                (true, _) => 0,
+                (false, 0) => self.full_at_us,
+                (false, dry) => dry,
+            };
+            (self.full_at_us, retry)
+        } else {
+            (self.window.1, self.window.1)
+        };
+        Taken {
+            entry: Arc::clone(entry),
+            allowed,
+            remaining: self.left.saturating_add(store_left),
+            window_end: self.window.1,
+            reset_at,
+            retry_at,
+        }
+    }
+
+    /// The next grant's size: the replica's demand over `ahead` (its rate since the last
+    /// grant), at most `max_slice` and a quarter of what the store had left, at least `need`.
+    pub(super) fn want(&self, need: u64, now: u64, terms: crate::config::Leasing) -> u64 {
+        let max_slice = u64::from(terms.max_slice);
+        let demand = if self.last_grant == 0 {
+            max_slice / 8
+        } else {
+            let elapsed = u128::from(now.saturating_sub(self.since_us).max(1));
+            let ahead_us = u128::from(terms.ahead.millis()) * 1000;
+            u64::try_from(u128::from(self.spent) * ahead_us / elapsed).unwrap_or(u64::MAX)
+        };
+        let quarter = if self.store_left == u64::MAX {
+            u64::MAX
+        } else {
+            self.store_left.div_ceil(4)
+        };
+        demand.min(max_slice).min(quarter).max(1).max(need)
+    }
+}
+
+impl Entry {
+    /// Gives units taken for a request that was not charged back to the slice.
+    pub(super) fn untake(&self, hits: u64, window_end: u64) {
+        let mut s = self.slice.lock().unwrap_or_else(|p| p.into_inner());
+        if s.window.1 == window_end {
+            s.left += hits;
+            s.spent = s.spent.saturating_sub(hits);
+        }
+    }
+}
