@@ -45,12 +45,11 @@ struct Replica {
     decider: SlicedDecider,
 }
 
-/// Runs one seed; returns a description of the first broken rule.
-async fn run_seed(seed: u64) -> Result<(), String> {
-    let mut rng = Rng::new(seed);
+/// `n` replicas, each its own slices, over one memory store on a manual clock.
+fn model(n: usize) -> (ManualClock, Arc<dyn CounterStore>, Vec<Replica>) {
     let clock = ManualClock::new(T0);
     let store: Arc<dyn CounterStore> = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
-    let replicas: Vec<Replica> = (0..100)
+    let replicas = (0..n)
         .map(|_| {
             let slices = Slices::new(Arc::clone(&store), Arc::new(clock.clone()), (1000, false));
             let decider =
@@ -58,6 +57,13 @@ async fn run_seed(seed: u64) -> Result<(), String> {
             Replica { slices, decider }
         })
         .collect();
+    (clock, store, replicas)
+}
+
+/// Runs one seed; returns a description of the first broken rule.
+async fn run_seed(seed: u64) -> Result<(), String> {
+    let mut rng = Rng::new(seed);
+    let (clock, store, replicas) = model(100);
     // Demand skew: a few replicas take most of the load.
     let weights: Vec<u64> = (0..100).map(|_| 1 + rng.below(8).pow(3)).collect();
     let total_weight: u64 = weights.iter().sum();
@@ -212,17 +218,22 @@ async fn check_window(
 
 #[tokio::test]
 async fn a_hundred_replicas_never_admit_over_the_limit_and_strand_within_the_bound() {
-    let mut seeds: Vec<u64> = vec![1, 2, 3, 40, 41];
-    let fresh = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(7);
-    seeds.extend((0..3).map(|i| fresh.wrapping_add(i)));
-    for seed in seeds {
+    for seed in with_fresh_seeds(&[1, 2, 3, 40, 41]) {
         if let Err(e) = run_seed(seed).await {
             panic!("{e} (replay: add seed {seed})");
         }
     }
+}
+
+/// `fixed` seeds and three fresh ones (a failure prints its seed, to be added to `fixed`).
+fn with_fresh_seeds(fixed: &[u64]) -> Vec<u64> {
+    let fresh = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(7);
+    let mut seeds = fixed.to_vec();
+    seeds.extend((0..3).map(|i| fresh.wrapping_add(i)));
+    seeds
 }
 
 pub(crate) const HOT: &str = r#"
@@ -938,16 +949,7 @@ fn bucket_check(hits: u64) -> LimitCheck {
 ///   half of what the bucket refilled is admitted.
 async fn bucket_seed(seed: u64) -> Result<(), String> {
     let mut rng = Rng::new(seed);
-    let clock = ManualClock::new(T0);
-    let store: Arc<dyn CounterStore> = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
-    let replicas: Vec<Replica> = (0..20)
-        .map(|_| {
-            let slices = Slices::new(Arc::clone(&store), Arc::new(clock.clone()), (1000, false));
-            let decider =
-                SlicedDecider::new(Arc::clone(&slices), Arc::new(Plain(Arc::clone(&store))));
-            Replica { slices, decider }
-        })
-        .collect();
+    let (clock, _store, replicas) = model(20);
     let weights: Vec<usize> = (0..20).map(|_| 1 + rng.below(6).pow(2) as usize).collect();
     let held = |at: Duration| -> u64 { replicas.iter().map(|r| r.slices.held_in(at)).sum() };
     let start = clock_now(&clock);
@@ -1018,13 +1020,7 @@ async fn bucket_seed(seed: u64) -> Result<(), String> {
 
 #[tokio::test]
 async fn leased_token_buckets_never_hand_out_more_than_the_bucket_refills() {
-    let mut seeds: Vec<u64> = vec![1, 2, 3];
-    let fresh = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(7);
-    seeds.extend((0..3).map(|i| fresh.wrapping_add(i)));
-    for seed in seeds {
+    for seed in with_fresh_seeds(&[1, 2, 3]) {
         if let Err(e) = bucket_seed(seed).await {
             panic!("{e} (replay: add seed {seed})");
         }
