@@ -7,12 +7,15 @@
 //! - A limit never reached: at most 0.01 script calls per decision (counted by Redis).
 //! - SIGTERM of one of three replicas mid-window: its unspent slice comes back at once (the
 //!   counter holds exactly what it admitted), so the other two can spend it.
+//! - Three replicas on a 3-master Cluster, a leased resource above per-consumer limits: never
+//!   over either, the script calls spread over the masters, and the counters hold exactly what
+//!   was admitted once every slice is back.
 //!
 //! Nothing here is timed: the windows are a minute long and a run starts early in one (it waits
 //! for the next when fewer than 20 s are left), and what is asserted are counts.
 
 use crate::support::binary::{bench, serve, SluiceProcess};
-use crate::support::redis::{start_redis, RedisServer};
+use crate::support::redis::{start_cluster, start_redis, RedisServer};
 use std::time::Duration;
 
 fn config(limit: u64, max_slice: Option<u32>) -> String {
@@ -35,13 +38,29 @@ async fn replicas(
     yaml: &str,
     n: usize,
 ) -> (tempfile::TempDir, Vec<SluiceProcess>) {
+    replicas_on(
+        &[("REDIS_URL", &redis.url()), ("REDIS_TYPE", "single")],
+        yaml,
+        n,
+    )
+    .await
+}
+
+/// `n` replicas with the store settings `store` serving `yaml`.
+async fn replicas_on(
+    store: &[(&str, &str)],
+    yaml: &str,
+    n: usize,
+) -> (tempfile::TempDir, Vec<SluiceProcess>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("hot.yaml");
     std::fs::write(&path, yaml).expect("write config");
     let mut out = Vec::new();
     for _ in 0..n {
         let mut c = serve(&path);
-        c.env("REDIS_URL", redis.url()).env("REDIS_TYPE", "single");
+        for (k, v) in store {
+            c.env(k, v);
+        }
         out.push(SluiceProcess::spawn(c).await);
     }
     (dir, out)
@@ -65,13 +84,21 @@ async fn early_in_a_minute() {
 
 /// `sluice bench` on `target` for `secs`: (ok, over_limit).
 async fn load(target: String, duration: &str) -> (u64, u64) {
+    load_as(target, duration, "resource=api", 1).await
+}
+
+/// [`load`] with the descriptor template `descriptor` (`{id}` one of `consumers`).
+async fn load_as(target: String, duration: &str, descriptor: &str, consumers: u64) -> (u64, u64) {
+    let consumers = consumers.to_string();
     let args: Vec<String> = [
         "--target",
         &target,
         "--domain",
         "hot",
         "--descriptor",
-        "resource=api",
+        descriptor,
+        "--consumers",
+        &consumers,
         "--concurrency",
         "32",
         "--connections",
@@ -223,4 +250,84 @@ async fn a_replica_stopped_mid_window_gives_its_unspent_slice_back() {
         // They ran dry: what they did not spend was at most their two last slices.
         assert!(total + 2 * 5_000 >= 20_000, "{total} admitted of 20 000");
     }
+}
+
+/// Three replicas on a real 3-master Cluster, a leased resource (5 000/min) above 100 consumers
+/// (60/min each, 6 000 in all) loaded at once, several times over: never more than the resource
+/// admitted, every consumer within its own limit, the script calls spread over the masters
+/// (none above 60 %: the consumers' counters have hash tags of their own), and once all three
+/// stopped (their slices back) the resource's counter holds what was admitted, as do the
+/// consumers' together (all_or_nothing: a request charges its consumer only when admitted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_three_replicas_keep_the_resource_and_every_consumer_within_their_limits() {
+    let cluster = start_cluster().await;
+    let yaml = config(5_000, Some(50)).replace(
+        "requests_per_unit: 5000}\n",
+        "requests_per_unit: 5000, applies_to_descendants: true}\n    descriptors:\n      \
+             - key: consumer\n        rate_limit: {unit: minute, requests_per_unit: 60}\n",
+    );
+    assert!(yaml.contains("key: consumer"), "{yaml}");
+    let seeds = cluster.seeds().join(",");
+    let store = [("REDIS_URL", seeds.as_str()), ("REDIS_TYPE", "cluster")];
+    let (_dir, mut rs) = replicas_on(&store, &yaml, 3).await;
+    early_in_a_minute().await;
+    let before: Vec<u64> = (0..3).map(|i| cluster.node(i).evalsha_calls()).collect();
+    let descriptor = "resource=api,consumer=c{id}";
+    let (mut ok, mut offered) = (0, 0);
+    while offered < 20_000 && seconds_into_the_minute() < 50 {
+        let (a, b, c) = tokio::join!(
+            load_as(rs[0].grpc_url(), "1s", descriptor, 100),
+            load_as(rs[1].grpc_url(), "1s", descriptor, 100),
+            load_as(rs[2].grpc_url(), "1s", descriptor, 100)
+        );
+        ok += a.0 + b.0 + c.0;
+        offered += a.0 + a.1 + b.0 + b.1 + c.0 + c.1;
+    }
+    let calls: Vec<u64> = (0..3)
+        .map(|i| cluster.node(i).evalsha_calls() - before[i])
+        .collect();
+    let logs = stop_all(&mut rs).await;
+    eprintln!("offered {offered}, admitted {ok}, script calls per master {calls:?}");
+    assert!(
+        offered >= 10_000,
+        "the load must exceed the limit well: {offered}"
+    );
+    assert!(ok <= 5_000, "{ok} admitted against the resource's 5 000");
+    // At most three last slices (3 x 50) unspent when the resource ran dry.
+    assert!(ok >= 4_500, "{ok} admitted of 5 000 with {offered} offered");
+    let total: u64 = calls.iter().sum();
+    for c in &calls {
+        assert!(
+            *c * 100 <= total * 60,
+            "script calls per master {calls:?}: one master above 60 %"
+        );
+    }
+    // Every counter, from the masters (each key lives on one).
+    let (mut resource, mut consumers, mut most) = (0, 0, 0);
+    for i in 0..3 {
+        for key in cluster.cli(i, &["KEYS", "*resource=api*"]).lines() {
+            if key.is_empty() {
+                continue;
+            }
+            let v: u64 = cluster.cli(i, &["GET", key]).trim().parse().unwrap_or(0);
+            if key.contains("consumer=") {
+                consumers += v;
+                most = most.max(v);
+            } else {
+                resource += v;
+            }
+        }
+    }
+    assert!(
+        most <= 60,
+        "a consumer's counter holds {most}, its limit is 60"
+    );
+    assert_eq!(
+        resource, ok,
+        "every replica stopped and gave its slices back: the resource holds what was admitted\n{logs}"
+    );
+    assert_eq!(
+        consumers, ok,
+        "the consumers' counters hold what was admitted"
+    );
 }
