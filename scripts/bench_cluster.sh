@@ -26,7 +26,7 @@ sleep 0.5
 redis-cli --cluster create 127.0.0.1:17101 127.0.0.1:17102 127.0.0.1:17103 --cluster-yes \
   --cluster-replicas 0 >/dev/null
 for _ in $(seq 100); do
-  redis-cli -p 17101 cluster info | grep -q 'cluster_state:ok' && break; sleep 0.1
+  [[ "$(redis-cli -p 17101 cluster info)" == *cluster_state:ok* ]] && break; sleep 0.1
 done
 for p in "${ports[@]}"; do pids+=("$(cat "$dir/$p/pid")"); done
 tick=$(getconf CLK_TCK)
