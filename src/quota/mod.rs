@@ -15,6 +15,7 @@
 
 mod allocate;
 pub mod bucket;
+mod early;
 mod server;
 mod stream;
 mod work;

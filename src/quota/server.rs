@@ -11,7 +11,9 @@ use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service
 use crate::proto::envoy::service::rate_limit_quota::v3::{
     RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
+use crate::service::{walk, Unwalkable};
 use bytes::Buf;
+use prost::Message;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -47,7 +49,7 @@ impl NamedService for QuotaServer {
 
 impl<B> Service<http::Request<B>> for QuotaServer
 where
-    B: Body + Send + 'static,
+    B: Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<StdError> + Send + 'static,
 {
     type Response = http::Response<tonic::body::Body>;
@@ -67,6 +69,7 @@ where
             max_usages: self.max_usages,
         };
         let max_bytes = self.max_bytes;
+        let req = super::early::walked(req, max_bytes, self.max_usages);
         Box::pin(async move {
             let mut grpc = tonic::server::Grpc::new(codec)
                 .apply_max_message_size_config(Some(max_bytes), None);
@@ -122,21 +125,36 @@ struct ReportDecoder {
     inner: ProstDecoder<RateLimitQuotaUsageReports>,
 }
 
+impl ReportDecoder {
+    /// Refuses a report the walk cannot count, or of more than `max_usages` usages.
+    fn check(&self, wire: &[u8]) -> Result<(), Status> {
+        let usages = count_usages(wire)
+            .map_err(|e| Status::invalid_argument(format!("a usage report refused: {e}")))?;
+        if usages > self.max_usages {
+            return Err(Status::invalid_argument(format!(
+                "a usage report of more than {} bucket usages (RLQS_MAX_USAGES_PER_REPORT)",
+                self.max_usages
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl Decoder for ReportDecoder {
     type Item = RateLimitQuotaUsageReports;
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Status> {
-        // tonic hands a whole message in one contiguous buffer.
-        if buf.chunk().len() == buf.remaining() {
-            let usages = count_usages(buf.chunk(), self.max_usages);
-            if usages > self.max_usages {
-                return Err(Status::invalid_argument(format!(
-                    "a usage report of more than {} bucket usages (RLQS_MAX_USAGES_PER_REPORT)",
-                    self.max_usages
-                )));
-            }
+        // tonic hands a whole message in one contiguous buffer; were it ever in pieces, it is
+        // copied whole first, so no report reaches prost uncounted.
+        if buf.chunk().len() != buf.remaining() {
+            let whole = buf.copy_to_bytes(buf.remaining());
+            self.check(&whole)?;
+            return RateLimitQuotaUsageReports::decode(whole)
+                .map(Some)
+                .map_err(|e| Status::internal(e.to_string()));
         }
+        self.check(buf.chunk())?;
         self.inner.decode(buf)
     }
 
@@ -145,43 +163,37 @@ impl Decoder for ReportDecoder {
     }
 }
 
-/// The `bucket_quota_usages` (field 2) a `RateLimitQuotaUsageReports` holds, counted from its
-/// wire form up to one past `stop`; a malformed message stops the count (prost then refuses it).
-fn count_usages(mut wire: &[u8], stop: usize) -> usize {
+/// The `bucket_quota_usages` (field 2) a `RateLimitQuotaUsageReports` holds, counted on its
+/// wire form. The report, its usages, their bucket ids (and map entries) and durations are
+/// walked whole; what the walk cannot count (a group, which prost would skip and decode past,
+/// an undefined wire type, a truncated field) is refused, never left to prost (issue 50).
+pub(super) fn count_usages(wire: &[u8]) -> Result<usize, Unwalkable> {
     let mut n = 0;
-    while !wire.is_empty() && n <= stop {
-        let Ok(tag) = prost::encoding::decode_varint(&mut wire) else {
-            break;
-        };
-        let skip = match tag & 7 {
-            0 => match prost::encoding::decode_varint(&mut wire) {
-                Ok(_) => 0,
-                Err(_) => break,
-            },
-            1 => 8,
-            2 => match prost::encoding::decode_varint(&mut wire) {
-                Ok(len) => usize::try_from(len).unwrap_or(usize::MAX),
-                Err(_) => break,
-            },
-            5 => 4,
-            _ => break,
-        };
-        if skip > wire.len() {
-            break;
+    walk(wire, 0, &mut |field, usage, at| {
+        if field != 2 {
+            return Ok(());
         }
-        wire = &wire[skip..];
-        if tag >> 3 == 2 && tag & 7 == 2 {
-            n += 1;
-        }
-    }
-    n
+        n += 1;
+        // A usage: its bucket_id (1, of map entries, 1) and time_elapsed (2) are messages.
+        walk(usage, at, &mut |f, body, at| match f {
+            1 => walk(body, at, &mut |f, entry, at| match f {
+                1 => walk(entry, at, &mut |_, _, _| Ok(())),
+                _ => Ok(()),
+            }),
+            2 => walk(body, at, &mut |_, _, _| Ok(())),
+            _ => Ok(()),
+        })
+    })?;
+    Ok(n)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
-    use prost::Message;
+    use crate::proto::envoy::service::rate_limit_quota::v3::BucketId;
+    use crate::service::arbitrary;
+    use proptest::prelude::*;
 
     #[test]
     fn usages_are_counted_on_the_wire_as_prost_decodes_them() {
@@ -190,6 +202,13 @@ mod tests {
                 domain: "d".repeat(200),
                 bucket_quota_usages: vec![
                     BucketQuotaUsage {
+                        bucket_id: Some(BucketId {
+                            bucket: [("k".to_string(), "v".to_string())].into(),
+                        }),
+                        time_elapsed: Some(prost_types::Duration {
+                            seconds: 5,
+                            nanos: 1,
+                        }),
                         num_requests_allowed: 3,
                         ..Default::default()
                     };
@@ -197,11 +216,56 @@ mod tests {
                 ],
             };
             let wire = report.encode_to_vec();
-            assert_eq!(count_usages(&wire, usize::MAX), n);
-            assert_eq!(count_usages(&wire, 5), n.min(6), "stops one past the cap");
+            assert_eq!(count_usages(&wire), Ok(n));
         }
-        // Truncated or malformed: the count stops, prost refuses the message.
-        assert_eq!(count_usages(&[0x12, 0xff], 10), 0);
-        assert_eq!(count_usages(&[0x17], 10), 0);
+    }
+
+    #[test]
+    fn what_the_walk_cannot_count_is_refused() {
+        let refused = |wire: &[u8], what: &str| match count_usages(wire) {
+            Err(e) => assert!(e.to_string().contains(what), "{wire:x?}: {e}"),
+            Ok(n) => panic!("{wire:x?} admitted, {n} usages"),
+        };
+        let domain = [0x0a, 1, b'd'];
+        let with = |parts: &[&[u8]]| -> Vec<u8> { [&domain[..], &parts.concat()].concat() };
+        // The review's report: an empty group of field 99, then usages.
+        refused(
+            &with(&[&[0x9b, 0x06, 0x9c, 0x06], &[0x12, 0].repeat(100)]),
+            "group",
+        );
+        // In a usage, its bucket id, a map entry, its duration.
+        refused(&with(&[&[0x12, 2, 0x0b, 0x0c]]), "byte 5");
+        refused(&with(&[&[0x12, 4, 0x0a, 2, 0x0b, 0x0c]]), "byte 7");
+        refused(&with(&[&[0x12, 6, 0x0a, 4, 0x0a, 2, 0x13, 0x14]]), "byte 9");
+        refused(&with(&[&[0x12, 4, 0x12, 2, 0x0b, 0x0c]]), "group");
+        // Truncated, undefined wire types.
+        refused(&[0x12, 0xff], "truncated or overlong length");
+        refused(&[0x17], "wire type (6 or 7)");
+        refused(&with(&[&[0x12, 1, 0x18]]), "truncated or overlong varint");
+        // Map keys and values are strings: not walked.
+        let ok = with(&[&[0x12, 7, 0x0a, 5, 0x0a, 3, 0x0a, 1, 0x0b]]);
+        assert_eq!(count_usages(&ok), Ok(1));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+
+        /// Whenever the walk admits a report, prost decodes it within the usage cap (or refuses
+        /// it): the cap here is 3.
+        #[test]
+        fn an_admitted_report_decodes_within_the_cap(
+            wire in prop_oneof![arbitrary::wire(), arbitrary::tampered(arbitrary::rlqs)],
+        ) {
+            let decoder = ReportDecoder {
+                max_usages: 3,
+                inner: ProstDecoder::new(BufferSettings::default()),
+            };
+            if decoder.check(&wire).is_ok() {
+                if let Ok(r) = RateLimitQuotaUsageReports::decode(wire.as_slice()) {
+                    let n = r.bucket_quota_usages.len();
+                    prop_assert!(n <= 3, "{} usages", n);
+                }
+            }
+        }
     }
 }

@@ -42,7 +42,9 @@ use plan::plan;
 use respond::Verdict;
 use status::{describe_rules, unix_now};
 use validate::validate;
-pub use validate::validate_wire;
+pub use validate::{validate_wire, walk, Unwalkable};
+#[cfg(test)]
+pub(crate) use validate::arbitrary;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};

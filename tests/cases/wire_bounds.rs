@@ -251,3 +251,113 @@ async fn an_rls_request_larger_than_the_caps_admit_is_refused_unread() {
     assert_eq!(status, None, "{message}");
     assert!(got > 5, "a response");
 }
+
+/// Issue 50 (review 4): a protobuf group (wire types 3 and 4) blinded both wire walkers. prost
+/// skips a group of an unknown field and decodes the rest, so a request that starts with an
+/// empty group (`\x9b\x06\x9c\x06`, field 99) was counted as 0 descriptors and then decoded in
+/// full: 2 000 000 empty descriptors, about 170-280 MB each, refused only after decoding; the
+/// same group in a report before 4 000 000 empty usages, about 350 MB, and the stream stayed
+/// open. A group hidden at the start of a descriptor's body hid its entries the same way. Now a
+/// message the walker cannot count is refused with INVALID_ARGUMENT before it is decoded: 8
+/// concurrent calls of each kind (each on its own connection), and sluice's peak resident
+/// memory grows by less than 50 MB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_hides_nothing_from_the_wire_walkers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("rlqs.yaml");
+    std::fs::write(&config, YAML).expect("config");
+    let rls = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    let rlqs = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";
+    const GROUP: [u8; 4] = [0x9b, 0x06, 0x9c, 0x06];
+    let prefixed = |group_first: bool, n: usize| {
+        let mut body = BytesMut::with_capacity(16 + 2 * n);
+        body.put_slice(&[0x0a, 4]);
+        body.put_slice(b"rlqs");
+        if group_first {
+            body.put_slice(&GROUP);
+        }
+        for _ in 0..n {
+            body.put_slice(&[0x12, 0]);
+        }
+        frame(&body)
+    };
+    // A descriptor whose body starts with the group, then a million empty entries.
+    let mut entries = BytesMut::new();
+    entries.put_slice(&GROUP);
+    for _ in 0..1_000_000 {
+        entries.put_slice(&[0x0a, 0]);
+    }
+    let mut nested = BytesMut::new();
+    nested.put_slice(&[0x0a, 4]);
+    nested.put_slice(b"rlqs");
+    nested.put_u8(0x12);
+    prost::encoding::encode_varint(entries.len() as u64, &mut nested);
+    nested.put_slice(&entries);
+    let nested = frame(&nested);
+    let cases = [
+        ("RLS, 2 000 000 descriptors", rls, prefixed(true, 2_000_000)),
+        ("RLS, 1 000 000 entries", rls, nested),
+        ("RLQS, 4 000 000 usages", rlqs, prefixed(true, 4_000_000)),
+    ];
+    for (what, path, body) in cases {
+        // A sluice of its own per kind: its peak is that kind's.
+        let sluice = SluiceProcess::spawn(serve(&config)).await;
+        let idle = crate::support::binary::resident(sluice.pid(), "VmRSS:");
+        // Bounded, so a stream left open (as before) fails the test instead of hanging it.
+        let bound = std::time::Duration::from_secs(120);
+        let calls =
+            (0..8).map(|_| tokio::time::timeout(bound, send_to(&sluice, path, body.clone())));
+        let answers = futures_util::future::join_all(calls).await;
+        let peak = crate::support::binary::resident(sluice.pid(), "VmHWM:");
+        println!(
+            "{what} behind a group, 8 concurrent: resident {} MiB idle, peak {} MiB (+{} MiB)",
+            idle >> 20,
+            peak >> 20,
+            peak.saturating_sub(idle) >> 20
+        );
+        for answer in answers {
+            let (status, message, _) = answer.unwrap_or((None, "no answer".into(), 0));
+            assert_eq!(status.as_deref(), Some("3"), "{what}: {message}");
+            assert!(message.contains("group"), "{what}: {message}");
+        }
+        assert!(
+            peak < idle + (50 << 20),
+            "{what}: sluice's resident memory peaked at {} MiB, {} MiB idle",
+            peak >> 20,
+            idle >> 20
+        );
+        // An ordinary message of the same kind is still served.
+        let (status, message, got) = send_to(&sluice, path, ordinary(path == rlqs)).await;
+        assert_eq!(status, None, "{what}: {message}");
+        assert!(got > 5, "{what}: a response");
+    }
+}
+
+/// An ordinary RLQS report (`quota`) or RLS request of one `x-api-key` entry, as a frame.
+fn ordinary(quota: bool) -> Bytes {
+    if quota {
+        let report = RateLimitQuotaUsageReports {
+            domain: "rlqs".into(),
+            bucket_quota_usages: vec![BucketQuotaUsage {
+                bucket_id: Some(BucketId {
+                    bucket: [("x-api-key".to_string(), "k".to_string())].into(),
+                }),
+                num_requests_allowed: 1,
+                ..Default::default()
+            }],
+        };
+        return frame(&report.encode_to_vec());
+    }
+    let request = sluice::proto::RateLimitRequest {
+        domain: "rlqs".into(),
+        descriptors: vec![sluice::proto::RateLimitDescriptor {
+            entries: vec![sluice::proto::rate_limit_descriptor::Entry {
+                key: "x-api-key".into(),
+                value: "k".into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    };
+    frame(&request.encode_to_vec())
+}
