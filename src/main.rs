@@ -56,13 +56,15 @@ fn block_on(
     }
 }
 
-/// Logs go to stderr; `RUST_LOG`, when set, refines `LOG_LEVEL` per module.
+/// Logs go to stderr; `RUST_LOG`, when set, refines `LOG_LEVEL` per module. The admin audit
+/// lines are written whatever either says (see `admin::audit`).
 fn init_logging(log: &LogArgs) {
     let filter = EnvFilter::builder()
         .with_default_directive(
             tracing::level_filters::LevelFilter::from_level(log.log_level.as_tracing()).into(),
         )
         .from_env_lossy();
+    let filter = sluice::admin::audit::always_on(filter);
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

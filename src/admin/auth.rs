@@ -1,13 +1,16 @@
 //! Who may call the admin API, and what they may do. Two ways to authenticate:
 //!
 //! - **Bearer tokens** (`ADMIN_TOKENS_FILE`): one line per token, `NAME SCOPES TOKEN`, scopes
-//!   `read`, `write` or `read,write` (`#` starts a comment). The file is read again on every
+//!   `read`, `write` or `read,write` (a `#` at the start of a line or after a space starts a
+//!   comment; one inside a token is part of it). The file is read again on every
 //!   call (admin calls are rare; a Kubernetes Secret update or a rotated token applies at once);
 //!   a file that no longer parses refuses every token until it is fixed, and says why in the
 //!   log. Tokens are compared in constant time.
 //! - **Client certificates** (`ADMIN_TLS_CLIENT_CACERT`): the TLS handshake requires one the CA
 //!   signed (a wrong one never gets a connection); the certificate's subject common name names
-//!   the caller, with the scopes `ADMIN_TLS_CLIENT_SCOPES` gives (a bearer token, if sent, wins).
+//!   the caller, with the scopes `ADMIN_TLS_CLIENT_SCOPES` gives (`read` unless it says
+//!   `read,write`: a CA reused for other clients must not make them writers; a bearer token, if
+//!   sent, wins).
 //!
 //! With neither configured the listener must be loopback or a Unix socket (the server refuses
 //! to start otherwise) and every local caller has both scopes, named `local`.
@@ -201,11 +204,24 @@ fn read_tokens(path: &Path) -> Result<Vec<Token>, String> {
     parse_tokens(&text).map_err(|(line, e)| format!("{}:{line}: {e}", path.display()))
 }
 
+/// `line` up to its comment: a `#` at the start of the line or after whitespace. A `#` inside a
+/// field is part of it (a generated token may hold one: cut there, it would be a weaker token).
+fn without_comment(line: &str) -> &str {
+    let mut after_space = true;
+    for (i, c) in line.char_indices() {
+        if c == '#' && after_space {
+            return &line[..i];
+        }
+        after_space = c.is_whitespace();
+    }
+    line
+}
+
 /// `NAME SCOPES TOKEN` per line; errors carry their line number.
 fn parse_tokens(text: &str) -> Result<Vec<Token>, (usize, String)> {
     let mut tokens: Vec<Token> = Vec::new();
     for (n, line) in text.lines().enumerate() {
-        let line = line.split('#').next().unwrap_or_default().trim();
+        let line = without_comment(line).trim();
         if line.is_empty() {
             continue;
         }
@@ -268,6 +284,18 @@ mod tests {
             .contains("shorter"));
         let dup = "a read 0123456789abcdef\nb write 0123456789abcdef";
         assert_eq!(parse_tokens(dup).unwrap_err().0, 2);
+    }
+
+    #[test]
+    fn a_hash_inside_a_token_is_part_of_it() {
+        let t =
+            parse_tokens("ci write 0123456789#abcdef # the CI's\n#off\n  # indented\n").unwrap();
+        assert_eq!(t.len(), 1);
+        // Cut at the `#` (as before), this token was 10 characters: a confusing refusal.
+        assert_eq!(t[0].secret, "0123456789#abcdef");
+        // And this one 18: its weaker prefix authenticated.
+        let t = parse_tokens("ci write 0123456789abcdefgh#xy\n").unwrap();
+        assert_eq!(t[0].secret, "0123456789abcdefgh#xy");
     }
 
     #[test]

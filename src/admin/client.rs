@@ -95,18 +95,20 @@ pub enum Call {
 #[derive(Debug, Clone, Subcommand)]
 pub enum OverrideCall {
     /// Set a descriptor's limit (--limit N, --unlimited or --deny) for --ttl.
+    // One of the three, each standing alone: a group that is required, no member that is.
+    #[command(group(clap::ArgGroup::new("to").required(true).args(["limit", "unlimited", "deny"])))]
     Set {
         domain: String,
         #[arg(required = true, value_parser = parse_entry)]
         entries: Vec<(String, String)>,
-        #[arg(long, group = "to", required = true)]
+        #[arg(long)]
         limit: Option<u32>,
-        #[arg(long, group = "to")]
+        #[arg(long)]
         unlimited: bool,
-        #[arg(long, group = "to")]
+        #[arg(long)]
         deny: bool,
-        /// How long it lasts (`90s`, `1h`, at most `2160h`).
-        #[arg(long, value_parser = crate::duration::parse_go)]
+        /// How long it lasts, in whole seconds (`90s`, `1h`, at most `2160h`).
+        #[arg(long, value_parser = parse_ttl)]
         ttl: Duration,
         /// Only the limit of this name (default: every limit of the descriptor).
         #[arg(long, default_value = "")]
@@ -126,6 +128,18 @@ pub enum OverrideCall {
     },
     /// The overrides in force (of one domain, or all).
     List { domain: Option<String> },
+}
+
+/// An override's `--ttl`: a whole number of seconds, at least one. The API counts in seconds
+/// and refuses 0; rounding `0s` or `500ms` up to a second would set what nobody asked for.
+fn parse_ttl(s: &str) -> Result<Duration, String> {
+    let ttl = crate::duration::parse_go(s)?;
+    if ttl.is_zero() || ttl.subsec_nanos() != 0 {
+        return Err(format!(
+            "{s:?}: an override lasts a whole number of seconds, at least 1s"
+        ));
+    }
+    Ok(ttl)
 }
 
 /// `key=value` (the value may hold `=`; the key may not be empty).
@@ -289,7 +303,7 @@ impl AdminArgs {
                     entries: entries(e),
                     limit_name: name.clone(),
                     limit: Some(limit),
-                    ttl_seconds: ttl.as_secs().max(1),
+                    ttl_seconds: ttl.as_secs(),
                     reason: reason.clone(),
                 };
                 to_json(&c.set_override(self.request(m, token)?).await?.into_inner())
@@ -362,3 +376,53 @@ named!(
     DeleteOverrideResponse,
     ListOverridesResponse
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Admin {
+        #[command(flatten)]
+        args: AdminArgs,
+    }
+
+    fn set(extra: &[&str]) -> Result<AdminArgs, clap::Error> {
+        let args = ["admin", "override", "set", "api", "tenant=acme"];
+        Admin::try_parse_from(args.iter().chain(extra)).map(|a| a.args)
+    }
+
+    #[test]
+    fn an_override_lasts_whole_seconds_at_least_one() {
+        for bad in ["0s", "500ms", "1500ms", "0"] {
+            let e = set(&["--deny", "--ttl", bad]).unwrap_err();
+            assert!(
+                e.to_string().contains("whole number of seconds"),
+                "{bad}: {e}"
+            );
+        }
+        let Call::Override(OverrideCall::Set { ttl, .. }) =
+            set(&["--deny", "--ttl", "90s"]).unwrap().call
+        else {
+            panic!("override set");
+        };
+        assert_eq!(ttl, Duration::from_secs(90));
+    }
+
+    #[test]
+    fn one_of_limit_unlimited_or_deny_stands_alone() {
+        for alone in [&["--limit", "5"][..], &["--unlimited"], &["--deny"]] {
+            let args: Vec<&str> = alone.iter().copied().chain(["--ttl", "1m"]).collect();
+            assert!(set(&args).is_ok(), "{alone:?}");
+        }
+        assert!(set(&["--ttl", "1m"]).is_err(), "one of them is needed");
+        assert!(set(&["--deny", "--unlimited", "--ttl", "1m"]).is_err());
+        let help = set(&["--help"]).unwrap_err().to_string();
+        let usage = help.lines().find(|l| l.starts_with("Usage:")).unwrap();
+        assert!(
+            usage.contains("<--limit <LIMIT>|--unlimited|--deny>"),
+            "{usage}"
+        );
+    }
+}

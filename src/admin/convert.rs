@@ -6,6 +6,21 @@ use crate::service::{Inspected, RequestCaps};
 use crate::store::admin::{OverrideId, OverrideLimit, StoredOverride, MAX_OVERRIDE_TTL_SECS};
 use tonic::Status;
 
+/// Bytes a write's `reason` or `limit_name` may have: they go into the audit lines and the
+/// stored override, so a caller cannot make either carry megabytes.
+pub const MAX_TEXT_BYTES: usize = 1024;
+
+/// INVALID_ARGUMENT naming `field` when `value` is longer than [`MAX_TEXT_BYTES`].
+pub fn capped(field: &str, value: &str) -> Result<(), Status> {
+    if value.len() > MAX_TEXT_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "{field}: {} bytes, at most {MAX_TEXT_BYTES}",
+            value.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Entries from the request, within the RLS caps; at least one.
 pub fn entries(
     list: &[pb::Entry],
@@ -112,11 +127,8 @@ pub fn override_of(
              in the config"
         )));
     }
-    if r.reason.len() > 1024 || r.limit_name.len() > 1024 {
-        return Err(Status::invalid_argument(
-            "reason and limit_name: at most 1024 bytes",
-        ));
-    }
+    capped("reason", &r.reason)?;
+    capped("limit_name", &r.limit_name)?;
     Ok(StoredOverride {
         id: OverrideId {
             domain: r.domain.clone(),

@@ -9,8 +9,9 @@ use super::convert;
 use crate::proto::sluice::admin::v1 as pb;
 use crate::proto::sluice::admin::v1::admin_server::{Admin, AdminServer};
 use crate::service::RateLimiter;
-use crate::store::admin::{OverrideId, StoredOverride, MAX_OVERRIDES};
+use crate::store::admin::{OverrideId, MAX_OVERRIDES};
 use crate::store::StoreError;
+use std::future::Future;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
@@ -58,32 +59,57 @@ impl AdminService {
             .ok_or_else(|| Status::not_found(format!("domain {domain:?} is not in the config")))
     }
 
-    /// After a write: this replica applies it now, the others on their next poll.
-    async fn reload(&self) {
-        super::poll::reload(&self.limiter).await;
-    }
-
-    /// Ends an override write (set or delete): its audit line with what was there before, and
-    /// when it went through, this replica applies it now.
-    async fn finish_override<T>(
+    /// Runs one write: its attempt line, then the store call, its outcome line and this
+    /// replica's reload on a task of its own. Why a task: a caller that goes away (its
+    /// `grpc-timeout`, an RST_STREAM) drops this handler's future, and with it anything it
+    /// awaits; a store call cut there may have written (an override set, some counters of a
+    /// reset gone) with no outcome line, no metric and no generation bump. The task is not
+    /// cut: the write, its record and its bump always finish.
+    async fn write<T: Send + 'static>(
         &self,
-        mut write: Write<'_>,
-        result: Result<Option<StoredOverride>, StoreError>,
-        answer: impl FnOnce(Option<StoredOverride>) -> T,
+        audit: Write,
+        store: impl Future<Output = Result<Applied<T>, StoreError>> + Send + 'static,
     ) -> Result<Response<T>, Status> {
-        let metrics = &self.limiter.telemetry().metrics.admin;
-        match result {
-            Ok(before) => {
-                write.before = convert::override_text(before.as_ref());
-                write.record(metrics, Ok(()));
-                self.reload().await;
-                Ok(Response::new(answer(before)))
+        audit.attempt();
+        let task = tokio::spawn(finish(Arc::clone(&self.limiter), audit, store));
+        match task.await {
+            Ok(answer) => answer.map(Response::new),
+            Err(e) => Err(Status::internal(format!("the admin write failed: {e}"))),
+        }
+    }
+}
+
+/// What a write's store call gives back: the answer, and for the outcome line what was there
+/// before and what is there after (`None`: as the attempt said).
+struct Applied<T> {
+    answer: T,
+    before: Option<String>,
+    after: Option<String>,
+}
+
+/// The rest of a write, on its own task: the store call, the outcome line and, when it went
+/// through, this replica applies it now (the others on their next poll).
+async fn finish<T>(
+    limiter: Arc<RateLimiter>,
+    mut audit: Write,
+    store: impl Future<Output = Result<Applied<T>, StoreError>>,
+) -> Result<T, Status> {
+    let result = store.await;
+    let metrics = &limiter.telemetry().metrics.admin;
+    match result {
+        Ok(applied) => {
+            audit.before = applied.before.unwrap_or(audit.before);
+            audit.after = applied.after.unwrap_or(audit.after);
+            audit.record(metrics, Ok(()));
+            super::poll::reload(&limiter).await;
+            Ok(applied.answer)
+        }
+        Err(e) => {
+            if audit.before.is_empty() {
+                audit.before = "unknown".into();
             }
-            Err(e) => {
-                write.before = "unknown".into();
-                write.record(metrics, Err(&e.to_string()));
-                Err(status(e))
-            }
+            audit.record(metrics, Err(&e.to_string()));
+            Err(status(e))
         }
     }
 }
@@ -130,13 +156,16 @@ impl Admin for AdminService {
                 .map_err(|_| Status::invalid_argument("page_token: not one this API gave"))?,
         };
         let offenders = &self.limiter.telemetry().offenders;
-        let Some(report) = offenders.top(&r.domain, start.saturating_add(size + 1)) else {
+        let Some(report) = offenders.top(&r.domain, start.saturating_add(size).saturating_add(1))
+        else {
             return Ok(Response::new(pb::TopResponse {
                 window_seconds: offenders.settings().window_seconds(),
                 ..Default::default()
             }));
         };
-        let more = report.offenders.len() > start + size;
+        // Saturating: a page token is the caller's text, `usize::MAX` included.
+        let end = start.saturating_add(size);
+        let more = report.offenders.len() > end;
         Ok(Response::new(pb::TopResponse {
             consumers: report
                 .offenders
@@ -150,11 +179,7 @@ impl Admin for AdminService {
                 })
                 .collect(),
             window_seconds: report.window_seconds,
-            next_page_token: if more {
-                (start + size).to_string()
-            } else {
-                String::new()
-            },
+            next_page_token: if more { end.to_string() } else { String::new() },
         }))
     }
 
@@ -165,40 +190,37 @@ impl Admin for AdminService {
         let caller = self.authorize(&request, Need::Write)?;
         let r = request.into_inner();
         let prefix = convert::entries(&r.prefix, &self.limiter.options().caps, "prefix")?;
+        convert::capped("reason", &r.reason)?;
         let domain_tag = self.domain_tag(&r.domain)?;
-        let result = self
-            .limiter
-            .counter_admin()
-            .reset(&r.domain, &prefix, domain_tag)
-            .await;
-        let metrics = &self.limiter.telemetry().metrics.admin;
-        let mut audit = Write {
-            caller: &caller.name,
-            operation: "reset",
-            domain: &r.domain,
-            target: entries_text(&prefix),
-            before: "counted".into(),
-            after: "reset".into(),
-            reason: &r.reason,
-        };
-        match result {
-            Ok(n) => {
-                if n.counted {
-                    metrics.counters_reset.inc_by(n.counters);
-                    audit.after = format!("{} counters reset", n.counters);
-                }
-                audit.record(metrics, Ok(()));
-                self.reload().await;
-                Ok(Response::new(pb::ResetResponse {
+        let mut audit = Write::new(
+            &caller.name,
+            "reset",
+            &r.domain,
+            entries_text(&prefix),
+            "reset".into(),
+            &r.reason,
+        );
+        audit.before = "counted".into();
+        let admin = Arc::clone(self.limiter.counter_admin());
+        let limiter = Arc::clone(&self.limiter);
+        self.write(audit, async move {
+            let n = admin.reset(&r.domain, &prefix, domain_tag).await?;
+            let mut after = None;
+            if n.counted {
+                let metrics = &limiter.telemetry().metrics.admin;
+                metrics.counters_reset.inc_by(n.counters);
+                after = Some(format!("{} counters reset", n.counters));
+            }
+            Ok(Applied {
+                answer: pb::ResetResponse {
                     counters: n.counters,
                     counted: n.counted,
-                }))
-            }
-            Err(e) => {
-                audit.record(metrics, Err(&e.to_string()));
-                Err(status(e))
-            }
-        }
+                },
+                before: None,
+                after,
+            })
+        })
+        .await
     }
 
     async fn set_override(
@@ -210,22 +232,24 @@ impl Admin for AdminService {
         let now = self.limiter.now_ms();
         let o = convert::override_of(&r, &self.limiter.options().caps, &caller.name, now)?;
         self.domain_tag(&r.domain)?;
-        let result = self
-            .limiter
-            .counter_admin()
-            .put_override(&o, now, MAX_OVERRIDES)
-            .await;
-        let write = Write {
-            caller: &caller.name,
-            operation: "set_override",
-            domain: &r.domain,
-            target: entries_text(&o.id.entries),
-            before: String::new(),
-            after: convert::override_text(Some(&o)),
-            reason: &r.reason,
-        };
-        self.finish_override(write, result, |_| convert::to_pb(&o))
-            .await
+        let audit = Write::new(
+            &caller.name,
+            "set_override",
+            &r.domain,
+            entries_text(&o.id.entries),
+            convert::override_text(Some(&o)),
+            &r.reason,
+        );
+        let admin = Arc::clone(self.limiter.counter_admin());
+        self.write(audit, async move {
+            let before = admin.put_override(&o, now, MAX_OVERRIDES).await?;
+            Ok(Applied {
+                answer: convert::to_pb(&o),
+                before: Some(convert::override_text(before.as_ref())),
+                after: None,
+            })
+        })
+        .await
     }
 
     async fn delete_override(
@@ -234,24 +258,32 @@ impl Admin for AdminService {
     ) -> Result<Response<pb::DeleteOverrideResponse>, Status> {
         let caller = self.authorize(&request, Need::Write)?;
         let r = request.into_inner();
+        convert::capped("reason", &r.reason)?;
+        convert::capped("limit_name", &r.limit_name)?;
         let id = OverrideId {
             domain: r.domain.clone(),
             entries: convert::entries(&r.entries, &self.limiter.options().caps, "entries")?,
             limit_name: r.limit_name.clone(),
         };
+        let audit = Write::new(
+            &caller.name,
+            "delete_override",
+            &r.domain,
+            entries_text(&id.entries),
+            "none".into(),
+            &r.reason,
+        );
         let now = self.limiter.now_ms();
-        let result = self.limiter.counter_admin().delete_override(&id, now).await;
-        let write = Write {
-            caller: &caller.name,
-            operation: "delete_override",
-            domain: &r.domain,
-            target: entries_text(&id.entries),
-            before: String::new(),
-            after: "none".into(),
-            reason: &r.reason,
-        };
-        self.finish_override(write, result, |before| pb::DeleteOverrideResponse {
-            deleted: before.is_some(),
+        let admin = Arc::clone(self.limiter.counter_admin());
+        self.write(audit, async move {
+            let before = admin.delete_override(&id, now).await?;
+            Ok(Applied {
+                answer: pb::DeleteOverrideResponse {
+                    deleted: before.is_some(),
+                },
+                before: Some(convert::override_text(before.as_ref())),
+                after: None,
+            })
         })
         .await
     }

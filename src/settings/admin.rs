@@ -53,8 +53,10 @@ pub struct AdminServeArgs {
     #[arg(long, env = "ADMIN_TLS_CLIENT_CACERT", requires = "admin_tls_cert")]
     pub admin_tls_client_cacert: Option<PathBuf>,
 
-    /// Scopes of a caller authenticated by its client certificate: read, or read,write.
-    #[arg(long, env = "ADMIN_TLS_CLIENT_SCOPES", default_value = "read,write",
+    /// Scopes of a caller authenticated by its client certificate: read, or read,write. Read by
+    /// default: a CA that also signs other clients (a mesh's, the gRPC port's) must not make
+    /// every one of them a writer.
+    #[arg(long, env = "ADMIN_TLS_CLIENT_SCOPES", default_value = "read",
           value_parser = Scopes::parse)]
     pub admin_tls_client_scopes: Scopes,
 }
@@ -88,5 +90,39 @@ impl AdminServeArgs {
             },
             tls,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Serve {
+        #[command(flatten)]
+        admin: AdminServeArgs,
+    }
+
+    #[test]
+    fn client_certificates_read_unless_told_to_write() {
+        let tls = [
+            "serve",
+            "--admin-tls-cert=c.pem",
+            "--admin-tls-key=k.pem",
+            "--admin-tls-client-cacert=ca.pem",
+        ];
+        let scopes = |extra: &[&str]| {
+            let args = tls.iter().chain(extra).copied();
+            let listen = Serve::try_parse_from(args).unwrap().admin.listen().unwrap();
+            listen.unwrap().auth.client_cert_scopes.unwrap()
+        };
+        let read = Scopes {
+            read: true,
+            write: false,
+        };
+        assert_eq!(scopes(&[]), read);
+        let all = scopes(&["--admin-tls-client-scopes=read,write"]);
+        assert_eq!(all, Scopes::ALL);
     }
 }

@@ -767,5 +767,15 @@ async fn top_pages_through_the_most_denied_consumers() {
     assert!(second.next_page_token.is_empty());
     let e = c.top(page("not-a-token")).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    // A token at the end of `usize` is past every page: an empty one, never an overflow.
+    for token in [usize::MAX, usize::MAX - 1] {
+        let last = c
+            .top(page(&token.to_string()))
+            .await
+            .expect("top")
+            .into_inner();
+        assert!(last.consumers.is_empty(), "{last:?}");
+        assert!(last.next_page_token.is_empty(), "{last:?}");
+    }
     s.stop().await;
 }

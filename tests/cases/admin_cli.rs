@@ -166,9 +166,15 @@ async fn sluice_admin_and_grpcurl_drive_two_replicas_on_their_own_listener() {
     assert_eq!(listed[0]["requestsPerUnit"], 50, "{out}");
     assert_eq!(listed[0]["setBy"], "ops", "{out}");
 
-    // Every write has its audit line (the refused ones never reached a write).
+    // Every write has its outcome line, after its attempt line (the refused ones never
+    // reached a write).
     let log = a.log();
-    let audit: Vec<&str> = log.lines().filter(|l| l.contains("admin write")).collect();
+    let attempts = log.lines().filter(|l| l.contains("admin write attempt"));
+    assert_eq!(attempts.count(), 2, "{log}");
+    let audit: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("admin write") && !l.contains("admin write attempt"))
+        .collect();
     assert_eq!(audit.len(), 2, "{log}");
     assert!(
         audit[0].contains("caller=\"ops\"") || audit[0].contains("caller=ops"),
@@ -178,7 +184,7 @@ async fn sluice_admin_and_grpcurl_drive_two_replicas_on_their_own_listener() {
     assert!(audit[0].contains("operation=\"reset\"") || audit[0].contains("operation=reset"));
     assert!(audit[0].contains("ticket 4411") && audit[0].contains("1 counters reset"));
     assert!(audit[1].contains("set_override") && audit[1].contains("50 until"));
-    assert!(audit[1].contains("before=none"), "{}", audit[1]);
+    assert!(audit[1].contains("before=\"none\""), "{}", audit[1]);
 }
 
 #[tokio::test]

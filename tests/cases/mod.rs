@@ -48,6 +48,7 @@ macro_rules! test_with_stores {
 }
 
 mod admin;
+mod admin_audit;
 mod admin_cli;
 mod bench;
 mod calendar;

@@ -114,6 +114,19 @@ impl RedisAdmin {
         }
     }
 
+    /// `INCR` of the generation every replica polls.
+    async fn bump(&self) -> Result<(), StoreError> {
+        let generation = self.generation_key();
+        self.call(async |c| {
+            redis::cmd("INCR")
+                .arg(&generation)
+                .query_async::<u64>(c)
+                .await
+        })
+        .await
+        .map(|_| ())
+    }
+
     async fn reset_now(
         &self,
         domain: &str,
@@ -122,6 +135,9 @@ impl RedisAdmin {
     ) -> Result<ResetCount, StoreError> {
         let (literal, tag) = reset_literal(&self.common.prefix, domain, prefix, domain_tag)?;
         let pattern = reset_pattern(&literal, prefix.len(), domain_tag);
+        // Bumped before the scans as well as after: a reset cut midway (a Redis error) has
+        // still made every replica drop its deny cache for what it did delete.
+        self.bump().await?;
         // Counted, not collected: a prefix with a million consumers must not hold a million
         // names here. A counter has one key that counts (its current window, or its state);
         // a lease limit's entry sets beside it are not counted again.
@@ -139,14 +155,8 @@ impl RedisAdmin {
                 counters += self.reset_pages(slot, &pattern, own.len(), false).await?;
             }
         }
-        let generation = self.generation_key();
-        self.call(async |c| {
-            redis::cmd("INCR")
-                .arg(&generation)
-                .query_async::<u64>(c)
-                .await
-        })
-        .await?;
+        // Again after the scans: a denial cached while they ran is dropped too.
+        self.bump().await?;
         Ok(ResetCount {
             counters,
             counted: true,
