@@ -140,13 +140,61 @@ pub struct ConnectionAge {
 }
 
 impl ConnectionAge {
+    /// The longest `GRPC_MAX_CONNECTION_AGE` taken: Go's longest `time.Duration`
+    /// (2562047h47m16s, about 292 years), so whatever envoyproxy accepted still starts, and
+    /// anything longer is a settings error naming the variable instead of a panic when the age
+    /// is jittered (issue 50: `18446744073709551615` panicked in `Duration::mul_f64`). `0`
+    /// says "never".
+    pub const LONGEST: Duration = Duration::from_secs(2_562_047 * 3600 + 47 * 60 + 16);
+
+    /// `GRPC_MAX_CONNECTION_AGE` as Go writes durations, at most [`ConnectionAge::LONGEST`].
+    pub fn parse(s: &str) -> Result<Duration, String> {
+        let age = crate::duration::parse_go(s)?;
+        if age > Self::LONGEST {
+            return Err(format!(
+                "GRPC_MAX_CONNECTION_AGE {s} is longer than 2562047h47m16s (Go's longest \
+                 duration); 0 never ages a connection"
+            ));
+        }
+        Ok(age)
+    }
+
     /// `max` scaled by a factor in [0.9, 1.1] drawn from `seed`'s hash.
-    pub(super) fn jittered(&self, seed: u64) -> Duration {
-        use std::hash::{BuildHasher, Hasher};
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u64(seed);
-        let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
-        self.max.mul_f64(0.9 + 0.2 * unit)
+    pub(crate) fn jittered(&self, seed: u64) -> Duration {
+        jittered(self.max, seed)
+    }
+}
+
+/// `age` scaled by a factor in [0.9, 1.1] drawn from `seed`'s hash (so connections, and RLQS
+/// streams, opened together do not all age out together); saturating, never a panic.
+fn jittered(age: Duration, seed: u64) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(seed);
+    let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
+    Duration::try_from_secs_f64(age.as_secs_f64() * (0.9 + 0.2 * unit)).unwrap_or(Duration::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_absurd_connection_age_is_a_settings_error_and_jitter_never_panics() {
+        let e = ConnectionAge::parse("18446744073709551615").expect_err("absurd");
+        assert!(e.contains("GRPC_MAX_CONNECTION_AGE"), "{e}");
+        assert!(e.contains("2562047h47m16s"), "{e}");
+        assert_eq!(ConnectionAge::parse("24h"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(ConnectionAge::parse("0"), Ok(Duration::ZERO));
+        let longest = ConnectionAge::parse("2562047h47m16s").expect("Go's longest");
+        for seed in 0..1000 {
+            let j = jittered(longest, seed);
+            assert!(
+                j >= longest.mul_f64(0.9) && j <= longest.mul_f64(1.1),
+                "{j:?}"
+            );
+        }
+        assert!(jittered(Duration::MAX, 7) >= Duration::MAX / 2);
     }
 }
 

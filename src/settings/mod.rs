@@ -341,7 +341,7 @@ pub struct ServeArgs {
         long,
         env = "GRPC_MAX_CONNECTION_AGE",
         default_value = "24h",
-        value_parser = parse_duration
+        value_parser = crate::server::ConnectionAge::parse
     )]
     pub grpc_max_connection_age: Duration,
 

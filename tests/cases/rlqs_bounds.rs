@@ -176,3 +176,53 @@ async fn an_rlqs_stream_ends_at_the_connections_age() {
     assert!(matches!(end, Ok(None)), "ended with OK: {end:?}");
     server.stop().await;
 }
+
+/// Issue 50 (review 9): `GRPC_MAX_CONNECTION_AGE=18446744073709551615` was taken, then the
+/// connection age (and every RLQS stream's) was jittered with `Duration::mul_f64`, which
+/// panicked at start. Now the real binary refuses it as a settings error naming the variable,
+/// and exits without a panic; Go's longest duration (what envoyproxy takes) still starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absurd_connection_age_is_a_settings_error_not_a_panic() {
+    use crate::support::binary::{serve, SluiceProcess};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("rlqs.yaml");
+    std::fs::write(&config, YAML).expect("config");
+    let mut cmd = serve(&config);
+    cmd.env("GRPC_MAX_CONNECTION_AGE", "18446744073709551615");
+    let out = tokio::time::timeout(BOUND, cmd.output())
+        .await
+        .expect("exits at once")
+        .expect("ran");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "a settings error: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr
+            .contains("GRPC_MAX_CONNECTION_AGE 18446744073709551615 is longer than 2562047h47m16s"),
+        "{stderr}"
+    );
+    let mut cmd = serve(&config);
+    cmd.env("GRPC_MAX_CONNECTION_AGE", "2562047h47m16s");
+    let sluice = SluiceProcess::spawn(cmd).await;
+    let mut s = open_at(sluice.grpc).await;
+    let actions = s
+        .report("rlqs", vec![usage(&[("x-api-key", "k")], 1, 0)])
+        .await;
+    // On the binary's real clock: a token bucket of whatever the window still has.
+    assert!(strategy_of(&actions[0]).is_ok(), "served: {actions:?}");
+}
+
+/// An RLQS stream to `addr`.
+async fn open_at(addr: std::net::SocketAddr) -> Stream {
+    use sluice::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+    let mut client = RateLimitQuotaServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("RLQS connect");
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let rx = client
+        .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream opens")
+        .into_inner();
+    Stream { tx, rx }
+}

@@ -99,13 +99,9 @@ impl Pending {
 }
 
 /// `age` scaled by a factor in [0.9, 1.1] drawn from `seed`'s hash, so streams opened together
-/// do not all end together.
+/// do not all end together (saturating: never a panic, whatever the age).
 pub(super) fn jittered(age: Duration, seed: u64) -> Duration {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(seed);
-    let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
-    age.mul_f64(0.9 + 0.2 * unit)
+    crate::server::ConnectionAge { max: age }.jittered(seed)
 }
 
 #[cfg(test)]
