@@ -12,18 +12,26 @@
 //! header and key TTL reports.
 //!
 //! A limit keeps `Copy` identity: its [`Period`](super::Period) names the calendar by a small
-//! interned [`CalendarId`]; the calendars themselves live in one process-wide table, at most
-//! [`MAX_CALENDARS`] distinct ones (a config or an xDS push needing more fails to load).
+//! interned [`CalendarId`]; the calendars themselves live in one process-wide table. An id is
+//! never reused (a request planned on a config being replaced may still hold one), so entries
+//! are never dropped; instead the table holds one entry per calendar that exists, whatever the
+//! spelling: the zone under its IANA name as the database spells it (`america/new_york` is
+//! `America/New_York`), the week start only for weeks, the anchor only for months. That is at
+//! most every zone x (day, 7 week starts, 31 anchors, year), about 24 000, so however many
+//! reloads a process lives through, a valid calendar always finds its entry or room for one
+//! ([`MAX_CALENDARS`] is above that bound).
 
 use super::Unit;
 use jiff::civil::{Date, Weekday};
 use jiff::tz::TimeZone;
 use jiff::{Timestamp, ToSpan};
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex, RwLock};
 
-/// Distinct calendars (unit, zone, week start, anchor) the process keeps at most.
-pub const MAX_CALENDARS: usize = 1024;
+/// Distinct calendars the process keeps at most: above every calendar there is (about 600 zone
+/// names x 40 unit, week start and anchor combinations), so never reached by valid specs.
+pub const MAX_CALENDARS: usize = 65_536;
 
 /// What a `calendar:` block says.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -113,32 +121,56 @@ pub struct Calendar {
 
 static TABLE: LazyLock<RwLock<Vec<Arc<Calendar>>>> = LazyLock::new(|| RwLock::new(Vec::new()));
 
-/// The id of `spec`, resolving its zone the first time: an unknown zone, or a table already
-/// holding [`MAX_CALENDARS`], is an error saying so.
+/// Where each calendar is in [`TABLE`].
+static INDEX: LazyLock<Mutex<HashMap<CalendarSpec, u32>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The id of `spec`'s calendar (see the module's notes on spellings), resolving its zone: an
+/// unknown zone, or a full table (never, for valid specs), is an error saying so.
 pub fn intern(spec: &CalendarSpec) -> Result<CalendarId, String> {
-    let mut table = TABLE.write().unwrap_or_else(|e| e.into_inner());
-    if let Some(i) = table.iter().position(|c| c.spec == *spec) {
-        return Ok(CalendarId(i as u32));
-    }
-    if table.len() >= MAX_CALENDARS {
+    let zone = TimeZone::get(&spec.zone).ok();
+    let Some((zone, name)) = zone.and_then(|z| z.iana_name().map(str::to_string).map(|n| (z, n)))
+    else {
         return Err(format!(
-            "more than {MAX_CALENDARS} distinct calendars (unit, time_zone, week_start, \
-             anchor_day) in use"
-        ));
-    }
-    let zone = TimeZone::get(&spec.zone).map_err(|_| {
-        format!(
             "time_zone {:?} is not an IANA time zone (such as UTC, Europe/Paris, \
              America/New_York)",
             spec.zone
-        )
-    })?;
+        ));
+    };
+    let spec = CalendarSpec {
+        unit: spec.unit,
+        zone: name,
+        week_start: match spec.unit {
+            Unit::Week => spec.week_start,
+            _ => Weekday::Monday,
+        },
+        anchor_day: match spec.unit {
+            Unit::Month => spec.anchor_day,
+            _ => 1,
+        },
+    };
+    // The index's lock first, then the table's: the only order either is taken in together.
+    let mut index = INDEX.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&i) = index.get(&spec) {
+        return Ok(CalendarId(i));
+    }
+    let mut table = TABLE.write().unwrap_or_else(|e| e.into_inner());
+    let id = match u32::try_from(table.len()) {
+        Ok(id) if table.len() < MAX_CALENDARS => id,
+        _ => {
+            return Err(format!(
+                "more than {MAX_CALENDARS} distinct calendars (unit, time_zone, week_start, \
+                 anchor_day) in use"
+            ))
+        }
+    };
     table.push(Arc::new(Calendar {
         spec: spec.clone(),
         zone,
         last: Mutex::new((0, 0)),
     }));
-    Ok(CalendarId(table.len() as u32 - 1))
+    index.insert(spec, id);
+    Ok(CalendarId(id))
 }
 
 impl Calendar {
@@ -318,12 +350,91 @@ mod tests {
     }
 
     #[test]
+    fn every_spelling_of_a_calendar_shares_one_entry_so_reloads_never_fill_the_table() {
+        let month = |zone: &str, week_start, anchor_day| CalendarSpec {
+            unit: Unit::Month,
+            zone: zone.into(),
+            week_start,
+            anchor_day,
+        };
+        let canonical = intern(&month("America/New_York", MON, 1)).unwrap();
+        // 4 096 spellings of one zone (every letter's case), with week starts a month ignores:
+        // a process reloading configs written each way keeps one calendar, not 4 096.
+        let letters = "americanewyork";
+        for mask in 0u32..4096 {
+            let mut i = 0;
+            let zone: String = "America/New_York"
+                .chars()
+                .map(|c| {
+                    if !c.is_ascii_alphabetic() || i >= letters.len() {
+                        return c;
+                    }
+                    i += 1;
+                    if mask & (1 << (i - 1)) != 0 {
+                        c.to_ascii_uppercase()
+                    } else {
+                        c.to_ascii_lowercase()
+                    }
+                })
+                .collect();
+            let ws = [MON, Weekday::Sunday][(mask % 2) as usize];
+            assert_eq!(intern(&month(&zone, ws, 1)), Ok(canonical), "{zone}");
+        }
+        assert_eq!(
+            canonical.calendar().spec.to_string(),
+            "month@America/New_York"
+        );
+        // A day ignores both the week start and the anchor.
+        let day = |week_start, anchor_day| CalendarSpec {
+            unit: Unit::Day,
+            zone: "utc".into(),
+            week_start,
+            anchor_day,
+        };
+        assert_eq!(intern(&day(Weekday::Friday, 15)), intern(&day(MON, 1)));
+        assert_eq!(intern(&day(MON, 1)).unwrap().calendar().spec.zone, "UTC");
+        // Every calendar there is fits: no valid spec is ever refused for want of room.
+        let db = jiff::tz::db();
+        let mut specs = 0;
+        for zone in db.available() {
+            let mut all = vec![(Unit::Day, MON, 1), (Unit::Year, MON, 1)];
+            all.extend(
+                [MON, Weekday::Tuesday, Weekday::Wednesday, Weekday::Thursday]
+                    .into_iter()
+                    .chain([Weekday::Friday, Weekday::Saturday, Weekday::Sunday])
+                    .map(|w| (Unit::Week, w, 1)),
+            );
+            all.extend((1..=31).map(|a| (Unit::Month, MON, a)));
+            for (unit, week_start, anchor_day) in all {
+                let spec = CalendarSpec {
+                    unit,
+                    zone: zone.to_string(),
+                    week_start,
+                    anchor_day,
+                };
+                intern(&spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
+                specs += 1;
+            }
+        }
+        assert!(specs < MAX_CALENDARS, "{specs} calendars exist");
+        assert!(TABLE.read().unwrap().len() <= specs + 64);
+    }
+
+    #[test]
     fn unknown_zones_are_refused_and_specs_are_interned_once() {
         let bad = CalendarSpec {
             zone: "Mars/Olympus".into(),
             ..CalendarSpec::utc_months()
         };
         assert!(intern(&bad).unwrap_err().contains("Mars/Olympus"));
+        let unknown = CalendarSpec {
+            zone: "Etc/Unknown".into(),
+            ..CalendarSpec::utc_months()
+        };
+        assert!(
+            intern(&unknown).is_err(),
+            "not a zone: a name without rules"
+        );
         assert_eq!(
             intern(&CalendarSpec::utc_months()),
             intern(&CalendarSpec::utc_months())
