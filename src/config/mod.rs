@@ -299,6 +299,11 @@ pub struct RateLimitRule {
     pub reservations: Option<Reservations>,
     /// The descriptor's `leased` terms (`store/slices`).
     pub leased: Option<Leasing>,
+    /// Its node is strictly below a node with `own_hash_tags: true`: its counters take Redis
+    /// hash tags of their own (all their entries), so a hot resource's consumers spread over a
+    /// Cluster's slots. A property of the limit, fixed at load: every request that reaches it
+    /// names one counter, and turning `leased:` on or off above it changes no key.
+    pub own_tag: bool,
 }
 
 /// A rate limit's `reservations` terms: how long a reservation waits for its settle, and how

@@ -129,6 +129,8 @@ struct Candidate<'a> {
     depth: usize,
     /// Resource limits are charged once per request however many descriptors pass below them.
     resource: bool,
+    /// The limit's own: its counters take hash tags of their own ([`RateLimitRule::own_tag`]).
+    own_tag: bool,
 }
 
 pub(super) fn plan(
@@ -267,6 +269,7 @@ fn override_matching<'a>(
         overridden: true,
         depth,
         resource: false,
+        own_tag: false,
     };
     // It replaces the node's own limits, never the resource limits above the node: those are
     // charged for every request below them, overridden or not.
@@ -301,6 +304,7 @@ fn resource(r: &RateLimitRule, depth: usize) -> Candidate<'_> {
         overridden: false,
         depth,
         resource: true,
+        own_tag: r.own_tag,
     }
 }
 
@@ -397,9 +401,6 @@ impl Plan {
         let full: Arc<[(String, String)]> = Arc::from(entries.0);
         let above: Option<Arc<[(String, String)]>> = entries.1.map(Arc::from);
         let mut indexes = Vec::new();
-        // Below a leased resource, the other limits are decided apart from it: their counters
-        // take hash tags of their own (spread over a Cluster's slots).
-        let spread = live.iter().any(|c| c.resource && c.leased.is_some());
         for c in live {
             let Quota::Limited(limit) = c.quota else {
                 continue;
@@ -421,7 +422,7 @@ impl Plan {
             } else {
                 Arc::from(&full[..depth])
             };
-            let key = counter_key(charge, c, (key_entries, limit), spread);
+            let key = counter_key(charge, c, (key_entries, limit));
             let check = check_for(c, key, charge, lease, envoyproxy);
             if c.resource {
                 if let Some(&existing) = resource_checks
@@ -453,13 +454,13 @@ impl Plan {
     }
 }
 
-/// The counter of limit `c` keyed by `entries`; `spread`: below a leased resource, so a limit
-/// not leased itself takes a hash tag of its own.
+/// The counter of limit `c` keyed by `entries`: its identity is the limit's and the entries',
+/// never the shape of the request that reached it (the hash tag is the limit's own, fixed at
+/// load).
 fn counter_key(
     charge: &Charge<'_>,
     c: &Candidate<'_>,
     (entries, limit): (Arc<[(String, String)]>, crate::config::Limit),
-    spread: bool,
 ) -> CounterKey {
     CounterKey {
         domain: Arc::clone(&charge.domain.name),
@@ -467,7 +468,7 @@ fn counter_key(
         limit,
         overridden: c.overridden,
         domain_tag: charge.domain.domain_tag,
-        own_tag: spread && c.leased.is_none() && !charge.domain.domain_tag,
+        own_tag: c.own_tag && !charge.domain.domain_tag,
     }
 }
 

@@ -1,5 +1,6 @@
 //! The Rate Limit Quota Service's series (`sluice_rlqs_*`): streams, buckets and reports per
-//! domain, registered with the rest of [`super::metrics::Metrics`].
+//! domain, registered with the rest of the service's metrics (which own this set: nothing
+//! here names them back, so the two files form no circle).
 
 use super::registrar::{MetricsError, Registrar};
 use prometheus::{IntCounterVec, IntGaugeVec, Opts};

@@ -242,6 +242,7 @@ descriptors:
   - key: resource
     value: api
     leased: {max_slice: 10}
+    own_hash_tags: true
     rate_limit: {unit: minute, requests_per_unit: 30, applies_to_descendants: true}
     descriptors:
       - key: consumer
@@ -486,9 +487,10 @@ fn what_cannot_be_leased_is_a_load_error_naming_the_line_and_the_rule() {
     }
 }
 
-/// A 3-master Cluster, a leased resource above per-consumer limits: the consumers' counters
-/// take hash tags of their own, so the script calls spread over the masters (none above 60 %;
-/// without `leased` one master takes them all), and every consumer stays within its limit.
+/// A 3-master Cluster, a leased resource above per-consumer limits with `own_hash_tags: true`:
+/// the consumers' counters take hash tags of their own, so the script calls spread over the
+/// masters (none above 60 %; without it one master takes them all), and every consumer stays
+/// within its limit.
 #[tokio::test]
 async fn on_a_cluster_the_consumers_below_a_leased_resource_spread_over_the_masters() {
     use crate::cases::store::{make_store, Backend};
@@ -499,6 +501,7 @@ descriptors:
   - key: resource
     value: api
     leased: {max_slice: 500}
+    own_hash_tags: true
     rate_limit: {unit: hour, requests_per_unit: 100000, applies_to_descendants: true}
     descriptors:
       - key: consumer

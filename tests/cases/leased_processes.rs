@@ -263,8 +263,9 @@ async fn on_a_cluster_three_replicas_keep_the_resource_and_every_consumer_within
     let cluster = start_cluster().await;
     let yaml = config(5_000, Some(50)).replace(
         "requests_per_unit: 5000}\n",
-        "requests_per_unit: 5000, applies_to_descendants: true}\n    descriptors:\n      \
-             - key: consumer\n        rate_limit: {unit: minute, requests_per_unit: 60}\n",
+        "requests_per_unit: 5000, applies_to_descendants: true}\n    own_hash_tags: true\n    \
+             descriptors:\n      - key: consumer\n        rate_limit: {unit: minute, \
+             requests_per_unit: 60}\n",
     );
     assert!(yaml.contains("key: consumer"), "{yaml}");
     let seeds = cluster.seeds().join(",");

@@ -637,6 +637,19 @@ fn holds_admitted(count: u64, admitted: u64, answers: &[Answer], name: &str) {
     );
 }
 
+/// A counter on a promoted master: a write the dead master had not yet replicated may be gone
+/// (a few at most), and, as for every counter here, a request Envoy answered 500 on its own
+/// 20 ms timer may have been admitted and counted by sluice (seen on Cluster: 600 counted, 599
+/// admitted, one 500; and on Sentinel: "hot counter 600 of 599", `upstream_rq_timeout` 2,
+/// sluice 960 of 960 within 20 ms by its own clock). One rule for every store this test checks.
+fn holds_after_failover(count: u64, admitted: u64, answers: &[Answer], name: &str) {
+    let dropped = answers.iter().filter(|(_, s, _)| *s == 500).count() as u64;
+    assert!(
+        count + 5 >= admitted && count <= admitted + dropped,
+        "{name}: {count}, admitted {admitted}, Envoy 500s {dropped}"
+    );
+}
+
 /// A tenant whose counters live on another Cluster master than `acme`'s.
 fn tenant_elsewhere(cluster: &RedisCluster) -> String {
     let acme = cluster.master_of("{edge|tenant=acme}");
@@ -730,13 +743,11 @@ async fn failovers_through_envoy_keep_the_limits_and_the_written_back_usage() {
         "cluster: fresh counter",
     );
     let hot = Answers::admitted(&ac.hot, 0.0) as u64;
-    let held = cluster_count(&c, "acme", "/api/hot");
-    // As for the fresh key: a request Envoy answered 500 on its own timer may have been
-    // admitted and counted by sluice (seen once under load: 600 counted, 599 admitted, one 500).
-    let dropped = ac.hot.iter().filter(|(_, s, _)| *s == 500).count() as u64;
-    assert!(
-        held + 5 >= hot && held <= hot + dropped,
-        "cluster: hot counter {held} of {hot} admitted, Envoy 500s {dropped}"
+    holds_after_failover(
+        cluster_count(&c, "acme", "/api/hot"),
+        hot,
+        &ac.hot,
+        "cluster: hot counter",
     );
     // A key on another master is decided on the store throughout: its answers count down one
     // by one (the cluster runs with `cluster-require-full-coverage no`, so the other masters
@@ -800,10 +811,11 @@ async fn failovers_through_envoy_keep_the_limits_and_the_written_back_usage() {
         "sentinel: fresh counter",
     );
     let hot = Answers::admitted(&asn.hot, 0.0) as u64;
-    let held = redis_count(&s.replica, "/api/hot");
-    assert!(
-        held + 5 >= hot && held <= hot,
-        "sentinel: hot counter {held} of {hot}"
+    holds_after_failover(
+        redis_count(&s.replica, "/api/hot"),
+        hot,
+        &asn.hot,
+        "sentinel: hot counter",
     );
 }
 

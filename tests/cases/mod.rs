@@ -71,6 +71,7 @@ mod hostile_reservations;
 mod hostile_rlqs;
 mod http;
 mod http2_bounds;
+mod identity;
 mod in_flight;
 mod lease_metrics;
 mod leased;

@@ -358,3 +358,59 @@ async fn an_alias_bomb_reload_is_refused_and_costs_no_memory() {
         baseline >> 20
     );
 }
+
+/// A resource at 1000/min above a consumer at 5/day, with or without `leased:` on the resource.
+fn toggled(leased: bool) -> String {
+    format!(
+        "domain: live\ndescriptors:\n  - key: resource\n    value: api\n{}    rate_limit: \
+         {{unit: minute, requests_per_unit: 1000, applies_to_descendants: true}}\n    \
+         descriptors:\n      - key: consumer\n        rate_limit: {{unit: day, \
+         requests_per_unit: 5}}\n",
+        if leased { "    leased: {}\n" } else { "" }
+    )
+}
+
+/// Turning `leased:` on or off on a resource is no reset (issue 50): a consumer who spent her
+/// 5/day stays denied through both live reloads, on every store (before: a fresh counter each
+/// time, her 5 again).
+async fn toggling_leased_keeps_the_counters_below(kind: &str) {
+    let (store, _clock, _backend) = crate::cases::store::make_store(kind).await;
+    let mut cm = ConfigMapDir::new(&toggled(false));
+    let running = serve(cm.path(), Some(store)).await;
+    let c = sluice::proto::rate_limit_service_client::RateLimitServiceClient::connect(
+        running.grpc_url(),
+    )
+    .await
+    .expect("connect");
+    let alice = || {
+        let mut c = c.clone();
+        async move {
+            let r = c
+                .should_rate_limit(one("live", &[("resource", "api"), ("consumer", "alice")]))
+                .await
+                .expect("call")
+                .into_inner();
+            code(&r)
+        }
+    };
+    for i in 0..5 {
+        assert_eq!(alice().await, Code::Ok, "{kind}: request {i} of her 5");
+    }
+    assert_eq!(alice().await, Code::OverLimit, "{kind}: her 6th");
+    for (n, leased) in [(1, true), (2, false)] {
+        cm.swap(&toggled(leased));
+        eventually("the reload took effect", || async {
+            status(&running).await["reloads_ok"] == n
+        })
+        .await;
+        assert_eq!(
+            alice().await,
+            Code::OverLimit,
+            "{kind}: after `leased:` was turned {} she was admitted again",
+            if leased { "on" } else { "off" }
+        );
+    }
+    running.stop().await.expect("clean stop");
+}
+
+test_with_stores!(toggling_leased_on, [memory, redis, cluster], kind => toggling_leased_keeps_the_counters_below);

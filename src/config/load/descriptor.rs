@@ -34,6 +34,8 @@ struct DescriptorKeys<'a> {
     reservations: Option<(&'a Node, String)>,
     /// (value node, path) of `leased`.
     leased: Option<(&'a Node, String)>,
+    /// `own_hash_tags: true`: the limits strictly below take hash tags of their own.
+    own_hash_tags: bool,
 }
 
 impl Ctx {
@@ -89,6 +91,9 @@ impl Ctx {
         if let Some((node, p)) = &keys.children {
             // Children are checked even when this descriptor is broken, so all errors show.
             self.descriptors(node, p, &format!("{stats_path}."), &mut level);
+        }
+        if keys.own_hash_tags {
+            own_tags_below(&mut level);
         }
 
         let (key, _) = key?;
@@ -289,6 +294,7 @@ impl Ctx {
                 "in_flight" => d.in_flight = Some((v, p)),
                 "reservations" => d.reservations = Some((v, p)),
                 "leased" => d.leased = Some((v, p)),
+                "own_hash_tags" => d.own_hash_tags = self.flag(v, &p, name).unwrap_or(false),
                 "shadow_mode" => d.shadow_mode = self.flag(v, &p, name).unwrap_or(false),
                 "quota_mode" => d.quota_mode = self.flag(v, &p, name).unwrap_or(false),
                 "detailed_metric" => d.detailed_metric = self.flag(v, &p, name).unwrap_or(false),
@@ -446,5 +452,22 @@ impl Ctx {
                 );
             }
         }
+    }
+}
+
+/// Marks every limit of every node in `level` and below with a hash tag of its own (the
+/// subtree of a node with `own_hash_tags: true`).
+fn own_tags_below(level: &mut Level) {
+    let nodes = level
+        .exact
+        .values_mut()
+        .flat_map(|m| m.values_mut())
+        .chain(level.wildcards.iter_mut())
+        .chain(level.bare.values_mut());
+    for node in nodes {
+        for r in &mut node.rate_limits {
+            r.own_tag = true;
+        }
+        own_tags_below(&mut node.children);
     }
 }

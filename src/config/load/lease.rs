@@ -61,6 +61,7 @@ impl Ctx {
             record_usage: false,
             reservations: None,
             leased: None,
+            own_tag: false,
         };
         let parsed = ParsedLimit {
             rule,

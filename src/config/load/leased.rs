@@ -3,8 +3,8 @@
 //! costs the store one call per slice instead of one per request, never admitting over it.
 //!
 //! What it composes with is decided here, at load, with a clear error for the rest: a counted
-//! `fixed_window` limit (a calendar one too) of a period of at least a second (slices are
-//! keyed by the window's start in seconds) or a `token_bucket` (a slice is a batch of its
+//! `fixed_window` limit (a calendar one too) of a period of at least a second (a shorter
+//! window ends before its slices could be spent or given back; starts travel in ms) or a `token_bucket` (a slice is a batch of its
 //! tokens, at most burst + 1), not `record_usage` (it charges past the limit,
 //! which a slice cannot), not `reservations` (a reservation settles on the store).
 
@@ -152,8 +152,8 @@ fn lease(r: &mut RateLimitRule, block: &LeasedBlock) -> Option<String> {
         }
         Quota::Limited(l) if l.algorithm == Algorithm::FixedWindow && l.period.millis() < 1000 => {
             Some(
-                "`leased` needs a window of at least 1s (slices are keyed by the \
-                 window's start in seconds)"
+                "`leased` needs a window of at least 1s (a shorter one ends before \
+                 the slices its replicas hold could be spent or given back)"
                     .to_string(),
             )
         }

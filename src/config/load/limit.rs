@@ -158,6 +158,7 @@ impl Ctx {
                 record_usage,
                 reservations: None,
                 leased: None,
+                own_tag: false,
             },
             descendants_line,
         })

@@ -43,6 +43,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "in_flight",
     "reservations",
     "leased",
+    "own_hash_tags",
 ];
 /// The keys of one limit: envoyproxy/ratelimit's, then the sluice extensions (docs/semantics.md, "sluice extensions").
 const LIMIT_KEYS: &[&str] = &[

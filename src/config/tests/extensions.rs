@@ -45,6 +45,7 @@ fn envoyproxy_config_keeps_its_exact_model() {
             record_usage: false,
             reservations: None,
             leased: None,
+            own_tag: false,
         }]
     );
     let Quota::Limited(l) = n.rate_limits[0].quota else {

@@ -1,5 +1,5 @@
 //! `decide.lua`'s `meta` argument: a limit's algorithm, its flags and, above them, a token
-//! bucket's burst or a calendar fixed window's start (see the top of the script).
+//! bucket's burst or a pinned fixed window's start (see the top of the script).
 
 use crate::config::Algorithm;
 use crate::store::LimitCheck;
@@ -30,11 +30,15 @@ pub(super) fn meta(c: &LimitCheck, whole: bool) -> u64 {
         } else {
             0
         };
-    // Above the flags: the burst (an admin override scales it), or a calendar fixed window's
-    // start in whole seconds (calendar boundaries are whole seconds).
+    // Above the flags: the burst (an admin override scales it), or a pinned fixed window's
+    // start in milliseconds, doubled, + 1 for a calendar window (`pinned_of` in window.lua):
+    // a leased window of 1500ms starts on half seconds, and keeps its plain key.
     let p = c.params();
     let high = match p.window_start {
-        Some(start) if p.algorithm == Algorithm::FixedWindow => start / 1_000_000,
+        Some(start) if p.algorithm == Algorithm::FixedWindow => {
+            let calendar = u64::from(c.key.limit.period.calendar().is_some());
+            (start / 1000) * 2 + calendar
+        }
         _ => u64::from(p.burst),
     };
     u64::from(c.key.limit.algorithm.code()) | flags << 2 | high << META_BURST_SHIFT

@@ -96,7 +96,8 @@ struct Slice {
 }
 
 /// A counter's slice, and the signal its refill sends when done (one refill in flight at a
-/// time; every request short of units waits for that one).
+/// time; every request short of units waits for that one). The signal carries the refilled
+/// window's start: a refill of a window that has passed wakes no one waiting on the next.
 #[derive(Debug)]
 struct Entry {
     slice: Mutex<Slice>,
@@ -468,7 +469,15 @@ impl Slices {
                 self.refill_in_background(&entry, check, terms, check.hits);
             }
             self.tallies.waited.add(1);
-            let changed = rx.changed();
+            // Woken by this window's refill only (one of an older window may land meanwhile).
+            let changed = async {
+                loop {
+                    rx.changed().await?;
+                    if *rx.borrow_and_update() == window.0 {
+                        return Ok::<(), tokio::sync::watch::error::RecvError>(());
+                    }
+                }
+            };
             let got = match deadline {
                 Some(d) => tokio::time::timeout_at(d, changed).await.ok(),
                 None => Some(changed.await),
@@ -491,26 +500,31 @@ impl Slices {
     ) {
         let (me, entry, key) = (Arc::clone(self), Arc::clone(entry), check.key.clone());
         tokio::spawn(async move {
-            let ok = me.refill(&entry, &key, terms, need).await;
+            let (ok, window) = me.refill(&entry, &key, terms, need).await;
             {
                 let mut s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
-                s.refilling = false;
-                s.failed = !ok;
+                // A refill of a window that has passed settles nothing of the next one's: its
+                // own refill (if one runs) clears these when it lands.
+                if s.window == window {
+                    s.refilling = false;
+                    s.failed = !ok;
+                }
             }
-            entry.done.send_modify(|v| *v = v.wrapping_add(1));
+            // Sent even when unchanged: `send_replace` marks it seen-anew for every waiter.
+            entry.done.send_replace(window.0);
         });
     }
 
     /// One grant: the replica's demand, what is left when less (a second call), or nothing
     /// (the slice is dry until `ahead` has passed: other replicas may give units back).
-    /// Returns whether the store answered.
+    /// Returns whether the store answered, and the window the refill was for.
     async fn refill(
         &self,
         entry: &Entry,
         key: &CounterKey,
         terms: crate::config::Leasing,
         need: u64,
-    ) -> bool {
+    ) -> (bool, (u64, u64)) {
         let now = self.now_us();
         let (want, window) = {
             let s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
@@ -520,15 +534,15 @@ impl Slices {
         for _ in 0..2 {
             let check = grant_check(key, window, ask, false);
             let Ok(d) = self.store.decide(std::slice::from_ref(&check)).await else {
-                return false;
+                return (false, window);
             };
             self.tallies.grants.add(1);
             let Some(o) = d.outcomes.first() else {
-                return false;
+                return (false, window);
             };
             let mut s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
             if s.window != window {
-                return true; // the window moved on while the grant was out: stranded
+                return (true, window); // the window moved on while the grant was out: stranded
             }
             s.store_left = u64::from(o.remaining);
             let reset_us = u64::try_from(o.reset.as_micros()).unwrap_or(u64::MAX);
@@ -539,16 +553,16 @@ impl Slices {
                 s.last_grant = ask;
                 s.spent = 0;
                 s.since_us = self.now_us();
-                return true;
+                return (true, window);
             }
             let left = u64::from(o.remaining);
             if left == 0 || left < need.saturating_sub(s.left) || o.retry_after == Duration::MAX {
                 let ahead_us = terms.ahead.millis().saturating_mul(1000);
                 s.dry_until_us = window.1.min(now.saturating_add(ahead_us));
-                return true;
+                return (true, window);
             }
             ask = left;
         }
-        true
+        (true, window)
     }
 }

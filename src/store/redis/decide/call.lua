@@ -9,7 +9,7 @@ if undo then
     local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
     local meta, token = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
     local alg, burst = meta % 4, floor(meta / 256)
-    calendar_of(key, meta)
+    pinned_of(key, meta)
     local done = 1
     if alg == 2 then
       done = undo_log(key, token)
@@ -86,7 +86,9 @@ local function write_views(KB, AB, n, views)
       local b = AB + 1 + K * (i - 1)
       local period, alg = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 3]) % 4
       if alg == 0 then
-        call('SET', window_key(key, v.ws, period), v.a, 'PX', ttl_ms(v.ws + period - now))
+        local ends = v.ws + period
+        if v.pin then ends = ends + grace(period) end
+        call('SET', window_key(key, v.ws, period), v.a, 'PX', ttl_ms(ends - now))
       elseif alg == 1 then
         call('SET', key, fmt('%d:%d:%d', v.ws, v.a, v.b), 'PX', ttl_ms(v.ws + 2 * period - now))
       elseif alg == 2 then
@@ -139,7 +141,7 @@ local function general(KB, AB, n)
     local limit, period, hits = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
     local meta = tonumber(ARGV[b + 3])
     local alg, flags = meta % 4, floor(meta / 4) % 64
-    calendar_of(key, meta)
+    pinned_of(key, meta)
     local refund = floor(flags / 2) % 2 == 1
     -- As the Rust `Admission`: a shadow limit or a refund never takes part in the quota rule.
     local quota = floor(flags / 8) % 2 == 1 and flags % 2 == 0 and not refund

@@ -51,9 +51,10 @@
 --                                    OVERLIMIT, on every limit of the request): if a record
 --                                    limit would exceed, only those are charged
 --              burst      token_bucket: requests allowed at once above the steady rate;
---                         fixed_window on a calendar (config/calendar.rs): the window's start
---                         in Unix seconds, `period_us` then being its length (the window is
---                         the service's, not `now`'s multiple of the period: see CAL below)
+--                         a pinned fixed_window (a calendar's, config/calendar.rs, or a
+--                         leased limit's): 2 * its start in Unix milliseconds, + 1 for a
+--                         calendar window, `period_us` then being its length (the window is
+--                         the caller's, not `now`'s multiple of the period: see `pinned_of`)
 --   token      undo calls only: what the charge returned as its token
 --   A request with a lease limit (`in_flight`, or a rate limit with `reservations` whose
 --   descriptor names a request) sends -n instead of n, and K = 8: after meta, per limit,

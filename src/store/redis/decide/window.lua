@@ -2,16 +2,28 @@
 ---------------------------------------------------------------------------- fixed / sliding window
 
 local window_key, load_counter, fixed, estimate, sliding
--- Calendar fixed windows: key -> the window's start (us), set from `meta` before the key is
--- loaded (`calendar_of`). Such a window is `[start, start + period)`, keyed by its start.
-local CAL = {}
-local function calendar_of(key, meta)
-  local start = floor(meta / 256)
-  if meta % 4 == 0 and start > 0 then CAL[key] = start * 1000000 end
+-- Pinned fixed windows (a calendar's, a leased limit's): key -> the window's start (us), set
+-- from `meta` before the key is loaded (`pinned_of`). Such a window is `[start, start +
+-- period)`: the caller's (its replica's clock chose it), not `now`'s multiple of the period.
+-- A calendar window is keyed by its start (CAL); a leased epoch-aligned one by its index, the
+-- key a plain fixed window of the limit uses (PIN), so turning `leased:` on or off keeps the
+-- counter. Its key lives GRACE past the window's end (the store's clock): a replica whose
+-- clock lags the store by less still finds the window's whole count; a window that ended
+-- longer ago is never charged again (never a grant on a key that expired: see `fixed`).
+local CAL, PIN = {}, {}
+local function pinned_of(key, meta)
+  local h = floor(meta / 256)
+  if meta % 4 == 0 and h > 0 then
+    local start = floor(h / 2) * 1000
+    if h % 2 == 1 then CAL[key] = start else PIN[key] = start end
+  end
 end
+-- How long (us) past its end a pinned window's key is kept, and still charged: its period, at
+-- most a minute (docs/semantics.md, "Clocks").
+local function grace(period) return min(period, 60000000) end
 if has[0] or has[1] then
   -- fixed_window keeps one key per window, `<key>:<window index>` (a calendar window:
-  -- `<key>:c<start in seconds>`), holding the count.
+  -- `<key>:c<start in seconds>`, calendar boundaries being whole seconds), holding the count.
   window_key = function(key, start, period)
     if CAL[key] then return key .. fmt(':c%d', start / 1000000) end
     return key .. fmt(':%d', start / period)
@@ -19,9 +31,10 @@ if has[0] or has[1] then
 
   load_counter = function(key, alg, period)
     if alg == 0 then
-      local start = CAL[key] or (now - now % period)
+      local pin = CAL[key] or PIN[key]
+      local start = pin or (now - now % period)
       return {ws = start, a = tonumber(call('GET', window_key(key, start, period)) or 0), b = 0,
-        cal = CAL[key]}
+        pin = pin, cal = CAL[key] ~= nil, key = key}
     end
     local raw = call('GET', key)
     if not raw then return {ws = -1, a = 0, b = 0} end
@@ -33,10 +46,22 @@ if has[0] or has[1] then
 
   -- fixed_window; s = {ws, a = count}
   fixed = function(s, limit, period, hits, refund, record)
-    local start = s.cal or (now - (now % period))
+    local start = s.pin or (now - (now % period))
+    if s.pin and now >= start + period + grace(period) then
+      -- A pinned window that ended on the store's clock longer than GRACE ago (its caller's
+      -- clock lags the store's, or the caller waited): its key may be gone, so it is never
+      -- charged or written again. A give-back has nothing left to return to; a charge on a
+      -- leased epoch-aligned window is decided in the store's current window instead (the
+      -- caller's slice spends it: never over either window); a calendar window's next one is
+      -- the caller's to name, so the charge is denied (retry at once, in the caller's next).
+      if refund then return true, 0, 0, 0, start end
+      if s.cal then return false, 0, 0, 0, start end
+      start = now - now % period
+      s.pin, s.ws, s.a = start, start, tonumber(call('GET', window_key(s.key, start, period)) or 0)
+    end
     local current = 0
     if s.ws == start then current = s.a end
-    local reset = start + period - now
+    local reset = max(start + period - now, 0)
     local allowed, after = true, current
     if refund then
       after = max(current - hits, 0)
