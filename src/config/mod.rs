@@ -299,10 +299,9 @@ pub struct RateLimitRule {
     pub reservations: Option<Reservations>,
     /// The descriptor's `leased` terms (`store/slices`).
     pub leased: Option<Leasing>,
-    /// Its node is strictly below a node with `own_hash_tags: true`: its counters take Redis
-    /// hash tags of their own (all their entries), so a hot resource's consumers spread over a
-    /// Cluster's slots. A property of the limit, fixed at load: every request that reaches it
-    /// names one counter, and turning `leased:` on or off above it changes no key.
+    /// Strictly below a node with `own_hash_tags: true`: its counters' Redis hash tags are all
+    /// their entries (a hot resource's consumers spread over a Cluster). Fixed at load: every
+    /// request that reaches it names one counter; `leased:` above it changes no key.
     pub own_tag: bool,
 }
 

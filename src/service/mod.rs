@@ -10,6 +10,8 @@ mod dynamic_metadata;
 mod error;
 mod error_log;
 pub mod headers;
+#[cfg(test)]
+mod identity_props;
 mod inspect;
 mod options;
 mod overrides;
@@ -41,10 +43,10 @@ use opentelemetry::Context;
 use plan::plan;
 use respond::Verdict;
 use status::{describe_rules, unix_now};
-use validate::validate;
-pub use validate::{validate_wire, walk, Unwalkable};
 #[cfg(test)]
 pub(crate) use validate::arbitrary;
+use validate::validate;
+pub use validate::{validate_wire, walk, Unwalkable};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
