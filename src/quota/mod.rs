@@ -16,6 +16,7 @@
 mod allocate;
 pub mod bucket;
 mod early;
+mod peers;
 mod server;
 mod stream;
 mod work;
@@ -43,6 +44,9 @@ pub struct QuotaSettings {
     pub max_buckets: usize,
     /// Open streams; one past it is refused with RESOURCE_EXHAUSTED.
     pub max_streams: usize,
+    /// Open streams from one peer (IP address; the Unix socket is one peer); one past it is
+    /// refused with RESOURCE_EXHAUSTED, so no client holds the whole of `max_streams`.
+    pub max_streams_per_peer: usize,
     /// Consecutive reports without usage after which a bucket is abandoned.
     pub idle_reports: u32,
     /// `/debug/rlqs` shows bucket values (else only their length).
@@ -53,6 +57,9 @@ pub struct QuotaSettings {
     /// A stream that sends no first report within this is ended (an Envoy sends its first
     /// report as it opens the stream).
     pub first_report_timeout: Duration,
+    /// A stream that holds no tracked bucket (one naming a limit) for this long is ended: it
+    /// holds a place under `max_streams` and has nothing to be assigned.
+    pub idle_stream_timeout: Duration,
     /// The largest usage report taken, in bytes (refused from its length prefix, unread).
     pub max_report_bytes: usize,
     /// Usages one report may carry, counted before it is decoded.
@@ -76,10 +83,12 @@ impl Default for QuotaSettings {
             max_buckets_per_stream: 10_000,
             max_buckets: 20_000,
             max_streams: 10_000,
+            max_streams_per_peer: 1_000,
             idle_reports: 3,
             show_values: false,
             bucket_timeout: Duration::from_secs(300),
             first_report_timeout: Duration::from_secs(30),
+            idle_stream_timeout: Duration::from_secs(60),
             max_report_bytes: MAX_REPORT_BYTES,
             max_usages_per_report: 100_000,
             min_report_interval: Duration::from_secs(1),
@@ -117,6 +126,8 @@ struct Shared {
     buckets: AtomicUsize,
     /// Streams and buckets per domain: each stream's fair share of the bucket cap.
     census: stream::Census,
+    /// Open streams per peer (against [`QuotaSettings::max_streams_per_peer`]).
+    peers: peers::Peers,
     /// [`QuotaSettings::max_store_calls`].
     store_calls: Arc<tokio::sync::Semaphore>,
 }
@@ -137,6 +148,7 @@ impl QuotaService {
                 streams: AtomicUsize::new(0),
                 buckets: AtomicUsize::new(0),
                 census: stream::Census::default(),
+                peers: peers::Peers::default(),
                 store_calls: Arc::new(tokio::sync::Semaphore::new(settings.max_store_calls.max(1))),
             }),
         }
@@ -146,6 +158,13 @@ impl QuotaService {
     pub fn into_server(self) -> server::QuotaServer {
         let s = self.shared.settings;
         server::QuotaServer::new(self, s.max_report_bytes, s.max_usages_per_report)
+    }
+}
+
+impl QuotaService {
+    fn refuse(&self, reason: &str) {
+        let m = &self.limiter.telemetry().metrics.quota;
+        m.refused.with_label_values(&[reason]).inc();
     }
 }
 
@@ -166,17 +185,29 @@ impl RateLimitQuotaService for QuotaService {
         &self,
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
+        let s = &self.shared.settings;
+        let peer = request.remote_addr().map(|a| a.ip().to_canonical());
+        if !self.shared.peers.enter(peer, s.max_streams_per_peer) {
+            self.refuse("over_peer_stream_cap");
+            return Err(Status::resource_exhausted(format!(
+                "this peer holds its maximum of {} RLQS streams (RLQS_MAX_STREAMS_PER_PEER)",
+                s.max_streams_per_peer
+            )));
+        }
         let open = self.shared.streams.fetch_add(1, Ordering::AcqRel);
-        if open >= self.shared.settings.max_streams {
+        if open >= s.max_streams {
             self.shared.streams.fetch_sub(1, Ordering::AcqRel);
+            self.shared.peers.leave(peer);
+            self.refuse("over_stream_cap");
             return Err(Status::resource_exhausted(format!(
                 "this sluice holds its maximum of {} RLQS streams (RLQS_MAX_STREAMS)",
-                self.shared.settings.max_streams
+                s.max_streams
             )));
         }
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         let number = self.shared.next_stream.fetch_add(1, Ordering::Relaxed);
-        let stream = QuotaStream::new(number, Arc::clone(&self.limiter), Arc::clone(&self.shared));
+        let shared = Arc::clone(&self.shared);
+        let stream = QuotaStream::new(number, Arc::clone(&self.limiter), shared, peer);
         tokio::spawn(stream.run(request.into_inner(), tx, self.closing.clone()));
         Ok(Response::new(ReceiverStream::new(rx)))
     }

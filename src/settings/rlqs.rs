@@ -13,6 +13,13 @@ pub struct RlqsArgs {
         value_parser = clap::value_parser!(u32).range(1..))]
     pub rlqs_max_streams: u32,
 
+    /// Open RLQS streams from one peer (IP address) at most, so no one client holds the whole
+    /// of `RLQS_MAX_STREAMS`; one more is refused with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "RLQS_MAX_STREAMS_PER_PEER",
+        default_value_t = QuotaSettings::default().max_streams_per_peer as u32,
+        value_parser = clap::value_parser!(u32).range(1..))]
+    pub rlqs_max_streams_per_peer: u32,
+
     /// Buckets one stream may hold; past it, a new bucket that names a limit is denied until
     /// its next report (untracked) and `sluice_rlqs_refused_total{reason="over_bucket_cap"}`
     /// counts it; a bucket no limit names is never tracked.
@@ -42,6 +49,12 @@ pub struct RlqsArgs {
     #[arg(long, env = "RLQS_FIRST_REPORT_TIMEOUT", default_value = "30s",
         value_parser = crate::settings::parse_duration)]
     pub rlqs_first_report_timeout: std::time::Duration,
+
+    /// A stream that holds no limited bucket for this long (after its first report) is ended
+    /// with DEADLINE_EXCEEDED: it would hold a place under `RLQS_MAX_STREAMS` for nothing.
+    #[arg(long, env = "RLQS_IDLE_STREAM_TIMEOUT", default_value = "1m",
+        value_parser = crate::settings::parse_duration)]
+    pub rlqs_idle_stream_timeout: std::time::Duration,
 
     /// The largest usage report taken, in bytes; a larger one ends its stream with
     /// OUT_OF_RANGE, unread. An Envoy reports about 80 bytes per bucket it holds.
@@ -87,11 +100,13 @@ impl RlqsArgs {
     pub fn settings(&self) -> QuotaSettings {
         QuotaSettings {
             max_streams: self.rlqs_max_streams as usize,
+            max_streams_per_peer: self.rlqs_max_streams_per_peer as usize,
             max_buckets_per_stream: self.rlqs_max_buckets_per_stream as usize,
             max_buckets: self.rlqs_max_buckets as usize,
             idle_reports: self.rlqs_idle_reports,
             bucket_timeout: self.rlqs_bucket_timeout,
             first_report_timeout: self.rlqs_first_report_timeout,
+            idle_stream_timeout: self.rlqs_idle_stream_timeout,
             show_values: self.rlqs_debug_show_values,
             max_report_bytes: self.rlqs_max_report_bytes as usize,
             max_usages_per_report: self.rlqs_max_usages_per_report as usize,

@@ -71,6 +71,23 @@ impl Stream {
 }
 
 impl Stream {
+    /// Sends one report and returns the status the stream is ended with.
+    pub async fn refused(&mut self, domain: &str, usages: Vec<BucketQuotaUsage>) -> tonic::Status {
+        self.tx
+            .send(RateLimitQuotaUsageReports {
+                domain: domain.to_string(),
+                bucket_quota_usages: usages,
+            })
+            .await
+            .expect("report sent");
+        // Bounded, so a stream left open fails the test instead of hanging it.
+        let bound = std::time::Duration::from_secs(60);
+        tokio::time::timeout(bound, self.rx.message())
+            .await
+            .expect("the stream is ended in time")
+            .expect_err("the stream is ended")
+    }
+
     /// A first report of the bucket `{x-api-key: newcomer}` gets its normal assignment: 600 a
     /// minute, a token bucket of 10 a second, for 15 s.
     pub async fn newcomer_is_paced(&mut self) {
@@ -244,13 +261,12 @@ async fn bad_bucket_reports_are_ignored_and_counted_and_the_bucket_cap_never_ans
             ("c".to_string(), Err("deny_all"), 15),
         ]
     );
-    // An unknown domain: ALLOW_ALL for an hour (a stream error would make Envoy reconnect).
+    // An unknown domain ends the stream (issue 50: it held a place, and a share, for nothing).
     let mut other = Stream::open(&server).await;
-    let actions = other
-        .report("nope", vec![usage(&[("x-api-key", "a")], 1, 0)])
+    let err = other
+        .refused("nope", vec![usage(&[("x-api-key", "a")], 1, 0)])
         .await;
-    assert_eq!(strategy_of(&actions[0]), Err("allow_all"));
-    assert_eq!(ttl_of(&actions[0]), 3600);
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
 
     let (_, metrics) = http(server.http_addr, "GET", "/metrics", "").await;
     for (reason, n) in [
@@ -258,16 +274,13 @@ async fn bad_bucket_reports_are_ignored_and_counted_and_the_bucket_cap_never_ans
         ("empty", 2),
         ("too_large", 1),
         ("absurd_count", 1),
+        ("bad_domain", 1),
     ] {
         let line = format!("sluice_rlqs_refused_total{{reason=\"{reason}\"}} {n}");
         assert!(metrics.contains(&line), "{line} in:\n{metrics}");
     }
     assert!(
         metrics.contains("sluice_rlqs_buckets{domain=\"rlqs\"} 2"),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains("sluice_rlqs_streams{domain=\"unknown\"} 1"),
         "{metrics}"
     );
 
@@ -330,10 +343,10 @@ async fn a_new_config_applies_to_buckets_already_held() {
         "no limit for `team` yet"
     );
     let mut late = Stream::open(&server).await;
-    let actions = late.report("late", vec![usage(&[("k", "v")], 1, 0)]).await;
+    let err = late.refused("late", vec![usage(&[("k", "v")], 1, 0)]).await;
     assert_eq!(
-        strategy_of(&actions[0]),
-        Err("allow_all"),
+        err.code(),
+        tonic::Code::InvalidArgument,
         "an unknown domain"
     );
     // A reload (or an xDS push) adds a limit for `team` and the domain `late`.
@@ -354,15 +367,16 @@ async fn a_new_config_applies_to_buckets_already_held() {
         Ok(1),
         "the held bucket now has its limit"
     );
+    let mut late = Stream::open(&server).await;
     let actions = late.report("late", vec![usage(&[("k", "v")], 1, 0)]).await;
-    assert_eq!(strategy_of(&actions[0]), Ok(2));
+    assert_eq!(
+        strategy_of(&actions[0]),
+        Ok(2),
+        "a new stream, once configured"
+    );
     let (_, metrics) = http(server.http_addr, "GET", "/metrics", "").await;
     assert!(
         metrics.contains("sluice_rlqs_streams{domain=\"late\"} 1"),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains("sluice_rlqs_streams{domain=\"unknown\"} 0"),
         "{metrics}"
     );
     assert!(

@@ -226,3 +226,182 @@ async fn open_at(addr: std::net::SocketAddr) -> Stream {
         .into_inner();
     Stream { tx, rx }
 }
+
+/// Issue 50 (review 5b, 5c): a first report must name a configured domain of at most 1 KiB.
+/// Scaled down from the review: with `RLQS_MAX_BUCKETS=100`, two `rlqs` streams at the cap and
+/// 40 streams each naming a junk domain; before, each junk domain joined the fair-share census
+/// (the newcomer's share 100 / 41 domains / 3 streams = 0) and a third `rlqs` stream's first
+/// limited bucket got DENY_ALL. Now every junk stream, and one of a 5 000-byte domain, is ended
+/// with INVALID_ARGUMENT and the newcomer gets its token bucket.
+#[tokio::test]
+async fn only_a_configured_domain_opens_a_stream_and_junk_domains_take_no_share() {
+    let clock = ManualClock::new(support::T0);
+    let config = ServerConfig {
+        quota: QuotaSettings {
+            max_buckets: 100,
+            ..QuotaSettings::default()
+        },
+        ..ServerConfig::for_tests(rules(YAML), Arc::new(clock.clone()))
+    };
+    let server = TestServer::start_config(config, clock.clone()).await;
+    let (mut a, mut b) = (Stream::open(&server).await, Stream::open(&server).await);
+    assert_eq!(
+        kinds(&a.report("rlqs", limited_junk("a", 60)).await),
+        (60, 0, 0)
+    );
+    let (paced, denied, _) = kinds(&b.report("rlqs", limited_junk("b", 60)).await);
+    assert_eq!(paced + denied, 60);
+    let mut junk = Vec::new();
+    for i in 0..40 {
+        let mut s = Stream::open(&server).await;
+        let err = s.refused(&format!("junk-{i}"), Vec::new()).await;
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        assert!(err.message().contains("configured domain"), "{err:?}");
+        junk.push(s);
+    }
+    let mut long = Stream::open(&server).await;
+    let err = long.refused(&"r".repeat(5_000), Vec::new()).await;
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message()
+            .contains("5000 bytes; no config names a domain longer than 1024"),
+        "{err:?}"
+    );
+    let mut c = Stream::open(&server).await;
+    c.newcomer_is_paced().await;
+    let lines = [
+        "sluice_rlqs_refused_total{reason=\"bad_domain\"} 41",
+        "sluice_rlqs_streams{domain=\"rlqs\"} 3",
+    ];
+    assert_metrics(&server, &lines).await;
+    server.stop().await;
+}
+
+/// Issue 50 (review 5a): a stream holding no tracked bucket (its first report named no
+/// limited bucket, or every bucket it held was abandoned) is ended after
+/// `RLQS_IDLE_STREAM_TIMEOUT` (200 ms here) on sluice's clock, with DEADLINE_EXCEEDED; one
+/// holding a limited bucket is not. (Before: it held its place until the connection's age,
+/// 24 h.) On a manual clock: the stream's timer wakes on real time and reads that clock, so the
+/// test moves the clock and waits (bounded) for the end.
+#[tokio::test]
+async fn a_stream_holding_no_bucket_times_out() {
+    let clock = ManualClock::new(support::T0);
+    let config = ServerConfig {
+        quota: QuotaSettings {
+            idle_stream_timeout: Duration::from_millis(200),
+            ..QuotaSettings::default()
+        },
+        ..ServerConfig::for_tests(rules(YAML), Arc::new(clock.clone()))
+    };
+    let server = TestServer::start_config(config, clock.clone()).await;
+    // A first report of nothing; one of a bucket no limit names (answered ALLOW_ALL, untracked).
+    let mut empty = Stream::open(&server).await;
+    empty
+        .tx
+        .send(RateLimitQuotaUsageReports {
+            domain: "rlqs".into(),
+            bucket_quota_usages: Vec::new(),
+        })
+        .await
+        .expect("sent");
+    let mut unlimited = Stream::open(&server).await;
+    let actions = unlimited
+        .report("rlqs", vec![usage(&[("other", "x")], 1, 0)])
+        .await;
+    assert_eq!(strategy_of(&actions[0]), Err("allow_all"));
+    let mut held = Stream::open(&server).await;
+    held.newcomer_is_paced().await;
+    // Not yet: the clock has not moved.
+    assert_metrics(&server, &["sluice_rlqs_streams{domain=\"rlqs\"} 3"]).await;
+    clock.advance(Duration::from_secs(1));
+    for s in [&mut empty, &mut unlimited] {
+        let err = tokio::time::timeout(BOUND, s.rx.message())
+            .await
+            .expect("the stream is ended")
+            .expect_err("with a status");
+        assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "{err:?}");
+        assert!(
+            err.message()
+                .contains("no limited bucket for 200ms (RLQS_IDLE_STREAM_TIMEOUT)"),
+            "{err:?}"
+        );
+    }
+    // The stream holding a bucket lives on and is answered.
+    let actions = held
+        .report("rlqs", vec![usage(&[("x-api-key", "newcomer")], 1, 0)])
+        .await;
+    assert!(strategy_of(&actions[0]).is_ok(), "{actions:?}");
+    let lines = [
+        "sluice_rlqs_refused_total{reason=\"idle_stream\"} 2",
+        "sluice_rlqs_streams{domain=\"rlqs\"} 1",
+    ];
+    assert_metrics(&server, &lines).await;
+    server.stop().await;
+}
+
+/// Issue 50 (review 5a): `RLQS_MAX_STREAMS_PER_PEER` (2 here) keeps one client from holding the
+/// stream table: its third stream is refused with RESOURCE_EXHAUSTED while another peer
+/// (127.0.0.2) still opens one, and a place its ended stream frees is taken again.
+#[tokio::test]
+async fn one_peer_holds_at_most_its_streams() {
+    let clock = ManualClock::new(support::T0);
+    let config = ServerConfig {
+        quota: QuotaSettings {
+            max_streams_per_peer: 2,
+            ..QuotaSettings::default()
+        },
+        ..ServerConfig::for_tests(rules(YAML), Arc::new(clock.clone()))
+    };
+    let server = TestServer::start_config(config, clock).await;
+    let from = |ip: [u8; 4]| open_from(server.grpc_addr, ip);
+    let mut one = from([127, 0, 0, 1]).await.expect("first");
+    let _two = from([127, 0, 0, 1]).await.expect("second");
+    let Err(err) = from([127, 0, 0, 1]).await else {
+        panic!("a third stream from the same peer was opened");
+    };
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message().contains("RLQS_MAX_STREAMS_PER_PEER"),
+        "{err:?}"
+    );
+    let mut other = from([127, 0, 0, 2]).await.expect("another peer");
+    served(&mut other, "other").await;
+    // The first stream ends (its Envoy closes it): its place is free once the end is seen.
+    served(&mut one, "one").await;
+    let Stream { tx, mut rx } = one;
+    drop(tx);
+    let end = tokio::time::timeout(BOUND, rx.message())
+        .await
+        .expect("ends");
+    assert!(matches!(end, Ok(None)), "{end:?}");
+    let mut again = from([127, 0, 0, 1]).await.expect("a freed place");
+    served(&mut again, "again").await;
+    let lines = ["sluice_rlqs_refused_total{reason=\"over_peer_stream_cap\"} 1"];
+    assert_metrics(&server, &lines).await;
+    server.stop().await;
+}
+
+/// `s` reports a bucket of its own and gets a token bucket.
+async fn served(s: &mut Stream, key: &str) {
+    let actions = s
+        .report("rlqs", vec![usage(&[("x-api-key", key)], 1, 0)])
+        .await;
+    assert!(strategy_of(&actions[0]).is_ok(), "{key}: {actions:?}");
+}
+
+/// An RLQS stream to `addr` from the local address `ip`, or the status it is refused with.
+async fn open_from(addr: std::net::SocketAddr, ip: [u8; 4]) -> Result<Stream, tonic::Status> {
+    use sluice::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .local_address(Some(ip.into()))
+        .connect()
+        .await
+        .expect("RLQS connect");
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let rx = RateLimitQuotaServiceClient::new(channel)
+        .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    Ok(Stream { tx, rx })
+}

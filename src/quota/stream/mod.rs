@@ -18,6 +18,7 @@ use super::{bucket, Shared};
 use actions::{abandon_action, assign, bucket_id};
 
 mod actions;
+mod admit;
 mod caps;
 mod expiry;
 mod farewell;
@@ -88,6 +89,10 @@ pub(super) struct QuotaStream {
     pending: pace::Pending,
     /// When the stream ends of old age (`RLQS_MAX_STREAM_AGE`: the connection's), if it does.
     age_due: Option<Duration>,
+    /// The peer's address (`None` over the Unix socket), counted under its stream cap.
+    peer: Option<std::net::IpAddr>,
+    /// Since when the stream has held no tracked bucket, once it has a domain (`expiry.rs`).
+    empty_since: Option<Duration>,
 }
 
 type Outbox = tokio::sync::mpsc::Sender<Result<RateLimitQuotaResponse, Status>>;
@@ -101,7 +106,12 @@ enum Slot {
 }
 
 impl QuotaStream {
-    pub(super) fn new(number: u64, limiter: Arc<RateLimiter>, shared: Arc<Shared>) -> Self {
+    pub(super) fn new(
+        number: u64,
+        limiter: Arc<RateLimiter>,
+        shared: Arc<Shared>,
+        peer: Option<std::net::IpAddr>,
+    ) -> Self {
         Self {
             number,
             name: Arc::from(format!("{}-{number}", shared.nonce)),
@@ -114,6 +124,8 @@ impl QuotaStream {
             opened: Duration::ZERO,
             pending: pace::Pending::default(),
             age_due: None,
+            peer,
+            empty_since: None,
         }
     }
 
@@ -136,6 +148,10 @@ impl QuotaStream {
             let actions = tokio::select! {
                 m = inbound.message(), if room => match m {
                     Ok(Some(report)) if self.domain.is_some() || !report.domain.is_empty() => {
+                        if let Err(why) = self.admit(&report.domain) {
+                            let _ = tx.send(Err(why)).await;
+                            break;
+                        }
                         match self.pending.offer(report, self.now(), s.min_report_interval) {
                             Some(report) => self.on_report(report).await,
                             None => Vec::new(),
@@ -154,10 +170,9 @@ impl QuotaStream {
                 },
                 () = sleep_until(boundary, self.now()) => self.refresh().await,
                 () = sleep_until(expiry, self.now()) => match self.expire().await {
-                    Some(actions) => actions,
-                    None => {
-                        let why = "no first usage report in time (RLQS_FIRST_REPORT_TIMEOUT)";
-                        let _ = tx.send(Err(Status::deadline_exceeded(why))).await;
+                    Ok(actions) => actions,
+                    Err(why) => {
+                        let _ = tx.send(Err(why)).await;
                         break;
                     }
                 },
@@ -198,6 +213,7 @@ impl QuotaStream {
         let worker = self.worker();
         worker.run(&withdrawals).await;
         self.shared.streams.fetch_sub(1, Ordering::AcqRel);
+        self.shared.peers.leave(self.peer);
         self.shared
             .buckets
             .fetch_sub(self.buckets.len(), Ordering::AcqRel);
@@ -255,10 +271,6 @@ impl QuotaStream {
     }
 
     async fn on_report(&mut self, report: RateLimitQuotaUsageReports) -> Vec<BucketAction> {
-        if self.domain.is_none() && !report.domain.is_empty() {
-            self.shared.census.join(&report.domain);
-            self.domain = Some(report.domain.clone());
-        }
         self.follow_rules();
         // A window that ended since the last report (its timer may not have fired yet):
         // the report is split at its end, as after a refresh.
@@ -329,6 +341,7 @@ impl QuotaStream {
     }
 
     fn track(&mut self, pairs: Pairs) {
+        self.empty_since = None;
         if let Some(d) = &self.domain {
             self.shared.census.count(d, true);
         }
@@ -405,6 +418,9 @@ impl QuotaStream {
     fn abandon(&mut self, pairs: &Pairs, delta: i64) -> Slot {
         self.set_rate(pairs, 0.0);
         let gone = self.buckets.remove(pairs);
+        if self.buckets.is_empty() {
+            self.empty_since = Some(self.now());
+        }
         self.shared.buckets.fetch_sub(1, Ordering::AcqRel);
         if let Some(d) = &self.domain {
             self.shared.census.count(d, false);

@@ -101,7 +101,11 @@ impl Pending {
 /// `age` scaled by a factor in [0.9, 1.1] drawn from `seed`'s hash, so streams opened together
 /// do not all end together (saturating: never a panic, whatever the age).
 pub(super) fn jittered(age: Duration, seed: u64) -> Duration {
-    crate::server::ConnectionAge { max: age }.jittered(seed)
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(seed);
+    let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
+    Duration::try_from_secs_f64(age.as_secs_f64() * (0.9 + 0.2 * unit)).unwrap_or(Duration::MAX)
 }
 
 #[cfg(test)]
@@ -150,6 +154,14 @@ mod tests {
         assert!(p.offer(report(&[("a", 1)]), s + s / 2, s).is_none());
         assert!(p.take(s * 2).is_some());
         assert!(p.offer(report(&[("a", 1)]), s * 3, s).is_some());
+    }
+
+    #[test]
+    fn an_absurd_age_saturates_instead_of_panicking() {
+        assert!(jittered(Duration::MAX, 3) >= Duration::MAX / 2);
+        let day = Duration::from_secs(86_400);
+        let j = jittered(day, 3);
+        assert!(j >= day.mul_f64(0.9) && j <= day.mul_f64(1.1), "{j:?}");
     }
 
     #[test]
