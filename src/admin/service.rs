@@ -1,7 +1,9 @@
 //! The admin gRPC service (`sluice.admin.v1.Admin`): each call authorized (see `auth.rs`), each
 //! write audited (see `audit.rs`), then handed to the limiter (Inspect) or the store's admin
-//! side (Reset, overrides). After a write this replica reloads the overrides and drops its deny
-//! cache at once; the others do on their next poll (see `poll.rs`).
+//! side (Reset, overrides). A write's store call, outcome line and reload run on a task of
+//! their own that its caller cannot cut (see `AdminService::write`). After a write this replica
+//! reloads the overrides and drops its deny cache at once; the others do on their next poll
+//! (see `poll.rs`).
 
 use super::audit::{entries_text, Write};
 use super::auth::{AuthSettings, Caller, Need};
