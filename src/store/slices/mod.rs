@@ -346,7 +346,16 @@ impl Slices {
                 s.refilling.then(|| e.done.subscribe())
             };
             if let Some(mut rx) = pending {
-                let _ = rx.changed().await;
+                let window = e.slice.lock().unwrap_or_else(|p| p.into_inner()).window;
+                let settled = async {
+                    while rx.changed().await.is_ok() {
+                        if e.settled_for(window) {
+                            break;
+                        }
+                    }
+                };
+                // Bounded: a store that never answers does not hold the shutdown.
+                let _ = tokio::time::timeout(Duration::from_secs(5), settled).await;
             }
             let (left, window) = {
                 let mut s = e.slice.lock().unwrap_or_else(|p| p.into_inner());
@@ -469,11 +478,13 @@ impl Slices {
                 self.refill_in_background(&entry, check, terms, check.hits);
             }
             self.tallies.waited.add(1);
-            // Woken by this window's refill only (one of an older window may land meanwhile).
+            // Woken when this window's refill is done (judged by the slice's state, which a
+            // refill settles under the lock before it signals: a stale refill of an older
+            // window landing meanwhile neither wakes it early nor hides the wake-up).
             let changed = async {
                 loop {
                     rx.changed().await?;
-                    if *rx.borrow_and_update() == window.0 {
+                    if entry.settled_for(window) {
                         return Ok::<(), tokio::sync::watch::error::RecvError>(());
                     }
                 }

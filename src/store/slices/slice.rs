@@ -70,6 +70,13 @@ impl Slice {
 }
 
 impl Entry {
+    /// Whether the refill a waiter of `window` waits on is done: the slice moved to another
+    /// window, or no refill runs for it.
+    pub(super) fn settled_for(&self, window: (u64, u64)) -> bool {
+        let s = self.slice.lock().unwrap_or_else(|p| p.into_inner());
+        s.window != window || !s.refilling
+    }
+
     /// Gives units taken for a request that was not charged back to the slice.
     pub(super) fn untake(&self, hits: u64, window_end: u64) {
         let mut s = self.slice.lock().unwrap_or_else(|p| p.into_inner());

@@ -86,9 +86,9 @@ local function write_views(KB, AB, n, views)
       local b = AB + 1 + K * (i - 1)
       local period, alg = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 3]) % 4
       if alg == 0 then
-        local ends = v.ws + period
-        if v.pin then ends = ends + grace(period) end
-        call('SET', window_key(key, v.ws, period), v.a, 'PX', ttl_ms(ends - now))
+        -- Every window's key lives its grace past its end (pinned or not: a plain charge on a
+        -- leased window's key, a write-back or a replica mid-reload, never cuts it short).
+        call('SET', window_key(key, v.ws, period), v.a, 'PX', ttl_ms(v.ws + period + grace(period) - now))
       elseif alg == 1 then
         call('SET', key, fmt('%d:%d:%d', v.ws, v.a, v.b), 'PX', ttl_ms(v.ws + 2 * period - now))
       elseif alg == 2 then

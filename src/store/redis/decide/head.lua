@@ -178,7 +178,8 @@ if ARGV[2] == 'p' then
     limit[u] = tonumber(ARGV[2 + 2 * u])
     local start = now - now % period
     wk[u] = KEYS[u] .. fmt(':%d', start / period)
-    ttl[u] = jittered(max(floor((start + period - now + 999) / 1000), 1))
+    -- Kept its grace (window.lua) past its end: a leased replica may still name this window.
+    ttl[u] = jittered(max(floor((start + period + min(period, 60000000) - now + 999) / 1000), 1))
   end
   local stored = redis.call('MGET', unpack(wk))
   for u = 1, U do
