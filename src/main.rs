@@ -141,7 +141,8 @@ fn check(args: &CheckArgs) -> ExitCode {
     let opts = args.load.options();
     match load_path(&args.path, &opts) {
         Ok(rules) => {
-            for warning in rules.counting_warnings(args.load.counting) {
+            let warnings = rules.counting_warnings(args.load.counting);
+            for warning in warnings.iter().chain(&rules.layout_warnings()) {
                 eprintln!("warning: {warning}");
             }
             let counts = rules.rule_counts();

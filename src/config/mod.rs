@@ -6,6 +6,7 @@
 pub mod calendar;
 mod load;
 mod metadata;
+mod warnings;
 mod xds;
 mod yaml;
 

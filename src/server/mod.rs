@@ -271,7 +271,8 @@ pub fn log_config_loaded(
     source: Option<&std::path::Path>,
     counting: crate::config::Counting,
 ) {
-    for warning in rules.counting_warnings(counting) {
+    let warnings = rules.counting_warnings(counting);
+    for warning in warnings.iter().chain(&rules.layout_warnings()) {
         tracing::warn!("{warning}");
     }
     let counts = rules.rule_counts();

@@ -887,3 +887,29 @@ fn a_domain_over_1_kib_is_refused_with_its_line() {
     let longest = "d".repeat(crate::config::MAX_DOMAIN_BYTES);
     load(&format!("domain: {longest}\ndescriptors: []\n")).expect("1 KiB is fine");
 }
+
+#[test]
+fn a_leased_resource_whose_consumers_share_its_tag_is_warned_of_with_its_line() {
+    let leased = |own: &str| {
+        format!(
+            "domain: d\ndescriptors:\n  - key: r\n    value: x\n    leased: {{}}\n{own}    \
+             rate_limit: {{unit: minute, requests_per_unit: 100, applies_to_descendants: true}}\n    \
+             descriptors:\n      - key: c\n        rate_limit: {{unit: day, requests_per_unit: 5}}\n"
+        )
+    };
+    let shared = load(&leased("")).unwrap().layout_warnings();
+    assert_eq!(shared.len(), 1, "{shared:?}");
+    assert!(
+        shared[0].contains(":3: d.r_x: a leased resource") && shared[0].contains("own_hash_tags"),
+        "{}",
+        shared[0]
+    );
+    let own = load(&leased("    own_hash_tags: true\n"))
+        .unwrap()
+        .layout_warnings();
+    assert!(own.is_empty(), "{own:?}");
+    let plain = load(&leased("").replace("    leased: {}\n", ""))
+        .unwrap()
+        .layout_warnings();
+    assert!(plain.is_empty(), "no lease, no warning: {plain:?}");
+}
