@@ -479,35 +479,6 @@ impl RuleSet {
         v
     }
 
-    /// Where a resource limit (`applies_to_descendants`) runs under envoyproxy counting
-    /// (`global` for a domain without `counting:`): every request below it is recorded there,
-    /// denied ones too, so one consumer over its own limit still burns the resource's budget.
-    pub fn counting_warnings(&self, global: Counting) -> Vec<String> {
-        fn walk(level: &Level, file: &str, out: &mut Vec<String>) {
-            for n in level.nodes() {
-                if n.rate_limits.iter().any(|r| r.applies_to_descendants) {
-                    out.push(format!(
-                        "{file}:{}: {}: applies_to_descendants under envoyproxy counting: \
-                         requests denied below this node are still charged to it (a consumer \
-                         over its own limit burns the resource's budget); set \
-                         `counting: all_or_nothing` on the domain to charge only admitted requests",
-                        n.location.line, n.path
-                    ));
-                }
-                walk(&n.children, file, out);
-            }
-        }
-        let mut out = Vec::new();
-        let mut domains: Vec<&DomainRules> = self.domains.values().collect();
-        domains.sort_by(|a, b| a.domain.cmp(&b.domain));
-        for d in domains {
-            if d.counting.unwrap_or(global) == Counting::Envoyproxy {
-                walk(&d.root, &d.file, &mut out);
-            }
-        }
-        out
-    }
-
     /// Human-readable dump of every limit, one line per node with a limit, sorted; served by
     /// `GET /rlconfig` in the envoyproxy/ratelimit format (`path: unit=.. requests_per_unit=..`),
     /// after one `domain: counting=..` line per domain.

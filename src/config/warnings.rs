@@ -1,10 +1,39 @@
-//! Load-time warnings about the Redis key layout: what loads and is exact, but may not be what an
+//! Load-time warnings (counting, Redis key layout): what loads and is exact, but may not be what an
 //! operator meant. Kept apart from the model (`mod.rs`) and the loader (`load/`): a warning never
 //! changes a decision.
 
-use super::{DomainRules, Level, RuleSet};
+use super::{Counting, DomainRules, Level, RuleSet};
 
 impl RuleSet {
+    /// Where a resource limit (`applies_to_descendants`) runs under envoyproxy counting
+    /// (`global` for a domain without `counting:`): every request below it is recorded there,
+    /// denied ones too, so one consumer over its own limit still burns the resource's budget.
+    pub fn counting_warnings(&self, global: Counting) -> Vec<String> {
+        fn walk(level: &Level, file: &str, out: &mut Vec<String>) {
+            for n in level.nodes() {
+                if n.rate_limits.iter().any(|r| r.applies_to_descendants) {
+                    out.push(format!(
+                        "{file}:{}: {}: applies_to_descendants under envoyproxy counting: \
+                         requests denied below this node are still charged to it (a consumer \
+                         over its own limit burns the resource's budget); set \
+                         `counting: all_or_nothing` on the domain to charge only admitted requests",
+                        n.location.line, n.path
+                    ));
+                }
+                walk(&n.children, file, out);
+            }
+        }
+        let mut out = Vec::new();
+        let mut domains: Vec<&DomainRules> = self.domains.values().collect();
+        domains.sort_by(|a, b| a.domain.cmp(&b.domain));
+        for d in domains {
+            if d.counting.unwrap_or(global) == Counting::Envoyproxy {
+                walk(&d.root, &d.file, &mut out);
+            }
+        }
+        out
+    }
+
     /// Where a leased resource has limits below it that share its hash tag: on a Redis Cluster
     /// they stay on the resource's slot (one master decides every consumer of it). Their own
     /// hash tags are a key-layout choice (`own_hash_tags: true` on the node), never implied by
