@@ -506,21 +506,36 @@ mod props {
     use super::*;
     use proptest::prelude::*;
 
+    /// Whenever the walk admits `wire` (caps of 2 descriptors, 2 entries), prost decodes it
+    /// within them (or refuses it).
+    fn admitted_within_caps(wire: &[u8]) -> Result<(), TestCaseError> {
+        let caps = RequestCaps {
+            descriptors: 2,
+            entries: 2,
+            ..RequestCaps::default()
+        };
+        if validate_wire(wire, &caps).is_ok() {
+            if let Ok(r) = <RateLimitRequest as prost::Message>::decode(wire) {
+                prop_assert!(
+                    r.descriptors.len() <= 2,
+                    "{} descriptors",
+                    r.descriptors.len()
+                );
+                for d in &r.descriptors {
+                    prop_assert!(d.entries.len() <= 2, "{} entries", d.entries.len());
+                }
+            }
+        }
+        Ok(())
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(4096))]
 
         /// Whenever the walk admits a request, prost decodes it within the caps (or refuses it).
         #[test]
         fn an_admitted_request_decodes_within_the_caps(wire in arbitrary::wire()) {
-            let caps = RequestCaps { descriptors: 2, entries: 2, ..RequestCaps::default() };
-            if validate_wire(&wire, &caps).is_ok() {
-                if let Ok(r) = <RateLimitRequest as prost::Message>::decode(wire.as_slice()) {
-                    prop_assert!(r.descriptors.len() <= 2, "{} descriptors", r.descriptors.len());
-                    for d in &r.descriptors {
-                        prop_assert!(d.entries.len() <= 2, "{} entries", d.entries.len());
-                    }
-                }
-            }
+            admitted_within_caps(&wire)?;
         }
 
         /// The same for requests as Envoy sends them, with a group (or other hostile field)
@@ -529,15 +544,7 @@ mod props {
         fn a_tampered_request_admitted_decodes_within_the_caps(
             wire in arbitrary::tampered(arbitrary::rls),
         ) {
-            let caps = RequestCaps { descriptors: 2, entries: 2, ..RequestCaps::default() };
-            if validate_wire(&wire, &caps).is_ok() {
-                if let Ok(r) = <RateLimitRequest as prost::Message>::decode(wire.as_slice()) {
-                    prop_assert!(r.descriptors.len() <= 2, "{} descriptors", r.descriptors.len());
-                    for d in &r.descriptors {
-                        prop_assert!(d.entries.len() <= 2, "{} entries", d.entries.len());
-                    }
-                }
-            }
+            admitted_within_caps(&wire)?;
         }
 
         /// What Envoy sends (proto3, no groups) is walked whole: admitted within the caps,

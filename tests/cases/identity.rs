@@ -15,6 +15,7 @@ use crate::support::{code, one, TestServer, T0};
 use sluice::config::{Leasing, Limit, Period, Quota};
 use sluice::proto::rate_limit_response::Code;
 use sluice::store::{CounterStore, LimitCheck};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -265,4 +266,138 @@ async fn a_calendar_window_the_store_saw_end_is_never_charged() {
         keys.iter().all(|(_, ttl)| ttl - SLACK_S >= 20),
         "the window's key lives out its grace: {keys:?}"
     );
+}
+
+/// A replica's clock: the store's manual clock, offset by `ms` (negative: it lags the store).
+#[derive(Debug)]
+struct Offset {
+    clock: sluice::clock::ManualClock,
+    ms: i64,
+}
+
+impl sluice::clock::Clock for Offset {
+    fn now(&self) -> Duration {
+        let now = sluice::clock::Clock::now(&self.clock);
+        let by = Duration::from_millis(self.ms.unsigned_abs());
+        if self.ms < 0 {
+            now - by
+        } else {
+            now + by
+        }
+    }
+}
+
+/// One replica's check on the leased 1 000 per second limit, its window pinned by its own clock.
+fn leased_per_second(replica_now: Duration, hits: u64) -> LimitCheck {
+    let limit = Limit::fixed(1_000, sluice::config::Unit::Second);
+    let mut c = LimitCheck::for_tests("d", "api", limit, hits);
+    let now = us(replica_now);
+    let start = now - now % 1_000_000;
+    c.window = Some((start, start + 1_000_000));
+    c.slice = Some(Leasing {
+        max_slice: 10,
+        ahead: Period::from_millis(100).expect("positive"),
+    });
+    c
+}
+
+/// Replicas whose clocks are offset from one Redis (the store's clock is the manual one the
+/// script decides on), under load far above a leased 1 000/s limit: every window's counter
+/// holds at most the limit; in store time, what one second admits is within the bound of
+/// docs/semantics.md ("Clocks and pinned windows": limit x (1 + ceil(offset spread / period)));
+/// with every replica lagging by the same 200 ms (a store whose clock runs ahead), each
+/// replica-clock window admits at most the limit, and a window offered more than it admits at
+/// least the limit less what the slices may strand (replicas x max_slice).
+async fn skewed_replicas(offsets_ms: &[i64], seed: u64) {
+    use sluice::store::slices::{SlicedDecider, Slices};
+    use sluice::store::{Decider, Plain};
+    let (store, clock, backend) = make_redis_store("redis").await;
+    let store: Arc<dyn CounterStore> = store;
+    clock.set(T0 + Duration::from_millis(500));
+    let replicas: Vec<(i64, SlicedDecider)> = offsets_ms
+        .iter()
+        .map(|&ms| {
+            let own = Arc::new(Offset {
+                clock: clock.clone(),
+                ms,
+            });
+            let slices = Slices::new(Arc::clone(&store), own, (1000, false));
+            (
+                ms,
+                SlicedDecider::new(slices, Arc::new(Plain(Arc::clone(&store)))),
+            )
+        })
+        .collect();
+    let mut rng = crate::support::Rng::new(seed);
+    // (store second, replica window) -> admitted
+    let mut by_store: HashMap<u64, u64> = HashMap::new();
+    let mut by_replica_window: HashMap<u64, u64> = HashMap::new();
+    let mut offered: HashMap<u64, u64> = HashMap::new();
+    let end = T0 + Duration::from_secs(8);
+    while sluice::clock::Clock::now(&clock) < end {
+        clock.advance(Duration::from_micros(1 + rng.below(4_000)));
+        let store_now = sluice::clock::Clock::now(&clock);
+        let (ms, r) = &replicas[rng.below(replicas.len() as u64) as usize];
+        let replica_now = Offset {
+            clock: clock.clone(),
+            ms: *ms,
+        };
+        let replica_now = sluice::clock::Clock::now(&replica_now);
+        let burst = 1 + rng.below(12);
+        let window = replica_now.as_secs();
+        *offered.entry(window).or_default() += burst;
+        let calls = (0..burst).map(|_| r.decide_by(vec![leased_per_second(replica_now, 1)], None));
+        for d in futures_util::future::join_all(calls).await {
+            if d.expect("decided").admitted {
+                *by_store.entry(store_now.as_secs()).or_default() += 1;
+                *by_replica_window.entry(window).or_default() += 1;
+            }
+        }
+    }
+    let mut seconds: Vec<_> = by_store.iter().collect();
+    seconds.sort();
+    eprintln!("seed {seed}, offsets {offsets_ms:?}: admitted per store second {seconds:?}");
+    let spread = offsets_ms.iter().max().unwrap_or(&0) - offsets_ms.iter().min().unwrap_or(&0);
+    let bound = 1_000 * (1 + u64::try_from(spread).unwrap_or(0).div_ceil(1_000));
+    for (second, admitted) in &by_store {
+        assert!(
+            *admitted <= bound,
+            "seed {seed}, offsets {offsets_ms:?}: store second {second} admitted {admitted}, \
+             bound {bound}"
+        );
+    }
+    // Every window's counter on Redis holds at most the limit.
+    let redis = redis_of(&backend);
+    for (key, _) in redis.keys_with_ttl() {
+        let count: u64 = redis.cli(&["GET", &key]).trim().parse().unwrap_or(0);
+        assert!(count <= 1_000, "seed {seed}: {key} holds {count}");
+    }
+    if spread == 0 {
+        let stranded = replicas.len() as u64 * 10;
+        for (window, admitted) in &by_replica_window {
+            assert!(
+                *admitted <= 1_000,
+                "seed {seed}, offsets {offsets_ms:?}: window {window} admitted {admitted}"
+            );
+            // Windows the run saw whole (not its first or last), offered well over the limit.
+            let whole = *window > T0.as_secs() && *window + 1 < end.as_secs();
+            if whole && offered[window] >= 1_500 {
+                assert!(
+                    *admitted + stranded >= 1_000,
+                    "seed {seed}: window {window} offered {}, admitted {admitted}",
+                    offered[window]
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn replicas_two_seconds_apart_on_one_redis_stay_within_the_bound() {
+    skewed_replicas(&[-2_000, -200, 0, 200, 2_000], 50).await;
+}
+
+#[tokio::test]
+async fn a_redis_whose_clock_runs_200ms_ahead_admits_the_limit_per_window() {
+    skewed_replicas(&[-200, -200, -200], 51).await;
 }

@@ -96,8 +96,9 @@ struct Slice {
 }
 
 /// A counter's slice, and the signal its refill sends when done (one refill in flight at a
-/// time; every request short of units waits for that one). The signal carries the refilled
-/// window's start: a refill of a window that has passed wakes no one waiting on the next.
+/// time; every request short of units waits for that one). A waiter judges the wake-up by the
+/// slice's state ([`Entry::settled_for`]): a refill of a window that has passed settles nothing
+/// of the next.
 #[derive(Debug)]
 struct Entry {
     slice: Mutex<Slice>,
@@ -521,8 +522,7 @@ impl Slices {
                     s.failed = !ok;
                 }
             }
-            // Sent even when unchanged: `send_replace` marks it seen-anew for every waiter.
-            entry.done.send_replace(window.0);
+            entry.done.send_modify(|v| *v = v.wrapping_add(1));
         });
     }
 
