@@ -15,7 +15,6 @@
 
 mod allocate;
 pub mod bucket;
-mod early;
 mod peers;
 mod server;
 mod stream;

@@ -69,7 +69,15 @@ where
             max_usages: self.max_usages,
         };
         let max_bytes = self.max_bytes;
-        let req = super::early::walked(req, max_bytes, self.max_usages);
+        let spec = crate::service::early::Spec {
+            message: "a usage report",
+            count: Some((
+                self.max_usages,
+                "bucket usages",
+                "RLQS_MAX_USAGES_PER_REPORT",
+            )),
+        };
+        let req = crate::service::early::walked(req, max_bytes, spec, || {});
         Box::pin(async move {
             let mut grpc = tonic::server::Grpc::new(codec)
                 .apply_max_message_size_config(Some(max_bytes), None);
@@ -249,6 +257,26 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(4096))]
+
+        /// The walk as the bytes arrive (service/early.rs) never refuses a report that the
+        /// whole-message count admits, whatever the pieces.
+        #[test]
+        fn the_early_walk_refuses_no_report_the_count_admits(
+            wire in prop_oneof![arbitrary::wire(), arbitrary::tampered(arbitrary::rlqs)],
+            piece in 1usize..16,
+        ) {
+            use crate::service::early::{fed, framed, Spec};
+            if let Ok(n) = count_usages(&wire) {
+                let spec = Spec {
+                    message: "a usage report",
+                    count: Some((n, "bucket usages", "RLQS_MAX_USAGES_PER_REPORT")),
+                };
+                let stream = [framed(&wire), framed(&wire)].concat();
+                let got = fed(&stream, piece, spec);
+                prop_assert!(got.is_ok(), "{:?}", got);
+            }
+        }
+
 
         /// Whenever the walk admits a report, prost decodes it within the usage cap (or refuses
         /// it): the cap here is 3.

@@ -4,7 +4,8 @@
 //! 170 MB before the decoded request could be counted; refused on the wire it costs its own
 //! bytes, with the same INVALID_ARGUMENT message and the same `invalid_argument` metric. A
 //! message larger than the caps can admit (`RequestCaps::max_message_bytes`) is refused from
-//! its length prefix, unread.
+//! its length prefix, unread, and one whose top level cannot be walked (a group) as its bytes
+//! arrive (`service::early`).
 
 use super::grpc::RlsService;
 use crate::proto::rate_limit_service_server::RateLimitService;
@@ -45,7 +46,7 @@ impl NamedService for RlsServer {
 
 impl<B> Service<http::Request<B>> for RlsServer
 where
-    B: Body + Send + 'static,
+    B: Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<StdError> + Send + 'static,
 {
     type Response = http::Response<tonic::body::Body>;
@@ -63,6 +64,18 @@ where
         let method = Method(Arc::clone(&self.inner));
         let codec = RlsCodec(Arc::clone(&self.limiter));
         let max_bytes = self.limiter.options().caps.max_message_bytes();
+        // A request the walk cannot count (a group, say) is refused as its bytes arrive, not
+        // after the whole message is read (service/early.rs); the caps are counted whole by
+        // `validate_wire` below.
+        let spec = crate::service::early::Spec {
+            message: "a rate-limit request",
+            count: None,
+        };
+        let limiter = Arc::clone(&self.limiter);
+        let req = crate::service::early::walked(req, max_bytes, spec, move || {
+            let metrics = &limiter.telemetry().metrics;
+            metrics.request(RequestOutcome::Invalid, std::time::Duration::ZERO);
+        });
         Box::pin(async move {
             let mut grpc = tonic::server::Grpc::new(codec)
                 .apply_max_message_size_config(Some(max_bytes), None);

@@ -7,6 +7,7 @@
 //! (`server::grpc`, `server::http`), not here.
 
 mod dynamic_metadata;
+pub mod early;
 mod error;
 mod error_log;
 pub mod headers;

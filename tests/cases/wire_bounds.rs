@@ -320,6 +320,14 @@ async fn a_group_hides_nothing_from_the_wire_walkers() {
             assert_eq!(status.as_deref(), Some("3"), "{what}: {message}");
             assert!(message.contains("group"), "{what}: {message}");
         }
+        if path == rls {
+            // Refused as they arrive, and still counted as invalid requests.
+            let (_, _, body) =
+                crate::support::http_request(sluice.http, "GET", "/metrics", &[], "").await;
+            let series = "sluice_request_duration_seconds_count{outcome=\"invalid_argument\"} ";
+            let counted = body.lines().find_map(|l| l.strip_prefix(series));
+            assert_eq!(counted, Some("8"), "{what}: the invalid requests counted");
+        }
         assert!(
             peak < idle + (50 << 20),
             "{what}: sluice's resident memory peaked at {} MiB, {} MiB idle",

@@ -1,35 +1,50 @@
-//! Why this file: tonic reads a whole message before its decoder sees it, so a report the wire
-//! walk of `server.rs` refuses has still cost its bytes, up to `RLQS_MAX_REPORT_BYTES` (8 MiB)
-//! per stream, and 1 024 streams per connection: 8 concurrent 8 MiB reports behind a group held
-//! 64 MiB in buffers before any was refused (issue 50). Here each report's top level is walked
-//! as its bytes arrive, so one that starts with a group, or carries more usages than
-//! `RLQS_MAX_USAGES_PER_REPORT`, is refused as soon as that is seen, before the rest is read.
-//! The walk of `server.rs` still runs on the whole message (it also walks the nested messages);
-//! this one only refuses earlier, and refuses nothing that one admits.
+//! Why this file: tonic reads a whole message before its decoder sees it, so a message the
+//! whole-message walks refuse (`validate_wire` for RLS, `count_usages` for RLQS) has still cost
+//! its bytes: up to the caps' message size (4.3 MiB for RLS, `RLQS_MAX_REPORT_BYTES` 8 MiB for
+//! RLQS) per call, and 1 024 calls per connection: 8 concurrent 8 MiB reports behind a group
+//! held 64 MiB in buffers before any was refused (issue 50). Here each message's top level is
+//! walked as its bytes arrive, so one that starts with a group (or anything else the walk
+//! cannot count), or carries more of the counted field than its cap, is refused as soon as
+//! that is seen, before the rest is read. The whole-message walk still runs (it also walks the
+//! nested messages and gives the exact counts); this one only refuses earlier, and refuses
+//! nothing that one admits.
 
-use crate::service::Unwalkable;
+use super::Unwalkable;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use tonic::codegen::{http, Body, StdError};
 use tonic::Status;
 
-/// `req` with its body walked as it arrives: a report refused ends the body with its status,
-/// which tonic hands to the stream as the report's error.
-pub(super) fn walked<B>(
+/// What one kind of message is walked for: its top-level field 2 (RLS descriptors, RLQS
+/// usages) counted against `max` when `max` is set, and how a refusal names the message.
+#[derive(Debug, Clone, Copy)]
+pub struct Spec {
+    /// The message, as a refusal names it ("a usage report").
+    pub message: &'static str,
+    /// The cap on field 2's occurrences, what they are ("bucket usages") and the setting
+    /// that sets the cap; `None`: not counted here (the whole-message walk counts them).
+    pub count: Option<(usize, &'static str, &'static str)>,
+}
+
+/// `req` with its body walked as it arrives: a message refused ends the body with its status,
+/// which tonic hands to the call as the message's error; `on_refuse` runs once per refusal
+/// (the RLS route counts it as an invalid request).
+pub fn walked<B>(
     req: http::Request<B>,
     max_bytes: usize,
-    max_usages: usize,
+    spec: Spec,
+    on_refuse: impl Fn() + Send + 'static,
 ) -> http::Request<axum::body::Body>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<StdError>,
 {
-    let mut walk = Walk::new(max_bytes, max_usages);
+    let mut walk = Walk::new(max_bytes, spec);
     req.map(|body| {
         let chunks = axum::body::Body::new(body).into_data_stream().map(
             move |chunk| -> Result<Bytes, StdError> {
                 let chunk = chunk?;
-                walk.feed(&chunk)?;
+                walk.feed(&chunk).inspect_err(|_| on_refuse())?;
                 Ok(chunk)
             },
         );
@@ -42,7 +57,7 @@ where
 #[derive(Debug)]
 struct Walk {
     max_bytes: usize,
-    max_usages: usize,
+    spec: Spec,
     prefix: [u8; 5],
     /// Bytes of the prefix read so far.
     have: usize,
@@ -54,7 +69,8 @@ struct Walk {
     /// The offset in the current message.
     at: usize,
     field: Field,
-    usages: usize,
+    /// Field 2's occurrences in the current message.
+    counted: usize,
 }
 
 /// The part of a field being read.
@@ -85,17 +101,17 @@ const KEY: Field = Field::Key {
 };
 
 impl Walk {
-    fn new(max_bytes: usize, max_usages: usize) -> Self {
+    fn new(max_bytes: usize, spec: Spec) -> Self {
         Self {
             max_bytes,
-            max_usages,
+            spec,
             prefix: [0; 5],
             have: 0,
             left: 0,
             walked: false,
             at: 0,
             field: KEY,
-            usages: 0,
+            counted: 0,
         }
     }
 
@@ -115,7 +131,7 @@ impl Walk {
                     self.walked = flag == 0 && self.left <= self.max_bytes;
                     self.at = 0;
                     self.field = KEY;
-                    self.usages = 0;
+                    self.counted = 0;
                 }
                 continue;
             }
@@ -156,9 +172,10 @@ impl Walk {
 
     /// One byte of a key, a varint or a length.
     fn byte(&mut self, b: u8) -> Result<(), Status> {
+        let message = self.spec.message;
         let refuse = |at, what| {
             let e = Unwalkable { at, what };
-            Status::invalid_argument(format!("a usage report refused: {e}"))
+            Status::invalid_argument(format!("{message} refused: {e}"))
         };
         let push = |value: u64, bytes: u32, start| {
             if bytes >= 10 {
@@ -212,13 +229,11 @@ impl Walk {
                 start,
             } => match push(value, bytes, start)? {
                 (len, true) => {
-                    if field == 2 {
-                        self.usages += 1;
-                        if self.usages > self.max_usages {
+                    if let (2, Some((max, what, setting))) = (field, self.spec.count) {
+                        self.counted += 1;
+                        if self.counted > max {
                             return Err(Status::invalid_argument(format!(
-                                "a usage report of more than {} bucket usages \
-                                 (RLQS_MAX_USAGES_PER_REPORT)",
-                                self.max_usages
+                                "{message} of more than {max} {what} ({setting})"
                             )));
                         }
                     }
@@ -237,66 +252,89 @@ impl Walk {
     }
 }
 
+/// A gRPC frame of `message`, uncompressed.
+#[cfg(test)]
+pub(crate) fn framed(message: &[u8]) -> Vec<u8> {
+    let mut out = vec![0];
+    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    out.extend_from_slice(message);
+    out
+}
+
+/// Feeds `stream` to a walk for `spec` in pieces of `piece` bytes.
+#[cfg(test)]
+pub(crate) fn fed(stream: &[u8], piece: usize, spec: Spec) -> Result<(), Status> {
+    let mut walk = Walk::new(1 << 20, spec);
+    stream
+        .chunks(piece.max(1))
+        .try_for_each(|chunk| walk.feed(chunk))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::arbitrary;
+    use crate::service::{arbitrary, RequestCaps};
     use proptest::prelude::*;
 
-    fn framed(message: &[u8]) -> Vec<u8> {
-        let mut out = vec![0];
-        out.extend_from_slice(&(message.len() as u32).to_be_bytes());
-        out.extend_from_slice(message);
-        out
+    fn report(max_usages: usize) -> Spec {
+        Spec {
+            message: "a usage report",
+            count: Some((max_usages, "bucket usages", "RLQS_MAX_USAGES_PER_REPORT")),
+        }
     }
 
-    /// Feeds `stream` in pieces of `piece` bytes.
-    fn fed(stream: &[u8], piece: usize, max_usages: usize) -> Result<(), Status> {
-        let mut walk = Walk::new(1 << 20, max_usages);
-        stream
-            .chunks(piece.max(1))
-            .try_for_each(|chunk| walk.feed(chunk))
-    }
+    const REQUEST: Spec = Spec {
+        message: "a rate-limit request",
+        count: None,
+    };
 
     #[test]
     fn a_group_or_a_usage_too_many_is_refused_as_it_arrives() {
         let mut head = vec![0x0a, 1, b'd', 0x9b, 0x06, 0x9c, 0x06];
         let mut stream = framed(&head);
         stream.truncate(5 + head.len());
-        let e = fed(&stream, 3, 10).expect_err("the group");
-        assert!(
-            e.message().contains("group (wire type 3 or 4) at byte 3"),
-            "{e:?}"
-        );
+        for spec in [report(10), REQUEST] {
+            let e = fed(&stream, 3, spec).expect_err("the group");
+            assert!(
+                e.message().contains("group (wire type 3 or 4) at byte 3"),
+                "{e:?}"
+            );
+            assert!(e.message().starts_with(spec.message), "{e:?}");
+        }
         // Usages: 3 admitted at a cap of 3, the 4th refused, in pieces of any size.
         head.truncate(3);
         head.extend_from_slice(&[0x12, 0].repeat(4));
         for piece in [1, 2, 7, 100] {
-            assert!(fed(&framed(&head[..9]), piece, 3).is_ok());
-            let e = fed(&framed(&head), piece, 3).expect_err("4 usages");
+            assert!(fed(&framed(&head[..9]), piece, report(3)).is_ok());
+            let e = fed(&framed(&head), piece, report(3)).expect_err("4 usages");
             assert!(e.message().contains("RLQS_MAX_USAGES_PER_REPORT"), "{e:?}");
+            // Descriptors are counted by the whole-message walk, not here.
+            assert!(fed(&framed(&head), piece, REQUEST).is_ok());
         }
         // Two messages in a row: the count starts again.
         let two = [framed(&head[..9]), framed(&head[..9])].concat();
-        assert!(fed(&two, 4, 3).is_ok());
+        assert!(fed(&two, 4, report(3)).is_ok());
         // A compressed message, or one over the size cap, is not walked (tonic refuses it).
         let mut compressed = framed(&[0x0c]);
         compressed[0] = 1;
-        assert!(fed(&compressed, 1, 3).is_ok());
+        assert!(fed(&compressed, 1, report(3)).is_ok());
     }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2048))]
 
-        /// Never refuses what the whole-message walk admits, whatever the pieces.
+        /// Never refuses an RLS request that the whole-message walk admits, whatever the
+        /// pieces (the RLQS twin is in quota/server.rs).
         #[test]
-        fn refuses_nothing_the_whole_walk_admits(
-            wire in prop_oneof![arbitrary::wire(), arbitrary::tampered(arbitrary::rlqs)],
+        fn refuses_no_request_the_whole_walk_admits(
+            wire in prop_oneof![arbitrary::wire(), arbitrary::tampered(arbitrary::rls)],
             piece in 1usize..16,
         ) {
-            if let Ok(n) = super::super::server::count_usages(&wire) {
+            let caps = RequestCaps { descriptors: u32::MAX, entries: u32::MAX, ..RequestCaps::default() };
+            if crate::service::validate_wire(&wire, &caps).is_ok() {
                 let stream = [framed(&wire), framed(&wire)].concat();
-                prop_assert!(fed(&stream, piece, n).is_ok(), "{:?}", fed(&stream, piece, n));
+                let got = fed(&stream, piece, REQUEST);
+                prop_assert!(got.is_ok(), "{:?}", got);
             }
         }
     }
