@@ -87,12 +87,23 @@ struct Slice {
     dry_until_us: u64,
     /// A token bucket's: when it would be full again, as of the last grant (its `reset`).
     full_at_us: u64,
-    /// A refill is running.
-    refilling: bool,
-    /// The last refill failed (the store did not answer): the check goes down as it is.
-    failed: bool,
+    /// Where the slice's refill is.
+    refill: Refill,
     /// For eviction.
     touched_us: u64,
+}
+
+/// Where a slice's refill is: one runs at a time, and a failed one makes the next request short
+/// of units go down to the store (`unreachable`) instead of starting another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refill {
+    /// None runs; the last one (if any) got its answer.
+    Idle,
+    /// One runs; requests short of units wait for it.
+    Running,
+    /// The last one failed (the store did not answer): the next request short of units takes
+    /// the store's answer, and the slice is idle again.
+    Failed,
 }
 
 /// A counter's slice, and the signal its refill sends when done (one refill in flight at a
@@ -216,7 +227,8 @@ impl Slices {
                     self.tallies.stranded.add(s.left);
                     return false;
                 }
-                let idle = now.saturating_sub(s.touched_us) >= IDLE_US && !s.refilling;
+                let idle =
+                    now.saturating_sub(s.touched_us) >= IDLE_US && s.refill != Refill::Running;
                 if idle {
                     back.push((key.clone(), Arc::clone(e)));
                 }
@@ -344,7 +356,7 @@ impl Slices {
             // A refill still out lands in the slice first (what the store granted comes back).
             let pending = {
                 let s = e.slice.lock().unwrap_or_else(|p| p.into_inner());
-                s.refilling.then(|| e.done.subscribe())
+                (s.refill == Refill::Running).then(|| e.done.subscribe())
             };
             if let Some(mut rx) = pending {
                 let window = e.slice.lock().unwrap_or_else(|p| p.into_inner()).window;
@@ -451,10 +463,12 @@ impl Slices {
                 if s.left >= check.hits {
                     s.left -= check.hits;
                     s.spent += check.hits;
-                    let ahead = !s.refilling && s.left < s.last_grant / 2 && now >= s.dry_until_us;
+                    let ahead = s.refill != Refill::Running
+                        && s.left < s.last_grant / 2
+                        && now >= s.dry_until_us;
                     let taken = s.taken(&entry, true);
                     if ahead {
-                        s.refilling = true;
+                        s.refill = Refill::Running;
                         drop(s);
                         self.refill_in_background(&entry, check, terms, 1);
                     }
@@ -466,13 +480,13 @@ impl Slices {
                 if now < s.dry_until_us && check.hits > had {
                     return Take::Done(s.taken(&entry, false));
                 }
-                if s.failed && !s.refilling {
-                    s.failed = false;
+                if s.refill == Refill::Failed {
+                    s.refill = Refill::Idle;
                     drop(s);
                     return self.unreachable(&entry);
                 }
-                let start = !s.refilling;
-                s.refilling = true;
+                let start = s.refill == Refill::Idle;
+                s.refill = Refill::Running;
                 (entry.done.subscribe(), start)
             };
             if start {
@@ -501,7 +515,7 @@ impl Slices {
         Take::Down
     }
 
-    /// Starts the slice's refill (the caller set `refilling`): a task of its own, so a request
+    /// Starts the slice's refill (the caller set it `Running`): a task of its own, so a request
     /// that stops waiting (its deadline) never loses what the store granted.
     fn refill_in_background(
         self: &Arc<Self>,
@@ -518,8 +532,7 @@ impl Slices {
                 // A refill of a window that has passed settles nothing of the next one's: its
                 // own refill (if one runs) clears these when it lands.
                 if s.window == window {
-                    s.refilling = false;
-                    s.failed = !ok;
+                    s.refill = if ok { Refill::Idle } else { Refill::Failed };
                 }
             }
             entry.done.send_modify(|v| *v = v.wrapping_add(1));

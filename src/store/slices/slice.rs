@@ -1,7 +1,7 @@
 //! One slice's own arithmetic: a fresh one, what taking from it answers, the next grant's
 //! size, and units given back to it (the [`Slices`](super::Slices) around it decide when).
 
-use super::{Entry, Slice, Taken, UNPINNED};
+use super::{Entry, Refill, Slice, Taken, UNPINNED};
 use std::sync::Arc;
 
 impl Slice {
@@ -15,8 +15,7 @@ impl Slice {
             since_us: now,
             dry_until_us: 0,
             full_at_us: now,
-            refilling: false,
-            failed: false,
+            refill: Refill::Idle,
             touched_us: now,
         }
     }
@@ -74,7 +73,7 @@ impl Entry {
     /// window, or no refill runs for it.
     pub(super) fn settled_for(&self, window: (u64, u64)) -> bool {
         let s = self.slice.lock().unwrap_or_else(|p| p.into_inner());
-        s.window != window || !s.refilling
+        s.window != window || s.refill != Refill::Running
     }
 
     /// Gives units taken for a request that was not charged back to the slice.
