@@ -25,17 +25,21 @@ use tonic_prost::{ProstDecoder, ProstEncoder};
 
 const PATH: &str = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";
 
-/// The RLQS route: reports of at most `max_bytes`, with at most `max_usages` usages each.
+/// The RLQS route: reports of at most `max_bytes`, with at most `max_usages` usages each, and
+/// bucket ids of at most `max_entries` entries.
 #[derive(Debug, Clone)]
 pub struct QuotaServer {
     inner: Arc<QuotaService>,
     max_bytes: usize,
     max_usages: usize,
+    max_entries: usize,
 }
 
 impl QuotaServer {
     pub(super) fn new(inner: QuotaService, max_bytes: usize, max_usages: usize) -> Self {
+        let max_entries = inner.limiter.options().caps.entries as usize;
         Self {
+            max_entries,
             inner: Arc::new(inner),
             max_bytes,
             max_usages,
@@ -67,6 +71,7 @@ where
         let method = Method(Arc::clone(&self.inner));
         let codec = ReportCodec {
             max_usages: self.max_usages,
+            max_entries: self.max_entries,
         };
         let max_bytes = self.max_bytes;
         let spec = crate::service::early::Spec {
@@ -103,10 +108,12 @@ impl tonic::server::StreamingService<RateLimitQuotaUsageReports> for Method {
     }
 }
 
-/// prost's codec, with the usages counted before a report is decoded.
+/// prost's codec, with the usages and their bucket ids' entries counted before a report is
+/// decoded.
 #[derive(Debug, Clone, Copy)]
 struct ReportCodec {
     max_usages: usize,
+    max_entries: usize,
 }
 
 impl Codec for ReportCodec {
@@ -122,6 +129,7 @@ impl Codec for ReportCodec {
     fn decoder(&mut self) -> Self::Decoder {
         ReportDecoder {
             max_usages: self.max_usages,
+            max_entries: self.max_entries,
             inner: ProstDecoder::new(BufferSettings::default()),
         }
     }
@@ -130,18 +138,27 @@ impl Codec for ReportCodec {
 #[derive(Debug)]
 struct ReportDecoder {
     max_usages: usize,
+    max_entries: usize,
     inner: ProstDecoder<RateLimitQuotaUsageReports>,
 }
 
 impl ReportDecoder {
-    /// Refuses a report the walk cannot count, or of more than `max_usages` usages.
+    /// Refuses a report the walk cannot count, of more than `max_usages` usages, or with a
+    /// bucket id of more than `max_entries` entries.
     fn check(&self, wire: &[u8]) -> Result<(), Status> {
-        let usages = count_usages(wire)
+        let c = count(wire)
             .map_err(|e| Status::invalid_argument(format!("a usage report refused: {e}")))?;
-        if usages > self.max_usages {
+        if c.usages > self.max_usages {
             return Err(Status::invalid_argument(format!(
                 "a usage report of more than {} bucket usages (RLQS_MAX_USAGES_PER_REPORT)",
                 self.max_usages
+            )));
+        }
+        if c.widest > self.max_entries {
+            return Err(Status::invalid_argument(format!(
+                "a usage report refused: the bucket id of bucket_quota_usages[{}] has {} \
+                 entries, over the cap of {} (MAX_ENTRIES_PER_DESCRIPTOR)",
+                c.widest_at, c.widest, self.max_entries
             )));
         }
         Ok(())
@@ -175,24 +192,54 @@ impl Decoder for ReportDecoder {
 /// wire form. The report, its usages, their bucket ids (and map entries) and durations are
 /// walked whole; what the walk cannot count (a group, which prost would skip and decode past,
 /// an undefined wire type, a truncated field) is refused, never left to prost (issue 50).
+#[cfg(test)]
 pub(super) fn count_usages(wire: &[u8]) -> Result<usize, Unwalkable> {
-    let mut n = 0;
+    count(wire).map(|c| c.usages)
+}
+
+/// What a report's wire form holds, counted before it is decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Counted {
+    /// Its `bucket_quota_usages`.
+    pub usages: usize,
+    /// The most map entries one usage's bucket id carries on the wire (an entry of two empty
+    /// strings is 2 bytes sent and some 100 decoded into the id's map: counted here, so a
+    /// report of one usage with a million entries is refused before prost builds that map).
+    pub widest: usize,
+    /// Which usage that is (0-based).
+    pub widest_at: usize,
+}
+
+pub(super) fn count(wire: &[u8]) -> Result<Counted, Unwalkable> {
+    let mut c = Counted {
+        usages: 0,
+        widest: 0,
+        widest_at: 0,
+    };
     walk(wire, 0, &mut |field, usage, at| {
         if field != 2 {
             return Ok(());
         }
-        n += 1;
+        let mut entries = 0;
         // A usage: its bucket_id (1, of map entries, 1) and time_elapsed (2) are messages.
         walk(usage, at, &mut |f, body, at| match f {
             1 => walk(body, at, &mut |f, entry, at| match f {
-                1 => walk(entry, at, &mut |_, _, _| Ok(())),
+                1 => {
+                    entries += 1;
+                    walk(entry, at, &mut |_, _, _| Ok(()))
+                }
                 _ => Ok(()),
             }),
             2 => walk(body, at, &mut |_, _, _| Ok(())),
             _ => Ok(()),
-        })
+        })?;
+        if entries > c.widest {
+            (c.widest, c.widest_at) = (entries, c.usages);
+        }
+        c.usages += 1;
+        Ok(())
     })?;
-    Ok(n)
+    Ok(c)
 }
 
 #[cfg(test)]
@@ -278,20 +325,25 @@ mod tests {
         }
 
 
-        /// Whenever the walk admits a report, prost decodes it within the usage cap (or refuses
-        /// it): the cap here is 3.
+        /// Whenever the walk admits a report, prost decodes it within the usage cap and every
+        /// bucket id within the entry cap (or refuses it): the caps here are 3 and 2.
         #[test]
         fn an_admitted_report_decodes_within_the_cap(
             wire in prop_oneof![arbitrary::wire(), arbitrary::tampered(arbitrary::rlqs)],
         ) {
             let decoder = ReportDecoder {
                 max_usages: 3,
+                max_entries: 2,
                 inner: ProstDecoder::new(BufferSettings::default()),
             };
             if decoder.check(&wire).is_ok() {
                 if let Ok(r) = RateLimitQuotaUsageReports::decode(wire.as_slice()) {
                     let n = r.bucket_quota_usages.len();
                     prop_assert!(n <= 3, "{} usages", n);
+                    for u in &r.bucket_quota_usages {
+                        let entries = u.bucket_id.as_ref().map_or(0, |b| b.bucket.len());
+                        prop_assert!(entries <= 2, "{} entries", entries);
+                    }
                 }
             }
         }

@@ -143,7 +143,9 @@ impl QuotaStream {
         loop {
             let boundary = self.next_boundary();
             let expiry = self.next_expiry();
-            let room = self.pending.has_room(s.max_usages_per_report);
+            let room = self
+                .pending
+                .has_room(s.max_usages_per_report, s.max_report_bytes);
             let waiting = self.pending.due(s.min_report_interval);
             let actions = tokio::select! {
                 m = inbound.message(), if room => match m {

@@ -3,12 +3,18 @@
 //! it. A report that comes sooner than `RLQS_MIN_REPORT_INTERVAL` after the last one taken waits
 //! until then, merged with any others sent meanwhile (usage adds up, nothing is lost: a report
 //! carries the requests since the previous one). What waits is bounded: past
-//! `RLQS_MAX_USAGES_PER_REPORT` usages waiting, the stream reads nothing more until they are
-//! taken, and HTTP/2 flow control holds the peer.
+//! `RLQS_MAX_USAGES_PER_REPORT` usages, or `RLQS_MAX_REPORT_BYTES` of bucket ids, waiting, the
+//! stream reads nothing more until they are taken, and HTTP/2 flow control holds the peer (a
+//! count of usages alone let reports of long ids pile up: 2 000 usages of 4 KiB ids per 8 MiB
+//! report, 50 such reports before the count stopped the reading).
 
 use crate::proto::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
 use std::collections::HashMap;
 use std::time::Duration;
+
+/// What a waiting usage costs beside its id's keys and values (its own fields, its place in
+/// the index, the maps' slots), counted against `RLQS_MAX_REPORT_BYTES`.
+const USAGE_BYTES: usize = 128;
 
 /// Reports waiting for their turn, merged per bucket.
 #[derive(Debug, Default)]
@@ -16,6 +22,8 @@ pub(super) struct Pending {
     report: Option<RateLimitQuotaUsageReports>,
     /// Each bucket's place in `report` (its pairs, sorted).
     index: HashMap<Vec<(String, String)>, usize>,
+    /// The bytes of the bucket ids waiting (keys and values, and [`USAGE_BYTES`] each).
+    bytes: usize,
     /// When the last report was taken, on sluice's clock.
     last: Option<Duration>,
 }
@@ -45,16 +53,18 @@ impl Pending {
             .map(|_| self.last.unwrap_or_default().saturating_add(every))
     }
 
-    /// Whether more reports may be read (what waits is under `max` usages).
-    pub(super) fn has_room(&self, max: usize) -> bool {
+    /// Whether more reports may be read (what waits is under `max_usages` usages and
+    /// `max_bytes` bytes).
+    pub(super) fn has_room(&self, max_usages: usize, max_bytes: usize) -> bool {
         self.report
             .as_ref()
-            .is_none_or(|r| r.bucket_quota_usages.len() < max)
+            .is_none_or(|r| r.bucket_quota_usages.len() < max_usages && self.bytes < max_bytes)
     }
 
     /// What waits, taken `now`.
     pub(super) fn take(&mut self, now: Duration) -> Option<RateLimitQuotaUsageReports> {
         self.index.clear();
+        self.bytes = 0;
         let r = self.report.take()?;
         self.last = Some(now);
         Some(r)
@@ -69,6 +79,7 @@ impl Pending {
             });
         for usage in report.bucket_quota_usages {
             let Some(id) = &usage.bucket_id else {
+                self.bytes = self.bytes.saturating_add(USAGE_BYTES);
                 into.bucket_quota_usages.push(usage);
                 continue;
             };
@@ -90,6 +101,12 @@ impl Pending {
                     }
                 }
                 None => {
+                    let id_bytes: usize = pairs.iter().map(|(k, v)| k.len() + v.len()).sum();
+                    // Held twice: in the usage's id and in the index.
+                    self.bytes = self
+                        .bytes
+                        .saturating_add(USAGE_BYTES)
+                        .saturating_add(id_bytes.saturating_mul(2));
                     self.index.insert(pairs, into.bucket_quota_usages.len());
                     into.bucket_quota_usages.push(usage);
                 }
@@ -169,10 +186,21 @@ mod tests {
         let s = Duration::from_secs(1);
         let mut p = Pending::default();
         assert!(p.offer(report(&[("a", 1)]), Duration::ZERO, s).is_some());
-        assert!(p.has_room(3));
+        assert!(p.has_room(3, 1 << 20));
         let _ = p.offer(report(&[("a", 1), ("b", 1), ("c", 1)]), Duration::ZERO, s);
-        assert!(!p.has_room(3), "three usages wait: read no more");
+        assert!(!p.has_room(3, 1 << 20), "three usages wait: read no more");
         let _ = p.take(s);
-        assert!(p.has_room(3));
+        assert!(p.has_room(3, 1 << 20));
+        // The bytes of the ids waiting count too: one usage of a 4 KiB value is over 8 KiB
+        // (held twice), a second of the same bucket adds nothing.
+        let long = "v".repeat(4096);
+        let _ = p.offer(report(&[(&long, 1)]), Duration::ZERO, s);
+        assert!(p.has_room(100, 16 * 1024));
+        assert!(!p.has_room(100, 8 * 1024), "{} bytes wait", p.bytes);
+        let before = p.bytes;
+        let _ = p.offer(report(&[(&long, 1)]), Duration::ZERO, s);
+        assert_eq!(p.bytes, before, "merged into the bucket already waiting");
+        let _ = p.take(s);
+        assert_eq!(p.bytes, 0);
     }
 }
