@@ -352,6 +352,9 @@ impl Slices {
             map.drain().collect()
         };
         let mut total = 0;
+        // One deadline for every refill still out, not one each: a store that never answers
+        // holds the shutdown 5 s, however many slices wait.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         for (key, e) in entries {
             // A refill still out lands in the slice first (what the store granted comes back).
             let pending = {
@@ -367,8 +370,7 @@ impl Slices {
                         }
                     }
                 };
-                // Bounded: a store that never answers does not hold the shutdown.
-                let _ = tokio::time::timeout(Duration::from_secs(5), settled).await;
+                let _ = tokio::time::timeout_at(deadline, settled).await;
             }
             let (left, window) = {
                 let mut s = e.slice.lock().unwrap_or_else(|p| p.into_inner());
