@@ -11,7 +11,7 @@ use crate::proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service
 use crate::proto::envoy::service::rate_limit_quota::v3::{
     RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
-use crate::service::{walk, Unwalkable};
+use crate::service::{walk, walk_typed, Unwalkable};
 use bytes::Buf;
 use prost::Message;
 use std::convert::Infallible;
@@ -26,20 +26,25 @@ use tonic_prost::{ProstDecoder, ProstEncoder};
 const PATH: &str = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";
 
 /// The RLQS route: reports of at most `max_bytes`, with at most `max_usages` usages each, and
-/// bucket ids of at most `max_entries` entries.
+/// [`ENTRIES_PER_USAGE`] times that many bucket id entries.
 #[derive(Debug, Clone)]
 pub struct QuotaServer {
     inner: Arc<QuotaService>,
     max_bytes: usize,
     max_usages: usize,
-    max_entries: usize,
 }
+
+/// Bucket id entries a report may carry per usage it may carry: Envoy sends one id per bucket,
+/// of as many entries as its `bucket_id_builder` has keys (one to three in practice), so a full
+/// report of 4-key ids passes; at the default cap (400 000 entries) a report's maps decode to
+/// some 50 MB at the most, where 8 MiB of 16-entry ids decoded to some 190 MB (issue 50). A
+/// bucket id over `MAX_ENTRIES_PER_DESCRIPTOR` is still refused on its own, after decoding
+/// (`too_large`: ALLOW_ALL, counted), not its report.
+pub(super) const ENTRIES_PER_USAGE: usize = 4;
 
 impl QuotaServer {
     pub(super) fn new(inner: QuotaService, max_bytes: usize, max_usages: usize) -> Self {
-        let max_entries = inner.limiter.options().caps.entries as usize;
         Self {
-            max_entries,
             inner: Arc::new(inner),
             max_bytes,
             max_usages,
@@ -71,7 +76,6 @@ where
         let method = Method(Arc::clone(&self.inner));
         let codec = ReportCodec {
             max_usages: self.max_usages,
-            max_entries: self.max_entries,
         };
         let max_bytes = self.max_bytes;
         let spec = crate::service::early::Spec {
@@ -113,7 +117,6 @@ impl tonic::server::StreamingService<RateLimitQuotaUsageReports> for Method {
 #[derive(Debug, Clone, Copy)]
 struct ReportCodec {
     max_usages: usize,
-    max_entries: usize,
 }
 
 impl Codec for ReportCodec {
@@ -129,7 +132,6 @@ impl Codec for ReportCodec {
     fn decoder(&mut self) -> Self::Decoder {
         ReportDecoder {
             max_usages: self.max_usages,
-            max_entries: self.max_entries,
             inner: ProstDecoder::new(BufferSettings::default()),
         }
     }
@@ -138,13 +140,12 @@ impl Codec for ReportCodec {
 #[derive(Debug)]
 struct ReportDecoder {
     max_usages: usize,
-    max_entries: usize,
     inner: ProstDecoder<RateLimitQuotaUsageReports>,
 }
 
 impl ReportDecoder {
-    /// Refuses a report the walk cannot count, of more than `max_usages` usages, or with a
-    /// bucket id of more than `max_entries` entries.
+    /// Refuses a report the walk cannot count, of more than `max_usages` usages, or of more
+    /// than [`ENTRIES_PER_USAGE`] times that many bucket id entries.
     fn check(&self, wire: &[u8]) -> Result<(), Status> {
         let c = count(wire)
             .map_err(|e| Status::invalid_argument(format!("a usage report refused: {e}")))?;
@@ -154,11 +155,12 @@ impl ReportDecoder {
                 self.max_usages
             )));
         }
-        if c.widest > self.max_entries {
+        let max_entries = self.max_usages.saturating_mul(ENTRIES_PER_USAGE);
+        if c.entries > max_entries {
             return Err(Status::invalid_argument(format!(
-                "a usage report refused: the bucket id of bucket_quota_usages[{}] has {} \
-                 entries, over the cap of {} (MAX_ENTRIES_PER_DESCRIPTOR)",
-                c.widest_at, c.widest, self.max_entries
+                "a usage report of {} bucket id entries, over the cap of {max_entries} \
+                 ({ENTRIES_PER_USAGE} x RLQS_MAX_USAGES_PER_REPORT)",
+                c.entries
             )));
         }
         Ok(())
@@ -202,42 +204,45 @@ pub(super) fn count_usages(wire: &[u8]) -> Result<usize, Unwalkable> {
 pub(super) struct Counted {
     /// Its `bucket_quota_usages`.
     pub usages: usize,
-    /// The most map entries one usage's bucket id carries on the wire (an entry of two empty
-    /// strings is 2 bytes sent and some 100 decoded into the id's map: counted here, so a
-    /// report of one usage with a million entries is refused before prost builds that map).
-    pub widest: usize,
-    /// Which usage that is (0-based).
-    pub widest_at: usize,
+    /// The map entries of all their bucket ids. An entry is 2 bytes sent (two empty strings)
+    /// and some 100 decoded, its map's slot included: counted here, so a report of ids of
+    /// many entries is refused before prost builds their maps (issue 50).
+    pub entries: usize,
 }
 
+/// Counts a report's usages and their bucket ids' entries on the wire.
 pub(super) fn count(wire: &[u8]) -> Result<Counted, Unwalkable> {
     let mut c = Counted {
         usages: 0,
-        widest: 0,
-        widest_at: 0,
+        entries: 0,
     };
     walk(wire, 0, &mut |field, usage, at| {
         if field != 2 {
             return Ok(());
         }
-        let mut entries = 0;
+        c.usages += 1;
         // A usage: its bucket_id (1, of map entries, 1) and time_elapsed (2) are messages.
         walk(usage, at, &mut |f, body, at| match f {
-            1 => walk(body, at, &mut |f, entry, at| match f {
-                1 => {
-                    entries += 1;
-                    walk(entry, at, &mut |_, _, _| Ok(()))
-                }
-                _ => Ok(()),
-            }),
+            1 => walk_typed(
+                body,
+                at,
+                &mut |f, wire_type, entry, at| match (f, wire_type) {
+                    (1, 2) => {
+                        c.entries += 1;
+                        walk(entry, at, &mut |_, _, _| Ok(()))
+                    }
+                    // prost decodes a map entry whatever wire type its tag says: one sent as a
+                    // varint or a fixed field would be an entry the count never saw.
+                    (1, _) => Err(Unwalkable {
+                        at,
+                        what: "a map entry that is not length-delimited",
+                    }),
+                    _ => Ok(()),
+                },
+            ),
             2 => walk(body, at, &mut |_, _, _| Ok(())),
             _ => Ok(()),
-        })?;
-        if entries > c.widest {
-            (c.widest, c.widest_at) = (entries, c.usages);
-        }
-        c.usages += 1;
-        Ok(())
+        })
     })?;
     Ok(c)
 }
@@ -249,6 +254,58 @@ mod tests {
     use crate::proto::envoy::service::rate_limit_quota::v3::BucketId;
     use crate::service::arbitrary;
     use proptest::prelude::*;
+
+    /// A map entry sent under a fixed-size or varint tag: prost decodes it as an entry (its map
+    /// merge never checks the wire type), so the count refuses it instead of skipping it.
+    #[test]
+    fn a_map_entry_under_another_wire_type_is_refused() {
+        // usage { bucket_id { field 1, wire type 5: 07 0a 05 'c' 10 'x' 10 'y' } }
+        let id = [0x0d, 0x07, 0x0a, 0x05, b'c', 0x10, b'x', 0x10, b'y'];
+        let mut usage = vec![0x0a, id.len() as u8];
+        usage.extend_from_slice(&id);
+        let mut wire = vec![0x12, usage.len() as u8];
+        wire.extend_from_slice(&usage);
+        // What prost makes of it: one entry, key "c\x10x\x10y".
+        let decoded = RateLimitQuotaUsageReports::decode(wire.as_slice()).expect("prost takes it");
+        let id = decoded.bucket_quota_usages[0]
+            .bucket_id
+            .as_ref()
+            .expect("an id");
+        assert_eq!(id.bucket.len(), 1, "{id:?}");
+        let e = count(&wire).expect_err("refused");
+        assert_eq!(e.what, "a map entry that is not length-delimited");
+        // Length-delimited, the same entry is counted.
+        let mut ok = wire.clone();
+        ok[4] = 0x0a;
+        assert_eq!(
+            count(&ok),
+            Ok(Counted {
+                usages: 1,
+                entries: 1
+            })
+        );
+        let decoder = ReportDecoder {
+            max_usages: 1,
+            inner: ProstDecoder::new(BufferSettings::default()),
+        };
+        // At one usage the cap is ENTRIES_PER_USAGE entries in all.
+        let entries = |n: usize| {
+            let mut id = Vec::new();
+            for _ in 0..n {
+                id.extend_from_slice(&[0x0a, 0x03, 0x0a, 0x01, b'k']);
+            }
+            let mut usage = vec![0x0a, id.len() as u8];
+            usage.extend_from_slice(&id);
+            let mut wire = vec![0x12, usage.len() as u8];
+            wire.extend_from_slice(&usage);
+            wire
+        };
+        assert!(decoder.check(&entries(ENTRIES_PER_USAGE)).is_ok());
+        let e = decoder
+            .check(&entries(ENTRIES_PER_USAGE + 1))
+            .expect_err("over");
+        assert!(e.message().contains("RLQS_MAX_USAGES_PER_REPORT"), "{e:?}");
+    }
 
     #[test]
     fn usages_are_counted_on_the_wire_as_prost_decodes_them() {
@@ -325,25 +382,26 @@ mod tests {
         }
 
 
-        /// Whenever the walk admits a report, prost decodes it within the usage cap and every
-        /// bucket id within the entry cap (or refuses it): the caps here are 3 and 2.
+        /// Whenever the walk admits a report, prost decodes it within the usage cap and its
+        /// bucket ids within the entry cap (or refuses it): the caps here are 3 and 12.
         #[test]
         fn an_admitted_report_decodes_within_the_cap(
             wire in prop_oneof![arbitrary::wire(), arbitrary::tampered(arbitrary::rlqs)],
         ) {
             let decoder = ReportDecoder {
                 max_usages: 3,
-                max_entries: 2,
                 inner: ProstDecoder::new(BufferSettings::default()),
             };
             if decoder.check(&wire).is_ok() {
                 if let Ok(r) = RateLimitQuotaUsageReports::decode(wire.as_slice()) {
                     let n = r.bucket_quota_usages.len();
                     prop_assert!(n <= 3, "{} usages", n);
-                    for u in &r.bucket_quota_usages {
-                        let entries = u.bucket_id.as_ref().map_or(0, |b| b.bucket.len());
-                        prop_assert!(entries <= 2, "{} entries", entries);
-                    }
+                    let entries: usize = r
+                        .bucket_quota_usages
+                        .iter()
+                        .map(|u| u.bucket_id.as_ref().map_or(0, |b| b.bucket.len()))
+                        .sum();
+                    prop_assert!(entries <= 3 * ENTRIES_PER_USAGE, "{} entries", entries);
                 }
             }
         }

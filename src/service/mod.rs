@@ -47,7 +47,7 @@ use status::{describe_rules, unix_now};
 #[cfg(test)]
 pub(crate) use validate::arbitrary;
 use validate::validate;
-pub use validate::{validate_wire, walk, Unwalkable};
+pub use validate::{validate_wire, walk, walk_typed, Unwalkable};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};

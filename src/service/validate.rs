@@ -82,9 +82,28 @@ impl std::fmt::Display for Unwalkable {
 /// or could skip unseen: a group (wire types 3 and 4), wire types 6 and 7, a field number of 0
 /// or past 2^29, a truncated or overlong varint, a length past the end.
 pub fn walk<'a>(
-    mut wire: &'a [u8],
+    wire: &'a [u8],
     base: usize,
     each: &mut dyn FnMut(u32, &'a [u8], usize) -> Result<(), Unwalkable>,
+) -> Result<(), Unwalkable> {
+    walk_typed(wire, base, &mut |field, wire_type, body, at| {
+        if wire_type == 2 {
+            each(field, body, at)
+        } else {
+            Ok(())
+        }
+    })
+}
+
+/// [`walk`], calling `each(field number, wire type, bytes, offset)` on every field: a varint's
+/// bytes are empty, a fixed field's are its 4 or 8 bytes. For a map field, whose entries prost
+/// decodes as length-delimited whatever wire type the tag says (prost 0.14's map merge never
+/// checks it), so a walk that skipped a fixed-size field 1 of a map would count nothing of the
+/// entry prost builds from it.
+pub fn walk_typed<'a>(
+    mut wire: &'a [u8],
+    base: usize,
+    each: &mut dyn FnMut(u32, u8, &'a [u8], usize) -> Result<(), Unwalkable>,
 ) -> Result<(), Unwalkable> {
     use prost::encoding::decode_varint;
     let end = base + wire.len();
@@ -99,6 +118,7 @@ pub fn walk<'a>(
         let len = match key & 7 {
             0 => {
                 decode_varint(&mut wire).map_err(|_| bad("a truncated or overlong varint"))?;
+                each(field, 0, &[], end - wire.len())?;
                 continue;
             }
             1 => 8,
@@ -115,9 +135,8 @@ pub fn walk<'a>(
             .split_at_checked(len)
             .ok_or_else(|| bad("a field longer than the message"))?;
         wire = rest;
-        if key & 7 == 2 {
-            each(field, body, body_at)?;
-        }
+        // The wire type, 1, 2 or 5 here.
+        each(field, (key & 7) as u8, body, body_at)?;
     }
     Ok(())
 }

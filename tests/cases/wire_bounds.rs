@@ -352,12 +352,13 @@ async fn a_group_hides_nothing_from_the_wire_walkers() {
 /// Issue 50 (review of this turn): a bucket id's map entries were counted nowhere before the
 /// report was decoded. One usage whose id carries 1 000 000 distinct 4-byte keys (8 MB sent,
 /// some 100 MB once prost builds the map, and cloned again while it waited to be merged)
-/// passed the usage count. Now a usage whose id has more entries than MAX_ENTRIES_PER_DESCRIPTOR (16)
-/// refuses its report with INVALID_ARGUMENT before it is decoded: 8 concurrent such reports,
-/// and sluice's peak resident memory grows by less than twice their raw bytes and 32 MiB (each
-/// is read whole into a buffer that grows by doubling before the count walks its nested
-/// messages; measured +54 to +75 MiB for 61 MiB sent. Before: +216 MiB, and the streams
-/// stalled past their first-report timeout); 16 entries are still served.
+/// passed the usage count. Now a report of more bucket id entries than 4 per usage it may
+/// carry (4 x RLQS_MAX_USAGES_PER_REPORT, 400 000) is refused with INVALID_ARGUMENT before it
+/// is decoded: 8 concurrent such reports, and sluice's peak resident memory grows by less than
+/// twice their raw bytes and 32 MiB (each is read whole into a buffer that grows by doubling
+/// before the count walks its nested messages; measured +54 to +75 MiB for 61 MiB sent. Before:
+/// +216 MiB, and the streams stalled past their first-report timeout). An id of 17 entries,
+/// over MAX_ENTRIES_PER_DESCRIPTOR, is refused on its own (`too_large`), its stream lives on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bucket_id_of_a_million_entries_is_refused_before_it_is_decoded() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -411,7 +412,7 @@ async fn a_bucket_id_of_a_million_entries_is_refused_before_it_is_decoded() {
         let (status, message, _) = answer.unwrap_or((None, "no answer".into(), 0));
         assert_eq!(status.as_deref(), Some("3"), "{message}");
         assert!(
-            message.contains("bucket_quota_usages[1] has 1000000 entries, over the cap of 16"),
+            message.contains("1000001 bucket id entries, over the cap of 400000"),
             "{message}"
         );
     }
@@ -422,12 +423,16 @@ async fn a_bucket_id_of_a_million_entries_is_refused_before_it_is_decoded() {
         idle >> 20,
         raw >> 20
     );
-    // One entry past the cap is refused the same way; at the cap the report is served.
-    let (status, message, _) = send(&sluice, wide(17, false)).await;
-    assert_eq!(status.as_deref(), Some("3"), "{message}");
-    let (status, message, got) = send(&sluice, wide(16, false)).await;
-    assert_eq!(status, None, "{message}");
-    assert!(got > 5, "a response");
+    // An id one entry past MAX_ENTRIES_PER_DESCRIPTOR is refused alone: the report's other
+    // usage is answered, and the id is counted as too large.
+    for n in [17, 16] {
+        let (status, message, got) = send(&sluice, wide(n, false)).await;
+        assert_eq!(status, None, "{n} entries: {message}");
+        assert!(got > 5, "{n} entries: a response");
+    }
+    let (_, _, body) = crate::support::http_request(sluice.http, "GET", "/metrics", &[], "").await;
+    let line = "sluice_rlqs_refused_total{reason=\"too_large\"} 1";
+    assert!(body.lines().any(|l| l == line), "{line} in:\n{body}");
 }
 
 /// One ordinary usage (`x-api-key: k`, 1 allowed) as field 2 of a report, on the wire.

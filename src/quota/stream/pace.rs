@@ -13,8 +13,12 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 /// What a waiting usage costs beside its id's keys and values (its own fields, its place in
-/// the index, the maps' slots), counted against `RLQS_MAX_REPORT_BYTES`.
+/// the index), counted against `RLQS_MAX_REPORT_BYTES`.
 const USAGE_BYTES: usize = 128;
+
+/// What each entry of a waiting id costs beside its key's and value's bytes: its slot in the
+/// id's map and in the index's pairs, four string headers and their allocations' rounding.
+const ENTRY_BYTES: usize = 160;
 
 /// Reports waiting for their turn, merged per bucket.
 #[derive(Debug, Default)]
@@ -101,12 +105,15 @@ impl Pending {
                     }
                 }
                 None => {
-                    let id_bytes: usize = pairs.iter().map(|(k, v)| k.len() + v.len()).sum();
                     // Held twice: in the usage's id and in the index.
+                    let id_bytes: usize = pairs
+                        .iter()
+                        .map(|(k, v)| 2 * (k.len() + v.len()) + ENTRY_BYTES)
+                        .sum();
                     self.bytes = self
                         .bytes
                         .saturating_add(USAGE_BYTES)
-                        .saturating_add(id_bytes.saturating_mul(2));
+                        .saturating_add(id_bytes);
                     self.index.insert(pairs, into.bucket_quota_usages.len());
                     into.bucket_quota_usages.push(usage);
                 }
@@ -192,7 +199,8 @@ mod tests {
         let _ = p.take(s);
         assert!(p.has_room(3, 1 << 20));
         // The bytes of the ids waiting count too: one usage of a 4 KiB value is over 8 KiB
-        // (held twice), a second of the same bucket adds nothing.
+        // (held twice), a second of the same bucket adds nothing; an entry costs its own
+        // overhead besides its bytes.
         let long = "v".repeat(4096);
         let _ = p.offer(report(&[(&long, 1)]), Duration::ZERO, s);
         assert!(p.has_room(100, 16 * 1024));

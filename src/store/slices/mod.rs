@@ -352,8 +352,8 @@ impl Slices {
             map.drain().collect()
         };
         let mut total = 0;
-        // One deadline for every refill still out, not one each: a store that never answers
-        // holds the shutdown 5 s, however many slices wait.
+        // One deadline for every refill still out, not one each (the caller bounds the whole
+        // give-back more tightly still: SIGTERM's 2 s).
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         for (key, e) in entries {
             // A refill still out lands in the slice first (what the store granted comes back).
