@@ -532,11 +532,12 @@ impl<'a> Packed<'a> {
 
     /// Each call's answer in the general layout (`1 + 3 * n` values: admitted, then state,
     /// reset, retry per limit), from the script's reply: it decided every request and returns
-    /// `now`, then per request its verdict and each limit's state; what is left follows from
-    /// `now` alone (a fixed window resets at its end, a denial retries then, or never when its
-    /// hits exceed the limit). The reply is checked whole before anything is read from it.
+    /// `now`, then per request each limit's state; a request is admitted when every limit of it
+    /// is allowed (the rule of either counting), and what is left follows from `now` alone (a
+    /// fixed window resets at its end, a denial retries then, or never when its hits exceed the
+    /// limit). The reply is checked whole before anything is read from it.
     pub(super) fn answers(&self, reply: &[i64]) -> Result<Vec<Vec<i64>>, StoreError> {
-        let expected = 1 + self.limits.iter().map(|l| 1 + l.len()).sum::<usize>();
+        let expected = 1 + self.limits.iter().map(Vec::len).sum::<usize>();
         if reply.len() != expected {
             return Err(StoreError::Permanent(format!(
                 "decide.lua returned {} values for {} packed requests ({expected} expected)",
@@ -548,11 +549,11 @@ impl<'a> Packed<'a> {
         let mut rest = &reply[1..];
         let mut answers = Vec::with_capacity(self.limits.len());
         for limits in &self.limits {
-            let (mine, tail) = rest.split_at(1 + limits.len());
+            let (mine, tail) = rest.split_at(limits.len());
             rest = tail;
             let mut a = Vec::with_capacity(1 + 3 * limits.len());
-            a.push(mine[0]);
-            for (&(u, hits), &state) in limits.iter().zip(&mine[1..]) {
+            a.push(i64::from(mine.iter().all(|state| state & 1 == 1)));
+            for (&(u, hits), &state) in limits.iter().zip(mine) {
                 let (_, limit, period) = self.counters[u];
                 let period = i64::try_from(period).unwrap_or(i64::MAX).max(1);
                 let reset = period - now.rem_euclid(period);

@@ -162,24 +162,21 @@ end
 --             request) followed by n codes, one per limit:
 --             hits * 64 + (index of its key in KEYS, from 0); U <= 64, and no request names a
 --             key twice
--- Returns {now, then per request: admitted, then per limit allowed + 2 * remaining}: the same
--- answers as the general layout, less what follows from `now` alone (each fixed window's reset
--- is the end of its window, and a denial retries then, or never when the hits exceed the
--- limit). The requests are decided in order, each by the charging rule. Per request the script
--- only adds and compares: a counter shared by every request (a resource limit) is read, keyed
--- and written once per call.
+-- Returns {now, then per request, per limit: allowed + 2 * remaining}: the same answers as the
+-- general layout, less what follows from them and from `now` alone (a request is admitted when
+-- every limit of it is allowed, under either counting; each fixed window's reset is the end of
+-- its window, and a denial retries then, or never when the hits exceed the limit). The requests
+-- are decided in order, each by the charging rule. Per request the script only adds and
+-- compares: a counter shared by every request (a resource limit) is read, keyed and written
+-- once per call. (Each reply value and each argument converted costs: the script is measured
+-- against 9ee8b71's, docs/performance.md.)
 if ARGV[2] == 'p' then
   local fmt, floor, max = string.format, math.floor, math.max
   local U = tonumber(ARGV[3])
   local limit, count, base, wk = {}, {}, {}, {}
-  local ttl = {}
   for u = 1, U do
-    local period = tonumber(ARGV[3 + 2 * u])
     limit[u] = tonumber(ARGV[2 + 2 * u])
-    local start = now - now % period
-    wk[u] = KEYS[u] .. fmt(':%d', start / period)
-    -- Kept its grace (window.lua) past its end: a leased replica may still name this window.
-    ttl[u] = jittered(max(floor((start + period + min(period, 60000000) - now + 999) / 1000), 1))
+    wk[u] = KEYS[u] .. fmt(':%d', floor(now / tonumber(ARGV[3 + 2 * u])))
   end
   local stored = redis.call('MGET', unpack(wk))
   for u = 1, U do
@@ -189,51 +186,41 @@ if ARGV[2] == 'p' then
     count[u] = c
   end
   local out, o = {now}, 1
+  local su, sa, sl = {}, {}, {}
   local p = 4 + 2 * U
   for _ = 1, tonumber(ARGV[p]) do
     local hdr = tonumber(ARGV[p + 1])
     local m = hdr % 4
     local n = (hdr - m) / 4
-    -- The verdict: all or nothing (m = 0) admits if every limit fits; a recording request
-    -- (m = 1, or 3 with stop) is denied if a limit is over once charged.
-    -- window_charge's rule, written out (no function call per limit: this loop is the
-    -- script's per-request work on the hot path).
     local rec = m > 0
-    local ok, over = true, false
-    for i = p + 2, p + 1 + n do
-      local code = tonumber(ARGV[i])
+    -- Each limit by window_charge's rule, written out (no function call per limit: this loop
+    -- is the script's per-request work); kept for the charge below, ARGV read once. The
+    -- verdict: every limit allowed, under either counting (a recording request, m = 1 or 3
+    -- with stop, is denied if a limit is over once charged).
+    local ok = true
+    for j = 1, n do
+      local code = tonumber(ARGV[p + 1 + j])
       local u = code % 64 + 1
       local hits = (code - u + 1) / 64
       local c, lim = count[u], limit[u]
-      if rec then
-        if min(c + hits, MAXC) > lim then over = true end
-      elseif hits == 0 then
-        if c >= lim then ok = false end
-      elseif c + hits > lim then
-        ok = false
-      end
-    end
-    o = o + 1
-    if ok and not over then out[o] = 1 else out[o] = 0 end
-    -- What is charged: all or nothing (m = 0); every limit (record), or with stop only the
-    -- limits that exceed if any does. A limit reports what it leaves if charged, else what
-    -- its counter has.
-    for i = p + 2, p + 1 + n do
-      local code = tonumber(ARGV[i])
-      local u = code % 64 + 1
-      local hits = (code - u + 1) / 64
-      local c, lim = count[u], limit[u]
-      local after = min(c + hits, MAXC)
-      local allowed
-      if rec then
-        allowed = after <= lim
-      elseif hits == 0 then
+      local after, allowed = min(c + hits, MAXC)
+      if hits == 0 and not rec then
         allowed, after = c < lim, c
       else
         allowed = after <= lim
       end
-      if (not rec and ok) or (rec and (m < 2 or not over or not allowed)) then
-        count[u], c = after, after
+      if not allowed then ok = false end
+      su[j], sa[j], sl[j] = u, allowed, after
+    end
+    -- What is charged: all or nothing (m = 0); every limit (record), or with stop only the
+    -- limits that exceed if any does. A limit reports what it leaves if charged, else what its
+    -- counter has.
+    for j = 1, n do
+      local u, allowed = su[j], sa[j]
+      local c, lim = count[u], limit[u]
+      if ok or (rec and (m < 2 or not allowed)) then
+        c = sl[j]
+        count[u] = c
       end
       o = o + 1
       if c < lim then c = lim - c else c = 0 end
@@ -245,7 +232,11 @@ if ARGV[2] == 'p' then
     local c, was = count[u], base[u]
     if c > was and c > 0 then
       if was < 0 then
-        redis.call('SET', wk[u], c, 'PX', ttl[u])
+        local period = tonumber(ARGV[3 + 2 * u])
+        local start = now - now % period
+        -- Kept its grace (window.lua) past its end: a leased replica may still name this window.
+        redis.call('SET', wk[u], c, 'PX',
+          jittered(max(floor((start + period + min(period, 60000000) - now + 999) / 1000), 1)))
       else
         redis.call('INCRBY', wk[u], c - was)
       end
