@@ -632,6 +632,30 @@ mod tests {
     }
 
     #[test]
+    fn a_packed_request_is_admitted_when_every_limit_of_it_is_allowed() {
+        let plain = |keys: &[&str], hits: u64| Call {
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+            args: keys.iter().flat_map(|_| [5, 1_000_000, hits, 0]).collect(),
+            reply: Reply::Answer,
+            plain: true,
+            counting: 0,
+            lease: Vec::new(),
+        };
+        let (a, b) = (plain(&["r", "c1"], 1), plain(&["r", "c2"], 1));
+        let packed = Packed::new(&[&a, &b]).expect("both plain");
+        // now = 2.5 s into a 1 s window: 0.5 s to its reset. `a` allowed on both limits (4
+        // and 3 left); `b` allowed on `r`, denied on c2 (spent): retry at the reset.
+        let reply = [2_500_000, 1 + 2 * 4, 1 + 2 * 3, 1 + 2 * 4, 0];
+        let answers = packed.answers(&reply).expect("whole");
+        assert_eq!(answers[0], vec![1, 9, 500_000, 0, 7, 500_000, 0]);
+        assert_eq!(answers[1], vec![0, 9, 500_000, 0, 0, 500_000, 500_000]);
+        // A reply one value short or long (the layout before this one carried a verdict per
+        // request) is an error, never read.
+        assert!(packed.answers(&reply[..4]).is_err());
+        assert!(packed.answers(&[2_500_000, 1, 9, 7, 1, 9, 0]).is_err());
+    }
+
+    #[test]
     fn the_time_override_is_one_line_a_release_build_removes() {
         assert_eq!(DECIDE_LUA.matches(TIME_OVERRIDE_LUA).count(), 1);
         let without = DECIDE_LUA.replacen(TIME_OVERRIDE_LUA, "", 1);
