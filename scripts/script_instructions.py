@@ -14,6 +14,12 @@ script's cost alone (argument parsing, Lua, the commands it runs, its reply's en
     python3 scripts/script_instructions.py --binary target/release/sluice \\
         --workload resource+consumer --revs 9ee8b71,HEAD
 
+What differs from production, the same for every revision: the script's source keeps the
+test-only clock line (the fixed clock replaces the TIME call and adds an hour to every TTL),
+and the first replay after FLUSHALL creates each counter (SET) where a steady load mostly adds
+(INCRBY), so fixed costs weigh more and ratios lean towards 1. Keys are replayed as MONITOR
+prints them (printable keys only: the bench's are).
+
 Needs redis-server, valgrind (`apt-get install valgrind`) and git. Not part of the test suite.
 Only the packed layout's arguments are the same across revisions since 9ee8b71 (the general
 layout's changed), so the captured calls must be packed ones: the bench workloads are.
@@ -86,7 +92,10 @@ class Resp:
             if n < 0:
                 return None
             while len(self.buf) < n + 2:
-                self.buf += self.sock.recv(65536)
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise EOFError
+                self.buf += chunk
             data, self.buf = self.buf[:n], self.buf[n + 2:]
             return data.decode()
         if kind == b"*":
@@ -99,17 +108,23 @@ class Resp:
 
 
 def script_of(rev):
-    """decide.lua as revision `rev` loads it (one file before the split, six after)."""
+    """decide.lua as revision `rev` loads it (one file before the split, six after), with
+    production's default TTL jitter (REDIS_EXPIRATION_JITTER, 300 s: codec.rs sets the
+    script's JITTER_MS line the same way in every revision since 9ee8b71)."""
     def show(path):
         return subprocess.run(["git", "-C", ROOT, "show", f"{rev}:{path}"], capture_output=True,
                               text=True)
     one = show("src/store/redis/decide.lua")
     if one.returncode == 0:
-        return one.stdout
-    parts = [show(f"src/store/redis/decide/{p}.lua") for p in PARTS]
-    if any(p.returncode for p in parts):
-        sys.exit(f"no decide.lua at {rev}")
-    return "".join(p.stdout for p in parts)
+        text = one.stdout
+    else:
+        parts = [show(f"src/store/redis/decide/{p}.lua") for p in PARTS]
+        if any(p.returncode for p in parts):
+            sys.exit(f"no decide.lua at {rev}")
+        text = "".join(p.stdout for p in parts)
+    if "local JITTER_MS = 0\n" not in text:
+        sys.exit(f"{rev}: no JITTER_MS line to set")
+    return text.replace("local JITTER_MS = 0\n", "local JITTER_MS = 300000\n", 1)
 
 
 def capture(binary, workload, calls):

@@ -255,3 +255,84 @@ async fn a_redis_that_stops_answering_gives_unavailable_not_a_hang() {
     );
     s.stop().await;
 }
+
+/// FAILURE_MODE=local on a calendar window: what a replica admitted while Redis was down is
+/// written back into that calendar window's counter, the one Redis decides on once it is back
+/// (the write-back once went without its window: the script charged the epoch-aligned day's
+/// key, and the calendar day's limit never saw the hits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_was_admitted_locally_on_a_calendar_window_is_written_back_into_that_window() {
+    use sluice::config::calendar::CalendarSpec;
+    use sluice::config::{Limit, Period, Unit};
+    use sluice::store::fallback::{LocalFallback, LocalSettings};
+    use sluice::store::redis::RedisStore;
+    use sluice::store::{LimitCheck, StoreSignals};
+
+    let mut redis = start_redis(&[]).await;
+    // Noon UTC: the New York day began at 05:00Z, the epoch's at 00:00Z.
+    let noon = Duration::from_secs(1_796_126_400); // 2026-12-01T12:00:00Z
+    let clock = ManualClock::new(noon);
+    let settings = sluice::store::redis::RedisSettings {
+        timeout: Duration::from_secs(2),
+        ..redis_settings(vec![redis.url()], RedisKind::Single)
+    };
+    let redis_store = || {
+        RedisStore::new(&settings)
+            .expect("redis store")
+            .with_test_clock(Arc::new(clock.clone()))
+    };
+    let local = LocalFallback::new(
+        Arc::new(redis_store()),
+        None,
+        LocalSettings {
+            retry_every: Duration::ZERO,
+            ..LocalSettings::default()
+        },
+        Arc::new(clock.clone()),
+        &StoreSignals::new("test"),
+    );
+    let spec = CalendarSpec {
+        unit: Unit::Day,
+        zone: "America/New_York".into(),
+        ..CalendarSpec::utc_months()
+    };
+    let mut limit = Limit::fixed(10, Unit::Day);
+    limit.period = Period::from_calendar(&spec).expect("a zone");
+    let now_us = u64::try_from(noon.as_micros()).expect("fits");
+    let window = limit
+        .period
+        .calendar()
+        .and_then(|c| c.calendar().window_at(now_us));
+    assert!(window.is_some_and(|(start, _)| start % 86_400_000_000 != 0));
+    // As the plan sends it: the calendar day's window, computed by the service.
+    let check = |hits: u64| {
+        let mut c = LimitCheck::for_tests("cw", "acme", limit, hits);
+        c.record = true;
+        c.window = window;
+        c
+    };
+
+    redis.stop();
+    for _ in 0..3 {
+        let d = local.decide(&[check(1)]).await.expect("decided locally");
+        assert!(d.admitted, "{d:?}");
+    }
+    assert_eq!(local.owed(), 1, "the three hits owed to the store");
+    redis.restart();
+    // Bounded only against a hang: the probe and the write-back go as soon as Redis answers.
+    for _ in 0..100 {
+        local.probe_now().await;
+        local.write_back_now().await;
+        if local.owed() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(local.owed(), 0, "written back");
+    // Redis alone, on the calendar day's counter: the three local hits are in it.
+    let d = redis_store()
+        .decide(&[check(0)])
+        .await
+        .expect("Redis decides");
+    assert_eq!(d.outcomes[0].remaining, 7, "{d:?}");
+}

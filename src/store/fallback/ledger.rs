@@ -18,6 +18,11 @@ struct Owed {
     /// When the window these hits count in closes (microseconds since the epoch): past it they
     /// no longer matter and are dropped.
     until_us: u64,
+    /// A pinned window's `[start, end)` (a calendar's, a leased limit's: `LimitCheck::window`),
+    /// the one the entry's hits are written back into; `None`: the epoch-aligned window. A
+    /// write-back without it would charge another counter than the one the hits were decided
+    /// on (a calendar day in New York is not the epoch's day).
+    window: Option<(u64, u64)>,
     /// A write-back sent and not yet confirmed: its amount, its token, whether an attempt is
     /// under way now, and when the window of its hits closed at its first attempt. Retries go
     /// under the same token until then only: the store's guard of the token lives at least
@@ -26,13 +31,14 @@ struct Owed {
 }
 
 /// A write-back to send: the counter, the hits (negative: give back), the token that makes it
-/// apply once, and when its window closes.
+/// apply once, when its window closes, and its pinned window if it has one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Send {
     pub key: CounterKey,
     pub amount: i64,
     pub token: u64,
     pub until_us: u64,
+    pub window: Option<(u64, u64)>,
 }
 
 /// Why a counter cannot go to the store now.
@@ -84,15 +90,26 @@ impl Ledger {
     }
 
     /// Adds `hits` (negative: taken off) to what `key` owes for the window closing at
-    /// `until_us`. A debt of a window that closed is forgotten first.
-    pub fn add(&self, key: &CounterKey, hits: i64, until_us: u64, now_us: u64) {
+    /// `until_us` (`window`: that window when it is pinned). A debt of a window that closed is
+    /// forgotten first; hits of a window that closed join the open one (never fewer charged).
+    pub fn add(
+        &self,
+        key: &CounterKey,
+        hits: i64,
+        until_us: u64,
+        window: Option<(u64, u64)>,
+        now_us: u64,
+    ) {
         if hits == 0 {
             return;
         }
         let mut owed = self.lock();
         if let Some(o) = owed.get_mut(key) {
             if o.until_us <= now_us {
-                *o = Owed::default();
+                *o = Owed {
+                    window,
+                    ..Owed::default()
+                };
             }
             o.amount = o.amount.saturating_add(hits);
             o.until_us = o.until_us.max(until_us);
@@ -112,6 +129,7 @@ impl Ledger {
             Owed {
                 amount: hits,
                 until_us,
+                window,
                 sending: None,
             },
         );
@@ -183,6 +201,7 @@ impl Ledger {
             amount,
             token,
             until_us,
+            window: o.window,
         }))
     }
 
@@ -278,13 +297,13 @@ mod tests {
     fn a_full_ledger_keeps_the_larger_debt() {
         let l = Ledger::new(4);
         for i in 0..4 {
-            l.add(&key(&format!("junk{i}")), 1, 100, 0);
+            l.add(&key(&format!("junk{i}")), 1, 100, None, 0);
         }
-        l.add(&key("tenant"), 50, 100, 0);
+        l.add(&key("tenant"), 50, 100, None, 0);
         assert_eq!(l.len(), 4);
         assert_eq!(l.dropped.load(Ordering::Relaxed), 1, "one junk hit lost");
         assert!(matches!(l.take(&key("tenant"), 1), Ok(Some(s)) if s.amount == 50));
-        l.add(&key("more-junk"), 1, 100, 0);
+        l.add(&key("more-junk"), 1, 100, None, 0);
         assert_eq!(
             l.dropped.load(Ordering::Relaxed),
             2,
@@ -302,12 +321,12 @@ mod tests {
     fn a_retry_reuses_the_token_and_new_hits_wait_for_the_next_write_back() {
         let l = Ledger::new(10);
         let k = key("a");
-        l.add(&k, 3, 100, 0);
+        l.add(&k, 3, 100, None, 0);
         let s = l.take(&k, 1).unwrap().unwrap();
         assert_eq!(s.amount, 3);
         // While it is under way the counter stays local and new hits are kept apart.
         assert_eq!(l.take(&k, 1), Err(Busy::Sending));
-        l.add(&k, 2, 100, 1);
+        l.add(&k, 2, 100, None, 1);
         l.fail(&s);
         let again = l.take(&k, 2).unwrap().unwrap();
         assert_eq!((again.amount, again.token), (3, s.token));
@@ -326,12 +345,12 @@ mod tests {
         // (set for the first attempt's window, plus a minute) may be gone.
         let l = Ledger::new(10);
         let k = key("a");
-        l.add(&k, 3, 100, 0);
+        l.add(&k, 3, 100, None, 0);
         let first = l.take(&k, 1).unwrap().unwrap();
         assert_eq!(first.until_us, 100);
         l.fail(&first);
         // The partition goes on; hits decided locally keep the entry alive past 100.
-        l.add(&k, 2, 250, 90);
+        l.add(&k, 2, 250, None, 90);
         let again = l.take(&k, 160).unwrap().unwrap();
         assert_ne!(
             again.token, first.token,
@@ -340,7 +359,7 @@ mod tests {
         assert_eq!((again.amount, again.until_us), (2, 250));
         // Within its window a retry keeps its token and its window (the guard's lifetime).
         l.fail(&again);
-        l.add(&k, 1, 300, 170);
+        l.add(&k, 1, 300, None, 170);
         let retry = l.take(&k, 180).unwrap().unwrap();
         assert_eq!(
             (retry.token, retry.amount, retry.until_us),
@@ -355,7 +374,7 @@ mod tests {
         let max = crate::algorithm::MAX_HITS as i64;
         // A caller's hits_addend of u32::MAX, 300 times in one local window.
         for _ in 0..300 {
-            l.add(&k, i64::from(u32::MAX), 100, 0);
+            l.add(&k, i64::from(u32::MAX), 100, None, 0);
         }
         let owed = 300 * i64::from(u32::MAX);
         let s = l.take(&k, 1).unwrap().unwrap();
@@ -370,16 +389,16 @@ mod tests {
     #[test]
     fn a_closed_window_is_forgotten_and_the_ledger_is_bounded() {
         let l = Ledger::new(2);
-        l.add(&key("a"), 1, 100, 0);
-        l.add(&key("b"), 1, 100, 0);
-        l.add(&key("c"), 5, 100, 0);
+        l.add(&key("a"), 1, 100, None, 0);
+        l.add(&key("b"), 1, 100, None, 0);
+        l.add(&key("c"), 5, 100, None, 0);
         assert_eq!(l.len(), 2);
         assert_eq!(
             l.dropped.load(Ordering::Relaxed),
             1,
             "a smaller debt made room"
         );
-        l.add(&key("d"), 1, 100, 0);
+        l.add(&key("d"), 1, 100, None, 0);
         assert_eq!(
             l.dropped.load(Ordering::Relaxed),
             2,

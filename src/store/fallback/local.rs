@@ -51,12 +51,14 @@ impl Shared {
         local
     }
 
-    /// When the hits of `c` charged now stop mattering: the end of a fixed window, one period
-    /// from now for the others.
+    /// When the hits of `c` charged now stop mattering: the end of a fixed window (its pinned
+    /// window's, a calendar's or a leased limit's, if it has one), one period from now for the
+    /// others.
     pub(super) fn until_us(c: &LimitCheck, now_us: u64) -> u64 {
         let period = c.key.limit.period.millis().saturating_mul(1000).max(1);
-        match c.key.limit.algorithm {
-            Algorithm::FixedWindow => (now_us / period + 1).saturating_mul(period),
+        match (c.key.limit.algorithm, c.window) {
+            (Algorithm::FixedWindow, Some((_, end))) => end,
+            (Algorithm::FixedWindow, None) => (now_us / period + 1).saturating_mul(period),
             _ => now_us.saturating_add(period),
         }
     }
@@ -108,7 +110,7 @@ impl Shared {
                 let hits = i64::try_from(c.hits).unwrap_or(i64::MAX);
                 let hits = if c.refund { -hits } else { hits };
                 self.ledger
-                    .add(&c.key, hits, Self::until_us(c, now_us), now_us);
+                    .add(&c.key, hits, Self::until_us(c, now_us), c.window, now_us);
             }
         }
         d.steps = 0;

@@ -31,7 +31,7 @@ impl Shared {
                 let hits = if c.refund { hits } else { -hits };
                 let until = Self::until_us(c, asked_us);
                 if until > now_us {
-                    self.ledger.add(&c.key, hits, until, now_us);
+                    self.ledger.add(&c.key, hits, until, c.window, now_us);
                 }
             }
         }
@@ -83,7 +83,9 @@ impl Shared {
             record: true,
             stop_over: false,
             admin_limit: None,
-            window: None,
+            // The window the hits were decided in: a calendar's (or a leased limit's) counter
+            // is keyed by it, and without it they would land on the epoch-aligned window's.
+            window: send.window,
             lease: None,
             leased: false,
             slice: None,

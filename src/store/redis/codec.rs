@@ -454,7 +454,7 @@ fn micros(v: i64) -> Duration {
 // counter and each adds one consumer counter, so the script's work per request shrinks to a few
 // additions and comparisons: this is what keeps Redis CPU per decision below a minimal
 // check-and-charge script's (docs/performance.md). The script decides every request and
-// returns its verdict and each limit's state; reset and retry follow from the clock alone.
+// returns each limit's state; the verdict follows from them, reset and retry from the clock.
 
 /// Distinct counters one packed call may hold: the key index lives in the low 6 bits of a code.
 const MAX_KEYS: usize = 64;
