@@ -171,6 +171,10 @@ type Answer = (f64, u16, Option<u32>);
 struct Answers {
     hot: Vec<Answer>,
     fresh: Vec<Answer>,
+    /// Seconds into the window when the outage's fault was in place (a SIGKILLed Redis gone):
+    /// a request sent from then on (its `t` at or after it: `offer` sends none early) cannot
+    /// have reached the store the fault took down.
+    fault_at: f64,
 }
 
 impl Answers {
@@ -313,6 +317,7 @@ async fn window(
             }
             Fault::None => {}
         }
+        let fault_at = (unix() - start).as_secs_f64();
         at(start, OUTAGE.1 as f64).await;
         match &fault {
             Fault::Freeze | Fault::Flap => lock(server()).signal("CONT"),
@@ -325,11 +330,16 @@ async fn window(
             }
             Fault::Hold(p) => p.release(),
         }
+        fault_at
     };
-    tokio::join!(load, faults);
+    let (_, fault_at) = tokio::join!(load, faults);
     let hot = std::mem::take(&mut *lock(&hot));
     let fresh = std::mem::take(&mut *lock(&fresh));
-    Answers { hot, fresh }
+    Answers {
+        hot,
+        fresh,
+        fault_at,
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -552,13 +562,28 @@ async fn outages_through_envoy_are_answered_in_time_within_the_bound_and_written
     assert_answered_in_time("killed", &r2, &a2).await;
     let fresh2 = Answers::admitted(&a2.fresh, 0.0) as u64;
     assert!(fresh2 <= 110, "killed: the fresh key admitted {fresh2}");
-    holds_admitted(
-        redis_count(&lock(&killed), "/api/fresh"),
-        fresh2,
-        &a2.fresh,
-        "killed: fresh counter",
+    // The fresh key's first request is sent as the kill is (OUTAGE.0): one sent before the
+    // SIGKILLed Redis was gone may have been charged there, and went with it (seen: 101 counted
+    // of 102 admitted beside a loaded suite run). Everything sent from then on is in the
+    // restarted Redis, decided there or written back; nothing more than was admitted.
+    let fresh_count = redis_count(&lock(&killed), "/api/fresh");
+    let fresh_after_kill = Answers::admitted(&a2.fresh, a2.fault_at) as u64;
+    let fresh_dropped = a2.fresh.iter().filter(|(_, s, _)| *s == 500).count() as u64;
+    assert!(
+        (fresh_after_kill..=fresh2 + fresh_dropped).contains(&fresh_count),
+        "killed: fresh counter {fresh_count}, admitted {fresh2} ({fresh_after_kill} sent after \
+         the kill, {:.3} s into the window), Envoy 500s {fresh_dropped}; the first answers \
+         (t, status, remaining: 99 was decided on the Redis that died, a share's on a replica): \
+         {:?}",
+        a2.fault_at,
+        &a2.fresh
+            .iter()
+            .filter(|a| a.0 < a2.fault_at + 0.5)
+            .collect::<Vec<_>>()
     );
     let hot_after_kill = Answers::admitted(&a2.hot, OUTAGE.0 as f64 + 0.1) as u64;
+    // The same for the hot key, should the kill itself take longer than that tenth of a second.
+    let hot_surely_after = Answers::admitted(&a2.hot, a2.fault_at.max(OUTAGE.0 as f64 + 0.1));
     let hot2 = redis_count(&lock(&killed), "/api/hot");
     // As `holds_admitted`: a request Envoy timed out on its own clock (a 500 here, though
     // sluice answered it in time) may have been admitted by sluice, so it may be counted.
@@ -568,7 +593,7 @@ async fn outages_through_envoy_are_answered_in_time_within_the_bound_and_written
         .filter(|(t, s, _)| *t >= OUTAGE.0 as f64 + 0.1 && *s == 500)
         .count() as u64;
     assert!(
-        (hot_after_kill..=hot_after_kill + 2 + dropped).contains(&hot2),
+        (hot_surely_after as u64..=hot_after_kill + 2 + dropped).contains(&hot2),
         "killed: the restarted Redis holds {hot2} of the {hot_after_kill} admitted from the kill \
          on (Envoy 500s since: {dropped})"
     );

@@ -335,4 +335,14 @@ async fn what_was_admitted_locally_on_a_calendar_window_is_written_back_into_tha
         .await
         .expect("Redis decides");
     assert_eq!(d.outcomes[0].remaining, 7, "{d:?}");
+    // And nowhere else: the one counter of acme (beside the write-back's guard) is the
+    // calendar day's.
+    let keys = redis.cli(&["KEYS", "*acme*"]);
+    let counters: Vec<&str> = keys
+        .lines()
+        .map(str::trim)
+        .filter(|k| !k.is_empty() && !k.contains("#wb:"))
+        .collect();
+    assert_eq!(counters.len(), 1, "{keys}");
+    assert!(counters[0].contains("day@america/new_york"), "{keys}");
 }

@@ -106,11 +106,14 @@ impl Shared {
             .enumerate()
         {
             let in_store = stays.is_some_and(|s| s.get(i).copied().unwrap_or(false));
-            if was && owes(c) && !in_store {
+            // A pinned window the plan chose may have closed by now (planned at its last
+            // instant): its hits count nowhere, and must not push a live debt out of a full
+            // ledger.
+            let until = Self::until_us(c, now_us);
+            if was && owes(c) && !in_store && until > now_us {
                 let hits = i64::try_from(c.hits).unwrap_or(i64::MAX);
                 let hits = if c.refund { -hits } else { hits };
-                self.ledger
-                    .add(&c.key, hits, Self::until_us(c, now_us), c.window, now_us);
+                self.ledger.add(&c.key, hits, until, c.window, now_us);
             }
         }
         d.steps = 0;
