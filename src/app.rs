@@ -180,10 +180,9 @@ fn build_store(
             max_counters = args.memory_max_counters,
             "using the in-memory store (counters are per process)"
         );
-        return Ok(
-            StoreStack::memory(Arc::clone(clock), args.memory_max_counters)
-                .with_slices(Arc::clone(clock), (args.leased_max_counters, false)),
-        );
+        let stack = StoreStack::memory(Arc::clone(clock), args.memory_max_counters);
+        return Ok(with_home(stack, args, clock)?
+            .with_slices(Arc::clone(clock), (args.leased_max_counters, false)));
     };
     tracing::info!(
         kind = ?chain.redis.kind,
@@ -193,10 +192,32 @@ fn build_store(
         local_cache_bytes = chain.local_cache_bytes,
         "using the Redis store"
     );
-    Ok(chain.build(Arc::clone(clock))?.with_slices(
-        Arc::clone(clock),
-        (args.leased_max_counters, chain.local.is_some()),
-    ))
+    Ok(
+        with_home(chain.build(Arc::clone(clock))?, args, clock)?.with_slices(
+            Arc::clone(clock),
+            (args.leased_max_counters, chain.local.is_some()),
+        ),
+    )
+}
+
+/// `stack` with global limits' home store (`GLOBAL_REDIS_URL`), when one is set.
+fn with_home(
+    stack: StoreStack,
+    args: &ServeArgs,
+    clock: &Arc<dyn Clock>,
+) -> Result<StoreStack, SettingsError> {
+    let Some(home) = args.global.settings(&args.redis)? else {
+        return Ok(stack);
+    };
+    tracing::info!(
+        region = %args.global.region,
+        kind = ?home.kind,
+        urls = ?home.urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>(),
+        timeout = ?home.timeout,
+        "global limits: home store"
+    );
+    let home = crate::store::redis::RedisStore::new(&home)?;
+    Ok(stack.with_home(Arc::new(home), Arc::clone(clock)))
 }
 
 fn service_options(args: &ServeArgs) -> ServiceOptions {

@@ -400,6 +400,8 @@ pub struct DomainRules {
     /// `allow_limit_override:` (sluice extension): whether Envoy's per-descriptor `limit`
     /// replaces the configured limit; `None` means the global `ALLOW_LIMIT_OVERRIDE`.
     pub allow_limit_override: Option<bool>,
+    /// (line, path) of the domain's `global` blocks (limits kept in the home store).
+    pub globals: Vec<(usize, String)>,
 }
 
 /// How a domain's limits are charged (the domain's `counting`, else the global `COUNTING`).
@@ -459,6 +461,31 @@ impl RuleSet {
             domains: HashMap::new(),
             loaded_at: SystemTime::now(),
             sources: Vec::new(),
+        }
+    }
+
+    /// What a config with `global` limits is, loaded where no home store is set
+    /// (`GLOBAL_REDIS_URL`): an error per `global` block, naming its file and line.
+    pub fn without_home_store(&self) -> Result<(), ConfigErrors> {
+        let mut errors: Vec<ConfigError> = Vec::new();
+        for d in self.domains.values() {
+            for (line, path) in &d.globals {
+                errors.push(ConfigError {
+                    file: d.file.to_string(),
+                    line: (*line > 0).then_some(*line),
+                    path: path.clone(),
+                    message: "`global` keeps the limit's counter in the home store every region \
+                              reaches, and none is set: set GLOBAL_REDIS_URL (and GLOBAL_REDIS_TYPE \
+                              for a Cluster or Sentinel), or remove `global`"
+                        .to_string(),
+                });
+            }
+        }
+        errors.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigErrors(errors))
         }
     }
 

@@ -72,6 +72,9 @@ impl LoadFlags {
             ignore_dotfiles: self.runtime_ignoredotfiles,
             merge_domains: self.merge_domain_config,
             calendar_months: self.use_calendar_month_rate_limit,
+            // `sluice check` runs where the service's environment may be: a `global` limit
+            // loads when that environment names a home store.
+            global_store: std::env::var_os("GLOBAL_REDIS_URL").is_some_and(|u| !u.is_empty()),
         }
     }
 }

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 mod admin;
 mod check;
+mod global;
 mod http2;
 mod json;
 mod observe;
@@ -29,6 +30,7 @@ pub mod xds;
 
 pub use admin::AdminServeArgs;
 pub use check::{CheckArgs, LoadFlags};
+pub use global::GlobalArgs;
 pub use observe::{
     parse_exporter_protocol, parse_header_name, parse_ratio, HeadersDraft, ObserveArgs,
 };
@@ -366,6 +368,9 @@ pub struct ServeArgs {
     pub redis: RedisArgs,
 
     #[command(flatten)]
+    pub global: GlobalArgs,
+
+    #[command(flatten)]
     pub rlqs: rlqs::RlqsArgs,
 
     #[command(flatten)]
@@ -479,7 +484,10 @@ impl ServeArgs {
     }
 
     pub fn load_options(&self) -> LoadOptions {
-        self.load.options()
+        LoadOptions {
+            global_store: self.global.is_set(),
+            ..self.load.options()
+        }
     }
 
     /// The one place that decides which counter store `serve` uses: `None` for the memory

@@ -47,6 +47,7 @@ impl StoreChain {
         let board: Arc<dyn super::demand::DemandBoard> = Arc::new(redis.board());
         let admin: Arc<dyn super::admin::CounterAdmin> = Arc::new(redis.admin());
         let members: Arc<dyn Membership> = Arc::new(redis.members());
+        let pool: Arc<dyn super::global::RegionPool> = Arc::new(redis.pool());
         // Under FAILURE_MODE=local a Cluster has no breaker: one slot's master failing must not
         // send the other slots' counters local (each request meets its own slots' health, and
         // the local layer bounds its wait).
@@ -79,7 +80,8 @@ impl StoreChain {
         let stack = |store: Arc<dyn CounterStore>, signals: StoreSignals| {
             let stack = StoreStack::new(store, signals)
                 .with_board(Arc::clone(&board))
-                .with_admin(Arc::clone(&admin));
+                .with_admin(Arc::clone(&admin))
+                .with_pool(Arc::clone(&pool));
             match &forget {
                 Some(f) => stack.with_forget(Arc::clone(f)),
                 None => stack,

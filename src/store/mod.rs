@@ -15,6 +15,7 @@ pub mod demand;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
 pub mod fallback;
+pub mod global;
 pub mod lease_effect;
 pub mod local_cache;
 pub mod memory;
@@ -434,6 +435,11 @@ pub struct StoreStack {
     pub forget: Option<Arc<dyn admin::Forget>>,
     /// This replica's slices of leased limits, when the stack decides them from slices.
     pub slices: Option<Arc<slices::Slices>>,
+    /// Where the region's pools of global limits live: beside the counters.
+    pub pool: Arc<dyn global::RegionPool>,
+    /// The grants of global limits' slices (the pool, refilled from home), when a home store
+    /// is set.
+    pub global: Option<Arc<global::GlobalGrants>>,
 }
 
 impl StoreStack {
@@ -448,7 +454,33 @@ impl StoreStack {
             admin: Arc::new(admin::NoReset::default()),
             forget: None,
             slices: None,
+            pool: Arc::new(global::MemoryPool::new(
+                Arc::new(crate::clock::SystemClock),
+                slices::DEFAULT_MAX_SLICES,
+            )),
+            global: None,
         }
+    }
+
+    /// The same stack with its region's pools in `pool`.
+    pub fn with_pool(mut self, pool: Arc<dyn global::RegionPool>) -> Self {
+        self.pool = pool;
+        self
+    }
+
+    /// The same stack with global limits: their slices granted by the region's pool, refilled
+    /// from `home` (the home store). Call before [`StoreStack::with_slices`].
+    pub fn with_home(
+        mut self,
+        home: Arc<dyn CounterStore>,
+        clock: Arc<dyn crate::clock::Clock>,
+    ) -> Self {
+        self.global = Some(global::GlobalGrants::new(
+            Arc::clone(&self.pool),
+            home,
+            clock,
+        ));
+        self
     }
 
     /// The same stack deciding leased limits from this replica's slices (at most `max` of
@@ -459,7 +491,12 @@ impl StoreStack {
         clock: Arc<dyn crate::clock::Clock>,
         terms: (usize, bool),
     ) -> Self {
-        let slices = slices::Slices::new(Arc::clone(&self.store), clock, terms);
+        // Global limits' slices are granted by the region's pool (`store/global`).
+        let global = self
+            .global
+            .as_ref()
+            .map(|g| Arc::new(Arc::clone(g)) as Arc<dyn CounterStore>);
+        let slices = slices::Slices::granted_by(Arc::clone(&self.store), global, clock, terms);
         self.signals.slices = Arc::clone(&slices.tallies);
         self.decider = Arc::new(slices::SlicedDecider::new(
             Arc::clone(&slices),
@@ -498,11 +535,14 @@ impl StoreStack {
         let signals = StoreSignals::new("memory");
         let board = demand::MemoryBoard::new(Arc::clone(&clock), demand::DEFAULT_MAX_POSTINGS);
         let store = Arc::new(
-            memory::MemoryStore::with_max_counters(clock, max_counters).reporting_to(&signals),
+            memory::MemoryStore::with_max_counters(Arc::clone(&clock), max_counters)
+                .reporting_to(&signals),
         );
         let admin = Arc::new(memory::MemoryAdmin::new(Arc::clone(&store)));
+        let pool = global::MemoryPool::new(Arc::clone(&clock), slices::DEFAULT_MAX_SLICES);
         Self::new(store, signals)
             .with_board(Arc::new(board))
             .with_admin(admin)
+            .with_pool(Arc::new(pool))
     }
 }

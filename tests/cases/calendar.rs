@@ -180,6 +180,7 @@ async fn utc_months(kind: &str) {
     .expect("write");
     let opts = LoadOptions {
         calendar_months: true,
+        global_store: false,
         ..LoadOptions::default()
     };
     let rules = sluice::load_path(dir.path(), &opts).expect("loads");

@@ -74,6 +74,7 @@ impl ConfigMapDir {
 const OPTIONS: LoadOptions = LoadOptions {
     merge_domains: false,
     calendar_months: false,
+    global_store: false,
     ignore_dotfiles: true,
 };
 

@@ -27,6 +27,8 @@ pub(super) struct Ctx {
     pub(super) errors: Vec<ConfigError>,
     /// `USE_CALENDAR_MONTH_RATE_LIMIT` (see [`super::LoadOptions::calendar_months`]).
     pub(super) calendar_months: bool,
+    /// (line, path) of every `global` block: each needs the home store (`GLOBAL_REDIS_URL`).
+    pub(super) globals: Vec<(usize, String)>,
 }
 
 impl Ctx {
@@ -203,6 +205,7 @@ impl Ctx {
                     domain_tag,
                     counting,
                     allow_limit_override,
+                    globals: std::mem::take(&mut self.globals),
                 },
                 line,
             )

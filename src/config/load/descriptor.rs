@@ -34,6 +34,8 @@ struct DescriptorKeys<'a> {
     reservations: Option<(&'a Node, String)>,
     /// (value node, path) of `leased`.
     leased: Option<(&'a Node, String)>,
+    /// (value node, path) of `global`.
+    global: Option<(&'a Node, String)>,
     /// `own_hash_tags: true`: the limits strictly below take hash tags of their own.
     own_hash_tags: bool,
 }
@@ -84,8 +86,17 @@ impl Ctx {
         }
         let mut rules = self.descriptor_limits(&keys, path);
         let lease_keys = self.lease_limit(&keys, &mut rules);
-        if let Some((node, p)) = &keys.leased {
-            self.leased_on(node, p, &mut rules);
+        match (&keys.leased, &keys.global) {
+            (Some(_), Some((node, p))) => self.err(
+                node.line,
+                p,
+                "`global` and `leased` on one descriptor: a global limit is already spent from \
+                 slices (of its region's pool); keep `global` and move `leased`'s options into it"
+                    .to_string(),
+            ),
+            (Some((node, p)), None) => self.leased_on(node, p, &mut rules, false),
+            (None, Some((node, p))) => self.leased_on(node, p, &mut rules, true),
+            (None, None) => {}
         }
         let mut level = Level::default();
         if let Some((node, p)) = &keys.children {
@@ -294,6 +305,7 @@ impl Ctx {
                 "in_flight" => d.in_flight = Some((v, p)),
                 "reservations" => d.reservations = Some((v, p)),
                 "leased" => d.leased = Some((v, p)),
+                "global" => d.global = Some((v, p)),
                 "own_hash_tags" => d.own_hash_tags = self.flag(v, &p, name).unwrap_or(false),
                 "shadow_mode" => d.shadow_mode = self.flag(v, &p, name).unwrap_or(false),
                 "quota_mode" => d.quota_mode = self.flag(v, &p, name).unwrap_or(false),

@@ -23,6 +23,9 @@ pub struct Leasing {
     /// How much of a replica's demand one grant covers (`ahead`, 100 ms by default): a grant
     /// asks for what the replica admitted over this long, refilled before it runs out.
     pub ahead: Period,
+    /// `global: {}`: the counter lives in the home store every region reaches; slices are
+    /// granted from the region's pool of it, refilled from home (`store/global`).
+    pub global: bool,
 }
 
 /// What one grant covers by default: the replica's demand over this long.
@@ -32,23 +35,36 @@ pub const DEFAULT_AHEAD_MS: u64 = 100;
 struct LeasedBlock {
     max_slice: Option<u32>,
     ahead: super::super::Period,
+    global: bool,
 }
 
 impl Ctx {
-    /// Sets `leased` on the node's rate limits, or reports why one cannot be leased.
-    pub(super) fn leased_on(&mut self, node: &Node, path: &str, rules: &mut [RateLimitRule]) {
-        let Some(block) = self.leased_block(node, path) else {
+    /// Sets `leased` (or, `global`, `global`) on the node's rate limits, or reports why one
+    /// cannot be.
+    pub(super) fn leased_on(
+        &mut self,
+        node: &Node,
+        path: &str,
+        rules: &mut [RateLimitRule],
+        global: bool,
+    ) {
+        let name = if global { "global" } else { "leased" };
+        let Some(mut block) = self.leased_block(node, path, name) else {
             return;
         };
+        block.global = global;
         if rules.is_empty() {
             self.err(
                 node.line,
                 path,
-                "`leased` slices the descriptor's `rate_limit`, and it has none".to_string(),
+                format!("`{name}` slices the descriptor's `rate_limit`, and it has none"),
             );
         }
+        if global {
+            self.globals.push((node.line, path.to_owned()));
+        }
         for r in rules.iter_mut() {
-            let why = lease(r, &block);
+            let why = lease(r, &block).map(|w| w.replace("`leased`", &format!("`{name}`")));
             if let Some(why) = why {
                 let name = r
                     .name
@@ -59,7 +75,7 @@ impl Ctx {
         }
     }
 
-    fn leased_block(&mut self, node: &Node, path: &str) -> Option<LeasedBlock> {
+    fn leased_block(&mut self, node: &Node, path: &str, name: &str) -> Option<LeasedBlock> {
         let entries = match &node.value {
             Value::Map(entries) => entries.as_slice(),
             // `leased: {}` written as `leased:` (null) or `leased: true`: the defaults.
@@ -69,7 +85,7 @@ impl Ctx {
                     node.line,
                     path,
                     format!(
-                        "`leased` must be a mapping like {{}} or {{max_slice: 200, ahead: 100ms}}, \
+                        "`{name}` must be a mapping like {{}} or {{max_slice: 200, ahead: 100ms}}, \
                          not a {}",
                         kind(node)
                     ),
@@ -81,8 +97,14 @@ impl Ctx {
         let mut block = LeasedBlock {
             max_slice: None,
             ahead: super::super::Period::from_millis(DEFAULT_AHEAD_MS)?,
+            global: false,
         };
-        for (key, _, v) in self.entries(entries, path, Scope::Leased) {
+        let scope = if name == "global" {
+            Scope::Global
+        } else {
+            Scope::Leased
+        };
+        for (key, _, v) in self.entries(entries, path, scope) {
             let p = join(path, key);
             match key {
                 "max_slice" => block.max_slice = self.max_slice(v, &p),
@@ -180,6 +202,7 @@ fn lease(r: &mut RateLimitRule, block: &LeasedBlock) -> Option<String> {
             r.leased = Some(Leasing {
                 max_slice,
                 ahead: block.ahead,
+                global: block.global,
             });
             None
         }

@@ -51,6 +51,9 @@ pub struct LoadOptions {
     /// envoyproxy's `USE_CALENDAR_MONTH_RATE_LIMIT`: a fixed-window `unit: month` without a
     /// `calendar:` block is a UTC calendar month instead of 30 days from the epoch.
     pub calendar_months: bool,
+    /// A home store is set (`GLOBAL_REDIS_URL`): `global` limits may load. Without one, each
+    /// `global` block is an error naming its file and line.
+    pub global_store: bool,
 }
 
 /// Loads a config file, or every file of a directory (one domain per file).
@@ -90,7 +93,11 @@ pub fn load_path(path: &Path, opts: &LoadOptions) -> Result<RuleSet, ConfigError
             Err(e) => errors.push(file_error(&name, format!("cannot read config file: {e}"))),
         }
     }
-    build(sources, errors, opts.merge_domains, opts.calendar_months)
+    let rules = build(sources, errors, opts.merge_domains, opts.calendar_months)?;
+    if !opts.global_store {
+        rules.without_home_store()?;
+    }
+    Ok(rules)
 }
 
 /// A digest of everything [`load_path`] would read under `path`: which files, their contents
@@ -418,6 +425,7 @@ fn parse_file(
         file: Arc::from(name),
         errors: Vec::new(),
         calendar_months,
+        globals: Vec::new(),
     };
     let docs = match yaml::parse(text) {
         Ok(docs) => docs,
@@ -456,6 +464,7 @@ fn parse_tree(
         file: Arc::from(name),
         errors: Vec::new(),
         calendar_months,
+        globals: Vec::new(),
     };
     let parsed = cx.root(root);
     (parsed, cx.errors)

@@ -19,6 +19,8 @@ pub(super) enum Scope {
     Calendar,
     /// A descriptor's `leased` block.
     Leased,
+    /// A descriptor's `global` block.
+    Global,
 }
 
 const ROOT_KEYS: &[&str] = &[
@@ -43,6 +45,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "in_flight",
     "reservations",
     "leased",
+    "global",
     "own_hash_tags",
 ];
 /// The keys of one limit: envoyproxy/ratelimit's, then the sluice extensions (docs/semantics.md, "sluice extensions").
@@ -75,7 +78,7 @@ impl Scope {
             Scope::InFlight => IN_FLIGHT_KEYS,
             Scope::Reservations => RESERVATIONS_KEYS,
             Scope::Calendar => CALENDAR_KEYS,
-            Scope::Leased => LEASED_KEYS,
+            Scope::Leased | Scope::Global => LEASED_KEYS,
         }
     }
 
@@ -94,6 +97,7 @@ impl Scope {
             Scope::Reservations => "in `reservations`",
             Scope::Calendar => "in `calendar`",
             Scope::Leased => "in `leased`",
+            Scope::Global => "in `global`",
         }
     }
 }

@@ -17,6 +17,7 @@ pub mod keys;
 mod lease_arg;
 mod members;
 mod meta;
+mod pool;
 mod reply;
 mod sentinel;
 mod settings;
@@ -28,6 +29,7 @@ use cluster::Cluster;
 use codec::{decide_script, Call, ScriptTime};
 use conn::Conn;
 pub use members::RedisMembers;
+pub use pool::{pool_key, RedisPool};
 use settings::is_tls;
 pub use settings::{
     redact_url, RedisKind, RedisSettings, RedisTlsSettings, SentinelSettings, DEFAULT_POOL_SIZE,
@@ -232,6 +234,13 @@ impl RedisStore {
         RedisBoard {
             common: Arc::clone(&self.common),
             source,
+        }
+    }
+
+    /// The pools of global limits in this Redis (the region's), on the same connections.
+    pub fn pool(&self) -> RedisPool {
+        RedisPool {
+            board: self.board(),
         }
     }
 

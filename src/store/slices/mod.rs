@@ -114,6 +114,8 @@ enum Refill {
 struct Entry {
     slice: Mutex<Slice>,
     done: tokio::sync::watch::Sender<u64>,
+    /// A global limit's: granted by the region's pool (`store/global`), not the store.
+    global: bool,
 }
 
 type Slot = CounterKey;
@@ -122,6 +124,8 @@ type Slot = CounterKey;
 #[derive(Debug)]
 pub struct Slices {
     store: Arc<dyn CounterStore>,
+    /// What grants a global limit's slices: the region's pool of the home counter.
+    global: Option<Arc<dyn CounterStore>>,
     clock: Arc<dyn Clock>,
     map: Mutex<HashMap<Slot, Arc<Entry>>>,
     max: usize,
@@ -170,10 +174,22 @@ impl Slices {
     pub fn new(
         store: Arc<dyn CounterStore>,
         clock: Arc<dyn Clock>,
+        terms: (usize, bool),
+    ) -> Arc<Self> {
+        Self::granted_by(store, None, clock, terms)
+    }
+
+    /// [`Slices::new`] with global limits' slices granted by `global` (the region's pool of
+    /// the home counter, `store/global`).
+    pub fn granted_by(
+        store: Arc<dyn CounterStore>,
+        global: Option<Arc<dyn CounterStore>>,
+        clock: Arc<dyn Clock>,
         (max, outage_denies): (usize, bool),
     ) -> Arc<Self> {
         Arc::new(Self {
             store,
+            global,
             clock,
             map: Mutex::new(HashMap::new()),
             max: max.max(1),
@@ -181,6 +197,14 @@ impl Slices {
             last_sweep_us: std::sync::atomic::AtomicU64::new(0),
             tallies: Arc::default(),
         })
+    }
+
+    /// The store that grants (and takes back) `entry`'s units.
+    fn grants(&self, global: bool) -> &Arc<dyn CounterStore> {
+        match (&self.global, global) {
+            (Some(g), true) => g,
+            _ => &self.store,
+        }
     }
 
     /// At most once a second: slices idle for [`IDLE_US`] go back to the store, slices of
@@ -267,6 +291,7 @@ impl Slices {
         let e = Arc::new(Entry {
             slice: Mutex::new(Slice::fresh(window, now)),
             done: tokio::sync::watch::Sender::new(0),
+            global: check.slice.is_some_and(|t| t.global),
         });
         map.insert(slot, Arc::clone(&e));
         self.tallies
@@ -315,7 +340,7 @@ impl Slices {
         if left == 0 {
             return;
         }
-        let store = Arc::clone(&self.store);
+        let store = Arc::clone(self.grants(e.global));
         let check = grant_check(key, window, left, true);
         let returned = self.tallies.returned.clone();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -381,7 +406,7 @@ impl Slices {
             }
             let check = grant_check(&key, window, left, true);
             if self
-                .store
+                .grants(e.global)
                 .decide(std::slice::from_ref(&check))
                 .await
                 .is_ok()
@@ -559,7 +584,8 @@ impl Slices {
         let mut ask = want;
         for _ in 0..2 {
             let check = grant_check(key, window, ask, false);
-            let Ok(d) = self.store.decide(std::slice::from_ref(&check)).await else {
+            let grants = self.grants(entry.global);
+            let Ok(d) = grants.decide(std::slice::from_ref(&check)).await else {
                 return (false, window);
             };
             self.tallies.grants.add(1);

@@ -1,0 +1,78 @@
+//! The home store of global limits (`GLOBAL_REDIS_*`) and this replica's region (`REGION`).
+//! The home store takes the main store's forms (`host:port`, URLs, a Cluster's seeds, a
+//! Sentinel's `master_name,host:port,...`) and shares its timeouts, pool size, TLS settings
+//! and key prefix: only where it is and who may use it differ.
+
+use super::{RedisArgs, Secret, SettingsError};
+use crate::store::redis::{RedisKind, RedisSettings};
+use clap::Args;
+
+/// Global limits' home store. Without `GLOBAL_REDIS_URL`, a `global` limit is a load error.
+#[derive(Debug, Clone, Args)]
+pub struct GlobalArgs {
+    /// The home store of `global` limits, which every region reaches: the same forms as
+    /// REDIS_URL. Each region keeps a pool of a global limit in its own store (REDIS_URL),
+    /// refilled from here.
+    #[arg(long, env = "GLOBAL_REDIS_URL", hide_env_values = true)]
+    pub global_redis_url: Option<Secret>,
+
+    /// `single`, `cluster` or `sentinel`, as REDIS_TYPE, for GLOBAL_REDIS_URL.
+    #[arg(
+        long,
+        env = "GLOBAL_REDIS_TYPE",
+        default_value = "single",
+        value_enum,
+        ignore_case = true
+    )]
+    pub global_redis_type: RedisKind,
+
+    /// The home store's password, or `user:password`, as REDIS_AUTH.
+    #[arg(long, env = "GLOBAL_REDIS_AUTH", hide_env_values = true)]
+    pub global_redis_auth: Option<Secret>,
+
+    /// Bound on a round trip to the home store (a refill), connecting included: it is far
+    /// away (tens to hundreds of ms), so REDIS_TIMEOUT's default would cut every refill. No
+    /// request waits on it while its region's pool has units.
+    #[arg(
+        long,
+        env = "GLOBAL_REDIS_TIMEOUT",
+        default_value = "1s",
+        value_parser = super::parse_duration
+    )]
+    pub global_redis_timeout: std::time::Duration,
+
+    /// This replica's region (its logs and metrics name it). Replicas of one region share
+    /// its store (REDIS_URL) and so its pools.
+    #[arg(long, env = "REGION", default_value = "")]
+    pub region: String,
+}
+
+impl GlobalArgs {
+    /// Whether a home store is set.
+    pub fn is_set(&self) -> bool {
+        self.global_redis_url
+            .as_ref()
+            .is_some_and(|u| !u.expose().trim().is_empty())
+    }
+
+    /// The home store's settings (the main store's, at GLOBAL_REDIS_URL), or `None`.
+    pub fn settings(&self, main: &RedisArgs) -> Result<Option<RedisSettings>, SettingsError> {
+        if !self.is_set() {
+            return Ok(None);
+        }
+        let args = RedisArgs {
+            redis_url: self.global_redis_url.clone(),
+            redis_type: self.global_redis_type,
+            redis_auth: self.global_redis_auth.clone(),
+            redis_sentinel_auth: None,
+            redis_timeout: self.global_redis_timeout,
+            ..main.clone()
+        };
+        args.settings().map_err(|e| match e {
+            SettingsError::Redis(m) => SettingsError::Redis(format!(
+                "GLOBAL_REDIS_URL (the home store; read REDIS_* below as GLOBAL_REDIS_*): {m}"
+            )),
+            other => other,
+        })
+    }
+}

@@ -1,0 +1,440 @@
+//! Global limits across regions (`global: {}`): one budget that several regions share, with
+//! the request path inside the region. Doorman's tree, two levels deep, on Redis:
+//!
+//! - the limit's counter lives in the **home store** (`GLOBAL_REDIS_URL`), which every region
+//!   reaches (far away: 50-150 ms);
+//! - each region keeps a **pool** of the current window in its own store ([`RegionPool`]),
+//!   refilled from home by one replica at a time (a lease in the pool, taken over when its
+//!   holder dies);
+//! - replicas take their **slices** from the pool exactly as a leased limit's slices are taken
+//!   from the store (`store/slices`): [`GlobalGrants`] is the store those slices are granted by.
+//!
+//! Why this shape: a grant from home is an ordinary all-or-nothing charge on the home counter,
+//! pinned to the window, so home never grants past the limit whatever the regions do; a pool
+//! never gives out more than home granted it; a slice never more than the pool gave. So the
+//! total admitted in a window never exceeds the limit, and what is lost is what is unspent at
+//! the window's end (pools and slices; [`GlobalTallies::stranded`]). No request waits on home
+//! while its region's pool has units; a request that finds the pool dry waits (within its
+//! deadline) for the one refill in flight, else is denied.
+//!
+//! - **Sizing.** A refill asks home for the region's demand over [`POOL_AHEAD`] (the rate its
+//!   replicas took units from the pool since the last refill), at least the slice asked for and
+//!   [`MIN_REFILL_SLICES`] slices, at most a quarter of what home had left at the last refill
+//!   (the pools shrink as the window fills, so regions share the tail). Below half of the last
+//!   refill the pool is refilled ahead, in the background.
+//! - **Giving back.** A slice a replica no longer spends goes back to the pool (idle, evicted,
+//!   SIGTERM); a pool no replica took from for [`POOL_IDLE_MS`] goes back home (a refund on the
+//!   window's home counter), so demand that moves to another region finds the units at home.
+//! - **Home unreachable.** A refill that fails leaves the pool as it is: the region spends what
+//!   it holds, then the slices' grants fail and the stack's failure mode decides (see
+//!   docs/semantics.md).
+
+mod pool;
+
+pub use pool::{MemoryPool, PoolOp, PoolState, RegionPool};
+
+use super::{
+    BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, Outcome, StoreError, Tally,
+};
+use crate::clock::Clock;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What one refill covers: the region's demand over this long (ms).
+pub const POOL_AHEAD_MS: u64 = 5_000;
+/// A refill is at least this many of the limit's largest slices.
+pub const MIN_REFILL_SLICES: u64 = 4;
+/// A pool no replica took from for this long goes back home (ms, on the pool's clock).
+pub const POOL_IDLE_MS: u64 = 2_000;
+/// How long a refill's lease lasts before another replica may take it over (ms): a holder
+/// that died mid-refill delays its region's next refill this long at most.
+pub const REFILL_LEASE_MS: u64 = 3_000;
+/// How often a replica waiting on another's refill looks at the pool again.
+const POLL: Duration = Duration::from_millis(5);
+/// Pools and demand records one replica keeps track of at most.
+const MAX_KNOWN: usize = 10_000;
+
+/// What global limits report (`sluice_global_*`).
+#[derive(Debug, Default)]
+pub struct GlobalTallies {
+    /// Refills home answered, and the units they brought.
+    pub refills: Tally,
+    pub refilled: Tally,
+    /// Refills that failed (home did not answer in time).
+    pub refill_failures: Tally,
+    /// Sum of the refills' round trips to home, in microseconds, and the last one.
+    pub refill_us: Tally,
+    pub last_refill_us: AtomicU64,
+    /// Units given back home (idle pools).
+    pub returned: Tally,
+    /// Units left unspent in pools whose window ended.
+    pub stranded: Tally,
+    /// Units this region's pools held at the last operation this replica saw.
+    pub pool_held: AtomicU64,
+}
+
+/// What this replica remembers of one global counter: for sizing refills and for answers.
+#[derive(Debug, Clone, Copy, Default)]
+struct Known {
+    window_ms: u64,
+    /// What home had left at the last refill this replica saw (u64::MAX: none yet).
+    home_left: u64,
+    /// The last refill's size, and the pool's `taken` and clock then (the region's rate).
+    last_refill: u64,
+    taken_at: u64,
+    at_ms: u64,
+    /// The pool's clock when this replica last asked for a drain to be checked.
+    drain_due: u64,
+}
+
+/// The store a global limit's slices are granted by: the region's pool, refilled from home.
+#[derive(Debug)]
+pub struct GlobalGrants {
+    pool: Arc<dyn RegionPool>,
+    home: Arc<dyn CounterStore>,
+    clock: Arc<dyn Clock>,
+    known: Mutex<HashMap<CounterKey, Known>>,
+    pub tallies: Arc<GlobalTallies>,
+}
+
+impl GlobalGrants {
+    pub fn new(
+        pool: Arc<dyn RegionPool>,
+        home: Arc<dyn CounterStore>,
+        clock: Arc<dyn Clock>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            pool,
+            home,
+            clock,
+            known: Mutex::new(HashMap::new()),
+            tallies: Arc::default(),
+        })
+    }
+
+    /// The home store (for operators: inspect and reset reach the global counter there).
+    pub fn home(&self) -> &Arc<dyn CounterStore> {
+        &self.home
+    }
+
+    fn known(&self, key: &CounterKey, window_ms: u64) -> Known {
+        let mut map = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= MAX_KNOWN && !map.contains_key(key) {
+            map.clear(); // bounded: sizing falls back to the first refill's for a while
+        }
+        let k = map.entry(key.clone()).or_insert(Known {
+            window_ms,
+            home_left: u64::MAX,
+            ..Known::default()
+        });
+        if k.window_ms != window_ms {
+            *k = Known {
+                window_ms,
+                home_left: u64::MAX,
+                ..Known::default()
+            };
+        }
+        *k
+    }
+
+    fn update(&self, key: &CounterKey, window_ms: u64, f: impl FnOnce(&mut Known)) {
+        let mut map = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = map.get_mut(key) {
+            if k.window_ms == window_ms {
+                f(k);
+            }
+        }
+    }
+
+    /// How long a pool lives past its last use: to its window's end and a minute more (a
+    /// drain or a late give-back still finds it), or an hour for a token bucket's.
+    fn ttl_ms(window: Option<(u64, u64)>, now_ms: u64) -> u64 {
+        match window {
+            Some((_, end)) if end != u64::MAX => {
+                (end / 1000).saturating_sub(now_ms).saturating_add(60_000)
+            }
+            _ => 3_600_000,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.clock.now().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// A grant of `check.hits` for a slice (or, `check.refund`, a slice given back).
+    async fn grant(self: &Arc<Self>, check: &LimitCheck) -> Result<Outcome, StoreError> {
+        let window = check.window;
+        let window_ms = window.map_or(0, |(start, _)| start / 1000);
+        let ttl = Self::ttl_ms(window, self.now_ms());
+        let key = &check.key;
+        let n = check.hits;
+        if check.refund {
+            let st = self.pool.run(key, window_ms, PoolOp::Give(n), ttl).await?;
+            self.seen(&st);
+            self.drain_later(key, window, window_ms);
+            return Ok(outcome(true, st.left(), window, self.now_ms()));
+        }
+        let mut st = self.pool.run(key, window_ms, PoolOp::Take(n), ttl).await?;
+        self.seen(&st);
+        for _ in 0..3 {
+            if st.passed {
+                break;
+            }
+            if st.ok == 1 {
+                let k = self.known(key, window_ms);
+                if st.left() < k.last_refill / 2 {
+                    let me = Arc::clone(self);
+                    let check = check.clone();
+                    tokio::spawn(async move {
+                        let _ = me.refill(&check, window_ms, ttl, 0).await;
+                    });
+                }
+                let home_left = if k.home_left == u64::MAX {
+                    0
+                } else {
+                    k.home_left
+                };
+                return Ok(outcome(
+                    true,
+                    st.left().saturating_add(home_left),
+                    window,
+                    self.now_ms(),
+                ));
+            }
+            if st.dry_until > st.now {
+                break; // home had nothing left a moment ago
+            }
+            self.refill(check, window_ms, ttl, n.saturating_sub(st.left()))
+                .await?;
+            st = self.pool.run(key, window_ms, PoolOp::Take(n), ttl).await?;
+            self.seen(&st);
+        }
+        Ok(outcome(false, st.left(), window, self.now_ms()))
+    }
+
+    fn seen(&self, st: &PoolState) {
+        self.tallies.pool_held.store(st.left(), Relaxed);
+        self.tallies.stranded.add(st.stranded);
+    }
+
+    /// One refill of the region's pool from home, by whichever replica takes the lease; the
+    /// others wait (polling the pool) until it lands or the lease runs out.
+    async fn refill(
+        &self,
+        check: &LimitCheck,
+        window_ms: u64,
+        ttl: u64,
+        need: u64,
+    ) -> Result<(), StoreError> {
+        let key = &check.key;
+        let token = rand_token();
+        let lease_ms = REFILL_LEASE_MS;
+        let lock = self
+            .pool
+            .run(key, window_ms, PoolOp::Lock { token, lease_ms }, ttl)
+            .await?;
+        if lock.passed {
+            return Ok(());
+        }
+        if lock.ok == 0 {
+            // Another replica refills: wait for its units (or its lease to run out).
+            let have = lock.have;
+            let until = tokio::time::Instant::now() + Duration::from_millis(lease_ms);
+            while tokio::time::Instant::now() < until {
+                tokio::time::sleep(POLL).await;
+                let st = self.pool.run(key, window_ms, PoolOp::Take(0), ttl).await?;
+                if st.have != have || st.passed || st.dry_until > st.now {
+                    break;
+                }
+            }
+            return Ok(());
+        }
+        let k = self.known(key, window_ms);
+        let want = self.want(check, &k, &lock, need);
+        let started = tokio::time::Instant::now();
+        let mut ask = want;
+        let mut got = 0;
+        let mut dry_ms = 0;
+        let mut home_left = k.home_left;
+        let mut failed = None;
+        for _ in 0..2 {
+            let grant = grant_check(key, check.window, ask, false);
+            match self.home.decide(std::slice::from_ref(&grant)).await {
+                Ok(d) => {
+                    let Some(o) = d.outcomes.first() else { break };
+                    home_left = u64::from(o.remaining);
+                    if o.allowed {
+                        got = ask;
+                        break;
+                    }
+                    let left = u64::from(o.remaining);
+                    if left == 0 || left < need || o.retry_after == Duration::MAX {
+                        let ahead = check.slice.map_or(100, |t| t.ahead.millis());
+                        dry_ms = ahead.max(1);
+                        break;
+                    }
+                    ask = left;
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let rtt = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.tallies.refill_us.add(rtt);
+        self.tallies.last_refill_us.store(rtt, Relaxed);
+        // Whatever home granted goes into the pool (and the lease is released), even if the
+        // window moved on meanwhile (the pool then refuses it: stranded).
+        let fill = PoolOp::Fill {
+            units: got,
+            token,
+            dry_ms,
+        };
+        let st = self.pool.run(key, window_ms, fill, ttl).await;
+        match (&st, got) {
+            (Ok(st), _) if st.passed => self.tallies.stranded.add(got),
+            (Err(_), g) if g > 0 => self.tallies.stranded.add(g),
+            _ => {}
+        }
+        if let Some(e) = failed {
+            self.tallies.refill_failures.add(1);
+            return Err(e);
+        }
+        self.tallies.refills.add(1);
+        self.tallies.refilled.add(got);
+        let st = st?;
+        self.seen(&st);
+        self.update(key, window_ms, |k| {
+            k.home_left = home_left;
+            k.last_refill = got;
+            k.taken_at = st.taken;
+            k.at_ms = st.now;
+        });
+        Ok(())
+    }
+
+    /// The next refill's size: the region's demand over [`POOL_AHEAD_MS`], at least `need` and
+    /// [`MIN_REFILL_SLICES`] slices, at most a quarter of what home had left.
+    fn want(&self, check: &LimitCheck, k: &Known, pool: &PoolState, need: u64) -> u64 {
+        let slice = check.slice.map_or(1, |t| u64::from(t.max_slice));
+        let floor = slice.saturating_mul(MIN_REFILL_SLICES);
+        let demand = if k.at_ms == 0 || pool.now <= k.at_ms {
+            floor.saturating_mul(2)
+        } else {
+            let taken = pool.taken.saturating_sub(k.taken_at);
+            let elapsed = pool.now - k.at_ms;
+            u64::try_from(u128::from(taken) * u128::from(POOL_AHEAD_MS) / u128::from(elapsed))
+                .unwrap_or(u64::MAX)
+        };
+        let quarter = if k.home_left == u64::MAX {
+            u64::MAX
+        } else {
+            k.home_left.div_ceil(4)
+        };
+        demand.max(floor).min(quarter).max(need).max(1)
+    }
+
+    /// Once the pool may be idle, drains it and gives its units back home.
+    fn drain_later(self: &Arc<Self>, key: &CounterKey, window: Option<(u64, u64)>, window_ms: u64) {
+        let now = self.now_ms();
+        {
+            let mut map = self.known.lock().unwrap_or_else(|e| e.into_inner());
+            match map.get_mut(key) {
+                Some(k) if k.window_ms == window_ms && k.drain_due > now => return,
+                Some(k) if k.window_ms == window_ms => k.drain_due = now + POOL_IDLE_MS,
+                _ => {}
+            }
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (me, key) = (Arc::clone(self), key.clone());
+        rt.spawn(async move {
+            tokio::time::sleep(Duration::from_millis(POOL_IDLE_MS + 100)).await;
+            let ttl = Self::ttl_ms(window, me.now_ms());
+            let drain = PoolOp::Drain {
+                idle_ms: POOL_IDLE_MS,
+            };
+            let Ok(st) = me.pool.run(&key, window_ms, drain, ttl).await else {
+                return;
+            };
+            if st.passed || st.ok == 0 {
+                return;
+            }
+            me.seen(&st);
+            let back = grant_check(&key, window, st.ok, true);
+            match me.home.decide(std::slice::from_ref(&back)).await {
+                Ok(_) => me.tallies.returned.add(st.ok),
+                Err(_) => me.tallies.stranded.add(st.ok),
+            }
+        });
+    }
+}
+
+impl CounterStore for Arc<GlobalGrants> {
+    fn decide<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(async move {
+            let mut outcomes = Vec::with_capacity(checks.len());
+            for c in checks {
+                outcomes.push(self.grant(c).await?);
+            }
+            Ok(Decision {
+                admitted: outcomes.iter().all(|o| o.allowed),
+                outcomes,
+                local: false,
+                steps: 1,
+                leases: Vec::new(),
+            })
+        })
+    }
+
+    fn probe(&self) -> BoxFuture<'_, bool> {
+        self.home.probe()
+    }
+}
+
+/// A slice's answer from the pool: `remaining` what the region (and home, as last seen) has.
+fn outcome(allowed: bool, remaining: u64, window: Option<(u64, u64)>, now_ms: u64) -> Outcome {
+    let reset = window.map_or(Duration::ZERO, |(_, end)| {
+        Duration::from_micros(end.saturating_sub(now_ms.saturating_mul(1000)))
+    });
+    Outcome {
+        allowed,
+        remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+        reset,
+        retry_after: if allowed { Duration::ZERO } else { reset },
+    }
+}
+
+/// The charge (or, `back`, the refund) of `hits` on the home counter of `key` in `window`.
+fn grant_check(key: &CounterKey, window: Option<(u64, u64)>, hits: u64, back: bool) -> LimitCheck {
+    LimitCheck {
+        key: key.clone(),
+        hits,
+        refund: back,
+        shadow: false,
+        quota: false,
+        record: false,
+        stop_over: false,
+        admin_limit: None,
+        window,
+        lease: None,
+        leased: true,
+        slice: None,
+    }
+}
+
+/// A refill lease's token: distinct per attempt (the pool releases only its own).
+fn rand_token() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(NEXT.fetch_add(1, Relaxed));
+    h.finish() >> 11 // at most 2^53: exact in Lua's numbers
+}

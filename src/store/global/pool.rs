@@ -1,0 +1,192 @@
+//! A region's pool of a global limit: the units of the limit's current window this region
+//! holds from the home store, kept in the region's own store so every replica of the region
+//! takes slices from the same pool and one of them at a time refills it. One atomic operation
+//! per call ([`PoolOp`]), on Redis (`store/redis/pool.lua`) or, for a region of one process on
+//! the embedded store, in memory ([`MemoryPool`]). Times are the pool's own clock (Redis
+//! `TIME`), so replicas whose clocks differ agree on a lease and on idleness.
+
+use crate::clock::Clock;
+use crate::store::{BoxFuture, CounterKey, StoreError};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// One operation on a pool, for the window that starts at a given millisecond.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolOp {
+    /// Takes units for a replica's slice, if the pool has them.
+    Take(u64),
+    /// Gives a slice's unspent units back.
+    Give(u64),
+    /// Takes the refill lease for `lease_ms` with `token` (refused while another holds it).
+    Lock { token: u64, lease_ms: u64 },
+    /// Adds units granted by home, and releases `token`'s lease; `dry_ms` > 0: the home store
+    /// had nothing left, no refill for that long.
+    Fill { units: u64, token: u64, dry_ms: u64 },
+    /// Drains every unit not taken (to return home) if no take came for `idle_ms`.
+    Drain { idle_ms: u64 },
+}
+
+/// A pool as one operation left it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolState {
+    /// Whether the operation was done (a take that fit, a lease taken); for a drain, the
+    /// units drained.
+    pub ok: u64,
+    /// The window is older than the pool's: nothing was done.
+    pub passed: bool,
+    /// Units granted to the region this window, and taken by its replicas.
+    pub have: u64,
+    pub taken: u64,
+    /// Until when (pool ms) the home store is known dry.
+    pub dry_until: u64,
+    /// Units the pool held unspent of the window this call moved it past.
+    pub stranded: u64,
+    /// The pool's clock (ms).
+    pub now: u64,
+}
+
+impl PoolState {
+    /// Units in the pool not yet taken.
+    pub fn left(&self) -> u64 {
+        self.have.saturating_sub(self.taken)
+    }
+}
+
+/// Where a region's pools live.
+pub trait RegionPool: Send + Sync + std::fmt::Debug {
+    /// Applies `op` to `key`'s pool for the window starting at `window_ms`; the pool lives
+    /// `ttl_ms` past this call.
+    fn run<'a>(
+        &'a self,
+        key: &'a CounterKey,
+        window_ms: u64,
+        op: PoolOp,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<PoolState, StoreError>>;
+}
+
+/// A pool's fields (the Redis hash's, in memory).
+#[derive(Debug, Clone, Default)]
+struct Fields {
+    w: u64,
+    have: u64,
+    taken: u64,
+    last: u64,
+    lock: Option<(u64, u64)>,
+    dry_until: u64,
+    expires: u64,
+}
+
+/// Pools in this process (a region of one replica on the embedded store), at most `max`.
+#[derive(Debug)]
+pub struct MemoryPool {
+    clock: Arc<dyn Clock>,
+    map: Mutex<HashMap<CounterKey, Fields>>,
+    max: usize,
+}
+
+impl MemoryPool {
+    pub fn new(clock: Arc<dyn Clock>, max: usize) -> Self {
+        Self {
+            clock,
+            map: Mutex::new(HashMap::new()),
+            max: max.max(1),
+        }
+    }
+
+    fn apply(&self, key: &CounterKey, w: u64, op: PoolOp, ttl_ms: u64) -> PoolState {
+        let now = u64::try_from(self.clock.now().as_millis()).unwrap_or(u64::MAX);
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= self.max && !map.contains_key(key) {
+            map.retain(|_, f| f.expires > now);
+            if map.len() >= self.max {
+                // Full of live pools: the oldest window's goes (its units are stranded).
+                if let Some(k) = map.iter().min_by_key(|(_, f)| f.w).map(|(k, _)| k.clone()) {
+                    map.remove(&k);
+                }
+            }
+        }
+        let f = map.entry(key.clone()).or_default();
+        if f.expires != 0 && f.expires <= now {
+            *f = Fields::default();
+        }
+        let mut state = PoolState {
+            now,
+            ..PoolState::default()
+        };
+        if f.expires != 0 && f.w > w {
+            state.passed = true;
+            return state;
+        }
+        if f.expires == 0 || f.w < w {
+            if f.expires != 0 {
+                state.stranded = f.have.saturating_sub(f.taken);
+            }
+            *f = Fields {
+                w,
+                last: now,
+                ..Fields::default()
+            };
+        }
+        let mut ok = 1;
+        match op {
+            PoolOp::Take(0) => {} // a look at the pool: not a take
+            PoolOp::Take(n) => {
+                if f.have.saturating_sub(f.taken) >= n {
+                    f.taken += n;
+                    f.last = now;
+                } else {
+                    ok = 0;
+                }
+            }
+            PoolOp::Give(n) => f.taken -= n.min(f.taken),
+            PoolOp::Lock { token, lease_ms } => match f.lock {
+                Some((t, until)) if t != token && until > now => ok = 0,
+                _ => f.lock = Some((token, now.saturating_add(lease_ms))),
+            },
+            PoolOp::Fill {
+                units,
+                token,
+                dry_ms,
+            } => {
+                f.have = f.have.saturating_add(units);
+                if dry_ms > 0 {
+                    f.dry_until = now.saturating_add(dry_ms);
+                }
+                if f.lock.is_some_and(|(t, _)| t == token) {
+                    f.lock = None;
+                }
+            }
+            PoolOp::Drain { idle_ms } => {
+                let locked = f.lock.is_some_and(|(_, until)| until > now);
+                ok = if now.saturating_sub(f.last) >= idle_ms && !locked {
+                    let left = f.have.saturating_sub(f.taken);
+                    f.have = f.taken;
+                    left
+                } else {
+                    0
+                };
+            }
+        }
+        f.expires = now.saturating_add(ttl_ms.max(1));
+        PoolState {
+            ok,
+            have: f.have,
+            taken: f.taken,
+            dry_until: f.dry_until,
+            ..state
+        }
+    }
+}
+
+impl RegionPool for MemoryPool {
+    fn run<'a>(
+        &'a self,
+        key: &'a CounterKey,
+        window_ms: u64,
+        op: PoolOp,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<PoolState, StoreError>> {
+        Box::pin(async move { Ok(self.apply(key, window_ms, op, ttl_ms)) })
+    }
+}

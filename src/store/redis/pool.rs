@@ -1,0 +1,75 @@
+//! A region's pools of global limits on Redis (see `store::global`): a hash beside the limit's
+//! regional key, in its Cluster slot, changed by `pool.lua` in one atomic call on the Redis
+//! server clock.
+
+use super::board::RedisBoard;
+use super::keys;
+use crate::store::global::{PoolOp, PoolState, RegionPool};
+use crate::store::{BoxFuture, CounterKey, StoreError};
+use redis::Script;
+use std::sync::LazyLock;
+
+static POOL_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("pool.lua")));
+
+/// The Redis key of `key`'s pool: the counter's key and a suffix no counter key ends with (a
+/// counter key ends in its limit, which sluice writes).
+pub fn pool_key(prefix: &str, key: &CounterKey) -> String {
+    let mut k = keys::counter_key(prefix, key);
+    k.push_str("#pool");
+    k
+}
+
+/// The pools in the region's Redis, on its connections.
+#[derive(Debug)]
+pub struct RedisPool {
+    pub(super) board: RedisBoard,
+}
+
+impl RegionPool for RedisPool {
+    fn run<'a>(
+        &'a self,
+        key: &'a CounterKey,
+        window_ms: u64,
+        op: PoolOp,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<PoolState, StoreError>> {
+        Box::pin(async move {
+            let (name, n, token, extra) = match op {
+                PoolOp::Take(n) => ("take", n, 0, 0),
+                PoolOp::Give(n) => ("give", n, 0, 0),
+                PoolOp::Lock { token, lease_ms } => ("lock", 0, token, lease_ms),
+                PoolOp::Fill {
+                    units,
+                    token,
+                    dry_ms,
+                } => ("fill", units, token, dry_ms),
+                PoolOp::Drain { idle_ms } => ("drain", 0, 0, idle_ms),
+            };
+            let pool = pool_key(&self.board.common.prefix, key);
+            let reply: Vec<i64> = self
+                .board
+                .call(&keys::hash_tag(key), async |c| {
+                    let mut inv = POOL_SCRIPT.key(&pool);
+                    inv.arg(name)
+                        .arg(window_ms)
+                        .arg(n)
+                        .arg(token)
+                        .arg(extra)
+                        .arg(ttl_ms.max(1));
+                    inv.invoke_async(c).await
+                })
+                .await?;
+            let at = |i: usize| reply.get(i).copied().unwrap_or(0);
+            let u = |i: usize| u64::try_from(at(i)).unwrap_or(0);
+            Ok(PoolState {
+                ok: u(0),
+                passed: at(0) < 0,
+                have: u(1),
+                taken: u(2),
+                dry_until: u(3),
+                stranded: u(4),
+                now: u(5),
+            })
+        })
+    }
+}
