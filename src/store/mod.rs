@@ -475,11 +475,9 @@ impl StoreStack {
         home: Arc<dyn CounterStore>,
         clock: Arc<dyn crate::clock::Clock>,
     ) -> Self {
-        self.global = Some(global::GlobalGrants::new(
-            Arc::clone(&self.pool),
-            home,
-            clock,
-        ));
+        let grants = global::GlobalGrants::new(Arc::clone(&self.pool), home, clock);
+        self.signals.global = Arc::clone(&grants.tallies);
+        self.global = Some(grants);
         self
     }
 
@@ -492,10 +490,10 @@ impl StoreStack {
         terms: (usize, bool),
     ) -> Self {
         // Global limits' slices are granted by the region's pool (`store/global`).
-        let global = self
-            .global
-            .as_ref()
-            .map(|g| Arc::new(Arc::clone(g)) as Arc<dyn CounterStore>);
+        let global = self.global.as_ref().map(|g| {
+            let grants = Arc::new(Arc::clone(g)) as Arc<dyn CounterStore>;
+            (grants, Arc::clone(g.home()))
+        });
         let slices = slices::Slices::granted_by(Arc::clone(&self.store), global, clock, terms);
         self.signals.slices = Arc::clone(&slices.tallies);
         self.decider = Arc::new(slices::SlicedDecider::new(

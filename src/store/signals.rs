@@ -28,6 +28,8 @@ pub struct StoreSignals {
     pub local: Arc<LocalTallies>,
     /// The slices of leased limits (zero without them).
     pub slices: Arc<super::slices::SliceTallies>,
+    /// Global limits' refills and pools (zero without them).
+    pub global: Arc<super::global::GlobalTallies>,
 }
 
 /// What `FAILURE_MODE=local` reports: decisions made locally by domain and outcome, whether the
@@ -88,6 +90,7 @@ impl StoreSignals {
             evictions: Tally::default(),
             local: Arc::default(),
             slices: Arc::default(),
+            global: Arc::default(),
         }
     }
 

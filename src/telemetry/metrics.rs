@@ -119,6 +119,7 @@ pub struct Metrics {
     /// The admin API's series.
     pub admin: super::admin_metrics::AdminMetrics,
     slices: super::slice_metrics::SliceMetrics,
+    global: super::global_metrics::GlobalMetrics,
     /// Slots and reservations held, leases expired, releases without an entry.
     pub leases: std::sync::Arc<super::leases::LeaseMetrics>,
 }
@@ -290,6 +291,7 @@ impl Metrics {
             quota: QuotaMetrics::register(&r)?,
             admin: super::admin_metrics::AdminMetrics::register(&r)?,
             slices: super::slice_metrics::SliceMetrics::register(&r)?,
+            global: super::global_metrics::GlobalMetrics::register(&r)?,
             leases: std::sync::Arc::new(super::leases::LeaseMetrics::register(&r.0)?),
             descriptor_series: Default::default(),
             registry: r.0,
@@ -430,6 +432,7 @@ impl Metrics {
         self.store_up.set(i64::from(store_up));
         self.local.update(&store.local);
         self.slices.update(&store.slices);
+        self.global.update(&store.global);
         let mut out = Vec::new();
         // Encoding into a Vec fails only on a metric with an invalid name, which `new` rejects.
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {

@@ -5,6 +5,7 @@
 pub mod admin_metrics;
 pub mod assignments;
 pub mod envoy_stats;
+mod global_metrics;
 pub mod leases;
 pub mod metrics;
 pub mod offenders;

@@ -14,7 +14,7 @@ fn options(merge_domains: bool) -> LoadOptions {
         ignore_dotfiles: false,
         merge_domains,
         calendar_months: false,
-    global_store: false,
+        global_store: false,
     }
 }
 

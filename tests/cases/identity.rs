@@ -115,7 +115,7 @@ fn leased_1500(hits: u64, window: Option<(Duration, Duration)>) -> LimitCheck {
     c.slice = window.map(|_| Leasing {
         max_slice: 1,
         ahead: Period::from_millis(100).expect("positive"),
-    global: false,
+        global: false,
     });
     c
 }
@@ -298,7 +298,7 @@ fn leased_per_second(replica_now: Duration, hits: u64) -> LimitCheck {
     c.slice = Some(Leasing {
         max_slice: 10,
         ahead: Period::from_millis(100).expect("positive"),
-    global: false,
+        global: false,
     });
     c
 }

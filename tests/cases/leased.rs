@@ -35,7 +35,7 @@ fn check(now: Duration, hits: u64, max_slice: u32) -> LimitCheck {
     c.slice = Some(Leasing {
         max_slice,
         ahead: Period::from_millis(100).expect("positive"),
-    global: false,
+        global: false,
     });
     c.record = false;
     c
@@ -940,7 +940,7 @@ fn bucket_check(hits: u64) -> LimitCheck {
     c.slice = Some(Leasing {
         max_slice: 10,
         ahead: Period::from_millis(100).expect("positive"),
-    global: false,
+        global: false,
     });
     c.record = false;
     c

@@ -670,11 +670,18 @@ fn holds_admitted(count: u64, admitted: u64, answers: &[Answer], name: &str) {
 /// (a few at most), and, as for every counter here, a request Envoy answered 500 on its own
 /// 20 ms timer may have been admitted and counted by sluice (seen on Cluster: 600 counted, 599
 /// admitted, one 500; and on Sentinel: "hot counter 600 of 599", `upstream_rq_timeout` 2,
-/// sluice 960 of 960 within 20 ms by its own clock). One rule for every store this test checks.
+/// sluice 960 of 960 within 20 ms by its own clock). And a script call in flight when the
+/// master was SIGKILLed may have been applied and replicated with its reply lost: sluice cannot
+/// tell, decides that request locally and writes it back, so it counts twice (docs/redis.md,
+/// "Nothing lost": an over-count, never an admission more). Seen once on a clean clone beside
+/// stress-ng: "cluster: hot counter: 600, admitted 596, Envoy 500s 3". At 28 requests a second
+/// over calls of a millisecond or two, at most one or two such calls. One rule for every store
+/// this test checks.
 fn holds_after_failover(count: u64, admitted: u64, answers: &[Answer], name: &str) {
     let dropped = answers.iter().filter(|(_, s, _)| *s == 500).count() as u64;
+    const IN_FLIGHT_AT_THE_KILL: u64 = 2;
     assert!(
-        count + 5 >= admitted && count <= admitted + dropped,
+        count + 5 >= admitted && count <= admitted + dropped + IN_FLIGHT_AT_THE_KILL,
         "{name}: {count}, admitted {admitted}, Envoy 500s {dropped}"
     );
 }

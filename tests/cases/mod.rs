@@ -64,6 +64,7 @@ mod envoy_reservations;
 mod envoy_stats;
 mod extensions;
 mod fuzz;
+mod global;
 mod grpcurl;
 mod hostile;
 mod hostile_rates;

@@ -6,6 +6,7 @@ pub mod ads;
 pub mod binary;
 pub mod certs;
 pub mod envoy;
+pub mod link;
 pub mod otlp;
 pub mod proxy;
 pub mod redis;

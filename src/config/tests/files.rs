@@ -81,7 +81,7 @@ fn load_path_dotfiles_are_skipped_when_asked() {
             ignore_dotfiles: true,
             merge_domains: false,
             calendar_months: false,
-        global_store: false,
+            global_store: false,
         },
     )
     .unwrap();
@@ -122,7 +122,7 @@ fn load_path_kubernetes_configmap_layout() {
             ignore_dotfiles: true,
             merge_domains: false,
             calendar_months: false,
-        global_store: false,
+            global_store: false,
         },
     )
     .unwrap();
@@ -172,7 +172,7 @@ fn load_path_missing_path_or_empty_directory() {
             ignore_dotfiles: true,
             merge_domains: false,
             calendar_months: false,
-        global_store: false,
+            global_store: false,
         },
     )
     .unwrap_err();

@@ -51,6 +51,9 @@ pub const POOL_IDLE_MS: u64 = 2_000;
 /// How long a refill's lease lasts before another replica may take it over (ms): a holder
 /// that died mid-refill delays its region's next refill this long at most.
 pub const REFILL_LEASE_MS: u64 = 3_000;
+/// After a refill home did not answer, the region's pool is dry this long (ms): its replicas
+/// deny what their slices cannot admit at once instead of each waiting on home again.
+pub const HOME_RETRY_MS: u64 = 1_000;
 /// How often a replica waiting on another's refill looks at the pool again.
 const POLL: Duration = Duration::from_millis(5);
 /// Pools and demand records one replica keeps track of at most.
@@ -87,6 +90,8 @@ struct Known {
     at_ms: u64,
     /// The pool's clock when this replica last asked for a drain to be checked.
     drain_due: u64,
+    /// A refill ahead runs from this replica (one at a time per counter).
+    ahead: bool,
 }
 
 /// The store a global limit's slices are granted by: the region's pool, refilled from home.
@@ -184,11 +189,13 @@ impl GlobalGrants {
             }
             if st.ok == 1 {
                 let k = self.known(key, window_ms);
-                if st.left() < k.last_refill / 2 {
+                if st.left() < k.last_refill / 2 && !k.ahead {
+                    self.update(key, window_ms, |k| k.ahead = true);
                     let me = Arc::clone(self);
                     let check = check.clone();
                     tokio::spawn(async move {
                         let _ = me.refill(&check, window_ms, ttl, 0).await;
+                        me.update(&check.key, window_ms, |k| k.ahead = false);
                     });
                 }
                 let home_left = if k.home_left == u64::MAX {
@@ -206,8 +213,12 @@ impl GlobalGrants {
             if st.dry_until > st.now {
                 break; // home had nothing left a moment ago
             }
-            self.refill(check, window_ms, ttl, n.saturating_sub(st.left()))
-                .await?;
+            let need = n.saturating_sub(st.left());
+            if self.refill(check, window_ms, ttl, need).await.is_err() {
+                // Home did not answer: cut off, the region denies what its pool cannot give
+                // (never a limit of its own; docs/semantics.md, "Global limits").
+                break;
+            }
             st = self.pool.run(key, window_ms, PoolOp::Take(n), ttl).await?;
             self.seen(&st);
         }
@@ -245,13 +256,29 @@ impl GlobalGrants {
             while tokio::time::Instant::now() < until {
                 tokio::time::sleep(POLL).await;
                 let st = self.pool.run(key, window_ms, PoolOp::Take(0), ttl).await?;
-                if st.have != have || st.passed || st.dry_until > st.now {
+                if st.have != have || st.passed || st.dry_until > st.now || !st.locked {
                     break;
                 }
             }
             return Ok(());
         }
         let k = self.known(key, window_ms);
+        // Another replica's refill may have landed since this one was decided on: the pool has
+        // what was needed (or, ahead, half of this replica's last refill) - nothing to ask.
+        let enough = if need == 0 {
+            k.last_refill / 2
+        } else {
+            need
+        };
+        if lock.left() >= enough.max(1) {
+            let release = PoolOp::Fill {
+                units: 0,
+                token,
+                dry_ms: 0,
+            };
+            self.pool.run(key, window_ms, release, ttl).await?;
+            return Ok(());
+        }
         let want = self.want(check, &k, &lock, need);
         let started = tokio::time::Instant::now();
         let mut ask = want;
@@ -282,6 +309,11 @@ impl GlobalGrants {
                     break;
                 }
             }
+        }
+        if failed.is_some() {
+            // Home is unreachable: the region denies what it cannot admit for a while, rather
+            // than every request waiting on home again.
+            dry_ms = HOME_RETRY_MS;
         }
         let rtt = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         self.tallies.refill_us.add(rtt);
@@ -325,7 +357,9 @@ impl GlobalGrants {
             floor.saturating_mul(2)
         } else {
             let taken = pool.taken.saturating_sub(k.taken_at);
-            let elapsed = pool.now - k.at_ms;
+            // A rate read over less than a second is noise (a burst of slices taken at once):
+            // a refill right after another must not size itself on a millisecond.
+            let elapsed = (pool.now - k.at_ms).max(1_000);
             u64::try_from(u128::from(taken) * u128::from(POOL_AHEAD_MS) / u128::from(elapsed))
                 .unwrap_or(u64::MAX)
         };

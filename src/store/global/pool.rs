@@ -43,6 +43,8 @@ pub struct PoolState {
     pub stranded: u64,
     /// The pool's clock (ms).
     pub now: u64,
+    /// A refill's lease runs.
+    pub locked: bool,
 }
 
 impl PoolState {
@@ -174,6 +176,7 @@ impl MemoryPool {
             have: f.have,
             taken: f.taken,
             dry_until: f.dry_until,
+            locked: f.lock.is_some_and(|(_, until)| until > now),
             ..state
         }
     }

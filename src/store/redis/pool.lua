@@ -12,10 +12,10 @@
 --          drain: ms without a take that make the pool idle
 -- ARGV[6]  how long the pool outlives this call, in ms (PEXPIRE)
 --
--- Reply: {ok, have, taken, dry_until, stranded, now}: ok is 1/0 (drain: the units drained;
+-- Reply: {ok, have, taken, dry_until, stranded, now, locked}: ok is 1/0 (drain: the units drained;
 -- -1 for a window older than the pool's: that window has passed, nothing is done); stranded
 -- is what the pool held unspent of the window it had before this call moved it on.
--- Times are the Redis server's (TIME), in milliseconds.
+-- locked is 1 while a refill's lease runs. Times are the Redis server's (TIME), in ms.
 
 local h = KEYS[1]
 local t = redis.call('TIME')
@@ -83,4 +83,9 @@ elseif op == 'drain' then
   end
 end
 redis.call('PEXPIRE', h, ARGV[6])
-return {ok, have, taken, dry, stranded, now}
+local locked = 0
+local l = redis.call('HMGET', h, 'lock', 'lock_until')
+if l[1] and tonumber(l[2]) and tonumber(l[2]) > now then
+  locked = 1
+end
+return {ok, have, taken, dry, stranded, now, locked}

@@ -69,6 +69,7 @@ impl RegionPool for RedisPool {
                 dry_until: u(3),
                 stranded: u(4),
                 now: u(5),
+                locked: at(6) == 1,
             })
         })
     }

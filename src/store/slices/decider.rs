@@ -2,7 +2,7 @@
 //! the rest go down to the stack's own decider in the one call the request makes, and the
 //! request's verdict and charges follow the store's rules ([`Admission`], [`charged`]).
 
-use super::{sliced, Slices, Take, Taken};
+use super::{global_elsewhere, sliced, Slices, Take, Taken};
 use crate::store::{
     charged, Admission, BoxFuture, Decider, Decision, LimitCheck, Outcome, StoreError,
 };
@@ -44,10 +44,33 @@ impl SlicedDecider {
             .zip(&taken)
             .any(|(c, t)| t.as_ref().is_some_and(|t| !t.allowed) && !c.shadow);
         // Sent down: every check not decided from a slice; only the recording ones when the
-        // slices deny the request (they are charged whatever the verdict).
-        let idx: Vec<usize> = (0..n)
-            .filter(|&i| taken[i].is_none() && (!denied || checks[i].record))
-            .collect();
+        // slices deny the request (they are charged whatever the verdict). A global limit's go
+        // to its home store, in a call of their own (ordinary checks on the one global counter).
+        let sent = |i: &usize| taken[*i].is_none() && (!denied || checks[*i].record);
+        let (home_idx, idx): (Vec<usize>, Vec<usize>) = (0..n)
+            .filter(sent)
+            .partition(|&i| global_elsewhere(&checks[i]));
+        let at_home = if home_idx.is_empty() {
+            None
+        } else {
+            let home = self.slices.home().ok_or_else(|| {
+                StoreError::Permanent("a global limit with no home store".to_string())
+            });
+            let rest: Vec<LimitCheck> = home_idx.iter().map(|&i| checks[i].clone()).collect();
+            match home {
+                Ok(h) => match h.decide(&rest).await {
+                    Ok(d) => Some(d),
+                    Err(e) => {
+                        self.untake_all(&checks, &taken, |_| true);
+                        return Err(e.widened(&home_idx, n));
+                    }
+                },
+                Err(e) => {
+                    self.untake_all(&checks, &taken, |_| true);
+                    return Err(e);
+                }
+            }
+        };
         let below = if idx.is_empty() {
             None
         } else {
@@ -60,7 +83,7 @@ impl SlicedDecider {
                 }
             }
         };
-        Ok(self.assemble(&checks, taken, &idx, below, now))
+        Ok(self.assemble(&checks, taken, (&idx, below), (&home_idx, at_home), now))
     }
 
     /// Gives back the units of the sliced checks `keep` says are not charged.
@@ -84,8 +107,8 @@ impl SlicedDecider {
         &self,
         checks: &[LimitCheck],
         taken: Vec<Option<Taken>>,
-        idx: &[usize],
-        below: Option<Decision>,
+        (idx, below): (&[usize], Option<Decision>),
+        (home_idx, at_home): (&[usize], Option<Decision>),
         now: u64,
     ) -> Decision {
         let n = checks.len();
@@ -125,6 +148,14 @@ impl SlicedDecider {
                 }
             }
         }
+        if let Some(d) = at_home {
+            steps += d.steps;
+            for (k, &i) in home_idx.iter().enumerate() {
+                if let Some(o) = d.outcomes.get(k) {
+                    outcomes[i] = *o;
+                }
+            }
+        }
         let mut admission = Admission::default();
         for (c, o) in checks.iter().zip(&outcomes) {
             admission.add(c, o.allowed);
@@ -149,7 +180,7 @@ impl Decider for SlicedDecider {
         checks: Vec<LimitCheck>,
         deadline: Option<tokio::time::Instant>,
     ) -> BoxFuture<'_, Result<Decision, StoreError>> {
-        if !checks.iter().any(sliced) {
+        if !checks.iter().any(|c| sliced(c) || global_elsewhere(c)) {
             return self.inner.decide_by(checks, deadline);
         }
         Box::pin(self.decide_sliced(checks, deadline))

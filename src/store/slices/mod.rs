@@ -126,6 +126,10 @@ pub struct Slices {
     store: Arc<dyn CounterStore>,
     /// What grants a global limit's slices: the region's pool of the home counter.
     global: Option<Arc<dyn CounterStore>>,
+    /// The home store itself: a global limit's checks that are not taken from slices (a
+    /// refund, a check-only request, an override, ...) are decided there, on the one global
+    /// counter, never on a regional one.
+    home: Option<Arc<dyn CounterStore>>,
     clock: Arc<dyn Clock>,
     map: Mutex<HashMap<Slot, Arc<Entry>>>,
     max: usize,
@@ -156,6 +160,12 @@ pub(super) fn sliced(c: &LimitCheck) -> bool {
         && slice_window(c).is_some()
 }
 
+/// A global limit's check not decided from a slice: decided at home, on the one global
+/// counter (a regional counter of the same key would be a limit per region).
+pub(super) fn global_elsewhere(c: &LimitCheck) -> bool {
+    c.slice.is_some_and(|t| t.global) && !sliced(c)
+}
+
 /// The "window" of a token bucket's slices: it has none (its tokens are taken from and given
 /// back to the one bucket, whenever), so its slices never end and are never stranded.
 const UNPINNED: (u64, u64) = (0, u64::MAX);
@@ -179,24 +189,55 @@ impl Slices {
         Self::granted_by(store, None, clock, terms)
     }
 
-    /// [`Slices::new`] with global limits' slices granted by `global` (the region's pool of
-    /// the home counter, `store/global`).
+    /// The home store, when global limits have one.
+    pub(super) fn home(&self) -> Option<&Arc<dyn CounterStore>> {
+        self.home.as_ref()
+    }
+
+    /// [`Slices::new`] with global limits' slices granted by `global`'s first (the region's
+    /// pool of the home counter, `store/global`), their other checks decided by its second
+    /// (the home store).
     pub fn granted_by(
         store: Arc<dyn CounterStore>,
-        global: Option<Arc<dyn CounterStore>>,
+        global: Option<(Arc<dyn CounterStore>, Arc<dyn CounterStore>)>,
         clock: Arc<dyn Clock>,
         (max, outage_denies): (usize, bool),
     ) -> Arc<Self> {
-        Arc::new(Self {
+        let sweeps = global.is_some();
+        let (global, home) = global.unzip();
+        let me = Arc::new(Self {
             store,
             global,
+            home,
             clock,
             map: Mutex::new(HashMap::new()),
             max: max.max(1),
             outage_denies,
             last_sweep_us: std::sync::atomic::AtomicU64::new(0),
             tallies: Arc::default(),
-        })
+        });
+        if sweeps {
+            me.sweep_in_background();
+        }
+        me
+    }
+
+    /// With global limits: a sweep every second even when no request comes, so a replica whose
+    /// demand stopped gives its slices back to the region's pool (and the pool, once idle,
+    /// goes back home) instead of holding them to the window's end.
+    fn sweep_in_background(self: &Arc<Self>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let me = Arc::downgrade(self);
+        rt.spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_micros(IDLE_US)).await;
+                let Some(me) = me.upgrade() else { break };
+                let now = me.now_us();
+                me.sweep_if_due(now);
+            }
+        });
     }
 
     /// The store that grants (and takes back) `entry`'s units.
@@ -471,6 +512,26 @@ impl Slices {
         deadline: Option<tokio::time::Instant>,
         now: u64,
     ) -> Take {
+        let taken = self.take_or_down(check, deadline, now).await;
+        match taken {
+            // A global limit has no regional counter to go down to (that one would be a limit
+            // of its own, per region): what its slices cannot admit is denied.
+            Take::Down if check.slice.is_some_and(|t| t.global) => {
+                let window = slice_window(check).unwrap_or(UNPINNED);
+                let entry = self.entry(check, window, self.now_us());
+                let s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
+                Take::Done(s.taken(&entry, false))
+            }
+            t => t,
+        }
+    }
+
+    async fn take_or_down(
+        self: &Arc<Self>,
+        check: &LimitCheck,
+        deadline: Option<tokio::time::Instant>,
+        now: u64,
+    ) -> Take {
         let (Some(window), Some(terms)) = (slice_window(check), check.slice) else {
             return Take::Down;
         };
@@ -583,7 +644,11 @@ impl Slices {
         };
         let mut ask = want;
         for _ in 0..2 {
-            let check = grant_check(key, window, ask, false);
+            let mut check = grant_check(key, window, ask, false);
+            if entry.global {
+                // The region's pool sizes its refills from home on the limit's terms.
+                check.slice = Some(terms);
+            }
             let grants = self.grants(entry.global);
             let Ok(d) = grants.decide(std::slice::from_ref(&check)).await else {
                 return (false, window);

@@ -1,0 +1,318 @@
+//! Global limits across regions (`global: {}`), with real processes and real latency: a home
+//! `redis-server`, three regions each with its own store (two standalone `redis-server`s and a
+//! 3-master Cluster), two `sluice` processes per region, and between each region and home a
+//! test-owned TCP link ([`Link`]) that delays every byte 25, 50 or 75 ms each way (round trips
+//! of 50-150 ms). Load is `sluice bench` over gRPC, on every replica at once.
+//!
+//! - A global 6 000/min offered ~2.8x in uneven shares (4:2:1 between the regions): never more
+//!   than 6 000 admitted in the window, at least 5 700 (95 %), every region admitted some, and
+//!   once the replicas' slices and the idle pools are back the home counter holds exactly what
+//!   was admitted.
+//! - A global limit never reached: at most 0.001 calls to the home store per decision (counted
+//!   by the home Redis), and nothing denied.
+//! - Without `GLOBAL_REDIS_URL` a config with `global` does not load; the error names the file,
+//!   the line and the block.
+//!
+//! Nothing here is timed: the window is a minute long and a run starts early in one (it waits
+//! for the next when fewer than 20 s are left); what is asserted are counts.
+
+use crate::support::binary::{bench, serve, SluiceProcess};
+use crate::support::eventually;
+use crate::support::link::Link;
+use crate::support::redis::{start_cluster, start_redis, RedisCluster, RedisServer};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+fn config(limit: u64) -> String {
+    // all_or_nothing: a request the slices cannot decide is never a hit recorded past the
+    // limit, so the home counter equals what was admitted once every unit is back.
+    format!(
+        "domain: g\ncounting: all_or_nothing\ndescriptors:\n  - key: resource\n    value: api\n    \
+         global: {{}}\n    rate_limit: {{unit: minute, requests_per_unit: {limit}}}\n"
+    )
+}
+
+/// One region: its store's settings and its replicas.
+struct Region {
+    name: &'static str,
+    replicas: Vec<SluiceProcess>,
+    _link: Link,
+}
+
+/// A region's own store.
+enum Store {
+    Single(RedisServer),
+    Cluster(RedisCluster),
+}
+
+impl Store {
+    fn settings(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Store::Single(r) => vec![("REDIS_URL", r.url()), ("REDIS_TYPE", "single".into())],
+            Store::Cluster(c) => vec![
+                ("REDIS_URL", c.seeds().join(",")),
+                ("REDIS_TYPE", "cluster".into()),
+            ],
+        }
+    }
+}
+
+/// `n` replicas of region `name` on `store`, reaching `home` through a link of `delay` each way.
+async fn region(
+    name: &'static str,
+    store: &Store,
+    home: SocketAddr,
+    delay: Duration,
+    config: &std::path::Path,
+    n: usize,
+) -> Region {
+    let link = Link::start(home, delay).await;
+    let mut replicas = Vec::new();
+    for _ in 0..n {
+        let mut c = serve(config);
+        for (k, v) in store.settings() {
+            c.env(k, v);
+        }
+        c.env("GLOBAL_REDIS_URL", link.url()).env("REGION", name);
+        replicas.push(SluiceProcess::spawn(c).await);
+    }
+    Region {
+        name,
+        replicas,
+        _link: link,
+    }
+}
+
+fn seconds_into_the_minute() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    now.as_secs() % 60
+}
+
+/// Waits for the next minute when fewer than `need` seconds of this one are left (a wait,
+/// never a measurement).
+async fn early_in_a_minute(need: u64) {
+    let into = seconds_into_the_minute();
+    if into + need >= 60 {
+        tokio::time::sleep(Duration::from_secs(61 - into)).await;
+    }
+}
+
+/// `sluice bench` on `target`: `rate` requests a second (0: closed loop) for `duration`;
+/// (ok, over_limit).
+async fn load(target: String, rate: u32, duration: &str) -> (u64, u64) {
+    let rate = rate.to_string();
+    let args: Vec<String> = [
+        "--target",
+        &target,
+        "--domain",
+        "g",
+        "--descriptor",
+        "resource=api",
+        "--concurrency",
+        "32",
+        "--connections",
+        "2",
+        "--rate",
+        &rate,
+        "--duration",
+        duration,
+        "--timeout",
+        "5s",
+    ]
+    .map(String::from)
+    .to_vec();
+    let s = bench(&args).await.expect("bench runs");
+    assert_eq!(s["errors"].as_u64(), Some(0), "{s}");
+    (
+        s["ok"].as_u64().expect("ok"),
+        s["over_limit"].as_u64().expect("over_limit"),
+    )
+}
+
+/// The global counter in the home store (one key per window).
+fn home_counters(home: &RedisServer) -> Vec<(String, u64)> {
+    let keys = home.cli(&["KEYS", "*resource=api*"]);
+    keys.lines()
+        .filter(|k| !k.is_empty())
+        .map(|k| {
+            let v = home.cli(&["GET", k]).trim().parse().unwrap_or(0);
+            (k.to_string(), v)
+        })
+        .collect()
+}
+
+fn write_config(yaml: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("g.yaml");
+    std::fs::write(&path, yaml).expect("write config");
+    (dir, path)
+}
+
+/// The three regions of these tests: A and B on standalone Redis, C on a Cluster; 25, 50 and
+/// 75 ms from home each way.
+async fn three_regions(home: &RedisServer, config: &std::path::Path) -> (Vec<Region>, Vec<Store>) {
+    let (a, b, c) = tokio::join!(start_redis(&[]), start_redis(&[]), start_cluster());
+    let stores = vec![Store::Single(a), Store::Single(b), Store::Cluster(c)];
+    let home_addr = SocketAddr::from(([127, 0, 0, 1], home.port()));
+    let mut regions = Vec::new();
+    for (i, (name, ms)) in [("a", 25), ("b", 50), ("c", 75)].into_iter().enumerate() {
+        let delay = Duration::from_millis(ms);
+        regions.push(region(name, &stores[i], home_addr, delay, config, 2).await);
+    }
+    (regions, stores)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_regions_share_a_global_limit_never_over_and_spend_nearly_all_of_it() {
+    let home = start_redis(&[]).await;
+    let (_dir, path) = write_config(&config(6_000));
+    let (regions, _stores) = three_regions(&home, &path).await;
+    early_in_a_minute(40).await;
+    let start = seconds_into_the_minute();
+    // Uneven shares, 4:2:1 between the regions, ~2.8x the limit over 40 s.
+    let rates = [120, 60, 30];
+    let mut runs = Vec::new();
+    for (r, rate) in regions.iter().zip(rates) {
+        for s in &r.replicas {
+            runs.push(load(s.grpc_url(), rate, "40s"));
+        }
+    }
+    let answers = futures_util::future::join_all(runs).await;
+    assert!(
+        seconds_into_the_minute() >= start,
+        "the load stayed in one window"
+    );
+    let per_region: Vec<(u64, u64)> = answers
+        .chunks(2)
+        .map(|c| (c[0].0 + c[1].0, c[0].1 + c[1].1))
+        .collect();
+    let ok: u64 = per_region.iter().map(|r| r.0).sum();
+    let offered: u64 = per_region.iter().map(|r| r.0 + r.1).sum();
+    eprintln!("per region (admitted, denied): {per_region:?}; admitted {ok} of {offered}");
+    assert!(
+        offered >= 15_000,
+        "the load exceeds the limit well: {offered}"
+    );
+    assert!(ok <= 6_000, "{ok} admitted against a global 6 000");
+    assert!(ok >= 5_700, "{ok} admitted of 6 000 with {offered} offered");
+    for ((admitted, _), r) in per_region.iter().zip(&regions) {
+        assert!(*admitted > 0, "region {} admitted nothing", r.name);
+    }
+    // The replicas' idle slices go back to their pools, idle pools back home: the home counter
+    // is then what was admitted.
+    eventually("the home counter holds what was admitted", || async {
+        let c = home_counters(&home);
+        c.len() == 1 && c[0].1 == ok
+    })
+    .await;
+    let windows = home_counters(&home);
+    assert_eq!(windows.len(), 1, "one window: {windows:?}");
+    assert_eq!(windows[0].1, ok);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_limit_never_reached_costs_at_most_a_thousandth_of_a_home_call_per_decision() {
+    let home = start_redis(&[]).await;
+    let (_dir, path) = write_config(&config(100_000_000));
+    let (regions, _stores) = three_regions(&home, &path).await;
+    early_in_a_minute(20).await;
+    let before = home.evalsha_calls();
+    let mut runs = Vec::new();
+    for r in &regions {
+        for s in &r.replicas {
+            runs.push(load(s.grpc_url(), 0, "3s"));
+        }
+    }
+    let answers = futures_util::future::join_all(runs).await;
+    let calls = home.evalsha_calls() - before;
+    let decisions: u64 = answers.iter().map(|a| a.0).sum();
+    let denied: u64 = answers.iter().map(|a| a.1).sum();
+    eprintln!("{calls} home calls for {decisions} decisions");
+    assert_eq!(denied, 0, "nothing denied");
+    assert!(decisions >= 3_000, "{decisions}");
+    assert!(
+        calls * 1_000 <= decisions,
+        "{calls} calls to the home store for {decisions} decisions: more than 0.001 per decision"
+    );
+}
+
+#[tokio::test]
+async fn without_a_home_store_a_global_limit_does_not_load() {
+    let (_dir, path) = write_config(&config(100));
+    let mut c = serve(&path);
+    c.env_remove("GLOBAL_REDIS_URL");
+    let out = c.output().await.expect("sluice runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("g.yaml:6")
+            && err.contains("descriptors[0].global")
+            && err.contains("GLOBAL_REDIS_URL"),
+        "the error names the file, the line, the block and the setting: {err}"
+    );
+}
+
+/// A region cut off from home spends what its pool and slices hold, then denies (never a
+/// regional counter of the same limit: that would be a limit per region); once the link heals
+/// it is refilled again, and when its pool is idle every unit it did not spend is back home.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_cut_off_from_home_spends_what_it_holds_then_denies() {
+    let home = start_redis(&[]).await;
+    // Small slices, so the region's pool holds a few seconds of its demand (refills of its
+    // rate over 5 s): a 3 s cut at three times the rate runs it dry.
+    let yaml = config(1_000_000).replace("global: {}", "global: {max_slice: 100}");
+    let (_dir, path) = write_config(&yaml);
+    let store = Store::Single(start_redis(&[]).await);
+    let home_addr = SocketAddr::from(([127, 0, 0, 1], home.port()));
+    let link = Link::start(home_addr, Duration::from_millis(25)).await;
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let mut c = serve(&path);
+        for (k, v) in store.settings() {
+            c.env(k, v);
+        }
+        c.env("GLOBAL_REDIS_URL", link.url()).env("REGION", "a");
+        replicas.push(SluiceProcess::spawn(c).await);
+    }
+    early_in_a_minute(30).await;
+    let before =
+        futures_util::future::join_all(replicas.iter().map(|s| load(s.grpc_url(), 500, "2s")))
+            .await;
+    let admitted_before: u64 = before.iter().map(|a| a.0).sum();
+    assert!(admitted_before > 0);
+    link.cut();
+    let granted: u64 = home_counters(&home).iter().map(|c| c.1).sum();
+    let during =
+        futures_util::future::join_all(replicas.iter().map(|s| load(s.grpc_url(), 3_000, "3s")))
+            .await;
+    let admitted_during: u64 = during.iter().map(|a| a.0).sum();
+    let denied_during: u64 = during.iter().map(|a| a.1).sum();
+    eprintln!(
+        "before the cut {admitted_before} admitted, {granted} granted by home; during it \
+         {admitted_during} admitted, {denied_during} denied"
+    );
+    assert_eq!(
+        home_counters(&home).iter().map(|c| c.1).sum::<u64>(),
+        granted,
+        "nothing reached home through the cut"
+    );
+    assert!(
+        admitted_before + admitted_during <= granted,
+        "cut off, the region admitted {admitted_during} more after {admitted_before}: beyond \
+         the {granted} home granted it"
+    );
+    assert!(denied_during > 0, "the region ran dry while cut off");
+    link.heal();
+    let after =
+        futures_util::future::join_all(replicas.iter().map(|s| load(s.grpc_url(), 500, "2s")))
+            .await;
+    let admitted_after: u64 = after.iter().map(|a| a.0).sum();
+    assert!(admitted_after > 0, "refilled once the link healed");
+    let admitted = admitted_before + admitted_during + admitted_after;
+    eventually("every unit not spent is back home", || async {
+        home_counters(&home).iter().map(|c| c.1).sum::<u64>() == admitted
+    })
+    .await;
+}
