@@ -41,6 +41,22 @@ struct DescriptorKeys<'a> {
 }
 
 impl Ctx {
+    /// The descriptor's `leased` or `global` block on its limits (not both).
+    fn sliced(&mut self, keys: &DescriptorKeys<'_>, rules: &mut [RateLimitRule]) {
+        match (&keys.leased, &keys.global) {
+            (Some(_), Some((node, p))) => self.err(
+                node.line,
+                p,
+                "`global` and `leased` on one descriptor: a global limit is already spent from \
+                 slices (of its region's pool); keep `global` and move `leased`'s options into it"
+                    .to_string(),
+            ),
+            (Some((node, p)), None) => self.leased_on(node, p, rules, false),
+            (None, Some((node, p))) => self.leased_on(node, p, rules, true),
+            (None, None) => {}
+        }
+    }
+
     pub(super) fn descriptor(
         &mut self,
         item: &Node,
@@ -86,18 +102,7 @@ impl Ctx {
         }
         let mut rules = self.descriptor_limits(&keys, path);
         let lease_keys = self.lease_limit(&keys, &mut rules);
-        match (&keys.leased, &keys.global) {
-            (Some(_), Some((node, p))) => self.err(
-                node.line,
-                p,
-                "`global` and `leased` on one descriptor: a global limit is already spent from \
-                 slices (of its region's pool); keep `global` and move `leased`'s options into it"
-                    .to_string(),
-            ),
-            (Some((node, p)), None) => self.leased_on(node, p, &mut rules, false),
-            (None, Some((node, p))) => self.leased_on(node, p, &mut rules, true),
-            (None, None) => {}
-        }
+        self.sliced(&keys, &mut rules);
         let mut level = Level::default();
         if let Some((node, p)) = &keys.children {
             // Children are checked even when this descriptor is broken, so all errors show.

@@ -94,6 +94,17 @@ struct Known {
     ahead: bool,
 }
 
+/// What one refill got from home.
+struct Asked {
+    got: u64,
+    /// Home had nothing left: the pool is dry this long.
+    dry_ms: u64,
+    /// What home had left, as its last answer said.
+    home_left: u64,
+    /// Home did not answer.
+    failed: Option<StoreError>,
+}
+
 /// The store a global limit's slices are granted by: the region's pool, refilled from home.
 #[derive(Debug)]
 pub struct GlobalGrants {
@@ -250,26 +261,12 @@ impl GlobalGrants {
             return Ok(());
         }
         if lock.ok == 0 {
-            // Another replica refills: wait for its units (or its lease to run out).
-            let have = lock.have;
-            let until = tokio::time::Instant::now() + Duration::from_millis(lease_ms);
-            while tokio::time::Instant::now() < until {
-                tokio::time::sleep(POLL).await;
-                let st = self.pool.run(key, window_ms, PoolOp::Take(0), ttl).await?;
-                if st.have != have || st.passed || st.dry_until > st.now || !st.locked {
-                    break;
-                }
-            }
-            return Ok(());
+            return self.await_other(key, window_ms, ttl, &lock).await;
         }
         let k = self.known(key, window_ms);
         // Another replica's refill may have landed since this one was decided on: the pool has
         // what was needed (or, ahead, half of this replica's last refill) - nothing to ask.
-        let enough = if need == 0 {
-            k.last_refill / 2
-        } else {
-            need
-        };
+        let enough = if need == 0 { k.last_refill / 2 } else { need };
         if lock.left() >= enough.max(1) {
             let release = PoolOp::Fill {
                 units: 0,
@@ -281,35 +278,12 @@ impl GlobalGrants {
         }
         let want = self.want(check, &k, &lock, need);
         let started = tokio::time::Instant::now();
-        let mut ask = want;
-        let mut got = 0;
-        let mut dry_ms = 0;
-        let mut home_left = k.home_left;
-        let mut failed = None;
-        for _ in 0..2 {
-            let grant = grant_check(key, check.window, ask, false);
-            match self.home.decide(std::slice::from_ref(&grant)).await {
-                Ok(d) => {
-                    let Some(o) = d.outcomes.first() else { break };
-                    home_left = u64::from(o.remaining);
-                    if o.allowed {
-                        got = ask;
-                        break;
-                    }
-                    let left = u64::from(o.remaining);
-                    if left == 0 || left < need || o.retry_after == Duration::MAX {
-                        let ahead = check.slice.map_or(100, |t| t.ahead.millis());
-                        dry_ms = ahead.max(1);
-                        break;
-                    }
-                    ask = left;
-                }
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
+        let Asked {
+            got,
+            mut dry_ms,
+            home_left,
+            failed,
+        } = self.ask_home(check, want, need, k.home_left).await;
         if failed.is_some() {
             // Home is unreachable: the region denies what it cannot admit for a while, rather
             // than every request waiting on home again.
@@ -346,6 +320,63 @@ impl GlobalGrants {
             k.at_ms = st.now;
         });
         Ok(())
+    }
+
+    /// Another replica refills the pool: waits until its units land, it gives up (home dry or
+    /// unreachable) or its lease runs out.
+    async fn await_other(
+        &self,
+        key: &CounterKey,
+        window_ms: u64,
+        ttl: u64,
+        seen: &PoolState,
+    ) -> Result<(), StoreError> {
+        let until = tokio::time::Instant::now() + Duration::from_millis(REFILL_LEASE_MS);
+        while tokio::time::Instant::now() < until {
+            tokio::time::sleep(POLL).await;
+            let st = self.pool.run(key, window_ms, PoolOp::Take(0), ttl).await?;
+            if st.have != seen.have || st.passed || st.dry_until > st.now || !st.locked {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// One refill's grant from home: `want`, or what home has left when less (a second call),
+    /// or nothing (home is dry for `ahead`).
+    async fn ask_home(&self, check: &LimitCheck, want: u64, need: u64, home_left: u64) -> Asked {
+        let mut out = Asked {
+            got: 0,
+            dry_ms: 0,
+            home_left,
+            failed: None,
+        };
+        let mut ask = want;
+        for _ in 0..2 {
+            let grant = grant_check(&check.key, check.window, ask, false);
+            let o = match self.home.decide(std::slice::from_ref(&grant)).await {
+                Ok(d) => match d.outcomes.first() {
+                    Some(o) => *o,
+                    None => break,
+                },
+                Err(e) => {
+                    out.failed = Some(e);
+                    break;
+                }
+            };
+            out.home_left = u64::from(o.remaining);
+            if o.allowed {
+                out.got = ask;
+                break;
+            }
+            let left = u64::from(o.remaining);
+            if left == 0 || left < need || o.retry_after == Duration::MAX {
+                out.dry_ms = check.slice.map_or(100, |t| t.ahead.millis()).max(1);
+                break;
+            }
+            ask = left;
+        }
+        out
     }
 
     /// The next refill's size: the region's demand over [`POOL_AHEAD_MS`], at least `need` and

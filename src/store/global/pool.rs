@@ -130,6 +130,23 @@ impl MemoryPool {
                 ..Fields::default()
             };
         }
+        let ok = f.apply(op, now);
+        f.expires = now.saturating_add(ttl_ms.max(1));
+        PoolState {
+            ok,
+            have: f.have,
+            taken: f.taken,
+            dry_until: f.dry_until,
+            locked: f.lock.is_some_and(|(_, until)| until > now),
+            ..state
+        }
+    }
+}
+
+impl Fields {
+    /// `op` on this pool at `now` (ms): [`PoolState::ok`].
+    fn apply(&mut self, op: PoolOp, now: u64) -> u64 {
+        let f = self;
         let mut ok = 1;
         match op {
             PoolOp::Take(0) => {} // a look at the pool: not a take
@@ -170,15 +187,7 @@ impl MemoryPool {
                 };
             }
         }
-        f.expires = now.saturating_add(ttl_ms.max(1));
-        PoolState {
-            ok,
-            have: f.have,
-            taken: f.taken,
-            dry_until: f.dry_until,
-            locked: f.lock.is_some_and(|(_, until)| until > now),
-            ..state
-        }
+        ok
     }
 }
 

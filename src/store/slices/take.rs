@@ -1,0 +1,192 @@
+//! Taking a request's hits from its slice: decided from the units held, or waiting (within the
+//! request's deadline) for the one refill in flight, and the refill itself (a grant from the
+//! store, or for a global limit from the region's pool: `store/global`).
+
+use super::{grant_check, slice_window, Entry, Refill, Slice, Slices, Take, UNPINNED};
+use crate::store::{CounterKey, LimitCheck};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Refill attempts one request waits for before it is decided as an ordinary check.
+const MAX_WAITS: usize = 3;
+
+impl Slices {
+    /// Takes `check.hits` from its slice, waiting for a refill (by `deadline`) when short.
+    /// `now`: the request's time (read again after a wait).
+    pub(super) async fn take(
+        self: &Arc<Self>,
+        check: &LimitCheck,
+        deadline: Option<tokio::time::Instant>,
+        now: u64,
+    ) -> Take {
+        let taken = self.take_or_down(check, deadline, now).await;
+        match taken {
+            // A global limit has no regional counter to go down to (that one would be a limit
+            // of its own, per region): what its slices cannot admit is denied.
+            Take::Down if check.slice.is_some_and(|t| t.global) => {
+                let window = slice_window(check).unwrap_or(UNPINNED);
+                let entry = self.entry(check, window, self.now_us());
+                let s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
+                Take::Done(s.taken(&entry, false))
+            }
+            t => t,
+        }
+    }
+
+    async fn take_or_down(
+        self: &Arc<Self>,
+        check: &LimitCheck,
+        deadline: Option<tokio::time::Instant>,
+        now: u64,
+    ) -> Take {
+        let (Some(window), Some(terms)) = (slice_window(check), check.slice) else {
+            return Take::Down;
+        };
+        for wait in 0..MAX_WAITS {
+            let now = if wait == 0 { now } else { self.now_us() };
+            let entry = self.entry(check, window, now);
+            let (mut rx, start) = {
+                let mut s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
+                if s.window != window {
+                    if s.window.0 > window.0 {
+                        return Take::Down; // an older window than the slice's: the store decides
+                    }
+                    self.tallies.stranded.add(s.left);
+                    *s = Slice::fresh(window, now);
+                }
+                s.touched_us = now;
+                if s.left >= check.hits {
+                    s.left -= check.hits;
+                    s.spent += check.hits;
+                    let ahead = s.refill != Refill::Running
+                        && s.left < s.last_grant / 2
+                        && now >= s.dry_until_us;
+                    let taken = s.taken(&entry, true);
+                    if ahead {
+                        s.refill = Refill::Running;
+                        drop(s);
+                        self.refill_in_background(&entry, check, terms, 1);
+                    }
+                    return Take::Done(taken);
+                }
+                // Dry: the store had less than these hits at the last grant (a request that
+                // fits what it had left still asks).
+                let had = s.left.saturating_add(s.store_left);
+                if now < s.dry_until_us && check.hits > had {
+                    return Take::Done(s.taken(&entry, false));
+                }
+                if s.refill == Refill::Failed {
+                    s.refill = Refill::Idle;
+                    drop(s);
+                    return self.unreachable(&entry);
+                }
+                let start = s.refill == Refill::Idle;
+                s.refill = Refill::Running;
+                (entry.done.subscribe(), start)
+            };
+            if start {
+                self.refill_in_background(&entry, check, terms, check.hits);
+            }
+            self.tallies.waited.add(1);
+            // Woken when this window's refill is done (judged by the slice's state, which a
+            // refill settles under the lock before it signals: a stale refill of an older
+            // window landing meanwhile neither wakes it early nor hides the wake-up).
+            let changed = async {
+                loop {
+                    rx.changed().await?;
+                    if entry.settled_for(window) {
+                        return Ok::<(), tokio::sync::watch::error::RecvError>(());
+                    }
+                }
+            };
+            let got = match deadline {
+                Some(d) => tokio::time::timeout_at(d, changed).await.ok(),
+                None => Some(changed.await),
+            };
+            if !matches!(got, Some(Ok(()))) {
+                return self.unreachable(&entry);
+            }
+        }
+        Take::Down
+    }
+
+    /// Starts the slice's refill (the caller set it `Running`): a task of its own, so a request
+    /// that stops waiting (its deadline) never loses what the store granted.
+    fn refill_in_background(
+        self: &Arc<Self>,
+        entry: &Arc<Entry>,
+        check: &LimitCheck,
+        terms: crate::config::Leasing,
+        need: u64,
+    ) {
+        let (me, entry, key) = (Arc::clone(self), Arc::clone(entry), check.key.clone());
+        tokio::spawn(async move {
+            let (ok, window) = me.refill(&entry, &key, terms, need).await;
+            {
+                let mut s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
+                // A refill of a window that has passed settles nothing of the next one's: its
+                // own refill (if one runs) clears these when it lands.
+                if s.window == window {
+                    s.refill = if ok { Refill::Idle } else { Refill::Failed };
+                }
+            }
+            entry.done.send_modify(|v| *v = v.wrapping_add(1));
+        });
+    }
+
+    /// One grant: the replica's demand, what is left when less (a second call), or nothing
+    /// (the slice is dry until `ahead` has passed: other replicas may give units back).
+    /// Returns whether the store answered, and the window the refill was for.
+    async fn refill(
+        &self,
+        entry: &Entry,
+        key: &CounterKey,
+        terms: crate::config::Leasing,
+        need: u64,
+    ) -> (bool, (u64, u64)) {
+        let now = self.now_us();
+        let (want, window) = {
+            let s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
+            (s.want(need, now, terms), s.window)
+        };
+        let mut ask = want;
+        for _ in 0..2 {
+            let mut check = grant_check(key, window, ask, false);
+            if entry.global {
+                // The region's pool sizes its refills from home on the limit's terms.
+                check.slice = Some(terms);
+            }
+            let grants = self.grants(entry.global);
+            let Ok(d) = grants.decide(std::slice::from_ref(&check)).await else {
+                return (false, window);
+            };
+            self.tallies.grants.add(1);
+            let Some(o) = d.outcomes.first() else {
+                return (false, window);
+            };
+            let mut s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
+            if s.window != window {
+                return (true, window); // the window moved on while the grant was out: stranded
+            }
+            s.store_left = u64::from(o.remaining);
+            let reset_us = u64::try_from(o.reset.as_micros()).unwrap_or(u64::MAX);
+            s.full_at_us = now.saturating_add(reset_us);
+            if o.allowed {
+                self.tallies.granted.add(ask);
+                s.left += ask;
+                s.last_grant = ask;
+                s.spent = 0;
+                s.since_us = self.now_us();
+                return (true, window);
+            }
+            let left = u64::from(o.remaining);
+            if left == 0 || left < need.saturating_sub(s.left) || o.retry_after == Duration::MAX {
+                let ahead_us = terms.ahead.millis().saturating_mul(1000);
+                s.dry_until_us = window.1.min(now.saturating_add(ahead_us));
+                return (true, window);
+            }
+            ask = left;
+        }
+        (true, window)
+    }
+}
