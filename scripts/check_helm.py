@@ -444,6 +444,7 @@ def facts_default(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> Non
     C.expect("WORKER_THREADS" not in env, "default: no WORKER_THREADS (one serving thread per CPU)")
     C.equal(env_value(env, "ADMIN_HOST"), "127.0.0.1", "default: the admin API on loopback only")
     C.expect("ADMIN_TOKENS_FILE" not in env, "default: no admin tokens")
+    C.expect("GLOBAL_REDIS_URL" not in env and "REGION" not in env, "default: no home store, no region")
     ports = [p["name"] for p in one(docs, "Service", FULLNAME)["spec"]["ports"]]
     C.equal(ports, ["grpc", "http"], "default: the admin port is not in the Service")
 
@@ -565,6 +566,16 @@ def facts_dashboards(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> 
     C.expect("{{ $labels.pod }}" in text, "alert annotations keep their {{ $labels }} templates")
 
 
+def facts_multi_region(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
+    home = values["multiRegion"]["home"]
+    C.equal(env_value(env, "REGION"), values["multiRegion"]["region"], "REGION")
+    C.equal(env_value(env, "GLOBAL_REDIS_URL"), home["url"], "GLOBAL_REDIS_URL")
+    C.equal(env_value(env, "GLOBAL_REDIS_TYPE"), home["type"], "GLOBAL_REDIS_TYPE")
+    C.equal(env_value(env, "GLOBAL_REDIS_TIMEOUT"), home["timeout"], "GLOBAL_REDIS_TIMEOUT")
+    C.equal(env.get("GLOBAL_REDIS_AUTH", {}).get("valueFrom", {}).get("secretKeyRef"),
+            {"name": home["existingSecret"], "key": home["existingSecretKey"]}, "GLOBAL_REDIS_AUTH secretKeyRef")
+    C.equal(env_value(env, "REDIS_URL"), values["store"]["redis"]["url"], "the region's own store stays REDIS_URL")
+
 
 VALUE_SETS: list[tuple[str, dict[str, Any], Callable[..., None]]] = [
     ("default", {}, facts_default),
@@ -621,6 +632,12 @@ VALUE_SETS: list[tuple[str, dict[str, Any], Callable[..., None]]] = [
         "networkPolicy": {"enabled": True, "adminFrom": [{"namespaceSelector": {"matchLabels": {
             "kubernetes.io/metadata.name": "ops"}}}]},
     }, facts_admin),
+    ("multi-region", {
+        "store": {"type": "redis", "redis": {"url": "redis.eu-west.svc:6379"}},
+        "multiRegion": {"region": "eu-west", "home": {"url": "home-redis.global.example:6379", "type": "sentinel",
+                                                      "existingSecret": "home-redis", "existingSecretKey": "pw",
+                                                      "timeout": "750ms"}},
+    }, facts_multi_region),
     ("evaluation-redis", {
         "store": {"type": "redis", "redis": dict(SECRET)},
         "redis": {"enabled": True},
