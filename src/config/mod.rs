@@ -400,8 +400,8 @@ pub struct DomainRules {
     /// `allow_limit_override:` (sluice extension): whether Envoy's per-descriptor `limit`
     /// replaces the configured limit; `None` means the global `ALLOW_LIMIT_OVERRIDE`.
     pub allow_limit_override: Option<bool>,
-    /// (line, path) of the domain's `global` blocks (limits kept in the home store).
-    pub globals: Vec<(usize, String)>,
+    /// (file, line, path) of the domain's `global` blocks (limits kept in the home store).
+    pub globals: Vec<(Arc<str>, usize, String)>,
 }
 
 /// How a domain's limits are charged (the domain's `counting`, else the global `COUNTING`).
@@ -469,9 +469,9 @@ impl RuleSet {
     pub fn without_home_store(&self) -> Result<(), ConfigErrors> {
         let mut errors: Vec<ConfigError> = Vec::new();
         for d in self.domains.values() {
-            for (line, path) in &d.globals {
+            for (file, line, path) in &d.globals {
                 errors.push(ConfigError {
-                    file: d.file.to_string(),
+                    file: file.to_string(),
                     line: (*line > 0).then_some(*line),
                     path: path.clone(),
                     message: "`global` keeps the limit's counter in the home store every region \

@@ -257,6 +257,14 @@ fn override_matching<'a>(
         },
         |m| m.stat_key.clone(),
     );
+    // On a node with a global limit the override is global too: decided on the home store's
+    // counter (a regional counter would be a limit per region, set by the caller).
+    let global = matched.as_ref().and_then(|m| {
+        m.node
+            .rate_limits
+            .iter()
+            .find_map(|r| r.leased.filter(|t| t.global))
+    });
     let own = Candidate {
         name: None,
         replaces: &[],
@@ -265,7 +273,7 @@ fn override_matching<'a>(
         quota_mode: false,
         record_usage: false,
         reservations: None,
-        leased: None,
+        leased: global,
         overridden: true,
         depth,
         resource: false,

@@ -17,6 +17,44 @@ pub struct Recorded {
 }
 
 impl RateLimiter {
+    /// Records `checks` where their counters live: a global limit's on the home store (its
+    /// regional counter would be a limit per region), the rest on the store. Outcomes in order.
+    async fn record_on_stores(
+        &self,
+        checks: &[crate::store::LimitCheck],
+    ) -> Result<Vec<Outcome>, RequestError> {
+        let global = |c: &crate::store::LimitCheck| c.slice.is_some_and(|t| t.global);
+        if !checks.iter().any(global) {
+            return Ok(self.store().decide(checks).await?.outcomes);
+        }
+        let home = self
+            .slices
+            .as_ref()
+            .and_then(|s| s.home().cloned())
+            .ok_or_else(|| {
+                RequestError::Store(crate::store::StoreError::Permanent(
+                    "a global limit with no home store".to_string(),
+                ))
+            })?;
+        let (at_home, here): (Vec<_>, Vec<_>) = checks.iter().cloned().partition(global);
+        let mut home_out = home.decide(&at_home).await?.outcomes.into_iter();
+        let mut here_out = if here.is_empty() {
+            Vec::new().into_iter()
+        } else {
+            self.store().decide(&here).await?.outcomes.into_iter()
+        };
+        Ok(checks
+            .iter()
+            .filter_map(|c| {
+                if global(c) {
+                    home_out.next()
+                } else {
+                    here_out.next()
+                }
+            })
+            .collect())
+    }
+
     /// Records `hits` on every enforced limit the descriptor `entries` of `domain` resolves to
     /// (0 hits only reads them; negative hits give back, as Envoy's `is_negative_hits`: the
     /// quota service returning a reservation) and returns each with its outcome; empty when no
@@ -58,10 +96,10 @@ impl RateLimiter {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
-        let decision = self.store().decide(&checks).await?;
+        let outcomes = self.record_on_stores(&checks).await?;
         Ok(checks
             .iter()
-            .zip(decision.outcomes)
+            .zip(outcomes)
             .filter(|(c, _)| !c.shadow)
             .map(|(c, outcome)| Recorded {
                 key: c.key.clone(),

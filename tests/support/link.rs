@@ -117,13 +117,18 @@ async fn pipe(
     let writer = async move {
         loop {
             let next = tokio::select! {
-                m = rx.recv() => m,
+                biased;
                 _ = cut2.wait_for(|c| *c) => None,
+                m = rx.recv() => m,
             };
             let Some((due, bytes)) = next else { break };
             tokio::select! {
-                _ = tokio::time::sleep_until(due) => {}
+                biased;
                 _ = cut2.wait_for(|c| *c) => break,
+                _ = tokio::time::sleep_until(due) => {}
+            }
+            if *cut2.borrow() {
+                break; // never a byte through the cut
             }
             if to.write_all(&bytes).await.is_err() {
                 break;

@@ -28,7 +28,7 @@ pub(super) struct Ctx {
     /// `USE_CALENDAR_MONTH_RATE_LIMIT` (see [`super::LoadOptions::calendar_months`]).
     pub(super) calendar_months: bool,
     /// (line, path) of every `global` block: each needs the home store (`GLOBAL_REDIS_URL`).
-    pub(super) globals: Vec<(usize, String)>,
+    pub(super) globals: Vec<(Arc<str>, usize, String)>,
 }
 
 impl Ctx {

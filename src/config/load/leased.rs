@@ -61,7 +61,8 @@ impl Ctx {
             );
         }
         if global {
-            self.globals.push((node.line, path.to_owned()));
+            self.globals
+                .push((self.file.clone(), node.line, path.to_owned()));
         }
         for r in rules.iter_mut() {
             let why = lease(r, &block).map(|w| w.replace("`leased`", &format!("`{name}`")));

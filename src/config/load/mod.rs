@@ -369,6 +369,8 @@ fn merge_domain(
         ));
         return;
     }
+    // Each file's `global` blocks, with their own file, for the home-store check.
+    into.globals.extend(more.globals.iter().cloned());
     let duplicate = |path: &str| {
         format!(
             "duplicate descriptor composite key '{path}' (domain '{}' is merged from several \

@@ -48,6 +48,8 @@ pub const POOL_AHEAD_MS: u64 = 5_000;
 pub const MIN_REFILL_SLICES: u64 = 4;
 /// A pool no replica took from for this long goes back home (ms, on the pool's clock).
 pub const POOL_IDLE_MS: u64 = 2_000;
+/// How long before an epoch-aligned window's end the next window's pool is filled (ms).
+pub const PREFILL_MS: u64 = 2_000;
 /// How long a refill's lease lasts before another replica may take it over (ms): a holder
 /// that died mid-refill delays its region's next refill this long at most.
 pub const REFILL_LEASE_MS: u64 = 3_000;
@@ -88,10 +90,12 @@ struct Known {
     last_refill: u64,
     taken_at: u64,
     at_ms: u64,
-    /// The pool's clock when this replica last asked for a drain to be checked.
-    drain_due: u64,
+    /// This replica watches the pool for idleness (to give it back home).
+    draining: bool,
     /// A refill ahead runs from this replica (one at a time per counter).
     ahead: bool,
+    /// The next window's pool was filled ahead from this replica.
+    prefilled: bool,
 }
 
 /// What one refill got from home.
@@ -111,7 +115,7 @@ pub struct GlobalGrants {
     pool: Arc<dyn RegionPool>,
     home: Arc<dyn CounterStore>,
     clock: Arc<dyn Clock>,
-    known: Mutex<HashMap<CounterKey, Known>>,
+    known: Mutex<HashMap<(CounterKey, u64), Known>>,
     pub tallies: Arc<GlobalTallies>,
 }
 
@@ -137,30 +141,27 @@ impl GlobalGrants {
 
     fn known(&self, key: &CounterKey, window_ms: u64) -> Known {
         let mut map = self.known.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() >= MAX_KNOWN && !map.contains_key(key) {
-            map.clear(); // bounded: sizing falls back to the first refill's for a while
+        let slot = (key.clone(), window_ms);
+        if map.len() >= MAX_KNOWN && !map.contains_key(&slot) {
+            // Bounded: windows that passed go first; then sizing falls back to the first
+            // refill's for a while.
+            let newest = map.keys().map(|(_, w)| *w).max().unwrap_or(0);
+            map.retain(|(_, w), _| *w >= newest);
+            if map.len() >= MAX_KNOWN {
+                map.clear();
+            }
         }
-        let k = map.entry(key.clone()).or_insert(Known {
+        *map.entry(slot).or_insert(Known {
             window_ms,
             home_left: u64::MAX,
             ..Known::default()
-        });
-        if k.window_ms != window_ms {
-            *k = Known {
-                window_ms,
-                home_left: u64::MAX,
-                ..Known::default()
-            };
-        }
-        *k
+        })
     }
 
     fn update(&self, key: &CounterKey, window_ms: u64, f: impl FnOnce(&mut Known)) {
         let mut map = self.known.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(k) = map.get_mut(key) {
-            if k.window_ms == window_ms {
-                f(k);
-            }
+        if let Some(k) = map.get_mut(&(key.clone(), window_ms)) {
+            f(k);
         }
     }
 
@@ -189,6 +190,7 @@ impl GlobalGrants {
         if check.refund {
             let st = self.pool.run(key, window_ms, PoolOp::Give(n), ttl).await?;
             self.seen(&st);
+            let _ = self.known(key, window_ms);
             self.drain_later(key, window, window_ms);
             return Ok(outcome(true, st.left(), window, self.now_ms()));
         }
@@ -200,7 +202,11 @@ impl GlobalGrants {
             }
             if st.ok == 1 {
                 let k = self.known(key, window_ms);
-                if st.left() < k.last_refill / 2 && !k.ahead {
+                self.prefill_next(check, &k);
+                if !k.draining {
+                    self.drain_later(key, window, window_ms);
+                }
+                if st.left() < st.last_fill.max(k.last_refill) / 2 && !k.ahead {
                     self.update(key, window_ms, |k| k.ahead = true);
                     let me = Arc::clone(self);
                     let check = check.clone();
@@ -234,6 +240,36 @@ impl GlobalGrants {
             self.seen(&st);
         }
         Ok(outcome(false, st.left(), window, self.now_ms()))
+    }
+
+    /// Near the end of an epoch-aligned window, the region's pool of the next one is filled
+    /// ahead (once per replica and window), sized as this window's last refill: at the
+    /// window's start no request waits a round trip to home.
+    fn prefill_next(self: &Arc<Self>, check: &LimitCheck, k: &Known) {
+        let Some((start, end)) = check.window else {
+            return;
+        };
+        let now_ms = self.now_ms();
+        let end_ms = end / 1000;
+        if k.prefilled
+            || end == u64::MAX
+            || check.key.limit.period.calendar().is_some()
+            || now_ms.saturating_add(PREFILL_MS) < end_ms
+            || now_ms >= end_ms
+        {
+            return;
+        }
+        self.update(&check.key, k.window_ms, |k| k.prefilled = true);
+        let mut next = check.clone();
+        next.window = Some((end, end.saturating_add(end - start)));
+        let next_ms = end_ms;
+        let ttl = Self::ttl_ms(next.window, now_ms);
+        let need = k.last_refill.max(1);
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let _ = me.known(&next.key, next_ms);
+            let _ = me.refill(&next, next_ms, ttl, need).await;
+        });
     }
 
     fn seen(&self, st: &PoolState) {
@@ -283,7 +319,7 @@ impl GlobalGrants {
             mut dry_ms,
             home_left,
             failed,
-        } = self.ask_home(check, want, need, k.home_left).await;
+        } = self.ask_home(check, want, k.home_left).await;
         if failed.is_some() {
             // Home is unreachable: the region denies what it cannot admit for a while, rather
             // than every request waiting on home again.
@@ -344,7 +380,7 @@ impl GlobalGrants {
 
     /// One refill's grant from home: `want`, or what home has left when less (a second call),
     /// or nothing (home is dry for `ahead`).
-    async fn ask_home(&self, check: &LimitCheck, want: u64, need: u64, home_left: u64) -> Asked {
+    async fn ask_home(&self, check: &LimitCheck, want: u64, home_left: u64) -> Asked {
         let mut out = Asked {
             got: 0,
             dry_ms: 0,
@@ -369,8 +405,10 @@ impl GlobalGrants {
                 out.got = ask;
                 break;
             }
+            // Home has less than asked: the region takes what is left (a request too large for
+            // it is denied, the others go on); only an empty home makes the pool dry.
             let left = u64::from(o.remaining);
-            if left == 0 || left < need || o.retry_after == Duration::MAX {
+            if left == 0 || o.retry_after == Duration::MAX {
                 out.dry_ms = check.slice.map_or(100, |t| t.ahead.millis()).max(1);
                 break;
             }
@@ -404,13 +442,12 @@ impl GlobalGrants {
 
     /// Once the pool may be idle, drains it and gives its units back home.
     fn drain_later(self: &Arc<Self>, key: &CounterKey, window: Option<(u64, u64)>, window_ms: u64) {
-        let now = self.now_ms();
         {
             let mut map = self.known.lock().unwrap_or_else(|e| e.into_inner());
-            match map.get_mut(key) {
-                Some(k) if k.window_ms == window_ms && k.drain_due > now => return,
-                Some(k) if k.window_ms == window_ms => k.drain_due = now + POOL_IDLE_MS,
-                _ => {}
+            match map.get_mut(&(key.clone(), window_ms)) {
+                Some(k) if k.draining => return,
+                Some(k) => k.draining = true,
+                None => return,
             }
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
@@ -418,24 +455,42 @@ impl GlobalGrants {
         };
         let (me, key) = (Arc::clone(self), key.clone());
         rt.spawn(async move {
+            me.watch_idle(&key, window, window_ms).await;
+            me.update(&key, window_ms, |k| k.draining = false);
+        });
+    }
+
+    /// Until the pool is drained, empty or its window has passed: every [`POOL_IDLE_MS`], a
+    /// drain (done only if no replica took from the pool meanwhile), its units given back home.
+    async fn watch_idle(&self, key: &CounterKey, window: Option<(u64, u64)>, window_ms: u64) {
+        let end_ms = window.map_or(u64::MAX, |(_, end)| end / 1000);
+        loop {
             tokio::time::sleep(Duration::from_millis(POOL_IDLE_MS + 100)).await;
-            let ttl = Self::ttl_ms(window, me.now_ms());
+            let now = self.now_ms();
+            if now >= end_ms {
+                return; // the window is over: what is left is stranded, not returned
+            }
+            let ttl = Self::ttl_ms(window, now);
             let drain = PoolOp::Drain {
                 idle_ms: POOL_IDLE_MS,
             };
-            let Ok(st) = me.pool.run(&key, window_ms, drain, ttl).await else {
-                return;
+            let Ok(st) = self.pool.run(key, window_ms, drain, ttl).await else {
+                continue;
             };
-            if st.passed || st.ok == 0 {
-                return;
+            if st.passed || (st.ok == 0 && st.left() == 0) {
+                return; // nothing to give back; the next take watches again
             }
-            me.seen(&st);
-            let back = grant_check(&key, window, st.ok, true);
-            match me.home.decide(std::slice::from_ref(&back)).await {
-                Ok(_) => me.tallies.returned.add(st.ok),
-                Err(_) => me.tallies.stranded.add(st.ok),
+            if st.ok == 0 {
+                continue; // in use: look again later
             }
-        });
+            self.seen(&st);
+            let back = grant_check(key, window, st.ok, true);
+            match self.home.decide(std::slice::from_ref(&back)).await {
+                Ok(_) => self.tallies.returned.add(st.ok),
+                Err(_) => self.tallies.stranded.add(st.ok),
+            }
+            return;
+        }
     }
 }
 

@@ -45,6 +45,8 @@ pub struct PoolState {
     pub now: u64,
     /// A refill's lease runs.
     pub locked: bool,
+    /// The last refill's size (whichever replica made it).
+    pub last_fill: u64,
 }
 
 impl PoolState {
@@ -76,6 +78,7 @@ struct Fields {
     last: u64,
     lock: Option<(u64, u64)>,
     dry_until: u64,
+    last_fill: u64,
     expires: u64,
 }
 
@@ -138,6 +141,7 @@ impl MemoryPool {
             taken: f.taken,
             dry_until: f.dry_until,
             locked: f.lock.is_some_and(|(_, until)| until > now),
+            last_fill: f.last_fill,
             ..state
         }
     }
@@ -169,6 +173,9 @@ impl Fields {
                 dry_ms,
             } => {
                 f.have = f.have.saturating_add(units);
+                if units > 0 {
+                    f.last_fill = units;
+                }
                 if dry_ms > 0 {
                     f.dry_until = now.saturating_add(dry_ms);
                 }

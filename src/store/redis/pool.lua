@@ -3,7 +3,7 @@
 -- key (same hash tag, same Cluster slot). Replicas take their slices from it; one replica at a
 -- time refills it from home (the `lock` field, a lease that expires if its holder dies).
 --
--- KEYS[1]  the pool: a hash {w, have, taken, last, lock, lock_until, dry_until}
+-- KEYS[1]  the pool: a hash {w, have, taken, last, lock, lock_until, dry_until, fill}
 -- ARGV[1]  the operation: take | give | lock | fill | drain | read
 -- ARGV[2]  the window's start in milliseconds (0: a token bucket's, which never ends)
 -- ARGV[3]  units (take, give, fill)
@@ -12,10 +12,10 @@
 --          drain: ms without a take that make the pool idle
 -- ARGV[6]  how long the pool outlives this call, in ms (PEXPIRE)
 --
--- Reply: {ok, have, taken, dry_until, stranded, now, locked}: ok is 1/0 (drain: the units drained;
+-- Reply: {ok, have, taken, dry_until, stranded, now, locked, fill}: ok is 1/0 (drain: the units drained;
 -- -1 for a window older than the pool's: that window has passed, nothing is done); stranded
 -- is what the pool held unspent of the window it had before this call moved it on.
--- locked is 1 while a refill's lease runs. Times are the Redis server's (TIME), in ms.
+-- locked is 1 while a refill's lease runs; fill is the last refill's size. Times are the Redis server's (TIME), in ms.
 
 local h = KEYS[1]
 local t = redis.call('TIME')
@@ -63,6 +63,9 @@ elseif op == 'fill' then
   -- home: never lost); the lock is released if it is still the filler's.
   have = have + n
   redis.call('HSET', h, 'have', have)
+  if n > 0 then
+    redis.call('HSET', h, 'fill', n)
+  end
   local dry_for = tonumber(ARGV[5])
   if dry_for > 0 then
     dry = now + dry_for
@@ -84,8 +87,8 @@ elseif op == 'drain' then
 end
 redis.call('PEXPIRE', h, ARGV[6])
 local locked = 0
-local l = redis.call('HMGET', h, 'lock', 'lock_until')
+local l = redis.call('HMGET', h, 'lock', 'lock_until', 'fill')
 if l[1] and tonumber(l[2]) and tonumber(l[2]) > now then
   locked = 1
 end
-return {ok, have, taken, dry, stranded, now, locked}
+return {ok, have, taken, dry, stranded, now, locked, tonumber(l[3]) or 0}

@@ -70,6 +70,7 @@ impl RegionPool for RedisPool {
                 stranded: u(4),
                 now: u(5),
                 locked: at(6) == 1,
+                last_fill: u(7),
             })
         })
     }

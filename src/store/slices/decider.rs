@@ -53,23 +53,8 @@ impl SlicedDecider {
         let at_home = if home_idx.is_empty() {
             None
         } else {
-            let home = self.slices.home().ok_or_else(|| {
-                StoreError::Permanent("a global limit with no home store".to_string())
-            });
             let rest: Vec<LimitCheck> = home_idx.iter().map(|&i| checks[i].clone()).collect();
-            match home {
-                Ok(h) => match h.decide(&rest).await {
-                    Ok(d) => Some(d),
-                    Err(e) => {
-                        self.untake_all(&checks, &taken, |_| true);
-                        return Err(e.widened(&home_idx, n));
-                    }
-                },
-                Err(e) => {
-                    self.untake_all(&checks, &taken, |_| true);
-                    return Err(e);
-                }
-            }
+            Some(self.at_home(&rest, deadline).await)
         };
         let below = if idx.is_empty() {
             None
@@ -84,6 +69,44 @@ impl SlicedDecider {
             }
         };
         Ok(self.assemble(&checks, taken, (&idx, below), (&home_idx, at_home), now))
+    }
+
+    /// A global limit's checks that no slice decides, on the home store within the request's
+    /// deadline. Home not answering (a partition, a slow link, no home store) denies them: a
+    /// request never gets past a global limit because home is away, whatever the failure mode
+    /// says of the regional store.
+    async fn at_home(
+        &self,
+        checks: &[LimitCheck],
+        deadline: Option<tokio::time::Instant>,
+    ) -> Decision {
+        let denied = || Decision {
+            admitted: false,
+            outcomes: checks
+                .iter()
+                .map(|_| Outcome {
+                    allowed: false,
+                    remaining: 0,
+                    reset: Duration::ZERO,
+                    retry_after: Duration::from_secs(1),
+                })
+                .collect(),
+            local: false,
+            steps: 0,
+            leases: Vec::new(),
+        };
+        let Some(home) = self.slices.home() else {
+            return denied();
+        };
+        let call = home.decide(checks);
+        let r = match deadline {
+            Some(d) => tokio::time::timeout_at(d, call).await.ok(),
+            None => Some(call.await),
+        };
+        match r {
+            Some(Ok(d)) => d,
+            _ => denied(),
+        }
     }
 
     /// Gives back the units of the sliced checks `keep` says are not charged.

@@ -191,7 +191,7 @@ impl Slices {
     }
 
     /// The home store, when global limits have one.
-    pub(super) fn home(&self) -> Option<&Arc<dyn CounterStore>> {
+    pub fn home(&self) -> Option<&Arc<dyn CounterStore>> {
         self.home.as_ref()
     }
 
@@ -241,11 +241,13 @@ impl Slices {
         });
     }
 
-    /// The store that grants (and takes back) `entry`'s units.
-    fn grants(&self, global: bool) -> &Arc<dyn CounterStore> {
+    /// The store that grants (and takes back) `entry`'s units: a global limit's only from the
+    /// region's pool (`None` without one: never from a regional counter).
+    fn grants(&self, global: bool) -> Option<&Arc<dyn CounterStore>> {
         match (&self.global, global) {
-            (Some(g), true) => g,
-            _ => &self.store,
+            (Some(g), true) => Some(g),
+            (None, true) => None,
+            _ => Some(&self.store),
         }
     }
 
@@ -322,9 +324,18 @@ impl Slices {
 
     /// The entry of `check`'s counter in its window, created (evicting one if full) if new.
     fn entry(&self, check: &LimitCheck, window: (u64, u64), now: u64) -> Arc<Entry> {
+        let global = check.slice.is_some_and(|t| t.global);
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = map.get(&check.key) {
-            return Arc::clone(e);
+            if e.global == global {
+                return Arc::clone(e);
+            }
+            // A reload moved the limit between `leased` and `global` (the same counter key):
+            // its units go back where they came from, and the slice starts over from the
+            // other grants.
+            if let Some(old) = map.remove(&check.key) {
+                self.give_back_later(&check.key, &old);
+            }
         }
         let slot = check.key.clone();
         if map.len() >= self.max {
@@ -333,7 +344,7 @@ impl Slices {
         let e = Arc::new(Entry {
             slice: Mutex::new(Slice::fresh(window, now)),
             done: tokio::sync::watch::Sender::new(0),
-            global: check.slice.is_some_and(|t| t.global),
+            global,
         });
         map.insert(slot, Arc::clone(&e));
         self.tallies
@@ -382,7 +393,9 @@ impl Slices {
         if left == 0 {
             return;
         }
-        let store = Arc::clone(self.grants(e.global));
+        let Some(store) = self.grants(e.global).map(Arc::clone) else {
+            return;
+        };
         let check = grant_check(key, window, left, true);
         let returned = self.tallies.returned.clone();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -447,12 +460,10 @@ impl Slices {
                 continue;
             }
             let check = grant_check(&key, window, left, true);
-            if self
-                .grants(e.global)
-                .decide(std::slice::from_ref(&check))
-                .await
-                .is_ok()
-            {
+            let Some(grants) = self.grants(e.global) else {
+                continue;
+            };
+            if grants.decide(std::slice::from_ref(&check)).await.is_ok() {
                 self.tallies.returned.add(left);
                 total += left;
             }

@@ -156,7 +156,9 @@ impl Slices {
                 // The region's pool sizes its refills from home on the limit's terms.
                 check.slice = Some(terms);
             }
-            let grants = self.grants(entry.global);
+            let Some(grants) = self.grants(entry.global) else {
+                return (false, window); // a global limit with no pool: denied, never regional
+            };
             let Ok(d) = grants.decide(std::slice::from_ref(&check)).await else {
                 return (false, window);
             };
