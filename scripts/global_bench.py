@@ -9,7 +9,9 @@ DELAY ms each way (a round trip of 2 x DELAY), one sluice per variant:
   - global: the same with `global: {}` (slices from the region's pool, refilled from home).
 Each round runs `sluice bench --rate RATE --duration D` against each variant in turn; reported
 per variant: decisions, p50/p99 (µs), and for global the home store's script calls per
-decision (INFO commandstats on the home Redis, which only the global variant reaches).
+decision (INFO commandstats on the home Redis, which only the global variant reaches). Each
+measured run follows one second of the same load (the steady state: a pool idle for 2 s goes
+back home, and the first requests after that wait one round trip).
 
     cargo build --release
     python3 scripts/global_bench.py --delay-ms 75 --rate 2000 --duration 10 --rounds 3
@@ -159,6 +161,10 @@ def main():
             results = {v: [] for v in variants}
             for r in range(args.rounds):
                 for name, (_, grpc) in variants.items():
+                    # A second of the same load first: an idle pool went home meanwhile (by
+                    # design), and its first requests wait one round trip to home; the
+                    # measured part is the steady state.
+                    bench(grpc, args.rate, 1)
                     before = home_calls(home_port)
                     s = bench(grpc, args.rate, args.duration)
                     s["home_calls"] = home_calls(home_port) - before
