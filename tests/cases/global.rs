@@ -16,7 +16,7 @@
 //! Nothing here is timed: the window is a minute long and a run starts early in one (it waits
 //! for the next when fewer than 20 s are left); what is asserted are counts.
 
-use crate::support::binary::{bench, serve, SluiceProcess};
+use crate::support::binary::{bench_load, serve, SluiceProcess};
 use crate::support::eventually;
 use crate::support::link::Link;
 use crate::support::redis::{start_cluster, start_redis, RedisCluster, RedisServer};
@@ -110,33 +110,7 @@ async fn early_in_a_minute(need: u64) {
 /// `sluice bench` on `target`: `rate` requests a second (0: closed loop) for `duration`;
 /// (ok, over_limit).
 async fn load(target: String, rate: u32, duration: &str) -> (u64, u64) {
-    let rate = rate.to_string();
-    let args: Vec<String> = [
-        "--target",
-        &target,
-        "--domain",
-        "g",
-        "--descriptor",
-        "resource=api",
-        "--concurrency",
-        "32",
-        "--connections",
-        "2",
-        "--rate",
-        &rate,
-        "--duration",
-        duration,
-        "--timeout",
-        "5s",
-    ]
-    .map(String::from)
-    .to_vec();
-    let s = bench(&args).await.expect("bench runs");
-    assert_eq!(s["errors"].as_u64(), Some(0), "{s}");
-    (
-        s["ok"].as_u64().expect("ok"),
-        s["over_limit"].as_u64().expect("over_limit"),
-    )
+    bench_load(&target, ("g", "resource=api", 1), rate, duration).await
 }
 
 /// The global counter in the home store (one key per window).
@@ -209,9 +183,17 @@ async fn three_regions_share_a_global_limit_never_over_and_spend_nearly_all_of_i
     }
     // The replicas' idle slices go back to their pools, idle pools back home: the home counter
     // is then what was admitted.
-    eventually("the home counter holds what was admitted", || async {
-        let c = home_counters(&home);
-        c.len() == 1 && c[0].1 == ok
+    let home_ref = &home;
+    crate::support::poll_until("the home counter holds what was admitted", || async move {
+        let c = home_counters(home_ref);
+        if c.len() == 1 && c[0].1 == ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "home {c:?}, admitted {ok}, {} s into the minute",
+                seconds_into_the_minute()
+            ))
+        }
     })
     .await;
     let windows = home_counters(&home);

@@ -14,7 +14,7 @@
 //! Nothing here is timed: the windows are a minute long and a run starts early in one (it waits
 //! for the next when fewer than 20 s are left), and what is asserted are counts.
 
-use crate::support::binary::{bench, serve, SluiceProcess};
+use crate::support::binary::{bench_load, serve, SluiceProcess};
 use crate::support::redis::{start_cluster, start_redis, RedisServer};
 use std::time::Duration;
 
@@ -89,33 +89,7 @@ async fn load(target: String, duration: &str) -> (u64, u64) {
 
 /// [`load`] with the descriptor template `descriptor` (`{id}` one of `consumers`).
 async fn load_as(target: String, duration: &str, descriptor: &str, consumers: u64) -> (u64, u64) {
-    let consumers = consumers.to_string();
-    let args: Vec<String> = [
-        "--target",
-        &target,
-        "--domain",
-        "hot",
-        "--descriptor",
-        descriptor,
-        "--consumers",
-        &consumers,
-        "--concurrency",
-        "32",
-        "--connections",
-        "2",
-        "--duration",
-        duration,
-        "--timeout",
-        "5s",
-    ]
-    .map(String::from)
-    .to_vec();
-    let s = bench(&args).await.expect("bench runs");
-    assert_eq!(s["errors"].as_u64(), Some(0), "{s}");
-    (
-        s["ok"].as_u64().expect("ok"),
-        s["over_limit"].as_u64().expect("over_limit"),
-    )
+    bench_load(&target, ("hot", descriptor, consumers), 0, duration).await
 }
 
 /// The resource's counter value(s) in Redis (one key per window).

@@ -225,6 +225,46 @@ pub async fn bench(args: &[String]) -> Result<serde_json::Value, String> {
     })
 }
 
+/// `sluice bench` on `target` (domain, descriptor template, `{id}` one of `consumers`),
+/// `rate` requests a second (0: closed loop, 32 in flight) over 2 connections for `duration`,
+/// each call with a 5 s deadline; asserts no errors and returns (ok, over_limit).
+pub async fn bench_load(
+    target: &str,
+    (domain, descriptor, consumers): (&str, &str, u64),
+    rate: u32,
+    duration: &str,
+) -> (u64, u64) {
+    let (consumers, rate) = (consumers.to_string(), rate.to_string());
+    let args: Vec<String> = [
+        "--target",
+        target,
+        "--domain",
+        domain,
+        "--descriptor",
+        descriptor,
+        "--consumers",
+        &consumers,
+        "--concurrency",
+        "32",
+        "--connections",
+        "2",
+        "--rate",
+        &rate,
+        "--duration",
+        duration,
+        "--timeout",
+        "5s",
+    ]
+    .map(String::from)
+    .to_vec();
+    let s = bench(&args).await.expect("bench runs");
+    assert_eq!(s["errors"].as_u64(), Some(0), "{s}");
+    (
+        s["ok"].as_u64().expect("ok"),
+        s["over_limit"].as_u64().expect("over_limit"),
+    )
+}
+
 /// Resident memory of a process in bytes, from `/proc/PID/status`: now (`VmRSS:`) or its peak so
 /// far (`VmHWM:`).
 pub fn resident(pid: u32, field: &str) -> u64 {

@@ -532,22 +532,10 @@ fn outcome(allowed: bool, remaining: u64, window: Option<(u64, u64)>, now_ms: u6
     }
 }
 
-/// The charge (or, `back`, the refund) of `hits` on the home counter of `key` in `window`.
+/// The charge (or, `back`, the refund) of `hits` on the home counter of `key` in `window`:
+/// the slices' grant, one level up.
 fn grant_check(key: &CounterKey, window: Option<(u64, u64)>, hits: u64, back: bool) -> LimitCheck {
-    LimitCheck {
-        key: key.clone(),
-        hits,
-        refund: back,
-        shadow: false,
-        quota: false,
-        record: false,
-        stop_over: false,
-        admin_limit: None,
-        window,
-        lease: None,
-        leased: true,
-        slice: None,
-    }
+    super::slices::charge_check(key, window, hits, back)
 }
 
 /// A refill lease's token: distinct per attempt (the pool releases only its own).

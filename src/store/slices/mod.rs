@@ -476,6 +476,16 @@ impl Slices {
 /// a return makes it: an ordinary all-or-nothing charge, never cached as a denial (another
 /// replica's return can give the counter room).
 fn grant_check(key: &CounterKey, window: (u64, u64), hits: u64, back: bool) -> LimitCheck {
+    charge_check(key, (window != UNPINNED).then_some(window), hits, back)
+}
+
+/// [`grant_check`] with the window as the check carries it (`None`: a token bucket's).
+pub(crate) fn charge_check(
+    key: &CounterKey,
+    window: Option<(u64, u64)>,
+    hits: u64,
+    back: bool,
+) -> LimitCheck {
     LimitCheck {
         key: key.clone(),
         hits,
@@ -485,7 +495,7 @@ fn grant_check(key: &CounterKey, window: (u64, u64), hits: u64, back: bool) -> L
         record: false,
         stop_over: false,
         admin_limit: None,
-        window: (window != UNPINNED).then_some(window),
+        window,
         lease: None,
         leased: true,
         slice: None,
