@@ -65,6 +65,8 @@ mod envoy_stats;
 mod extensions;
 mod fuzz;
 mod global;
+mod global_model;
+mod global_pool;
 mod grpcurl;
 mod hostile;
 mod hostile_rates;

@@ -53,6 +53,7 @@ pub fn rules_of(files: &[(&str, &str)]) -> RuleSet {
 
 /// A tiny deterministic generator (xorshift64*), so a failing random sequence is reproducible
 /// from its seed.
+#[derive(Debug)]
 pub struct Rng(u64);
 
 impl Rng {

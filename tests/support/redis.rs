@@ -214,6 +214,30 @@ impl RedisServer {
         redis_cli(&["-h", "127.0.0.1", "-p", &self.port.to_string()], args)
     }
 
+    /// `redis-cli MONITOR` on this server from now until [`Monitor::stop`]: every command it
+    /// runs, in order, a script's own commands right after its call (marked `lua`).
+    pub fn monitor(&self) -> Monitor {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let path = self
+            .dir()
+            .join(format!("monitor-{}.log", N.fetch_add(1, Ordering::Relaxed)));
+        let out = File::create(&path).expect("monitor log");
+        let child = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "MONITOR"])
+            .stdout(out)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-cli MONITOR");
+        let m = Monitor {
+            child,
+            path,
+            port: self.port,
+        };
+        // Monitoring once redis-cli printed its OK.
+        m.wait_for("OK");
+        m
+    }
+
     /// Every key with its `TTL` (`-1`: no expiry), sorted by key.
     /// Calls of EVALSHA since start or `CONFIG RESETSTAT`, from `INFO commandstats`.
     pub fn evalsha_calls(&self) -> u64 {
@@ -1177,4 +1201,45 @@ pub async fn start_cluster() -> RedisCluster {
     tokio::task::spawn_blocking(RedisCluster::start)
         .await
         .expect("start cluster")
+}
+
+/// A running `redis-cli MONITOR` (see [`RedisServer::monitor`]).
+pub struct Monitor {
+    child: Child,
+    path: PathBuf,
+    port: u16,
+}
+
+impl Monitor {
+    fn wait_for(&self, text: &str) {
+        let until = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < until {
+            if fs::read_to_string(&self.path).is_ok_and(|t| t.contains(text)) {
+                return;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        panic!("MONITOR on port {} never showed {text:?}", self.port);
+    }
+
+    /// Every command monitored so far (a marker sent last, and seen, flushes the rest).
+    pub fn stop(mut self) -> String {
+        let marker = format!("monitor-end-{}", self.port);
+        redis_cli(
+            &["-h", "127.0.0.1", "-p", &self.port.to_string()],
+            &["ECHO", &marker],
+        )
+        .expect("ECHO");
+        self.wait_for(&marker);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        fs::read_to_string(&self.path).unwrap_or_default()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -48,8 +48,6 @@ pub const POOL_AHEAD_MS: u64 = 5_000;
 pub const MIN_REFILL_SLICES: u64 = 4;
 /// A pool no replica took from for this long goes back home (ms, on the pool's clock).
 pub const POOL_IDLE_MS: u64 = 2_000;
-/// How long before an epoch-aligned window's end the next window's pool is filled (ms).
-pub const PREFILL_MS: u64 = 2_000;
 /// How long a refill's lease lasts before another replica may take it over (ms): a holder
 /// that died mid-refill delays its region's next refill this long at most.
 pub const REFILL_LEASE_MS: u64 = 3_000;
@@ -83,7 +81,6 @@ pub struct GlobalTallies {
 /// What this replica remembers of one global counter: for sizing refills and for answers.
 #[derive(Debug, Clone, Copy, Default)]
 struct Known {
-    window_ms: u64,
     /// What home had left at the last refill this replica saw (u64::MAX: none yet).
     home_left: u64,
     /// The last refill's size, and the pool's `taken` and clock then (the region's rate).
@@ -94,8 +91,6 @@ struct Known {
     draining: bool,
     /// A refill ahead runs from this replica (one at a time per counter).
     ahead: bool,
-    /// The next window's pool was filled ahead from this replica.
-    prefilled: bool,
 }
 
 /// What one refill got from home.
@@ -152,7 +147,6 @@ impl GlobalGrants {
             }
         }
         *map.entry(slot).or_insert(Known {
-            window_ms,
             home_left: u64::MAX,
             ..Known::default()
         })
@@ -197,12 +191,8 @@ impl GlobalGrants {
         let mut st = self.pool.run(key, window_ms, PoolOp::Take(n), ttl).await?;
         self.seen(&st);
         for _ in 0..3 {
-            if st.passed {
-                break;
-            }
             if st.ok == 1 {
                 let k = self.known(key, window_ms);
-                self.prefill_next(check, &k);
                 if !k.draining {
                     self.drain_later(key, window, window_ms);
                 }
@@ -242,39 +232,8 @@ impl GlobalGrants {
         Ok(outcome(false, st.left(), window, self.now_ms()))
     }
 
-    /// Near the end of an epoch-aligned window, the region's pool of the next one is filled
-    /// ahead (once per replica and window), sized as this window's last refill: at the
-    /// window's start no request waits a round trip to home.
-    fn prefill_next(self: &Arc<Self>, check: &LimitCheck, k: &Known) {
-        let Some((start, end)) = check.window else {
-            return;
-        };
-        let now_ms = self.now_ms();
-        let end_ms = end / 1000;
-        if k.prefilled
-            || end == u64::MAX
-            || check.key.limit.period.calendar().is_some()
-            || now_ms.saturating_add(PREFILL_MS) < end_ms
-            || now_ms >= end_ms
-        {
-            return;
-        }
-        self.update(&check.key, k.window_ms, |k| k.prefilled = true);
-        let mut next = check.clone();
-        next.window = Some((end, end.saturating_add(end - start)));
-        let next_ms = end_ms;
-        let ttl = Self::ttl_ms(next.window, now_ms);
-        let need = k.last_refill.max(1);
-        let me = Arc::clone(self);
-        tokio::spawn(async move {
-            let _ = me.known(&next.key, next_ms);
-            let _ = me.refill(&next, next_ms, ttl, need).await;
-        });
-    }
-
     fn seen(&self, st: &PoolState) {
         self.tallies.pool_held.store(st.left(), Relaxed);
-        self.tallies.stranded.add(st.stranded);
     }
 
     /// One refill of the region's pool from home, by whichever replica takes the lease; the
@@ -293,9 +252,6 @@ impl GlobalGrants {
             .pool
             .run(key, window_ms, PoolOp::Lock { token, lease_ms }, ttl)
             .await?;
-        if lock.passed {
-            return Ok(());
-        }
         if lock.ok == 0 {
             return self.await_other(key, window_ms, ttl, &lock).await;
         }
@@ -329,17 +285,15 @@ impl GlobalGrants {
         self.tallies.refill_us.add(rtt);
         self.tallies.last_refill_us.store(rtt, Relaxed);
         // Whatever home granted goes into the pool (and the lease is released), even if the
-        // window moved on meanwhile (the pool then refuses it: stranded).
+        // window ended meanwhile (the watcher's last drain counts it stranded).
         let fill = PoolOp::Fill {
             units: got,
             token,
             dry_ms,
         };
         let st = self.pool.run(key, window_ms, fill, ttl).await;
-        match (&st, got) {
-            (Ok(st), _) if st.passed => self.tallies.stranded.add(got),
-            (Err(_), g) if g > 0 => self.tallies.stranded.add(g),
-            _ => {}
+        if st.is_err() {
+            self.tallies.stranded.add(got);
         }
         if let Some(e) = failed {
             self.tallies.refill_failures.add(1);
@@ -371,7 +325,7 @@ impl GlobalGrants {
         while tokio::time::Instant::now() < until {
             tokio::time::sleep(POLL).await;
             let st = self.pool.run(key, window_ms, PoolOp::Take(0), ttl).await?;
-            if st.have != seen.have || st.passed || st.dry_until > st.now || !st.locked {
+            if st.have != seen.have || st.dry_until > st.now || !st.locked {
                 break;
             }
         }
@@ -462,22 +416,28 @@ impl GlobalGrants {
 
     /// Until the pool is drained, empty or its window has passed: every [`POOL_IDLE_MS`], a
     /// drain (done only if no replica took from the pool meanwhile), its units given back home.
+    /// Once the window is over, what the pool still holds is drained and counted stranded (by
+    /// whichever watcher drains it first: each unit once).
     async fn watch_idle(&self, key: &CounterKey, window: Option<(u64, u64)>, window_ms: u64) {
         let end_ms = window.map_or(u64::MAX, |(_, end)| end / 1000);
         loop {
             tokio::time::sleep(Duration::from_millis(POOL_IDLE_MS + 100)).await;
             let now = self.now_ms();
-            if now >= end_ms {
-                return; // the window is over: what is left is stranded, not returned
-            }
             let ttl = Self::ttl_ms(window, now);
+            if now >= end_ms {
+                let last = PoolOp::Drain { idle_ms: 0 };
+                if let Ok(st) = self.pool.run(key, window_ms, last, ttl).await {
+                    self.tallies.stranded.add(st.ok);
+                }
+                return;
+            }
             let drain = PoolOp::Drain {
                 idle_ms: POOL_IDLE_MS,
             };
             let Ok(st) = self.pool.run(key, window_ms, drain, ttl).await else {
                 continue;
             };
-            if st.passed || (st.ok == 0 && st.left() == 0) {
+            if st.ok == 0 && st.left() == 0 {
                 return; // nothing to give back; the next take watches again
             }
             if st.ok == 0 {

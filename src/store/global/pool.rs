@@ -1,6 +1,8 @@
-//! A region's pool of a global limit: the units of the limit's current window this region
+//! A region's pool of a global limit: the units of one of the limit's windows this region
 //! holds from the home store, kept in the region's own store so every replica of the region
-//! takes slices from the same pool and one of them at a time refills it. One atomic operation
+//! takes slices from the same pool and one of them at a time refills it. One pool per window:
+//! a replica whose clock is ahead, in the next window, leaves the current window's pool whole
+//! for the others. One atomic operation
 //! per call ([`PoolOp`]), on Redis (`store/redis/pool.lua`) or, for a region of one process on
 //! the embedded store, in memory ([`MemoryPool`]). Times are the pool's own clock (Redis
 //! `TIME`), so replicas whose clocks differ agree on a lease and on idleness.
@@ -32,15 +34,11 @@ pub struct PoolState {
     /// Whether the operation was done (a take that fit, a lease taken); for a drain, the
     /// units drained.
     pub ok: u64,
-    /// The window is older than the pool's: nothing was done.
-    pub passed: bool,
     /// Units granted to the region this window, and taken by its replicas.
     pub have: u64,
     pub taken: u64,
     /// Until when (pool ms) the home store is known dry.
     pub dry_until: u64,
-    /// Units the pool held unspent of the window this call moved it past.
-    pub stranded: u64,
     /// The pool's clock (ms).
     pub now: u64,
     /// A refill's lease runs.
@@ -72,7 +70,6 @@ pub trait RegionPool: Send + Sync + std::fmt::Debug {
 /// A pool's fields (the Redis hash's, in memory).
 #[derive(Debug, Clone, Default)]
 struct Fields {
-    w: u64,
     have: u64,
     taken: u64,
     last: u64,
@@ -86,7 +83,7 @@ struct Fields {
 #[derive(Debug)]
 pub struct MemoryPool {
     clock: Arc<dyn Clock>,
-    map: Mutex<HashMap<CounterKey, Fields>>,
+    map: Mutex<HashMap<(CounterKey, u64), Fields>>,
     max: usize,
 }
 
@@ -102,33 +99,23 @@ impl MemoryPool {
     fn apply(&self, key: &CounterKey, w: u64, op: PoolOp, ttl_ms: u64) -> PoolState {
         let now = u64::try_from(self.clock.now().as_millis()).unwrap_or(u64::MAX);
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() >= self.max && !map.contains_key(key) {
+        let slot = (key.clone(), w);
+        if map.len() >= self.max && !map.contains_key(&slot) {
             map.retain(|_, f| f.expires > now);
             if map.len() >= self.max {
                 // Full of live pools: the oldest window's goes (its units are stranded).
-                if let Some(k) = map.iter().min_by_key(|(_, f)| f.w).map(|(k, _)| k.clone()) {
+                if let Some(k) = map
+                    .iter()
+                    .min_by_key(|((_, w), _)| *w)
+                    .map(|(k, _)| k.clone())
+                {
                     map.remove(&k);
                 }
             }
         }
-        let f = map.entry(key.clone()).or_default();
-        if f.expires != 0 && f.expires <= now {
-            *f = Fields::default();
-        }
-        let mut state = PoolState {
-            now,
-            ..PoolState::default()
-        };
-        if f.expires != 0 && f.w > w {
-            state.passed = true;
-            return state;
-        }
-        if f.expires == 0 || f.w < w {
-            if f.expires != 0 {
-                state.stranded = f.have.saturating_sub(f.taken);
-            }
+        let f = map.entry(slot).or_default();
+        if f.expires == 0 || f.expires <= now {
             *f = Fields {
-                w,
                 last: now,
                 ..Fields::default()
             };
@@ -140,9 +127,9 @@ impl MemoryPool {
             have: f.have,
             taken: f.taken,
             dry_until: f.dry_until,
+            now,
             locked: f.lock.is_some_and(|(_, until)| until > now),
             last_fill: f.last_fill,
-            ..state
         }
     }
 }

@@ -1,40 +1,33 @@
--- A region's pool of one global limit (see src/store/global/mod.rs): the units this region
--- holds of the limit's current window in the home store, in a hash beside the limit's regional
--- key (same hash tag, same Cluster slot). Replicas take their slices from it; one replica at a
--- time refills it from home (the `lock` field, a lease that expires if its holder dies).
+-- A region's pool of one global limit for one window (see src/store/global/mod.rs): the units
+-- this region holds of the window in the home store, in a hash beside the limit's regional key
+-- (same hash tag, same Cluster slot), one hash per window: a replica whose clock is ahead,
+-- in the next window, leaves the current window's pool whole for the others. Replicas take
+-- their slices from it; one replica at a time refills it from home (the `lock` field, a lease
+-- that expires if its holder dies).
 --
--- KEYS[1]  the pool: a hash {w, have, taken, last, lock, lock_until, dry_until, fill}
--- ARGV[1]  the operation: take | give | lock | fill | drain | read
--- ARGV[2]  the window's start in milliseconds (0: a token bucket's, which never ends)
+-- KEYS[1]  the pool of one window: a hash {have, taken, last, lock, lock_until, dry_until, fill}
+-- ARGV[1]  the operation: take | give | lock | fill | drain
+-- ARGV[2]  (unused: the window is in the key)
 -- ARGV[3]  units (take, give, fill)
 -- ARGV[4]  the refiller's token (lock, fill)
 -- ARGV[5]  lock: the lease in ms; fill: ms the home store is dry for (0: not dry);
 --          drain: ms without a take that make the pool idle
 -- ARGV[6]  how long the pool outlives this call, in ms (PEXPIRE)
 --
--- Reply: {ok, have, taken, dry_until, stranded, now, locked, fill}: ok is 1/0 (drain: the units drained;
--- -1 for a window older than the pool's: that window has passed, nothing is done); stranded
--- is what the pool held unspent of the window it had before this call moved it on.
--- locked is 1 while a refill's lease runs; fill is the last refill's size. Times are the Redis server's (TIME), in ms.
+-- Reply: {ok, have, taken, dry_until, 0, now, locked, fill}: ok is 1/0 (drain: the units
+-- drained); locked is 1 while a refill's lease runs; fill is the last refill's size. Times are
+-- the Redis server's (TIME), in ms.
 
 local h = KEYS[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local w = tonumber(ARGV[2])
-local cur = redis.call('HMGET', h, 'w', 'have', 'taken', 'lock', 'lock_until', 'dry_until', 'last')
-local cw = tonumber(cur[1])
-local have, taken = tonumber(cur[2]) or 0, tonumber(cur[3]) or 0
-local lock, lock_until = cur[4] or '', tonumber(cur[5]) or 0
-local dry, last = tonumber(cur[6]) or 0, tonumber(cur[7]) or 0
-local stranded = 0
-if cw ~= nil and cw > w then
-  return {-1, 0, 0, 0, 0, now}
-end
-if cw == nil or cw < w then
-  if cw ~= nil then stranded = have - taken end
-  have, taken, lock, lock_until, dry, last = 0, 0, '', 0, 0, now
-  redis.call('DEL', h)
-  redis.call('HSET', h, 'w', ARGV[2], 'have', 0, 'taken', 0, 'last', now)
+local cur = redis.call('HMGET', h, 'have', 'taken', 'lock', 'lock_until', 'dry_until', 'last')
+local have, taken = tonumber(cur[1]), tonumber(cur[2]) or 0
+local lock, lock_until = cur[3] or '', tonumber(cur[4]) or 0
+local dry, last = tonumber(cur[5]) or 0, tonumber(cur[6]) or now
+if have == nil then
+  have = 0
+  redis.call('HSET', h, 'have', 0, 'taken', 0, 'last', now)
 end
 local op = ARGV[1]
 local n = tonumber(ARGV[3])
@@ -91,4 +84,4 @@ local l = redis.call('HMGET', h, 'lock', 'lock_until', 'fill')
 if l[1] and tonumber(l[2]) and tonumber(l[2]) > now then
   locked = 1
 end
-return {ok, have, taken, dry, stranded, now, locked, tonumber(l[3]) or 0}
+return {ok, have, taken, dry, 0, now, locked, tonumber(l[3]) or 0}

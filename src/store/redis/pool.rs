@@ -11,11 +11,13 @@ use std::sync::LazyLock;
 
 static POOL_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("pool.lua")));
 
-/// The Redis key of `key`'s pool: the counter's key and a suffix no counter key ends with (a
-/// counter key ends in its limit, which sluice writes).
-pub fn pool_key(prefix: &str, key: &CounterKey) -> String {
+/// The Redis key of `key`'s pool for the window starting at `window_ms`: the counter's key and
+/// a suffix no counter key ends with (a counter key ends in its limit, which sluice writes).
+/// One pool per window: the next window's is filled while the current one still serves.
+pub fn pool_key(prefix: &str, key: &CounterKey, window_ms: u64) -> String {
     let mut k = keys::counter_key(prefix, key);
-    k.push_str("#pool");
+    k.push_str("#pool:");
+    k.push_str(&window_ms.to_string());
     k
 }
 
@@ -45,7 +47,7 @@ impl RegionPool for RedisPool {
                 } => ("fill", units, token, dry_ms),
                 PoolOp::Drain { idle_ms } => ("drain", 0, 0, idle_ms),
             };
-            let pool = pool_key(&self.board.common.prefix, key);
+            let pool = pool_key(&self.board.common.prefix, key, window_ms);
             let reply: Vec<i64> = self
                 .board
                 .call(&keys::hash_tag(key), async |c| {
@@ -63,11 +65,9 @@ impl RegionPool for RedisPool {
             let u = |i: usize| u64::try_from(at(i)).unwrap_or(0);
             Ok(PoolState {
                 ok: u(0),
-                passed: at(0) < 0,
                 have: u(1),
                 taken: u(2),
                 dry_until: u(3),
-                stranded: u(4),
                 now: u(5),
                 locked: at(6) == 1,
                 last_fill: u(7),
