@@ -54,7 +54,7 @@ impl GlobalMetrics {
             stranded: counter(
                 "sluice_global_stranded_total",
                 "Units left unspent in pools whose window ended, or lost between home and the \
-                 pool (a refill whose window passed, a give-back home did not take).",
+                 pool (a refill whose store call failed, a give-back home did not take).",
             )?,
             pool: gauge(
                 "sluice_global_pool_units",

@@ -279,10 +279,13 @@ async fn a_region_cut_off_from_home_spends_what_it_holds_then_denies() {
         unreachable!("a standalone regional store")
     };
     eventually("no refill in flight", || async {
-        let keys = regional.cli(&["KEYS", "*#pool"]);
-        keys.lines()
-            .filter(|k| !k.is_empty())
-            .all(|k| regional.cli(&["HGET", k, "lock"]).trim().is_empty())
+        // One pool per window: `…#pool:<window start ms>`.
+        let keys = regional.cli(&["KEYS", "*#pool:*"]);
+        let pools: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+        !pools.is_empty()
+            && pools
+                .iter()
+                .all(|k| regional.cli(&["HGET", k, "lock"]).trim().is_empty())
     })
     .await;
     link.cut();

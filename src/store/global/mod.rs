@@ -51,6 +51,8 @@ pub const POOL_IDLE_MS: u64 = 2_000;
 /// How long a refill's lease lasts before another replica may take it over (ms): a holder
 /// that died mid-refill delays its region's next refill this long at most.
 pub const REFILL_LEASE_MS: u64 = 3_000;
+/// How long before an epoch-aligned window's end the next window's pool is filled (ms).
+pub const PREFILL_MS: u64 = 2_000;
 /// After a refill home did not answer, the region's pool is dry this long (ms): its replicas
 /// deny what their slices cannot admit at once instead of each waiting on home again.
 pub const HOME_RETRY_MS: u64 = 1_000;
@@ -81,6 +83,7 @@ pub struct GlobalTallies {
 /// What this replica remembers of one global counter: for sizing refills and for answers.
 #[derive(Debug, Clone, Copy, Default)]
 struct Known {
+    window_ms: u64,
     /// What home had left at the last refill this replica saw (u64::MAX: none yet).
     home_left: u64,
     /// The last refill's size, and the pool's `taken` and clock then (the region's rate).
@@ -91,6 +94,8 @@ struct Known {
     draining: bool,
     /// A refill ahead runs from this replica (one at a time per counter).
     ahead: bool,
+    /// The next window's pool was filled ahead from this replica.
+    prefilled: bool,
 }
 
 /// What one refill got from home.
@@ -147,6 +152,7 @@ impl GlobalGrants {
             }
         }
         *map.entry(slot).or_insert(Known {
+            window_ms,
             home_left: u64::MAX,
             ..Known::default()
         })
@@ -193,6 +199,7 @@ impl GlobalGrants {
         for _ in 0..3 {
             if st.ok == 1 {
                 let k = self.known(key, window_ms);
+                self.prefill_next(check, &k);
                 if !k.draining {
                     self.drain_later(key, window, window_ms);
                 }
@@ -232,6 +239,38 @@ impl GlobalGrants {
         Ok(outcome(false, st.left(), window, self.now_ms()))
     }
 
+    /// Near the end of an epoch-aligned window, the region's pool of the next one is filled
+    /// ahead (once per replica and window), sized as this window's last refill: at the
+    /// window's start no request waits a round trip to home. Safe because both levels keep one
+    /// counter per window: the region's pools (`pool.rs`) and home's fixed windows on Redis
+    /// (`decide/head.lua`), so the next window's charge never touches the current one's.
+    fn prefill_next(self: &Arc<Self>, check: &LimitCheck, k: &Known) {
+        let Some((start, end)) = check.window else {
+            return;
+        };
+        let now_ms = self.now_ms();
+        let end_ms = end / 1000;
+        if k.prefilled
+            || end == u64::MAX
+            || check.key.limit.period.calendar().is_some()
+            || now_ms.saturating_add(PREFILL_MS) < end_ms
+            || now_ms >= end_ms
+        {
+            return;
+        }
+        self.update(&check.key, k.window_ms, |k| k.prefilled = true);
+        let mut next = check.clone();
+        next.window = Some((end, end.saturating_add(end - start)));
+        let next_ms = end_ms;
+        let ttl = Self::ttl_ms(next.window, now_ms);
+        let need = k.last_refill.max(1);
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let _ = me.known(&next.key, next_ms);
+            let _ = me.refill(&next, next_ms, ttl, need).await;
+        });
+    }
+
     fn seen(&self, st: &PoolState) {
         self.tallies.pool_held.store(st.left(), Relaxed);
     }
@@ -259,7 +298,12 @@ impl GlobalGrants {
         // Another replica's refill may have landed since this one was decided on: the pool has
         // what was needed (or, ahead, half of this replica's last refill) - nothing to ask.
         let enough = if need == 0 { k.last_refill / 2 } else { need };
-        if lock.left() >= enough.max(1) {
+        // A window that ended meanwhile (a refill ahead that waited on the lease) gets nothing
+        // more from home.
+        let ended = check
+            .window
+            .is_some_and(|(_, end)| end != u64::MAX && self.now_ms() >= end / 1000);
+        if lock.left() >= enough.max(1) || ended {
             let release = PoolOp::Fill {
                 units: 0,
                 token,
@@ -425,9 +469,19 @@ impl GlobalGrants {
             let now = self.now_ms();
             let ttl = Self::ttl_ms(window, now);
             if now >= end_ms {
-                let last = PoolOp::Drain { idle_ms: 0 };
-                if let Ok(st) = self.pool.run(key, window_ms, last, ttl).await {
-                    self.tallies.stranded.add(st.ok);
+                // A refill still out holds the lease (and the drain back): once more after the
+                // lease has run out, so what it brought is counted too.
+                for _ in 0..2 {
+                    let last = PoolOp::Drain { idle_ms: 0 };
+                    match self.pool.run(key, window_ms, last, ttl).await {
+                        Ok(st) if !st.locked => {
+                            self.tallies.stranded.add(st.ok);
+                            return;
+                        }
+                        Ok(st) => self.tallies.stranded.add(st.ok),
+                        Err(_) => {}
+                    }
+                    tokio::time::sleep(Duration::from_millis(REFILL_LEASE_MS)).await;
                 }
                 return;
             }

@@ -1,8 +1,9 @@
 //! A region's pool of a global limit: the units of one of the limit's windows this region
 //! holds from the home store, kept in the region's own store so every replica of the region
 //! takes slices from the same pool and one of them at a time refills it. One pool per window:
-//! a replica whose clock is ahead, in the next window, leaves the current window's pool whole
-//! for the others. One atomic operation
+//! the next window's, filled 2 s ahead, and a replica whose clock is ahead leave the current
+//! window's pool whole (one pool per limit moved on at the prefill and denied the current
+//! window's last seconds: `tests/cases/global_model.rs`). One atomic operation
 //! per call ([`PoolOp`]), on Redis (`store/redis/pool.lua`) or, for a region of one process on
 //! the embedded store, in memory ([`MemoryPool`]). Times are the pool's own clock (Redis
 //! `TIME`), so replicas whose clocks differ agree on a lease and on idleness.
@@ -103,10 +104,11 @@ impl MemoryPool {
         if map.len() >= self.max && !map.contains_key(&slot) {
             map.retain(|_, f| f.expires > now);
             if map.len() >= self.max {
-                // Full of live pools: the oldest window's goes (its units are stranded).
+                // Full of live pools: the one expiring first goes (its units are stranded;
+                // not the smallest window start, which is a token bucket's, live for an hour).
                 if let Some(k) = map
                     .iter()
-                    .min_by_key(|((_, w), _)| *w)
+                    .min_by_key(|(_, f)| f.expires)
                     .map(|(k, _)| k.clone())
                 {
                     map.remove(&k);

@@ -1,7 +1,7 @@
 -- A region's pool of one global limit for one window (see src/store/global/mod.rs): the units
 -- this region holds of the window in the home store, in a hash beside the limit's regional key
--- (same hash tag, same Cluster slot), one hash per window: a replica whose clock is ahead,
--- in the next window, leaves the current window's pool whole for the others. Replicas take
+-- (same hash tag, same Cluster slot), one hash per window: the next window's, filled 2 s
+-- ahead, and a replica whose clock is ahead leave the current window's pool whole. Replicas take
 -- their slices from it; one replica at a time refills it from home (the `lock` field, a lease
 -- that expires if its holder dies).
 --
