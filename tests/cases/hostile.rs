@@ -106,7 +106,13 @@ descriptors:
 
 /// Seeds found before, replayed every run, then fresh ones (printed; `SLUICE_HOSTILE_SEED`
 /// replays one).
-const HOSTILE_SEEDS: [u64; 3] = [1, 99_537_365, 1_795_701_955_870_610_413];
+const HOSTILE_SEEDS: [u64; 4] = [
+    1,
+    99_537_365,
+    1_795_701_955_870_610_413,
+    // RLQS: a response sluice sent on its own came before a report's answer.
+    1_795_905_356_081_519_705,
+];
 
 pub(super) fn hostile_seeds() -> Vec<u64> {
     match std::env::var("SLUICE_HOSTILE_SEED") {

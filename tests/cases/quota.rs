@@ -68,6 +68,17 @@ impl Stream {
             .expect("a response")
             .bucket_action
     }
+
+    /// The next response, whatever caused it (a report, a window's end, an assignment that
+    /// expired: RLQS responses answer no report in particular).
+    pub async fn response(&mut self) -> Vec<BucketAction> {
+        self.rx
+            .message()
+            .await
+            .expect("stream alive")
+            .expect("a response")
+            .bucket_action
+    }
 }
 
 impl Stream {

@@ -470,8 +470,11 @@ async fn expiration_jitter_spreads_expiry_without_outliving_the_window_twice() {
         expiries.push(spread);
         s.stop().await;
     }
+    // Together: a key's TTL is relative (PEXPIRE), from the script's clock reading to
+    // Redis's command time, so a busy machine preempting a script spreads them by a few ms
+    // (2 ms beside a loaded suite run); the jitter spreads them by seconds.
     assert!(
-        expiries[0] <= 1,
+        expiries[0] <= 50,
         "without jitter one window's keys expire together: {expiries:?}"
     );
     assert!(
