@@ -48,7 +48,8 @@ impl Stream {
         Self { tx, rx }
     }
 
-    /// Sends one report and returns the response it gets.
+    /// Sends one report and returns the next response (its answer, unless sluice sent one of
+    /// its own first: see [`Stream::response`]).
     pub async fn report(
         &mut self,
         domain: &str,
@@ -61,12 +62,7 @@ impl Stream {
             })
             .await
             .expect("report sent");
-        self.rx
-            .message()
-            .await
-            .expect("stream alive")
-            .expect("a response")
-            .bucket_action
+        self.response().await
     }
 
     /// The next response, whatever caused it (a report, a window's end, an assignment that
