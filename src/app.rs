@@ -181,7 +181,7 @@ fn build_store(
             "using the in-memory store (counters are per process)"
         );
         let stack = StoreStack::memory(Arc::clone(clock), args.memory_max_counters);
-        return Ok(with_home(stack, args, clock)?
+        return Ok(with_home(stack, None, args, clock)?
             .with_slices(Arc::clone(clock), (args.leased_max_counters, false)));
     };
     tracing::info!(
@@ -193,21 +193,36 @@ fn build_store(
         "using the Redis store"
     );
     Ok(
-        with_home(chain.build(Arc::clone(clock))?, args, clock)?.with_slices(
+        with_home(chain.build(Arc::clone(clock))?, Some(chain), args, clock)?.with_slices(
             Arc::clone(clock),
             (args.leased_max_counters, chain.local.is_some()),
         ),
     )
 }
 
-/// `stack` with global limits' home store (`GLOBAL_REDIS_URL`), when one is set.
+/// `stack` with global limits' home store (`GLOBAL_REDIS_URL`), when one is set. On Redis the
+/// region's pools get connections of their own that wait up to
+/// [`POOL_PATIENCE`](crate::store::global::POOL_PATIENCE): their calls run off the request
+/// path, and one given up on at `REDIS_TIMEOUT` on a busy machine while Redis still ran it
+/// would lose the units it took (home counted them, nobody could spend them).
 fn with_home(
     stack: StoreStack,
+    chain: Option<&StoreChain>,
     args: &ServeArgs,
     clock: &Arc<dyn Clock>,
 ) -> Result<StoreStack, SettingsError> {
     let Some(home) = args.global.settings(&args.redis)? else {
         return Ok(stack);
+    };
+    let stack = match chain {
+        Some(c) => {
+            let patience = crate::store::global::POOL_PATIENCE.max(c.redis.timeout);
+            let pools = crate::store::redis::RedisStore::patient(&c.redis, patience)?
+                .reporting_to(&stack.signals)
+                .pool();
+            stack.with_pool(Arc::new(pools))
+        }
+        None => stack,
     };
     tracing::info!(
         region = %args.global.region,

@@ -53,8 +53,9 @@ impl GlobalMetrics {
             )?,
             stranded: counter(
                 "sluice_global_stranded_total",
-                "Units left unspent in pools whose window ended, or lost between home and the \
-                 pool (a refill whose store call failed, a give-back home did not take).",
+                "Units left unspent in pools whose window ended, or lost between home, the \
+                 pool and the slices (a refill, take or give-back whose store call failed: the \
+                 most it can have lost).",
             )?,
             pool: gauge(
                 "sluice_global_pool_units",

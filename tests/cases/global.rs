@@ -125,6 +125,39 @@ fn home_counters(home: &RedisServer) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// Each replica's tallies of global limits and slices, its store errors and its warnings: what
+/// a failed count says about where the units went.
+async fn accounts(regions: &[Region]) -> String {
+    let mut out = String::new();
+    for r in regions {
+        for (i, s) in r.replicas.iter().enumerate() {
+            let metrics = crate::support::http(s.http, "GET", "/metrics", "").await.1;
+            let tallies: Vec<&str> = metrics
+                .lines()
+                .filter(|l| {
+                    !l.starts_with('#')
+                        && (l.starts_with("sluice_global_")
+                            || l.starts_with("sluice_slice")
+                            || l.starts_with("sluice_store_errors")
+                            || l.starts_with("sluice_refund_failures"))
+                })
+                .collect();
+            let log = s.log();
+            let warnings: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+                .take(20)
+                .collect();
+            out.push_str(&format!(
+                "region {} replica {i}:\n  {}\n  warnings: {warnings:#?}\n",
+                r.name,
+                tallies.join("\n  ")
+            ));
+        }
+    }
+    out
+}
+
 fn write_config(yaml: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("g.yaml");
@@ -184,7 +217,7 @@ async fn three_regions_share_a_global_limit_never_over_and_spend_nearly_all_of_i
     // The replicas' idle slices go back to their pools, idle pools back home: the home counter
     // is then what was admitted.
     let home_ref = &home;
-    crate::support::poll_until("the home counter holds what was admitted", || async move {
+    let whole = crate::support::try_poll_until(|| async move {
         let c = home_counters(home_ref);
         if c.len() == 1 && c[0].1 == ok {
             Ok(())
@@ -196,6 +229,12 @@ async fn three_regions_share_a_global_limit_never_over_and_spend_nearly_all_of_i
         }
     })
     .await;
+    if let Err(last) = whole {
+        panic!(
+            "the home counter never held what was admitted: {last}\nwhere the units went:\n{}",
+            accounts(&regions).await
+        );
+    }
     let windows = home_counters(&home);
     assert_eq!(windows.len(), 1, "one window: {windows:?}");
     assert_eq!(windows[0].1, ok);

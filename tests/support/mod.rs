@@ -358,6 +358,23 @@ where
     }
 }
 
+/// [`poll_until`] that returns the last failure instead of panicking, for a caller that says
+/// more about it (what it gathers only once the check has failed for good).
+pub async fn try_poll_until<T, E, F, Fut>(mut check: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let deadline = tokio::time::Instant::now() + POLL_CAP;
+    loop {
+        match check().await {
+            Ok(v) => return Ok(v),
+            Err(last) if tokio::time::Instant::now() >= deadline => return Err(last),
+            Err(_) => tokio::time::sleep(POLL_EVERY).await,
+        }
+    }
+}
+
 /// [`poll_until`] for a yes/no check.
 pub async fn eventually<F, Fut>(what: &str, mut check: F)
 where

@@ -532,6 +532,12 @@ impl LocalFallback {
         self.shared.probe().await;
     }
 
+    /// Tests only (`test-util`): store calls that outlived their request's time and have not
+    /// answered yet (each reconciles the ledger when it does).
+    pub fn late_calls(&self) -> usize {
+        self.shared.outstanding.load(Ordering::Relaxed)
+    }
+
     /// Tests only (`test-util`): one background write-back pass now.
     pub async fn write_back_now(&self) {
         self.shared.write_back_all().await;

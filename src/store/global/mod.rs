@@ -56,6 +56,12 @@ pub const PREFILL_MS: u64 = 2_000;
 /// After a refill home did not answer, the region's pool is dry this long (ms): its replicas
 /// deny what their slices cannot admit at once instead of each waiting on home again.
 pub const HOME_RETRY_MS: u64 = 1_000;
+/// How long a call to the region's pools may take on Redis before it is given up (at least
+/// `REDIS_TIMEOUT`). No request waits on these calls (slices are refilled in tasks of their
+/// own), and a call given up on while Redis still runs it loses the units it moved: a take
+/// whose reply never came is units home counted and nobody can spend. Seen on a busy CI
+/// machine at `REDIS_TIMEOUT`'s 100 ms: the home counter one above what was admitted.
+pub const POOL_PATIENCE: Duration = Duration::from_secs(5);
 /// How often a replica waiting on another's refill looks at the pool again.
 const POLL: Duration = Duration::from_millis(5);
 /// Pools and demand records one replica keeps track of at most.
@@ -92,6 +98,9 @@ struct Known {
     at_ms: u64,
     /// This replica watches the pool for idleness (to give it back home).
     draining: bool,
+    /// Units came into the pool while the watch ran (a give-back): once the watch ends, it
+    /// looks again (it may have seen the pool empty just before they came).
+    poked: u64,
     /// A refill ahead runs from this replica (one at a time per counter).
     ahead: bool,
     /// The next window's pool was filled ahead from this replica.
@@ -188,13 +197,17 @@ impl GlobalGrants {
         let key = &check.key;
         let n = check.hits;
         if check.refund {
-            let st = self.pool.run(key, window_ms, PoolOp::Give(n), ttl).await?;
+            let st = self
+                .pool
+                .run(key, window_ms, PoolOp::Give(n), ttl)
+                .await
+                .inspect_err(|_| self.tallies.stranded.add(n))?;
             self.seen(&st);
             let _ = self.known(key, window_ms);
             self.drain_later(key, window, window_ms);
             return Ok(outcome(true, st.left(), window, self.now_ms()));
         }
-        let mut st = self.pool.run(key, window_ms, PoolOp::Take(n), ttl).await?;
+        let mut st = self.take(key, window_ms, n, ttl).await?;
         self.seen(&st);
         for _ in 0..3 {
             if st.ok == 1 {
@@ -233,10 +246,25 @@ impl GlobalGrants {
                 // (never a limit of its own; docs/semantics.md, "Global limits").
                 break;
             }
-            st = self.pool.run(key, window_ms, PoolOp::Take(n), ttl).await?;
+            st = self.take(key, window_ms, n, ttl).await?;
             self.seen(&st);
         }
         Ok(outcome(false, st.left(), window, self.now_ms()))
+    }
+
+    /// Takes `n` units from the pool for a slice. A take that fails may still have been done
+    /// (its reply lost): its units are counted stranded, the most it can have lost.
+    async fn take(
+        &self,
+        key: &CounterKey,
+        window_ms: u64,
+        n: u64,
+        ttl: u64,
+    ) -> Result<PoolState, StoreError> {
+        self.pool
+            .run(key, window_ms, PoolOp::Take(n), ttl)
+            .await
+            .inspect_err(|_| self.tallies.stranded.add(n))
     }
 
     /// Near the end of an epoch-aligned window, the region's pool of the next one is filled
@@ -443,7 +471,10 @@ impl GlobalGrants {
         {
             let mut map = self.known.lock().unwrap_or_else(|e| e.into_inner());
             match map.get_mut(&(key.clone(), window_ms)) {
-                Some(k) if k.draining => return,
+                Some(k) if k.draining => {
+                    k.poked = k.poked.wrapping_add(1);
+                    return;
+                }
                 Some(k) => k.draining = true,
                 None => return,
             }
@@ -453,8 +484,19 @@ impl GlobalGrants {
         };
         let (me, key) = (Arc::clone(self), key.clone());
         rt.spawn(async move {
-            me.watch_idle(&key, window, window_ms).await;
-            me.update(&key, window_ms, |k| k.draining = false);
+            loop {
+                let seen = me.known(&key, window_ms).poked;
+                me.watch_idle(&key, window, window_ms).await;
+                // The watch ends only if nothing came in since it began; else once more (the
+                // flag and the look are one step under the lock: no give-back goes unwatched).
+                let mut map = me.known.lock().unwrap_or_else(|e| e.into_inner());
+                match map.get_mut(&(key.clone(), window_ms)) {
+                    Some(k) if k.poked != seen => continue,
+                    Some(k) => k.draining = false,
+                    None => {}
+                }
+                break;
+            }
         });
     }
 

@@ -57,12 +57,21 @@ impl RedisBoard {
         tag: &str,
         run: impl AsyncFnOnce(&mut Conn) -> redis::RedisResult<T>,
     ) -> Result<T, StoreError> {
+        self.call_within(tag, self.common.quick, run).await
+    }
+
+    /// [`RedisBoard::call`] within `bound` (at most what the connections themselves wait).
+    pub(super) async fn call_within<T: redis::FromRedisValue + Send>(
+        &self,
+        tag: &str,
+        bound: std::time::Duration,
+        run: impl AsyncFnOnce(&mut Conn) -> redis::RedisResult<T>,
+    ) -> Result<T, StoreError> {
         let call = async { self.connection().await?.query(run).await };
-        let r = match tokio::time::timeout(self.common.quick, call).await {
+        let r = match tokio::time::timeout(bound, call).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::Transient(format!(
-                "Redis did not answer within {:?}",
-                self.common.quick
+                "Redis did not answer within {bound:?}"
             ))),
         };
         self.common.record_health(Some(keys::tag_slot(tag)), &r);

@@ -21,7 +21,11 @@ pub fn pool_key(prefix: &str, key: &CounterKey, window_ms: u64) -> String {
     k
 }
 
-/// The pools in the region's Redis, on its connections.
+/// The pools in the region's Redis, on its connections. A pool call waits up to the store's
+/// decision bound (`REDIS_TIMEOUT`, or the patience of a store built with
+/// [`RedisStore::patient`](super::RedisStore::patient), as global limits' pools are: no
+/// request waits on these calls, and a reply given up on while Redis still runs the call
+/// would lose the units it moved).
 #[derive(Debug)]
 pub struct RedisPool {
     pub(super) board: RedisBoard,
@@ -50,7 +54,7 @@ impl RegionPool for RedisPool {
             let pool = pool_key(&self.board.common.prefix, key, window_ms);
             let reply: Vec<i64> = self
                 .board
-                .call(&keys::hash_tag(key), async |c| {
+                .call_within(&keys::hash_tag(key), self.board.common.timeout, async |c| {
                     let mut inv = POOL_SCRIPT.key(&pool);
                     inv.arg(name)
                         .arg(window_ms)
