@@ -232,7 +232,11 @@ fn with_home(
         "global limits: home store"
     );
     let home = crate::store::redis::RedisStore::new(&home)?;
-    Ok(stack.with_home(Arc::new(home), Arc::clone(clock)))
+    let stack = stack.with_home(Arc::new(home), Arc::clone(clock));
+    if let Some(g) = &stack.global {
+        let _ = g.tallies.region.set(args.global.region.clone());
+    }
+    Ok(stack)
 }
 
 fn service_options(args: &ServeArgs) -> ServiceOptions {

@@ -76,6 +76,8 @@ pub struct RateLimiter {
     forget: Option<Arc<dyn crate::store::admin::Forget>>,
     /// This replica's slices of leased limits, given back when it stops.
     slices: Option<Arc<crate::store::slices::Slices>>,
+    /// Global limits' grants (the region's pools), given back home when it stops.
+    global: Option<Arc<crate::store::global::GlobalGrants>>,
     /// Set by [`RateLimiter::awaiting_config`], cleared by the first
     /// [`RateLimiter::replace_rules`]: meanwhile requests get [`RequestError::NoConfig`].
     awaiting_config: AtomicBool,
@@ -118,6 +120,7 @@ impl RateLimiter {
             admin: store.admin,
             forget: store.forget,
             slices: store.slices,
+            global: store.global,
             decider: store.decider,
             demand: store.demand,
             signals: store.signals,
@@ -134,12 +137,14 @@ impl RateLimiter {
     }
 
     /// Gives this replica's unspent slices back to the store (it stops): the other replicas
-    /// can spend them. Bounded by `within`; returns the units given back.
+    /// can spend them; then, with global limits, the region's pools it took from back home.
+    /// Bounded by `within` in all; returns the units given back to the store or the pools.
     pub async fn give_back_slices(&self, within: std::time::Duration) -> u64 {
         let Some(slices) = &self.slices else {
             return 0;
         };
-        let n = tokio::time::timeout(within, slices.give_back_all())
+        let until = tokio::time::Instant::now() + within;
+        let n = tokio::time::timeout_at(until, slices.give_back_all())
             .await
             .unwrap_or(0);
         if n > 0 {
@@ -147,6 +152,17 @@ impl RateLimiter {
                 units = n,
                 "gave unspent slices of leased limits back to the store"
             );
+        }
+        if let Some(global) = &self.global {
+            let home = tokio::time::timeout_at(until, global.give_back_pools())
+                .await
+                .unwrap_or(0);
+            if home > 0 {
+                tracing::info!(
+                    units = home,
+                    "gave the region's pools back to the home store"
+                );
+            }
         }
         n
     }

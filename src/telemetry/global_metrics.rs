@@ -1,30 +1,35 @@
 //! Global limits (`sluice_global_*`, see `store/global`): the refills of this replica's region
 //! pools from the home store (answered, failed, the units they brought, their round trips),
-//! units given back home from idle pools, units stranded in pools whose window ended, and what
-//! the region's pool held at the last operation this replica saw. Running totals kept by the
-//! grants, brought up at each scrape; Prometheus's target labels name the region.
+//! units given back home, units stranded, the time this replica's refills found home cut off,
+//! and what the region's pool held at the last operation this replica saw. Running totals kept
+//! by the grants, brought up at each scrape; every series carries the replica's `region`
+//! (`REGION`), so a dashboard sums by region whatever the scrape's target labels.
 
 use super::registrar::{catch_up, MetricsError, Registrar};
 use crate::store::global::GlobalTallies;
-use prometheus::{IntCounter, IntGauge};
+use prometheus::{CounterVec, IntCounterVec, IntGaugeVec, Opts};
 use std::sync::atomic::Ordering::Relaxed;
 
 #[derive(Debug, Clone)]
 pub struct GlobalMetrics {
-    refills: IntCounter,
-    refill_failures: IntCounter,
-    refilled: IntCounter,
-    refill_us: IntCounter,
-    last_refill_us: IntGauge,
-    returned: IntCounter,
-    stranded: IntCounter,
-    pool: IntGauge,
+    refills: IntCounterVec,
+    refill_failures: IntCounterVec,
+    refilled: IntCounterVec,
+    refill_us: IntCounterVec,
+    last_refill_us: IntGaugeVec,
+    returned: IntCounterVec,
+    stranded: IntCounterVec,
+    cut_off: CounterVec,
+    pool: IntGaugeVec,
 }
+
+const REGION: &[&str] = &["region"];
 
 impl GlobalMetrics {
     pub(super) fn register(r: &Registrar) -> Result<Self, MetricsError> {
-        let counter = |name: &str, help: &str| r.add(IntCounter::new(name, help));
-        let gauge = |name: &str, help: &str| r.add(IntGauge::new(name, help));
+        let counter =
+            |name: &str, help: &str| r.add(IntCounterVec::new(Opts::new(name, help), REGION));
+        let gauge = |name: &str, help: &str| r.add(IntGaugeVec::new(Opts::new(name, help), REGION));
         Ok(Self {
             refills: counter(
                 "sluice_global_refills_total",
@@ -49,7 +54,8 @@ impl GlobalMetrics {
             )?,
             returned: counter(
                 "sluice_global_returned_total",
-                "Units given back to the home store from idle pools.",
+                "Units given back to the home store (idle pools, and every pool a replica took \
+                 from when it stops).",
             )?,
             stranded: counter(
                 "sluice_global_stranded_total",
@@ -57,6 +63,14 @@ impl GlobalMetrics {
                  pool and the slices (a refill, take or give-back whose store call failed: the \
                  most it can have lost).",
             )?,
+            cut_off: r.add(CounterVec::new(
+                Opts::new(
+                    "sluice_global_cut_off_seconds_total",
+                    "Time this replica's refills found the home store cut off: from a refill \
+                     home did not answer to the next one it did (the spell running included).",
+                ),
+                REGION,
+            ))?,
             pool: gauge(
                 "sluice_global_pool_units",
                 "Units the region's pool held at the last operation this replica saw.",
@@ -65,16 +79,34 @@ impl GlobalMetrics {
     }
 
     pub(super) fn update(&self, t: &GlobalTallies) {
-        catch_up(&self.refills, t.refills.get());
-        catch_up(&self.refill_failures, t.refill_failures.get());
-        catch_up(&self.refilled, t.refilled.get());
-        catch_up(&self.refill_us, t.refill_us.get());
-        catch_up(&self.returned, t.returned.get());
-        catch_up(&self.stranded, t.stranded.get());
+        let region = t.region.get().map_or("", String::as_str);
+        let l = [region];
+        catch_up(&self.refills.with_label_values(&l), t.refills.get());
+        catch_up(
+            &self.refill_failures.with_label_values(&l),
+            t.refill_failures.get(),
+        );
+        catch_up(&self.refilled.with_label_values(&l), t.refilled.get());
+        catch_up(&self.refill_us.with_label_values(&l), t.refill_us.get());
+        catch_up(&self.returned.with_label_values(&l), t.returned.get());
+        catch_up(&self.stranded.with_label_values(&l), t.stranded.get());
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let cut = self.cut_off.with_label_values(&l);
+        // Milliseconds as seconds: exact below 2^53 ms (285 000 years).
+        #[allow(clippy::cast_precision_loss)]
+        let total = t.cut_off_ms_at(now_ms) as f64 / 1000.0;
+        if total > cut.get() {
+            cut.inc_by(total - cut.get());
+        }
         let last = t.last_refill_us.load(Relaxed);
         self.last_refill_us
+            .with_label_values(&l)
             .set(i64::try_from(last).unwrap_or(i64::MAX));
         let held = t.pool_held.load(Relaxed);
-        self.pool.set(i64::try_from(held).unwrap_or(i64::MAX));
+        self.pool
+            .with_label_values(&l)
+            .set(i64::try_from(held).unwrap_or(i64::MAX));
     }
 }

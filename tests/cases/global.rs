@@ -266,6 +266,23 @@ async fn a_global_limit_never_reached_costs_at_most_a_thousandth_of_a_home_call_
         calls * 1_000 <= decisions,
         "{calls} calls to the home store for {decisions} decisions: more than 0.001 per decision"
     );
+    // The region's metrics carry its name (the Grafana row sums by it): region a refilled
+    // (whichever of its replicas held the refill's lease).
+    let mut refills = 0.0;
+    let mut metrics = String::new();
+    for s in &regions[0].replicas {
+        metrics = crate::support::http(s.http, "GET", "/metrics", "").await.1;
+        refills += metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("sluice_global_refills_total{region=\"a\"} "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no refills of region a in /metrics:\n{metrics}"));
+    }
+    assert!(refills >= 1.0, "{refills}");
+    assert!(
+        metrics.contains("sluice_global_cut_off_seconds_total{region=\"a\"} 0"),
+        "never cut off: {metrics}"
+    );
 }
 
 #[tokio::test]
@@ -350,6 +367,21 @@ async fn a_region_cut_off_from_home_spends_what_it_holds_then_denies() {
          the {granted} home granted it"
     );
     assert!(denied_during > 0, "the region ran dry while cut off");
+    // Some replica's refills found home cut off, and its metrics say for how long (the spell
+    // still running counts).
+    let mut cut_off = 0.0;
+    for s in &replicas {
+        let metrics = crate::support::http(s.http, "GET", "/metrics", "").await.1;
+        cut_off += metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("sluice_global_cut_off_seconds_total{region=\"a\"} "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no cut-off time of region a in /metrics:\n{metrics}"));
+    }
+    assert!(
+        cut_off > 0.0,
+        "the time cut off from home is counted: {cut_off}"
+    );
     link.heal();
     let after =
         futures_util::future::join_all(replicas.iter().map(|s| load(s.grpc_url(), 500, "2s")))
@@ -406,5 +438,64 @@ async fn an_envoy_limit_override_on_a_global_limit_is_one_counter_across_regions
     assert_eq!(
         admitted, 5,
         "an override of 5/min admitted {admitted} across two regions"
+    );
+}
+
+/// A replica that stops (SIGTERM) gives its slices back to its region's pool and the pool back
+/// home before it exits: with no replica of the region left to notice the pool go idle, the
+/// home counter is what was admitted the moment the process is gone, not at the window's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_stopped_mid_load_gives_its_pool_back_home() {
+    let home = start_redis(&[]).await;
+    let (_dir, path) = write_config(&config(1_000_000));
+    let store = Store::Single(start_redis(&[]).await);
+    let home_addr = SocketAddr::from(([127, 0, 0, 1], home.port()));
+    let mut region = region("a", &store, home_addr, Duration::from_millis(25), &path, 1).await;
+    early_in_a_minute(30).await;
+    let minute = unix_minute();
+    let target = region.replicas[0].grpc_url();
+    let args: Vec<String> = [
+        "--target",
+        &target,
+        "--domain",
+        "g",
+        "--descriptor",
+        "resource=api",
+        "--concurrency",
+        "8",
+        "--rate",
+        "400",
+        "--duration",
+        "8s",
+        "--timeout",
+        "5s",
+    ]
+    .map(String::from)
+    .to_vec();
+    let run = tokio::spawn(async move { crate::support::binary::bench(&args).await });
+    // Stopped while the load runs (a wait, not a measurement: the load lasts 8 s), so its
+    // slices and its pool hold units nobody spent.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let replica = &mut region.replicas[0];
+    replica.sigterm();
+    let (code, log) = replica.exit().await;
+    assert_eq!(code, Some(0), "{log}");
+    let summary = run.await.expect("bench task");
+    // What the load was answered OK before the replica went: what it admitted.
+    let admitted = match &summary {
+        Ok(s) => s["ok"].as_u64().expect("ok"),
+        Err(e) => panic!("sluice bench failed: {e}"),
+    };
+    assert!(admitted > 0);
+    assert_eq!(unix_minute(), minute, "the window did not end meanwhile");
+    let windows = home_counters(&home);
+    assert_eq!(
+        windows.iter().map(|w| w.1).collect::<Vec<_>>(),
+        vec![admitted],
+        "the home counter is what was admitted once the replica is gone: {windows:?}"
+    );
+    assert!(
+        log.contains("gave the region's pools back to the home store"),
+        "the pool went home at SIGTERM: {log}"
     );
 }

@@ -29,6 +29,7 @@
 //!   it holds, then the slices' grants fail and the stack's failure mode decides (see
 //!   docs/semantics.md).
 
+mod drain;
 mod pool;
 
 pub use pool::{MemoryPool, PoolOp, PoolState, RegionPool};
@@ -84,12 +85,48 @@ pub struct GlobalTallies {
     pub stranded: Tally,
     /// Units this region's pools held at the last operation this replica saw.
     pub pool_held: AtomicU64,
+    /// Time cut off from home as this replica's refills saw it, in ms: from a refill home did
+    /// not answer to the next one it did (ended spells; the one running is `cut_since_ms`).
+    pub cut_off_ms: Tally,
+    /// When the spell cut off from home running now began (the clock's ms), 0: none.
+    pub cut_since_ms: AtomicU64,
+    /// The region this replica serves (`REGION`), the metrics' `region` label.
+    pub region: std::sync::OnceLock<String>,
+}
+
+impl GlobalTallies {
+    /// Time cut off from home up to `now_ms` (the clock's), the running spell included.
+    pub fn cut_off_ms_at(&self, now_ms: u64) -> u64 {
+        let since = self.cut_since_ms.load(Relaxed);
+        let running = if since == 0 {
+            0
+        } else {
+            now_ms.saturating_sub(since)
+        };
+        self.cut_off_ms.get().saturating_add(running)
+    }
+
+    /// A refill home answered (`true`) or did not, at `now_ms`: ends or begins a spell.
+    fn home_answered(&self, answered: bool, now_ms: u64) {
+        if answered {
+            let since = self.cut_since_ms.swap(0, Relaxed);
+            if since != 0 {
+                self.cut_off_ms.add(now_ms.saturating_sub(since));
+            }
+        } else {
+            let _ = self
+                .cut_since_ms
+                .compare_exchange(0, now_ms.max(1), Relaxed, Relaxed);
+        }
+    }
 }
 
 /// What this replica remembers of one global counter: for sizing refills and for answers.
 #[derive(Debug, Clone, Copy, Default)]
 struct Known {
     window_ms: u64,
+    /// The window (`LimitCheck::window`, µs), for giving the pool back at SIGTERM.
+    window: Option<(u64, u64)>,
     /// What home had left at the last refill this replica saw (u64::MAX: none yet).
     home_left: u64,
     /// The last refill's size, and the pool's `taken` and clock then (the region's rate).
@@ -148,7 +185,8 @@ impl GlobalGrants {
         &self.home
     }
 
-    fn known(&self, key: &CounterKey, window_ms: u64) -> Known {
+    fn known(&self, key: &CounterKey, window: Option<(u64, u64)>) -> Known {
+        let window_ms = window_ms(window);
         let mut map = self.known.lock().unwrap_or_else(|e| e.into_inner());
         let slot = (key.clone(), window_ms);
         if map.len() >= MAX_KNOWN && !map.contains_key(&slot) {
@@ -162,6 +200,7 @@ impl GlobalGrants {
         }
         *map.entry(slot).or_insert(Known {
             window_ms,
+            window,
             home_left: u64::MAX,
             ..Known::default()
         })
@@ -192,7 +231,7 @@ impl GlobalGrants {
     /// A grant of `check.hits` for a slice (or, `check.refund`, a slice given back).
     async fn grant(self: &Arc<Self>, check: &LimitCheck) -> Result<Outcome, StoreError> {
         let window = check.window;
-        let window_ms = window.map_or(0, |(start, _)| start / 1000);
+        let window_ms = window_ms(window);
         let ttl = Self::ttl_ms(window, self.now_ms());
         let key = &check.key;
         let n = check.hits;
@@ -203,7 +242,7 @@ impl GlobalGrants {
                 .await
                 .inspect_err(|_| self.tallies.stranded.add(n))?;
             self.seen(&st);
-            let _ = self.known(key, window_ms);
+            let _ = self.known(key, window);
             self.drain_later(key, window, window_ms);
             return Ok(outcome(true, st.left(), window, self.now_ms()));
         }
@@ -211,7 +250,7 @@ impl GlobalGrants {
         self.seen(&st);
         for _ in 0..3 {
             if st.ok == 1 {
-                let k = self.known(key, window_ms);
+                let k = self.known(key, window);
                 self.prefill_next(check, &k);
                 if !k.draining {
                     self.drain_later(key, window, window_ms);
@@ -294,7 +333,7 @@ impl GlobalGrants {
         let need = k.last_refill.max(1);
         let me = Arc::clone(self);
         tokio::spawn(async move {
-            let _ = me.known(&next.key, next_ms);
+            let _ = me.known(&next.key, next.window);
             let _ = me.refill(&next, next_ms, ttl, need).await;
         });
     }
@@ -322,7 +361,7 @@ impl GlobalGrants {
         if lock.ok == 0 {
             return self.await_other(key, window_ms, ttl, &lock).await;
         }
-        let k = self.known(key, window_ms);
+        let k = self.known(key, check.window);
         // Another replica's refill may have landed since this one was decided on: the pool has
         // what was needed (or, ahead, half of this replica's last refill) - nothing to ask.
         let enough = if need == 0 { k.last_refill / 2 } else { need };
@@ -367,6 +406,7 @@ impl GlobalGrants {
         if st.is_err() {
             self.tallies.stranded.add(got);
         }
+        self.tallies.home_answered(failed.is_none(), self.now_ms());
         if let Some(e) = failed {
             self.tallies.refill_failures.add(1);
             return Err(e);
@@ -465,89 +505,6 @@ impl GlobalGrants {
         };
         demand.max(floor).min(quarter).max(need).max(1)
     }
-
-    /// Once the pool may be idle, drains it and gives its units back home.
-    fn drain_later(self: &Arc<Self>, key: &CounterKey, window: Option<(u64, u64)>, window_ms: u64) {
-        {
-            let mut map = self.known.lock().unwrap_or_else(|e| e.into_inner());
-            match map.get_mut(&(key.clone(), window_ms)) {
-                Some(k) if k.draining => {
-                    k.poked = k.poked.wrapping_add(1);
-                    return;
-                }
-                Some(k) => k.draining = true,
-                None => return,
-            }
-        }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (me, key) = (Arc::clone(self), key.clone());
-        rt.spawn(async move {
-            loop {
-                let seen = me.known(&key, window_ms).poked;
-                me.watch_idle(&key, window, window_ms).await;
-                // The watch ends only if nothing came in since it began; else once more (the
-                // flag and the look are one step under the lock: no give-back goes unwatched).
-                let mut map = me.known.lock().unwrap_or_else(|e| e.into_inner());
-                match map.get_mut(&(key.clone(), window_ms)) {
-                    Some(k) if k.poked != seen => continue,
-                    Some(k) => k.draining = false,
-                    None => {}
-                }
-                break;
-            }
-        });
-    }
-
-    /// Until the pool is drained, empty or its window has passed: every [`POOL_IDLE_MS`], a
-    /// drain (done only if no replica took from the pool meanwhile), its units given back home.
-    /// Once the window is over, what the pool still holds is drained and counted stranded (by
-    /// whichever watcher drains it first: each unit once).
-    async fn watch_idle(&self, key: &CounterKey, window: Option<(u64, u64)>, window_ms: u64) {
-        let end_ms = window.map_or(u64::MAX, |(_, end)| end / 1000);
-        loop {
-            tokio::time::sleep(Duration::from_millis(POOL_IDLE_MS + 100)).await;
-            let now = self.now_ms();
-            let ttl = Self::ttl_ms(window, now);
-            if now >= end_ms {
-                // A refill still out holds the lease (and the drain back): once more after the
-                // lease has run out, so what it brought is counted too.
-                for _ in 0..2 {
-                    let last = PoolOp::Drain { idle_ms: 0 };
-                    match self.pool.run(key, window_ms, last, ttl).await {
-                        Ok(st) if !st.locked => {
-                            self.tallies.stranded.add(st.ok);
-                            return;
-                        }
-                        Ok(st) => self.tallies.stranded.add(st.ok),
-                        Err(_) => {}
-                    }
-                    tokio::time::sleep(Duration::from_millis(REFILL_LEASE_MS)).await;
-                }
-                return;
-            }
-            let drain = PoolOp::Drain {
-                idle_ms: POOL_IDLE_MS,
-            };
-            let Ok(st) = self.pool.run(key, window_ms, drain, ttl).await else {
-                continue;
-            };
-            if st.ok == 0 && st.left() == 0 {
-                return; // nothing to give back; the next take watches again
-            }
-            if st.ok == 0 {
-                continue; // in use: look again later
-            }
-            self.seen(&st);
-            let back = grant_check(key, window, st.ok, true);
-            match self.home.decide(std::slice::from_ref(&back)).await {
-                Ok(_) => self.tallies.returned.add(st.ok),
-                Err(_) => self.tallies.stranded.add(st.ok),
-            }
-            return;
-        }
-    }
 }
 
 impl CounterStore for Arc<GlobalGrants> {
@@ -592,6 +549,11 @@ fn outcome(allowed: bool, remaining: u64, window: Option<(u64, u64)>, now_ms: u6
 /// the slices' grant, one level up.
 fn grant_check(key: &CounterKey, window: Option<(u64, u64)>, hits: u64, back: bool) -> LimitCheck {
     super::slices::charge_check(key, window, hits, back)
+}
+
+/// The millisecond a window starts at, which names its pool (0: a token bucket's, no window).
+fn window_ms(window: Option<(u64, u64)>) -> u64 {
+    window.map_or(0, |(start, _)| start / 1000)
 }
 
 /// A refill lease's token: distinct per attempt (the pool releases only its own).

@@ -7,14 +7,13 @@
 --
 -- KEYS[1]  the pool of one window: a hash {have, taken, last, lock, lock_until, dry_until, fill}
 -- ARGV[1]  the operation: take | give | lock | fill | drain
--- ARGV[2]  (unused: the window is in the key)
--- ARGV[3]  units (take, give, fill)
--- ARGV[4]  the refiller's token (lock, fill)
--- ARGV[5]  lock: the lease in ms; fill: ms the home store is dry for (0: not dry);
+-- ARGV[2]  units (take, give, fill)
+-- ARGV[3]  the refiller's token (lock, fill)
+-- ARGV[4]  lock: the lease in ms; fill: ms the home store is dry for (0: not dry);
 --          drain: ms without a take that make the pool idle
--- ARGV[6]  how long the pool outlives this call, in ms (PEXPIRE)
+-- ARGV[5]  how long the pool outlives this call, in ms (PEXPIRE)
 --
--- Reply: {ok, have, taken, dry_until, 0, now, locked, fill}: ok is 1/0 (drain: the units
+-- Reply: {ok, have, taken, dry_until, now, locked, fill}: ok is 1/0 (drain: the units
 -- drained); locked is 1 while a refill's lease runs; fill is the last refill's size. Times are
 -- the Redis server's (TIME), in ms.
 
@@ -30,7 +29,7 @@ if have == nil then
   redis.call('HSET', h, 'have', 0, 'taken', 0, 'last', now)
 end
 local op = ARGV[1]
-local n = tonumber(ARGV[3])
+local n = tonumber(ARGV[2])
 local ok = 1
 if op == 'take' then
   if n == 0 then
@@ -46,10 +45,10 @@ elseif op == 'give' then
   taken = taken - g
   redis.call('HSET', h, 'taken', taken)
 elseif op == 'lock' then
-  if lock ~= '' and lock ~= ARGV[4] and lock_until > now then
+  if lock ~= '' and lock ~= ARGV[3] and lock_until > now then
     ok = 0
   else
-    redis.call('HSET', h, 'lock', ARGV[4], 'lock_until', now + tonumber(ARGV[5]))
+    redis.call('HSET', h, 'lock', ARGV[3], 'lock_until', now + tonumber(ARGV[4]))
   end
 elseif op == 'fill' then
   -- Units the home store granted are added whoever holds the lock now (they were taken from
@@ -59,18 +58,18 @@ elseif op == 'fill' then
   if n > 0 then
     redis.call('HSET', h, 'fill', n)
   end
-  local dry_for = tonumber(ARGV[5])
+  local dry_for = tonumber(ARGV[4])
   if dry_for > 0 then
     dry = now + dry_for
     redis.call('HSET', h, 'dry_until', dry)
   end
-  if lock == ARGV[4] then
+  if lock == ARGV[3] then
     redis.call('HDEL', h, 'lock', 'lock_until')
   end
 elseif op == 'drain' then
   -- Every unit not taken leaves the pool (the caller returns them home), if no replica took
-  -- any for ARGV[5] ms and no refill runs.
-  if now - last >= tonumber(ARGV[5]) and (lock == '' or lock_until <= now) then
+  -- any for ARGV[4] ms and no refill runs.
+  if now - last >= tonumber(ARGV[4]) and (lock == '' or lock_until <= now) then
     ok = have - taken
     have = taken
     redis.call('HSET', h, 'have', have)
@@ -78,10 +77,10 @@ elseif op == 'drain' then
     ok = 0
   end
 end
-redis.call('PEXPIRE', h, ARGV[6])
+redis.call('PEXPIRE', h, ARGV[5])
 local locked = 0
 local l = redis.call('HMGET', h, 'lock', 'lock_until', 'fill')
 if l[1] and tonumber(l[2]) and tonumber(l[2]) > now then
   locked = 1
 end
-return {ok, have, taken, dry, 0, now, locked, tonumber(l[3]) or 0}
+return {ok, have, taken, dry, now, locked, tonumber(l[3]) or 0}

@@ -57,7 +57,6 @@ impl RegionPool for RedisPool {
                 .call_within(&keys::hash_tag(key), self.board.common.timeout, async |c| {
                     let mut inv = POOL_SCRIPT.key(&pool);
                     inv.arg(name)
-                        .arg(window_ms)
                         .arg(n)
                         .arg(token)
                         .arg(extra)
@@ -72,9 +71,9 @@ impl RegionPool for RedisPool {
                 have: u(1),
                 taken: u(2),
                 dry_until: u(3),
-                now: u(5),
-                locked: at(6) == 1,
-                last_fill: u(7),
+                now: u(4),
+                locked: at(5) == 1,
+                last_fill: u(6),
             })
         })
     }

@@ -1,0 +1,147 @@
+//! Giving a region's pool back home: once no replica of the region took from it for
+//! [`POOL_IDLE_MS`](super::POOL_IDLE_MS) (a watcher per pool and replica, which also counts what
+//! a window left unspent once it ends), and every pool a replica took from when it stops
+//! (SIGTERM): demand that moves to another region, or a region scaled to zero, leaves the units
+//! at home, where the other regions' refills find them.
+
+use super::{grant_check, window_ms, GlobalGrants, PoolOp, POOL_IDLE_MS, REFILL_LEASE_MS};
+use crate::store::{CounterKey, CounterStore};
+use std::sync::Arc;
+use std::time::Duration;
+
+impl GlobalGrants {
+    /// Once the pool may be idle, drains it and gives its units back home.
+    pub(super) fn drain_later(
+        self: &Arc<Self>,
+        key: &CounterKey,
+        window: Option<(u64, u64)>,
+        window_ms: u64,
+    ) {
+        {
+            let mut map = self.known.lock().unwrap_or_else(|e| e.into_inner());
+            match map.get_mut(&(key.clone(), window_ms)) {
+                Some(k) if k.draining => {
+                    k.poked = k.poked.wrapping_add(1);
+                    return;
+                }
+                Some(k) => k.draining = true,
+                None => return,
+            }
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (me, key) = (Arc::clone(self), key.clone());
+        rt.spawn(async move {
+            loop {
+                let seen = me.known(&key, window).poked;
+                me.watch_idle(&key, window, window_ms).await;
+                // The watch ends only if nothing came in since it began; else once more (the
+                // flag and the look are one step under the lock: no give-back goes unwatched).
+                let mut map = me.known.lock().unwrap_or_else(|e| e.into_inner());
+                match map.get_mut(&(key.clone(), window_ms)) {
+                    Some(k) if k.poked != seen => continue,
+                    Some(k) => k.draining = false,
+                    None => {}
+                }
+                break;
+            }
+        });
+    }
+
+    /// Until the pool is drained, empty or its window has passed: every [`POOL_IDLE_MS`], a
+    /// drain (done only if no replica took from the pool meanwhile), its units given back home.
+    /// Once the window is over, what the pool still holds is drained and counted stranded (by
+    /// whichever watcher drains it first: each unit once).
+    async fn watch_idle(&self, key: &CounterKey, window: Option<(u64, u64)>, window_ms: u64) {
+        let end_ms = window.map_or(u64::MAX, |(_, end)| end / 1000);
+        loop {
+            tokio::time::sleep(Duration::from_millis(POOL_IDLE_MS + 100)).await;
+            let now = self.now_ms();
+            let ttl = Self::ttl_ms(window, now);
+            if now >= end_ms {
+                // A refill still out holds the lease (and the drain back): once more after the
+                // lease has run out, so what it brought is counted too.
+                for _ in 0..2 {
+                    let last = PoolOp::Drain { idle_ms: 0 };
+                    match self.pool.run(key, window_ms, last, ttl).await {
+                        Ok(st) if !st.locked => {
+                            self.tallies.stranded.add(st.ok);
+                            return;
+                        }
+                        Ok(st) => self.tallies.stranded.add(st.ok),
+                        Err(_) => {}
+                    }
+                    tokio::time::sleep(Duration::from_millis(REFILL_LEASE_MS)).await;
+                }
+                return;
+            }
+            let drain = PoolOp::Drain {
+                idle_ms: POOL_IDLE_MS,
+            };
+            let Ok(st) = self.pool.run(key, window_ms, drain, ttl).await else {
+                continue;
+            };
+            if st.ok == 0 && st.left() == 0 {
+                return; // nothing to give back; the next take watches again
+            }
+            if st.ok == 0 {
+                continue; // in use: look again later
+            }
+            self.seen(&st);
+            let back = grant_check(key, window, st.ok, true);
+            match self.home.decide(std::slice::from_ref(&back)).await {
+                Ok(_) => self.tallies.returned.add(st.ok),
+                Err(_) => self.tallies.stranded.add(st.ok),
+            }
+            return;
+        }
+    }
+    /// A replica that stops (SIGTERM), once its slices are back in the pools: every pool of a
+    /// window still running that this replica took from goes back home at once (not only once
+    /// idle: no replica of this region may be left to notice), so other regions, or this
+    /// region's other replicas through a refill, can spend its units. A pool a refill is
+    /// filling now is left to its idle drain. Returns the units given back home.
+    pub async fn give_back_pools(&self) -> u64 {
+        let now = self.now_ms();
+        let pools: Vec<(CounterKey, Option<(u64, u64)>)> = {
+            let map = self.known.lock().unwrap_or_else(|e| e.into_inner());
+            map.iter()
+                .filter(|(_, k)| k.window.is_none_or(|(_, end)| end / 1000 > now))
+                .map(|((key, _), k)| (key.clone(), k.window))
+                .collect()
+        };
+        let mut total = 0;
+        for (key, window) in pools {
+            let ttl = Self::ttl_ms(window, now);
+            let all = PoolOp::Drain { idle_ms: 0 };
+            // A refill still out (this replica's own, ahead) holds the pool: its units land,
+            // then the pool goes (the caller bounds the wait).
+            let mut drained = None;
+            for _ in 0..(REFILL_LEASE_MS / 20) {
+                match self.pool.run(&key, window_ms(window), all, ttl).await {
+                    Ok(st) if st.ok == 0 && st.locked => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Ok(st) => {
+                        drained = Some(st);
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            let Some(st) = drained.filter(|st| st.ok > 0) else {
+                continue;
+            };
+            let back = grant_check(&key, window, st.ok, true);
+            match self.home.decide(std::slice::from_ref(&back)).await {
+                Ok(_) => {
+                    self.tallies.returned.add(st.ok);
+                    total += st.ok;
+                }
+                Err(_) => self.tallies.stranded.add(st.ok),
+            }
+        }
+        total
+    }
+}
