@@ -217,9 +217,9 @@ fn with_home(
     let stack = match chain {
         Some(c) => {
             let patience = crate::store::global::POOL_PATIENCE.max(c.redis.timeout);
-            let pools = crate::store::redis::RedisStore::patient(&c.redis, patience)?
-                .reporting_to(&stack.signals)
-                .pool();
+            // Signals of their own: the main store's health (readiness, the breaker) is what
+            // its own calls say, not a pool call's five-second verdict.
+            let pools = crate::store::redis::RedisStore::patient(&c.redis, patience)?.pool();
             stack.with_pool(Arc::new(pools))
         }
         None => stack,

@@ -154,9 +154,9 @@ impl RateLimiter {
             );
         }
         if let Some(global) = &self.global {
-            let home = tokio::time::timeout_at(until, global.give_back_pools())
-                .await
-                .unwrap_or(0);
+            // Not cut at `until` from outside: a pool drained must be refunded (it starts none
+            // too close to `until`, and a refund started is bounded by the home store's timeout).
+            let home = global.give_back_pools(until).await;
             if home > 0 {
                 tracing::info!(
                     units = home,

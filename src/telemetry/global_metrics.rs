@@ -97,8 +97,9 @@ impl GlobalMetrics {
         // Milliseconds as seconds: exact below 2^53 ms (285 000 years).
         #[allow(clippy::cast_precision_loss)]
         let total = t.cut_off_ms_at(now_ms) as f64 / 1000.0;
-        if total > cut.get() {
-            cut.inc_by(total - cut.get());
+        let seen = cut.get();
+        if total > seen {
+            cut.inc_by(total - seen);
         }
         let last = t.last_refill_us.load(Relaxed);
         self.last_refill_us

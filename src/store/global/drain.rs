@@ -6,8 +6,14 @@
 
 use super::{grant_check, window_ms, GlobalGrants, PoolOp, POOL_IDLE_MS, REFILL_LEASE_MS};
 use crate::store::{CounterKey, CounterStore};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Pools given back at once when a replica stops.
+const GIVE_BACK_AT_ONCE: usize = 16;
+/// No pool's give-back starts this close to its bound: its drain and refund go together.
+const GIVE_BACK_MARGIN: Duration = Duration::from_millis(300);
 
 impl GlobalGrants {
     /// Once the pool may be idle, drains it and gives its units back home.
@@ -91,7 +97,10 @@ impl GlobalGrants {
             self.seen(&st);
             let back = grant_check(key, window, st.ok, true);
             match self.home.decide(std::slice::from_ref(&back)).await {
-                Ok(_) => self.tallies.returned.add(st.ok),
+                Ok(_) => {
+                    self.tallies.returned.add(st.ok);
+                    self.tallies.home_answered(true, self.now_ms());
+                }
                 Err(_) => self.tallies.stranded.add(st.ok),
             }
             return;
@@ -100,9 +109,20 @@ impl GlobalGrants {
     /// A replica that stops (SIGTERM), once its slices are back in the pools: every pool of a
     /// window still running that this replica took from goes back home at once (not only once
     /// idle: no replica of this region may be left to notice), so other regions, or this
-    /// region's other replicas through a refill, can spend its units. A pool a refill is
-    /// filling now is left to its idle drain. Returns the units given back home.
-    pub async fn give_back_pools(&self) -> u64 {
+    /// region's other replicas through a refill, can spend its units. No refill starts any
+    /// more, and this replica's refills under way land first (until `deadline`). A pool whose
+    /// lease another replica holds is left to that replica's idle drain. A pool's drain and
+    /// its refund home go together, never cut in between (units drained and not refunded
+    /// would be lost uncounted): none starts within [`GIVE_BACK_MARGIN`] of `deadline`, and
+    /// a refund started runs to its answer (the home store's timeout bounds it). Returns the
+    /// units given back home.
+    pub async fn give_back_pools(&self, deadline: tokio::time::Instant) -> u64 {
+        use futures_util::StreamExt;
+        use std::sync::atomic::Ordering::SeqCst;
+        self.stopping.store(true, SeqCst);
+        while self.refilling.load(SeqCst) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let now = self.now_ms();
         let pools: Vec<(CounterKey, Option<(u64, u64)>)> = {
             let map = self.known.lock().unwrap_or_else(|e| e.into_inner());
@@ -111,37 +131,32 @@ impl GlobalGrants {
                 .map(|((key, _), k)| (key.clone(), k.window))
                 .collect()
         };
-        let mut total = 0;
-        for (key, window) in pools {
-            let ttl = Self::ttl_ms(window, now);
-            let all = PoolOp::Drain { idle_ms: 0 };
-            // A refill still out (this replica's own, ahead) holds the pool: its units land,
-            // then the pool goes (the caller bounds the wait).
-            let mut drained = None;
-            for _ in 0..(REFILL_LEASE_MS / 20) {
-                match self.pool.run(&key, window_ms(window), all, ttl).await {
-                    Ok(st) if st.ok == 0 && st.locked => {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
+        let total = AtomicU64::new(0);
+        futures_util::stream::iter(pools)
+            .for_each_concurrent(GIVE_BACK_AT_ONCE, |(key, window)| {
+                let total = &total;
+                async move {
+                    if tokio::time::Instant::now() + GIVE_BACK_MARGIN >= deadline {
+                        return;
                     }
-                    Ok(st) => {
-                        drained = Some(st);
-                        break;
+                    let ttl = Self::ttl_ms(window, now);
+                    let all = PoolOp::Drain { idle_ms: 0 };
+                    let st = match self.pool.run(&key, window_ms(window), all, ttl).await {
+                        Ok(st) if st.ok > 0 => st,
+                        _ => return,
+                    };
+                    let back = grant_check(&key, window, st.ok, true);
+                    match self.home.decide(std::slice::from_ref(&back)).await {
+                        Ok(_) => {
+                            self.tallies.returned.add(st.ok);
+                            self.tallies.home_answered(true, self.now_ms());
+                            total.fetch_add(st.ok, Relaxed);
+                        }
+                        Err(_) => self.tallies.stranded.add(st.ok),
                     }
-                    Err(_) => break,
                 }
-            }
-            let Some(st) = drained.filter(|st| st.ok > 0) else {
-                continue;
-            };
-            let back = grant_check(&key, window, st.ok, true);
-            match self.home.decide(std::slice::from_ref(&back)).await {
-                Ok(_) => {
-                    self.tallies.returned.add(st.ok);
-                    total += st.ok;
-                }
-                Err(_) => self.tallies.stranded.add(st.ok),
-            }
-        }
-        total
+            })
+            .await;
+        total.load(Relaxed)
     }
 }

@@ -163,6 +163,11 @@ pub struct GlobalGrants {
     clock: Arc<dyn Clock>,
     known: Mutex<HashMap<(CounterKey, u64), Known>>,
     pub tallies: Arc<GlobalTallies>,
+    /// The replica stops: no refill starts any more (its pools are being given back home).
+    stopping: std::sync::atomic::AtomicBool,
+    /// This replica's refills under way (from before their lease to their fill): the pools
+    /// are given back home once they have landed.
+    refilling: std::sync::atomic::AtomicUsize,
 }
 
 impl GlobalGrants {
@@ -177,6 +182,8 @@ impl GlobalGrants {
             clock,
             known: Mutex::new(HashMap::new()),
             tallies: Arc::default(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
+            refilling: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -351,6 +358,14 @@ impl GlobalGrants {
         ttl: u64,
         need: u64,
     ) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        // Counted before the look at `stopping` (which the give-back sets before it waits for
+        // the count to fall): a refill either sees it and asks home nothing, or lands first.
+        self.refilling.fetch_add(1, SeqCst);
+        let _landed = Landed(&self.refilling);
+        if self.stopping.load(SeqCst) {
+            return Ok(());
+        }
         let key = &check.key;
         let token = rand_token();
         let lease_ms = REFILL_LEASE_MS;
@@ -392,9 +407,12 @@ impl GlobalGrants {
             // than every request waiting on home again.
             dry_ms = HOME_RETRY_MS;
         }
-        let rtt = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        self.tallies.refill_us.add(rtt);
-        self.tallies.last_refill_us.store(rtt, Relaxed);
+        if failed.is_none() {
+            // Answered refills only: the panel divides by them.
+            let rtt = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            self.tallies.refill_us.add(rtt);
+            self.tallies.last_refill_us.store(rtt, Relaxed);
+        }
         // Whatever home granted goes into the pool (and the lease is released), even if the
         // window ended meanwhile (the watcher's last drain counts it stranded).
         let fill = PoolOp::Fill {
@@ -437,6 +455,10 @@ impl GlobalGrants {
         while tokio::time::Instant::now() < until {
             tokio::time::sleep(POLL).await;
             let st = self.pool.run(key, window_ms, PoolOp::Take(0), ttl).await?;
+            if st.have > seen.have {
+                // Another replica's refill brought units: home answers.
+                self.tallies.home_answered(true, self.now_ms());
+            }
             if st.have != seen.have || st.dry_until > st.now || !st.locked {
                 break;
             }
@@ -549,6 +571,15 @@ fn outcome(allowed: bool, remaining: u64, window: Option<(u64, u64)>, now_ms: u6
 /// the slices' grant, one level up.
 fn grant_check(key: &CounterKey, window: Option<(u64, u64)>, hits: u64, back: bool) -> LimitCheck {
     super::slices::charge_check(key, window, hits, back)
+}
+
+/// Counts a refill as landed when it ends, however it ends.
+struct Landed<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Landed<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// The millisecond a window starts at, which names its pool (0: a token bucket's, no window).
