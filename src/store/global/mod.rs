@@ -31,12 +31,12 @@
 
 mod drain;
 mod pool;
+mod tallies;
 
 pub use pool::{MemoryPool, PoolOp, PoolState, RegionPool};
+pub use tallies::GlobalTallies;
 
-use super::{
-    BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, Outcome, StoreError, Tally,
-};
+use super::{BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, Outcome, StoreError};
 use crate::clock::Clock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -67,59 +67,6 @@ pub const POOL_PATIENCE: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(5);
 /// Pools and demand records one replica keeps track of at most.
 const MAX_KNOWN: usize = 10_000;
-
-/// What global limits report (`sluice_global_*`).
-#[derive(Debug, Default)]
-pub struct GlobalTallies {
-    /// Refills home answered, and the units they brought.
-    pub refills: Tally,
-    pub refilled: Tally,
-    /// Refills that failed (home did not answer in time).
-    pub refill_failures: Tally,
-    /// Sum of the refills' round trips to home, in microseconds, and the last one.
-    pub refill_us: Tally,
-    pub last_refill_us: AtomicU64,
-    /// Units given back home (idle pools).
-    pub returned: Tally,
-    /// Units left unspent in pools whose window ended.
-    pub stranded: Tally,
-    /// Units this region's pools held at the last operation this replica saw.
-    pub pool_held: AtomicU64,
-    /// Time cut off from home as this replica's refills saw it, in ms: from a refill home did
-    /// not answer to the next one it did (ended spells; the one running is `cut_since_ms`).
-    pub cut_off_ms: Tally,
-    /// When the spell cut off from home running now began (the clock's ms), 0: none.
-    pub cut_since_ms: AtomicU64,
-    /// The region this replica serves (`REGION`), the metrics' `region` label.
-    pub region: std::sync::OnceLock<String>,
-}
-
-impl GlobalTallies {
-    /// Time cut off from home up to `now_ms` (the clock's), the running spell included.
-    pub fn cut_off_ms_at(&self, now_ms: u64) -> u64 {
-        let since = self.cut_since_ms.load(Relaxed);
-        let running = if since == 0 {
-            0
-        } else {
-            now_ms.saturating_sub(since)
-        };
-        self.cut_off_ms.get().saturating_add(running)
-    }
-
-    /// A refill home answered (`true`) or did not, at `now_ms`: ends or begins a spell.
-    fn home_answered(&self, answered: bool, now_ms: u64) {
-        if answered {
-            let since = self.cut_since_ms.swap(0, Relaxed);
-            if since != 0 {
-                self.cut_off_ms.add(now_ms.saturating_sub(since));
-            }
-        } else {
-            let _ = self
-                .cut_since_ms
-                .compare_exchange(0, now_ms.max(1), Relaxed, Relaxed);
-        }
-    }
-}
 
 /// What this replica remembers of one global counter: for sizing refills and for answers.
 #[derive(Debug, Clone, Copy, Default)]
@@ -396,25 +343,37 @@ impl GlobalGrants {
         }
         let want = self.want(check, &k, &lock, need);
         let started = tokio::time::Instant::now();
-        let Asked {
-            got,
-            mut dry_ms,
-            home_left,
-            failed,
-        } = self.ask_home(check, want, k.home_left).await;
-        if failed.is_some() {
-            // Home is unreachable: the region denies what it cannot admit for a while, rather
-            // than every request waiting on home again.
-            dry_ms = HOME_RETRY_MS;
-        }
-        if failed.is_none() {
+        let asked = self.ask_home(check, want, k.home_left).await;
+        if asked.failed.is_none() {
             // Answered refills only: the panel divides by them.
             let rtt = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
             self.tallies.refill_us.add(rtt);
             self.tallies.last_refill_us.store(rtt, Relaxed);
         }
-        // Whatever home granted goes into the pool (and the lease is released), even if the
-        // window ended meanwhile (the watcher's last drain counts it stranded).
+        self.land(key, window_ms, ttl, token, asked).await
+    }
+
+    /// A refill's grant from home goes into the pool (and its lease is released), even if the
+    /// window ended meanwhile (the watcher's last drain counts it stranded).
+    async fn land(
+        &self,
+        key: &CounterKey,
+        window_ms: u64,
+        ttl: u64,
+        token: u64,
+        asked: Asked,
+    ) -> Result<(), StoreError> {
+        let Asked {
+            got,
+            mut dry_ms,
+            home_left,
+            failed,
+        } = asked;
+        if failed.is_some() {
+            // Home is unreachable: the region denies what it cannot admit for a while, rather
+            // than every request waiting on home again.
+            dry_ms = HOME_RETRY_MS;
+        }
         let fill = PoolOp::Fill {
             units: got,
             token,

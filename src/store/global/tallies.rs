@@ -1,0 +1,58 @@
+//! What global limits report (`sluice_global_*`, `telemetry/global_metrics.rs`): running
+//! totals the grants keep, and the spell cut off from home running now.
+
+use crate::store::Tally;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// What global limits report (`sluice_global_*`).
+#[derive(Debug, Default)]
+pub struct GlobalTallies {
+    /// Refills home answered, and the units they brought.
+    pub refills: Tally,
+    pub refilled: Tally,
+    /// Refills that failed (home did not answer in time).
+    pub refill_failures: Tally,
+    /// Sum of the refills' round trips to home, in microseconds, and the last one.
+    pub refill_us: Tally,
+    pub last_refill_us: AtomicU64,
+    /// Units given back home (idle pools).
+    pub returned: Tally,
+    /// Units left unspent in pools whose window ended.
+    pub stranded: Tally,
+    /// Units this region's pools held at the last operation this replica saw.
+    pub pool_held: AtomicU64,
+    /// Time cut off from home as this replica's refills saw it, in ms: from a refill home did
+    /// not answer to the next one it did (ended spells; the one running is `cut_since_ms`).
+    pub cut_off_ms: Tally,
+    /// When the spell cut off from home running now began (the clock's ms), 0: none.
+    pub cut_since_ms: AtomicU64,
+    /// The region this replica serves (`REGION`), the metrics' `region` label.
+    pub region: std::sync::OnceLock<String>,
+}
+
+impl GlobalTallies {
+    /// Time cut off from home up to `now_ms` (the clock's), the running spell included.
+    pub fn cut_off_ms_at(&self, now_ms: u64) -> u64 {
+        let since = self.cut_since_ms.load(Relaxed);
+        let running = if since == 0 {
+            0
+        } else {
+            now_ms.saturating_sub(since)
+        };
+        self.cut_off_ms.get().saturating_add(running)
+    }
+
+    /// A refill home answered (`true`) or did not, at `now_ms`: ends or begins a spell.
+    pub(super) fn home_answered(&self, answered: bool, now_ms: u64) {
+        if answered {
+            let since = self.cut_since_ms.swap(0, Relaxed);
+            if since != 0 {
+                self.cut_off_ms.add(now_ms.saturating_sub(since));
+            }
+        } else {
+            let _ = self
+                .cut_since_ms
+                .compare_exchange(0, now_ms.max(1), Relaxed, Relaxed);
+        }
+    }
+}
