@@ -459,16 +459,16 @@ async fn assert_answered_in_time(name: &str, rig: &Rig, a: &Answers) {
     // Sluice decides locally 10 ms (LOCAL_DEADLINE_MARGIN) before Envoy's 20 ms: an answer
     // past 20 ms means its process was not run for those 10 ms. Seen once on a CI machine: at
     // one instant three replicas of two rigs all found their store calls past the margin, and
-    // one answer of the 960 was late (the machine, not sluice). A late answer is one Envoy gave
-    // up on, so it is among Envoy's rate-limit errors (`ratelimit.error`: every call through
-    // this Envoy, the window's and any other load the scenario sends beside it, such as the
-    // Cluster case's tenant on another master), and late ones stay rare: at most 1 % of what
-    // sluice answered (at least 2). Anything systematic (a decision that waits on the store
-    // past the margin) is late on every request of an outage, hundreds.
+    // one answer of the 960 was late (the machine, not sluice). Late ones stay rare: at most
+    // 1 % of what sluice answered (at least 2). Anything systematic (a decision that waits on
+    // the store past the margin) is late on every request of an outage, hundreds. Envoy's
+    // rate-limit errors are reported, not a bound: a late answer is not always one Envoy gave
+    // up on, since Envoy's timer runs on the same starved cores (seen at `dbb2176` beside a
+    // loaded suite run: 1 of 960 past 20 ms by sluice's clock, `ratelimit.error` 0).
     let late = all - in_time;
     let envoy_errors = rig.errors().await;
     assert!(
-        late <= envoy_errors as f64 && late <= (all / 100.0).max(2.0),
+        late <= (all / 100.0).max(2.0),
         "{name}: sluice's answers past 20 ms: {late} of {all}; Envoy's rate-limit errors \
          {envoy_errors} (500s {envoy_500s} of the window's {offered})"
     );
