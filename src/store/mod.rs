@@ -9,6 +9,7 @@
 //! built ([`StoreSignals`], [`DenialFinality`]).
 
 pub mod admin;
+mod background;
 pub mod breaker;
 mod chain;
 pub mod demand;
@@ -23,6 +24,7 @@ pub mod redis;
 mod signals;
 pub mod slices;
 
+pub use background::Background;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;

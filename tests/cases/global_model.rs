@@ -403,3 +403,110 @@ async fn regions_never_admit_over_a_global_limit_whatever_the_links_and_the_repl
         "too few windows offered twice the limit undisturbed to judge: {judged}"
     );
 }
+
+/// Home behind a gate the test opens and closes: a refill's round trip lasts as long as the
+/// test says, so which comes first (the refill landing, the pool's watcher leaving) is certain.
+#[derive(Debug)]
+struct Gated {
+    home: Arc<dyn CounterStore>,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl CounterStore for Gated {
+    fn decide<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(async move {
+            let mut open = self.open.subscribe();
+            let _ = open.wait_for(|o| *o).await;
+            self.home.decide(checks).await
+        })
+    }
+
+    fn probe(&self) -> BoxFuture<'_, bool> {
+        self.home.probe()
+    }
+}
+
+/// `steps` of 100 ms on the manual clock and on Tokio's (paused) one together.
+async fn pass(clock: &ManualClock, steps: u32) {
+    for _ in 0..steps {
+        clock.advance(Duration::from_millis(100));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A refill ahead that lands after the region's last take, when the pool's watcher has already
+/// found the pool empty and left, is watched again: the pool goes back home once idle, and the
+/// home counter ends at what the slices took. Before, nothing watched it: its units stayed in
+/// the pool, charged at home and spent by no one (the three-region test under load once ended
+/// with home at 6 000 and 5 997 admitted).
+#[tokio::test(start_paused = true)]
+async fn a_refill_landing_after_the_last_take_goes_back_home_once_idle() {
+    let clock = ManualClock::new(T0);
+    let c: Arc<dyn Clock> = Arc::new(clock.clone());
+    let home: Arc<dyn CounterStore> =
+        Arc::new(PerWindow(Arc::new(MemoryStore::new(Arc::clone(&c)))));
+    let (open, _) = tokio::sync::watch::channel(true);
+    let gated = Arc::new(Gated {
+        home: Arc::clone(&home),
+        open,
+    });
+    let pool = Arc::new(MemoryPool::new(Arc::clone(&c), 1000));
+    let grants = GlobalGrants::new(
+        Arc::clone(&pool) as Arc<dyn RegionPool>,
+        Arc::clone(&gated) as Arc<dyn CounterStore>,
+        Arc::clone(&c),
+    );
+    let region: Arc<dyn CounterStore> = Arc::new(Arc::clone(&grants));
+    let used_at_home = || async {
+        let d = home
+            .decide(&[check(clock.now(), 0)])
+            .await
+            .expect("home answers");
+        u64::from(LIMIT) - u64::from(d.outcomes[0].remaining)
+    };
+    let held = || grants.tallies.pool_held.load(SeqCst);
+    // A first slice: the pool is filled from home.
+    let first = region.decide(&[check(clock.now(), 1)]).await.expect("pool");
+    assert!(first.admitted, "the first slice");
+    let rest = held();
+    assert!(
+        rest >= 2,
+        "the first refill brought more than the slice: {rest}"
+    );
+    // Home answers no more for now; the pool's last units are taken, which starts a refill
+    // ahead (it waits on home).
+    gated.open.send_replace(false);
+    let last = region
+        .decide(&[check(clock.now(), rest)])
+        .await
+        .expect("pool");
+    assert!(last.admitted, "the pool's last {rest} units");
+    tokio::task::yield_now().await;
+    // The watcher finds the pool empty and leaves; then the refill lands, and no take follows.
+    pass(&clock, 25).await;
+    gated.open.send_replace(true);
+    pass(&clock, 1).await;
+    let landed = held();
+    assert!(landed > 0, "the refill ahead landed in the pool");
+    assert_eq!(used_at_home().await, 1 + rest + landed, "home charged it");
+    // Idle for POOL_IDLE_MS: the pool goes back home.
+    pass(&clock, 50).await;
+    let back = pool
+        .run(
+            &check(clock.now(), 1).key,
+            u64::try_from(T0.as_millis()).expect("in range"),
+            PoolOp::Take(0),
+            600_000,
+        )
+        .await
+        .expect("the pool");
+    assert_eq!(back.left(), 0, "the pool went back home");
+    assert_eq!(
+        used_at_home().await,
+        1 + rest,
+        "home holds what the slices took, the refill's {landed} given back"
+    );
+}

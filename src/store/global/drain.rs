@@ -34,11 +34,12 @@ impl GlobalGrants {
                 None => return,
             }
         }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let (me, key) = (Arc::clone(self), key.clone());
-        rt.spawn(async move {
+        self.background.spawn(async move {
+            // A pool filled ahead for the next window is watched from that window's start.
+            let start_ms = window.map_or(0, |(start, _)| start / 1000);
+            let early = start_ms.saturating_sub(me.now_ms());
+            tokio::time::sleep(Duration::from_millis(early)).await;
             loop {
                 let seen = me.known(&key, window).poked;
                 me.watch_idle(&key, window, window_ms).await;

@@ -115,6 +115,9 @@ pub struct GlobalGrants {
     /// This replica's refills under way (from before their lease to their fill): the pools
     /// are given back home once they have landed.
     refilling: std::sync::atomic::AtomicUsize,
+    /// Where refills and drains run: the runtime this was built on, never the serving thread
+    /// of the request that started them (it ends at shutdown, cancelling what runs on it).
+    background: crate::store::Background,
 }
 
 impl GlobalGrants {
@@ -131,6 +134,7 @@ impl GlobalGrants {
             tallies: Arc::default(),
             stopping: std::sync::atomic::AtomicBool::new(false),
             refilling: std::sync::atomic::AtomicUsize::new(0),
+            background: crate::store::Background::here(),
         })
     }
 
@@ -213,7 +217,7 @@ impl GlobalGrants {
                     self.update(key, window_ms, |k| k.ahead = true);
                     let me = Arc::clone(self);
                     let check = check.clone();
-                    tokio::spawn(async move {
+                    self.background.spawn(async move {
                         let _ = me.refill(&check, window_ms, ttl, 0).await;
                         me.update(&check.key, window_ms, |k| k.ahead = false);
                     });
@@ -286,7 +290,7 @@ impl GlobalGrants {
         let ttl = Self::ttl_ms(next.window, now_ms);
         let need = k.last_refill.max(1);
         let me = Arc::clone(self);
-        tokio::spawn(async move {
+        self.background.spawn(async move {
             let _ = me.known(&next.key, next.window);
             let _ = me.refill(&next, next_ms, ttl, need).await;
         });
@@ -299,7 +303,7 @@ impl GlobalGrants {
     /// One refill of the region's pool from home, by whichever replica takes the lease; the
     /// others wait (polling the pool) until it lands or the lease runs out.
     async fn refill(
-        &self,
+        self: &Arc<Self>,
         check: &LimitCheck,
         window_ms: u64,
         ttl: u64,
@@ -350,15 +354,16 @@ impl GlobalGrants {
             self.tallies.refill_us.add(rtt);
             self.tallies.last_refill_us.store(rtt, Relaxed);
         }
-        self.land(key, window_ms, ttl, token, asked).await
+        self.land(key, (check.window, window_ms), ttl, token, asked)
+            .await
     }
 
     /// A refill's grant from home goes into the pool (and its lease is released), even if the
     /// window ended meanwhile (the watcher's last drain counts it stranded).
     async fn land(
-        &self,
+        self: &Arc<Self>,
         key: &CounterKey,
-        window_ms: u64,
+        (window, window_ms): (Option<(u64, u64)>, u64),
         ttl: u64,
         token: u64,
         asked: Asked,
@@ -392,6 +397,11 @@ impl GlobalGrants {
         self.tallies.refilled.add(got);
         let st = st?;
         self.seen(&st);
+        if got > 0 {
+            // Watched until it goes back: a refill ahead can land after the last take, when
+            // the pool's watcher has left it empty (no take follows to watch it again).
+            self.drain_later(key, window, window_ms);
+        }
         self.update(key, window_ms, |k| {
             k.home_left = home_left;
             k.last_refill = got;

@@ -139,6 +139,9 @@ pub struct Slices {
     outage_denies: bool,
     /// When the last sweep ran (µs): idle slices go back, ended windows are dropped.
     last_sweep_us: std::sync::atomic::AtomicU64,
+    /// Where refills and give-backs run: the runtime the slices were built on, never the
+    /// serving thread of the request that started them (it ends at shutdown, cancelling them).
+    background: super::Background,
     pub tallies: Arc<SliceTallies>,
 }
 
@@ -215,6 +218,7 @@ impl Slices {
             max: max.max(1),
             outage_denies,
             last_sweep_us: std::sync::atomic::AtomicU64::new(0),
+            background: super::Background::here(),
             tallies: Arc::default(),
         });
         if sweeps {
@@ -227,11 +231,8 @@ impl Slices {
     /// demand stopped gives its slices back to the region's pool (and the pool, once idle,
     /// goes back home) instead of holding them to the window's end.
     fn sweep_in_background(self: &Arc<Self>) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let me = Arc::downgrade(self);
-        rt.spawn(async move {
+        self.background.spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_micros(IDLE_US)).await;
                 let Some(me) = me.upgrade() else { break };
@@ -271,11 +272,8 @@ impl Slices {
     /// go idle; one sweep once they are idle gives them back, even when no leased request comes
     /// to run it (the limit was removed, or its traffic stopped).
     pub fn sweep_once_idle(self: &Arc<Self>) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let me = Arc::clone(self);
-        rt.spawn(async move {
+        self.background.spawn(async move {
             tokio::time::sleep(Duration::from_micros(IDLE_US + 100_000)).await;
             let now = me.now_us();
             me.last_sweep_us
@@ -398,13 +396,11 @@ impl Slices {
         };
         let check = grant_check(key, window, left, true);
         let returned = self.tallies.returned.clone();
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                if store.decide(std::slice::from_ref(&check)).await.is_ok() {
-                    returned.add(left);
-                }
-            });
-        }
+        self.background.spawn(async move {
+            if store.decide(std::slice::from_ref(&check)).await.is_ok() {
+                returned.add(left);
+            }
+        });
     }
 
     /// Units this replica holds unspent in slices of the window that contains `at`.

@@ -120,7 +120,9 @@ impl Slices {
         need: u64,
     ) {
         let (me, entry, key) = (Arc::clone(self), Arc::clone(entry), check.key.clone());
-        tokio::spawn(async move {
+        // On the slices' own runtime: a serving thread's would cancel it at shutdown, losing
+        // what the store granted and leaving the give-back waiting for it.
+        self.background.spawn(async move {
             let (ok, window) = me.refill(&entry, &key, terms, need).await;
             {
                 let mut s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
