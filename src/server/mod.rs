@@ -114,18 +114,14 @@ impl Running {
     pub async fn wait(self) -> Result<(), ServerError> {
         // Keep the handle alive while waiting so only an explicit shutdown ends the servers.
         let _keep = self.shutdown;
-        let r = match self.supervisor.await {
+        // The supervisor gives the slices back before the serving threads stop.
+        match self.supervisor.await {
             Ok(r) => r,
             Err(source) => Err(ServerError::Task {
                 what: "supervisor",
                 source,
             }),
-        };
-        // Drained: no request spends a slice any more, so what is left goes back.
-        self.limiter
-            .give_back_slices(std::time::Duration::from_secs(2))
-            .await;
-        r
+        }
     }
 
     /// [`Running::shutdown`] then [`Running::wait`].
@@ -203,9 +199,9 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         workers,
         grpc_socket,
         tracing,
+        limiter: Arc::clone(&limiter),
     }
     .spawn(grpc_task, http_task);
-
     Ok(Running {
         grpc_addr,
         http_addr,

@@ -22,6 +22,10 @@ pub(super) struct Supervised {
     pub(super) workers: Workers,
     pub(super) grpc_socket: Option<PathBuf>,
     pub(super) tracing: Option<Tracing>,
+    /// Gives the unspent slices back once drained, before the serving threads stop: their
+    /// runtimes still drive what a request started there (a Redis connection the pool opened
+    /// on one, a task spawned on one).
+    pub(super) limiter: std::sync::Arc<crate::service::RateLimiter>,
 }
 
 impl Supervised {
@@ -41,6 +45,7 @@ impl Supervised {
                 workers,
                 grpc_socket,
                 tracing,
+                limiter,
             } = self;
             let result = supervise(
                 trigger,
@@ -51,7 +56,10 @@ impl Supervised {
                 Timing { grace, drain_delay },
             )
             .await;
-            // The serving threads stop once their servers have drained (or the grace ran out).
+            // Drained: no request spends a slice any more, so what is left goes back.
+            limiter.give_back_slices(Duration::from_secs(2)).await;
+            // The serving threads stop once their servers have drained (or the grace ran out)
+            // and the slices are back.
             drop(workers);
             // As Go's listener does on close: no stale socket file is left behind.
             if let Some(path) = grpc_socket {

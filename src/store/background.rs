@@ -1,11 +1,12 @@
-//! Where a store layer's own tasks run: a slice's refill, a give-back, a pool's drain, a call
-//! that outlives its request. Why not `tokio::spawn`: a request is decided on the serving
-//! thread that accepted its connection, and each serving thread has a runtime of its own
-//! (`server/workers.rs`) that ends at shutdown, cancelling what still runs on it. A refill
-//! cancelled there loses what the store granted it, and the give-back at SIGTERM, which waits
-//! for refills to land, waited for it in vain and gave nothing back. So a layer keeps the
-//! runtime it was built on (the process's first, which outlives every serving thread and
-//! runs the give-back) and starts its tasks there, as the Redis store does its batcher.
+//! Where a store layer's own tasks run: a slice's refill, a give-back, a pool's drain. Why not
+//! `tokio::spawn`: a request is decided on the serving thread that accepted its connection, and
+//! each serving thread but the first has a runtime of its own (`server/workers.rs`) that ends
+//! at shutdown, cancelling what still runs on it. A refill cancelled there loses what the store
+//! granted it, and a give-back waiting for it waits in vain (the give-back at SIGTERM once gave
+//! nothing back for that). So a layer keeps the runtime it was built on (the process's first:
+//! a serving thread too, but the one that runs the shutdown and outlives the others) and starts
+//! its tasks there, as the Redis store does its batcher. A task started there is also one
+//! that never carries a timer or socket of a serving thread's runtime: it is built there.
 
 use std::future::Future;
 use tokio::runtime::Handle;

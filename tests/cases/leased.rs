@@ -407,7 +407,7 @@ async fn envoyproxy_counting_charges_the_resource_whatever_the_consumer_says(kin
 test_with_all_stores!(envoyproxy_counting_on, kind => envoyproxy_counting_charges_the_resource_whatever_the_consumer_says);
 
 /// A refill started by a request on a serving thread still lands, and goes back with the rest
-/// at shutdown, when that thread's runtime has ended first (shutdown ends every serving
+/// at shutdown, when that thread's runtime has ended first (shutdown used to end every serving
 /// thread's runtime before the give-back). Run there, the refill was cancelled with it: the
 /// give-back waited for it in vain and gave nothing back (a whole suite under load once saw
 /// 15 left of 30 where 24 were expected).

@@ -130,9 +130,6 @@ struct Shared {
     alarms: alarm::Alarms,
     /// This replica's id in the heartbeats and write-back tokens.
     id: String,
-    /// Where a call that outlives its request runs (not its serving thread: see
-    /// `store/background.rs`).
-    background: crate::store::Background,
 }
 
 /// One stretch of local deciding, for its log lines.
@@ -181,7 +178,6 @@ impl LocalFallback {
             episode: Mutex::new(None),
             alarms: alarm::Alarms::start(),
             id,
-            background: crate::store::Background::here(),
         });
         if let Some(m) = members {
             tokio::spawn(heartbeat(Arc::downgrade(&shared), m));
@@ -494,7 +490,7 @@ impl Decider for LocalFallback {
                         return Ok(d);
                     }
                     let late = Arc::clone(s);
-                    s.background.spawn(async move {
+                    tokio::spawn(async move {
                         let r = match tokio::time::timeout_at(store_due, &mut call).await {
                             Ok(r) => r,
                             Err(_) => {

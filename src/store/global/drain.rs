@@ -38,7 +38,11 @@ impl GlobalGrants {
         self.background.spawn(async move {
             // A pool filled ahead for the next window is watched from that window's start.
             let start_ms = window.map_or(0, |(start, _)| start / 1000);
-            let early = start_ms.saturating_sub(me.now_ms());
+            // Never longer than a prefill's lead (a clock stepped back must not leave the pool
+            // unwatched while `draining` keeps takes from watching it).
+            let early = start_ms
+                .saturating_sub(me.now_ms())
+                .min(super::PREFILL_MS + POOL_IDLE_MS);
             tokio::time::sleep(Duration::from_millis(early)).await;
             loop {
                 let seen = me.known(&key, window).poked;

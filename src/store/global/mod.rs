@@ -399,7 +399,9 @@ impl GlobalGrants {
         self.seen(&st);
         if got > 0 {
             // Watched until it goes back: a refill ahead can land after the last take, when
-            // the pool's watcher has left it empty (no take follows to watch it again).
+            // the pool's watcher has left it empty (no take follows to watch it again). Known
+            // again first: the bound on known pools may have dropped it meanwhile.
+            let _ = self.known(key, window);
             self.drain_later(key, window, window_ms);
         }
         self.update(key, window_ms, |k| {

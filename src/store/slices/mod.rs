@@ -423,10 +423,15 @@ impl Slices {
     /// replicas can spend them. Returns the units given back.
     pub async fn give_back_all(&self) -> u64 {
         let now = self.now_us();
-        let entries: Vec<(Slot, Arc<Entry>)> = {
+        let mut entries: Vec<(Slot, Arc<Entry>)> = {
             let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
             map.drain().collect()
         };
+        // Slices with no refill out go back first: a wait for one cut short by the caller's
+        // bound then costs only the slices still waiting.
+        entries.sort_by_cached_key(|(_, e)| {
+            e.slice.lock().unwrap_or_else(|p| p.into_inner()).refill == Refill::Running
+        });
         let mut total = 0;
         // One deadline for every refill still out, not one each (the caller bounds the whole
         // give-back more tightly still: SIGTERM's 2 s).

@@ -10,6 +10,39 @@ use std::time::Duration;
 /// Refill attempts one request waits for before it is decided as an ordinary check.
 const MAX_WAITS: usize = 3;
 
+/// Settles a slice's refill when its task ends, however it ends: a refill cancelled or
+/// panicking must not leave its waiters, and the give-back at shutdown, waiting for a refill
+/// that never lands (it then counts as failed).
+struct Settles {
+    /// `None` once settled.
+    entry: Option<Arc<Entry>>,
+    /// The window the refill is for.
+    window: (u64, u64),
+}
+
+impl Settles {
+    fn settle(&mut self, ok: bool, window: (u64, u64)) {
+        let Some(entry) = self.entry.take() else {
+            return;
+        };
+        {
+            let mut s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
+            // A refill of a window that has passed settles nothing of the next one's: its own
+            // refill (if one runs) clears these when it lands.
+            if s.window == window {
+                s.refill = if ok { Refill::Idle } else { Refill::Failed };
+            }
+        }
+        entry.done.send_modify(|v| *v = v.wrapping_add(1));
+    }
+}
+
+impl Drop for Settles {
+    fn drop(&mut self) {
+        self.settle(false, self.window);
+    }
+}
+
 impl Slices {
     /// Takes `check.hits` from its slice, waiting for a refill (by `deadline`) when short.
     /// `now`: the request's time (read again after a wait).
@@ -120,19 +153,16 @@ impl Slices {
         need: u64,
     ) {
         let (me, entry, key) = (Arc::clone(self), Arc::clone(entry), check.key.clone());
+        let window = entry.slice.lock().unwrap_or_else(|p| p.into_inner()).window;
+        let mut settles = Settles {
+            entry: Some(Arc::clone(&entry)),
+            window,
+        };
         // On the slices' own runtime: a serving thread's would cancel it at shutdown, losing
         // what the store granted and leaving the give-back waiting for it.
         self.background.spawn(async move {
             let (ok, window) = me.refill(&entry, &key, terms, need).await;
-            {
-                let mut s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
-                // A refill of a window that has passed settles nothing of the next one's: its
-                // own refill (if one runs) clears these when it lands.
-                if s.window == window {
-                    s.refill = if ok { Refill::Idle } else { Refill::Failed };
-                }
-            }
-            entry.done.send_modify(|v| *v = v.wrapping_add(1));
+            settles.settle(ok, window);
         });
     }
 
