@@ -510,3 +510,59 @@ async fn a_refill_landing_after_the_last_take_goes_back_home_once_idle() {
         "home holds what the slices took, the refill's {landed} given back"
     );
 }
+
+/// A pool drained while home is cut off keeps its units: the refund home fails, so they go
+/// back into the pool, and once the link heals the next idle drain takes them home. Before,
+/// they were counted stranded and lost (charged at home, spent by no one): the partition test
+/// once never saw home whole again after the heal.
+#[tokio::test(start_paused = true)]
+async fn a_pool_drained_through_a_partition_keeps_its_units_until_home_answers() {
+    let clock = ManualClock::new(T0);
+    let c: Arc<dyn Clock> = Arc::new(clock.clone());
+    let home: Arc<dyn CounterStore> =
+        Arc::new(PerWindow(Arc::new(MemoryStore::new(Arc::clone(&c)))));
+    let link = Arc::new(Link {
+        home: Arc::clone(&home),
+        cut: AtomicBool::new(false),
+        rng: Mutex::new(Rng::new(5)),
+    });
+    let pool = Arc::new(MemoryPool::new(Arc::clone(&c), 1000));
+    let grants = GlobalGrants::new(
+        Arc::clone(&pool) as Arc<dyn RegionPool>,
+        Arc::clone(&link) as Arc<dyn CounterStore>,
+        Arc::clone(&c),
+    );
+    let region: Arc<dyn CounterStore> = Arc::new(Arc::clone(&grants));
+    let used_at_home = || async {
+        let d = home
+            .decide(&[check(clock.now(), 0)])
+            .await
+            .expect("home answers");
+        u64::from(LIMIT) - u64::from(d.outcomes[0].remaining)
+    };
+    let in_pool = || async {
+        let w = u64::try_from(T0.as_millis()).expect("in range");
+        let key = check(clock.now(), 1).key;
+        let st = pool.run(&key, w, PoolOp::Take(0), 600_000).await;
+        st.expect("the pool").left()
+    };
+    let first = region.decide(&[check(clock.now(), 1)]).await.expect("pool");
+    assert!(first.admitted, "the first slice");
+    let held = in_pool().await;
+    assert!(held > 0, "the refill brought more than the slice");
+    assert_eq!(used_at_home().await, 1 + held);
+    // Cut off and idle: the watcher drains the pool, and home does not answer.
+    link.cut.store(true, SeqCst);
+    pass(&clock, 50).await;
+    assert_eq!(grants.tallies.stranded.get(), 0, "nothing stranded");
+    assert_eq!(in_pool().await, held, "the units are back in the pool");
+    // Healed: the next idle drain takes them home.
+    link.cut.store(false, SeqCst);
+    pass(&clock, 50).await;
+    assert_eq!(in_pool().await, 0, "the pool went back home");
+    assert_eq!(
+        used_at_home().await,
+        1,
+        "home holds what the slice took, the pool's {held} given back"
+    );
+}

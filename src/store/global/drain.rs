@@ -10,6 +10,15 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Where units drained from a pool went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Back {
+    Home,
+    /// Home did not answer: back in the pool.
+    Kept,
+    Stranded,
+}
+
 /// Pools given back at once when a replica stops.
 const GIVE_BACK_AT_ONCE: usize = 16;
 /// No pool's give-back starts this close to its bound: its drain and refund go together.
@@ -100,16 +109,44 @@ impl GlobalGrants {
                 continue; // in use: look again later
             }
             self.seen(&st);
-            let back = grant_check(key, window, st.ok, true);
-            match self.home.decide(std::slice::from_ref(&back)).await {
-                Ok(_) => {
-                    self.tallies.returned.add(st.ok);
-                    self.tallies.home_answered(true, self.now_ms());
-                }
-                Err(_) => self.tallies.stranded.add(st.ok),
+            if self
+                .refund_or_keep(key, (window, window_ms), ttl, st.ok)
+                .await
+                == Back::Kept
+            {
+                continue; // home unreachable: the units wait in the pool for the next look
             }
             return;
         }
+    }
+
+    /// Units drained from a pool go back home; when home does not answer (a partition), back
+    /// into the pool (units drained and not refunded would be charged at home and spent by no
+    /// one). Counted stranded only when neither answers (or home may have taken them).
+    async fn refund_or_keep(
+        &self,
+        key: &CounterKey,
+        (window, window_ms): (Option<(u64, u64)>, u64),
+        ttl: u64,
+        units: u64,
+    ) -> Back {
+        let back = grant_check(key, window, units, true);
+        if self.home.decide(std::slice::from_ref(&back)).await.is_ok() {
+            self.tallies.returned.add(units);
+            self.tallies.home_answered(true, self.now_ms());
+            return Back::Home;
+        }
+        // A fill under a token of its own: it adds the units and releases no one's lease.
+        let keep = PoolOp::Fill {
+            units,
+            token: super::rand_token(),
+            dry_ms: 0,
+        };
+        if self.pool.run(key, window_ms, keep, ttl).await.is_ok() {
+            return Back::Kept;
+        }
+        self.tallies.stranded.add(units);
+        Back::Stranded
     }
     /// A replica that stops (SIGTERM), once its slices are back in the pools: every pool of a
     /// window still running that this replica took from goes back home at once (not only once
@@ -150,14 +187,9 @@ impl GlobalGrants {
                         Ok(st) if st.ok > 0 => st,
                         _ => return,
                     };
-                    let back = grant_check(&key, window, st.ok, true);
-                    match self.home.decide(std::slice::from_ref(&back)).await {
-                        Ok(_) => {
-                            self.tallies.returned.add(st.ok);
-                            self.tallies.home_answered(true, self.now_ms());
-                            total.fetch_add(st.ok, Relaxed);
-                        }
-                        Err(_) => self.tallies.stranded.add(st.ok),
+                    let w = (window, window_ms(window));
+                    if self.refund_or_keep(&key, w, ttl, st.ok).await == Back::Home {
+                        total.fetch_add(st.ok, Relaxed);
                     }
                 }
             })
