@@ -127,8 +127,21 @@ fn home_counters(home: &RedisServer) -> Vec<(String, u64)> {
 
 /// Each replica's tallies of global limits and slices, its store errors and its warnings: what
 /// a failed count says about where the units went.
-async fn accounts(regions: &[Region]) -> String {
+async fn accounts(regions: &[Region], stores: &[Store]) -> String {
     let mut out = String::new();
+    // Each standalone region store's pools, as Redis holds them (have - taken is unspent).
+    for (r, store) in regions.iter().zip(stores) {
+        if let Store::Single(redis) = store {
+            for key in redis
+                .cli(&["KEYS", "*#pool:*"])
+                .lines()
+                .filter(|k| !k.is_empty())
+            {
+                let fields = redis.cli(&["HGETALL", key]).replace('\n', " ");
+                out.push_str(&format!("region {} pool {key}: {fields}\n", r.name));
+            }
+        }
+    }
     for r in regions {
         for (i, s) in r.replicas.iter().enumerate() {
             let metrics = crate::support::http(s.http, "GET", "/metrics", "").await.1;
@@ -183,7 +196,7 @@ async fn three_regions(home: &RedisServer, config: &std::path::Path) -> (Vec<Reg
 async fn three_regions_share_a_global_limit_never_over_and_spend_nearly_all_of_it() {
     let home = start_redis(&[]).await;
     let (_dir, path) = write_config(&config(6_000));
-    let (regions, _stores) = three_regions(&home, &path).await;
+    let (regions, stores) = three_regions(&home, &path).await;
     // 30 s of load started at most 14 s into a minute: it ends in the same window with room
     // for a slow start on a busy machine (checked below).
     early_in_a_minute(46).await;
@@ -217,7 +230,7 @@ async fn three_regions_share_a_global_limit_never_over_and_spend_nearly_all_of_i
     // The replicas' idle slices go back to their pools, idle pools back home: the home counter
     // is then what was admitted.
     let home_ref = &home;
-    let whole = crate::support::try_poll_until(|| async move {
+    let whole = || async move {
         let c = home_counters(home_ref);
         if c.len() == 1 && c[0].1 == ok {
             Ok(())
@@ -227,12 +240,26 @@ async fn three_regions_share_a_global_limit_never_over_and_spend_nearly_all_of_i
                 seconds_into_the_minute()
             ))
         }
-    })
-    .await;
+    };
+    // Not whole after 15 s (pools go home 2 s after their last take): the regions' pools are
+    // read then, for the report, while they exist (they expire a minute after their window).
+    // Only what the report shows depends on it, never the verdict.
+    let soon = tokio::time::timeout(
+        Duration::from_secs(15),
+        crate::support::try_poll_until(whole),
+    );
+    let (whole, pools_then) = match soon.await {
+        Ok(r) => (r, String::new()),
+        Err(_) => {
+            let pools = accounts(&regions, &stores).await;
+            (crate::support::try_poll_until(whole).await, pools)
+        }
+    };
     if let Err(last) = whole {
         panic!(
-            "the home counter never held what was admitted: {last}\nwhere the units went:\n{}",
-            accounts(&regions).await
+            "the home counter never held what was admitted: {last}\nwhere the units went \
+             (15 s after the load):\n{pools_then}\nand at the end:\n{}",
+            accounts(&regions, &stores).await
         );
     }
     let windows = home_counters(&home);
