@@ -206,7 +206,9 @@ impl GlobalGrants {
         }
         let mut st = self.take(key, window_ms, n, ttl).await?;
         self.seen(&st);
-        for _ in 0..3 {
+        // Up to three refills; every take is judged, the last one's too (a take that succeeded
+        // and was answered as a denial left its units taken from the pool by no one).
+        for refills in 0..=3 {
             if st.ok == 1 {
                 let k = self.known(key, window);
                 self.prefill_next(check, &k);
@@ -234,11 +236,12 @@ impl GlobalGrants {
                     self.now_ms(),
                 ));
             }
-            if st.dry_until > st.now {
-                break; // home had nothing left a moment ago
+            if refills == 3 || st.dry_until > st.now {
+                break; // home had nothing left a moment ago, or enough refills
             }
-            let need = n.saturating_sub(st.left());
-            if self.refill(check, window_ms, ttl, need).await.is_err() {
+            // The whole take: the refill judges the pool it finds against it (what it lacks
+            // now would be judged against the pool's total and seem enough).
+            if self.refill(check, window_ms, ttl, n).await.is_err() {
                 // Home did not answer: cut off, the region denies what its pool cannot give
                 // (never a limit of its own; docs/semantics.md, "Global limits").
                 break;
