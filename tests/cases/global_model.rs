@@ -530,11 +530,12 @@ async fn a_refill_landing_after_the_last_take_goes_back_home_once_idle() {
     );
 }
 
-/// A pool drained while home is cut off keeps its units: the refund home fails, so they go
-/// back into the pool, and once the link heals the next idle drain takes them home. Before,
-/// they were counted stranded and lost (charged at home, spent by no one).
+/// An idle pool is not drained while home does not answer: it keeps its units, and once the
+/// link heals the next idle drain takes them home. Before, it was drained into a refund that
+/// failed, its units counted stranded and lost (charged at home, spent by no one). (A refund
+/// whose reply is lost may have been applied: its units are stranded, never put back.)
 #[tokio::test(start_paused = true)]
-async fn a_pool_drained_through_a_partition_keeps_its_units_until_home_answers() {
+async fn an_idle_pool_keeps_its_units_through_a_partition_until_home_answers() {
     let mut cut = None;
     let r = OneRegion::new(|home| {
         let link = Arc::new(Link {
@@ -550,15 +551,11 @@ async fn a_pool_drained_through_a_partition_keeps_its_units_until_home_answers()
     let held = r.pool_now().await.left();
     assert!(held > 0, "the refill brought more than the slice");
     assert_eq!(r.used_at_home().await, 1 + held);
-    // Cut off and idle: the watcher drains the pool, and home does not answer.
+    // Cut off and idle: home does not answer, so the watcher leaves the pool as it is.
     link.cut.store(true, SeqCst);
     pass(&r.clock, 50).await;
     assert_eq!(r.grants.tallies.stranded.get(), 0, "nothing stranded");
-    assert_eq!(
-        r.pool_now().await.left(),
-        held,
-        "the units are back in the pool"
-    );
+    assert_eq!(r.pool_now().await.left(), held, "the pool kept its units");
     // Healed: the next idle drain takes them home.
     link.cut.store(false, SeqCst);
     pass(&r.clock, 50).await;

@@ -10,15 +10,6 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Where units drained from a pool went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Back {
-    Home,
-    /// Home did not answer: back in the pool.
-    Kept,
-    Stranded,
-}
-
 /// Pools given back at once when a replica stops.
 const GIVE_BACK_AT_ONCE: usize = 16;
 /// No pool's give-back starts this close to its bound: its drain and refund go together.
@@ -96,6 +87,12 @@ impl GlobalGrants {
                 }
                 return;
             }
+            // Home unreachable (a partition): the pool keeps its units for when it answers, rather
+            // than drain them into a refund that fails (whether a refund whose reply is lost was
+            // applied is unknown: its units are counted stranded, never put back, never over).
+            if !self.home.probe().await {
+                continue;
+            }
             let drain = PoolOp::Drain {
                 idle_ms: POOL_IDLE_MS,
             };
@@ -109,45 +106,25 @@ impl GlobalGrants {
                 continue; // in use: look again later
             }
             self.seen(&st);
-            if self
-                .refund_or_keep(key, (window, window_ms), ttl, st.ok)
-                .await
-                == Back::Kept
-            {
-                continue; // home unreachable: the units wait in the pool for the next look
-            }
+            self.refund(key, window, st.ok).await;
             return;
         }
     }
 
-    /// Units drained from a pool go back home; when home does not answer (a partition), back
-    /// into the pool (units drained and not refunded would be charged at home and spent by no
-    /// one). Counted stranded only when neither answers (or home may have taken them).
-    async fn refund_or_keep(
-        &self,
-        key: &CounterKey,
-        (window, window_ms): (Option<(u64, u64)>, u64),
-        ttl: u64,
-        units: u64,
-    ) -> Back {
+    /// Units drained from a pool go back home. A refund that fails may still have been
+    /// applied (its reply lost): its units are counted stranded, the most it can have lost, and
+    /// never put back in the pool (home may have them again: that would be over the limit).
+    async fn refund(&self, key: &CounterKey, window: Option<(u64, u64)>, units: u64) -> bool {
         let back = grant_check(key, window, units, true);
         if self.home.decide(std::slice::from_ref(&back)).await.is_ok() {
             self.tallies.returned.add(units);
             self.tallies.home_answered(true, self.now_ms());
-            return Back::Home;
-        }
-        // A fill under a token of its own: it adds the units and releases no one's lease.
-        let keep = PoolOp::Fill {
-            units,
-            token: super::rand_token(),
-            dry_ms: 0,
-        };
-        if self.pool.run(key, window_ms, keep, ttl).await.is_ok() {
-            return Back::Kept;
+            return true;
         }
         self.tallies.stranded.add(units);
-        Back::Stranded
+        false
     }
+
     /// A replica that stops (SIGTERM), once its slices are back in the pools: every pool of a
     /// window still running that this replica took from goes back home at once (not only once
     /// idle: no replica of this region may be left to notice), so other regions, or this
@@ -187,8 +164,7 @@ impl GlobalGrants {
                         Ok(st) if st.ok > 0 => st,
                         _ => return,
                     };
-                    let w = (window, window_ms(window));
-                    if self.refund_or_keep(&key, w, ttl, st.ok).await == Back::Home {
+                    if self.refund(&key, window, st.ok).await {
                         total.fetch_add(st.ok, Relaxed);
                     }
                 }
