@@ -445,6 +445,7 @@ def facts_default(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> Non
     C.equal(env_value(env, "ADMIN_HOST"), "127.0.0.1", "default: the admin API on loopback only")
     C.expect("ADMIN_TOKENS_FILE" not in env, "default: no admin tokens")
     C.expect("GLOBAL_REDIS_URL" not in env and "REGION" not in env, "default: no home store, no region")
+    C.expect("GLOBAL_UNREACHABLE" not in env, "default: no home store, no partition setting")
     ports = [p["name"] for p in one(docs, "Service", FULLNAME)["spec"]["ports"]]
     C.equal(ports, ["grpc", "http"], "default: the admin port is not in the Service")
 
@@ -575,6 +576,9 @@ def facts_multi_region(values: dict[str, Any], docs: Any, env: dict[str, Any]) -
     C.equal(env.get("GLOBAL_REDIS_AUTH", {}).get("valueFrom", {}).get("secretKeyRef"),
             {"name": home["existingSecret"], "key": home["existingSecretKey"]}, "GLOBAL_REDIS_AUTH secretKeyRef")
     C.equal(env_value(env, "REDIS_URL"), values["store"]["redis"]["url"], "the region's own store stays REDIS_URL")
+    C.equal(env_value(env, "GLOBAL_UNREACHABLE"), values["multiRegion"]["unreachable"], "GLOBAL_UNREACHABLE")
+    C.equal(env_value(env, "GLOBAL_UNREACHABLE_SHARE"), values["multiRegion"]["unreachableShare"],
+            "GLOBAL_UNREACHABLE_SHARE")
 
 
 VALUE_SETS: list[tuple[str, dict[str, Any], Callable[..., None]]] = [
@@ -634,7 +638,7 @@ VALUE_SETS: list[tuple[str, dict[str, Any], Callable[..., None]]] = [
     }, facts_admin),
     ("multi-region", {
         "store": {"type": "redis", "redis": {"url": "redis.eu-west.svc:6379"}},
-        "multiRegion": {"region": "eu-west", "home": {"url": "home-redis.global.example:6379", "type": "sentinel",
+        "multiRegion": {"region": "eu-west", "unreachable": "share", "unreachableShare": "0.33", "home": {"url": "home-redis.global.example:6379", "type": "sentinel",
                                                       "existingSecret": "home-redis", "existingSecretKey": "pw",
                                                       "timeout": "750ms"}},
     }, facts_multi_region),

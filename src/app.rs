@@ -211,6 +211,7 @@ fn with_home(
     args: &ServeArgs,
     clock: &Arc<dyn Clock>,
 ) -> Result<StoreStack, SettingsError> {
+    let share = args.global.share()?;
     let Some(home) = args.global.settings(&args.redis)? else {
         return Ok(stack);
     };
@@ -229,12 +230,16 @@ fn with_home(
         kind = ?home.kind,
         urls = ?home.urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>(),
         timeout = ?home.timeout,
+        cut_off_share = ?share,
         "global limits: home store"
     );
     let home = crate::store::redis::RedisStore::new(&home)?;
     let stack = stack.with_home(Arc::new(home), Arc::clone(clock));
     if let Some(g) = &stack.global {
         let _ = g.tallies.region.set(args.global.region.clone());
+        if let Some(share) = share {
+            g.share_when_cut_off(share);
+        }
     }
     Ok(stack)
 }

@@ -4,8 +4,19 @@
 //! and key prefix: only where it is and who may use it differ.
 
 use super::{RedisArgs, Secret, SettingsError};
+use crate::store::global::Share;
 use crate::store::redis::{RedisKind, RedisSettings};
-use clap::Args;
+use clap::{Args, ValueEnum};
+
+/// What a region cut off from the home store does once its pool is spent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Unreachable {
+    /// Deny: never over the limit.
+    Deny,
+    /// Admit `GLOBAL_UNREACHABLE_SHARE` of each limit per window on credit, charged home once
+    /// it answers: at most the limit plus the shares of the regions cut off.
+    Share,
+}
 
 /// Global limits' home store. Without `GLOBAL_REDIS_URL`, a `global` limit is a load error.
 #[derive(Debug, Clone, Args)]
@@ -45,6 +56,24 @@ pub struct GlobalArgs {
     /// its store (REDIS_URL) and so its pools.
     #[arg(long, env = "REGION", default_value = "")]
     pub region: String,
+
+    /// What a region cut off from the home store does once its pool and slices are spent:
+    /// `deny` (never over the limit) or `share` (admit GLOBAL_UNREACHABLE_SHARE of each global
+    /// limit per window on credit, charged home when it answers again).
+    #[arg(
+        long,
+        env = "GLOBAL_UNREACHABLE",
+        default_value = "deny",
+        value_enum,
+        ignore_case = true
+    )]
+    pub global_unreachable: Unreachable,
+
+    /// With GLOBAL_UNREACHABLE=share: the part of each global limit a region cut off may admit
+    /// per window beyond what its pool held (above 0, at most 1; 0.33 for one of three
+    /// regions). Admitted in a window: at most the limit plus the shares of the regions cut off.
+    #[arg(long, env = "GLOBAL_UNREACHABLE_SHARE")]
+    pub global_unreachable_share: Option<Share>,
 }
 
 impl GlobalArgs {
@@ -53,6 +82,28 @@ impl GlobalArgs {
         self.global_redis_url
             .as_ref()
             .is_some_and(|u| !u.expose().trim().is_empty())
+    }
+
+    /// The part of each global limit a region cut off admits on credit (`share`), or `None`
+    /// (`deny`). A share without `share`, or `share` without a share, is an error: either
+    /// would leave the operator believing in a partition behaviour they do not get.
+    pub fn share(&self) -> Result<Option<Share>, SettingsError> {
+        match (self.global_unreachable, self.global_unreachable_share) {
+            (Unreachable::Deny, None) => Ok(None),
+            (Unreachable::Share, Some(s)) => Ok(Some(s)),
+            (Unreachable::Share, None) => Err(SettingsError::Redis(
+                "GLOBAL_UNREACHABLE=share needs GLOBAL_UNREACHABLE_SHARE: the part of each \
+                 global limit a region cut off from home may admit per window (0.33 for one of \
+                 three regions)"
+                    .into(),
+            )),
+            (Unreachable::Deny, Some(_)) => Err(SettingsError::Redis(
+                "GLOBAL_UNREACHABLE_SHARE is set but GLOBAL_UNREACHABLE is deny: set \
+                 GLOBAL_UNREACHABLE=share for regions cut off to admit their share, or unset \
+                 GLOBAL_UNREACHABLE_SHARE"
+                    .into(),
+            )),
+        }
     }
 
     /// The home store's settings (the main store's, at GLOBAL_REDIS_URL), or `None`.

@@ -1,9 +1,10 @@
 //! Global limits (`sluice_global_*`, see `store/global`): the refills of this replica's region
 //! pools from the home store (answered, failed, the units they brought, their round trips),
-//! units given back home, units stranded, the time this replica's refills found home cut off,
-//! and what the region's pool held at the last operation this replica saw. Running totals kept
-//! by the grants, brought up at each scrape; every series carries the replica's `region`
-//! (`REGION`), so a dashboard sums by region whatever the scrape's target labels.
+//! units given back home, units stranded, units on credit while cut off (and settled), the
+//! time this replica's refills found home cut off, and what the region's pool held at the last
+//! operation this replica saw. Running totals kept by the grants, brought up at each scrape;
+//! every series carries the replica's `region` (`REGION`), so a dashboard sums by region
+//! whatever the scrape's target labels.
 
 use super::registrar::{catch_up, MetricsError, Registrar};
 use crate::store::global::GlobalTallies;
@@ -19,6 +20,8 @@ pub struct GlobalMetrics {
     last_refill_us: IntGaugeVec,
     returned: IntCounterVec,
     stranded: IntCounterVec,
+    shared: IntCounterVec,
+    settled: IntCounterVec,
     cut_off: CounterVec,
     pool: IntGaugeVec,
 }
@@ -63,6 +66,15 @@ impl GlobalMetrics {
                  pool and the slices (a refill, take or give-back whose store call failed: the \
                  most it can have lost).",
             )?,
+            shared: counter(
+                "sluice_global_shared_total",
+                "Units the region's pools added on credit while cut off from the home store \
+                 (GLOBAL_UNREACHABLE=share: at most the stated share of each limit per window).",
+            )?,
+            settled: counter(
+                "sluice_global_settled_total",
+                "Units on credit charged at the home store once it answered again.",
+            )?,
             cut_off: r.add(CounterVec::new(
                 Opts::new(
                     "sluice_global_cut_off_seconds_total",
@@ -90,6 +102,8 @@ impl GlobalMetrics {
         catch_up(&self.refill_us.with_label_values(&l), t.refill_us.get());
         catch_up(&self.returned.with_label_values(&l), t.returned.get());
         catch_up(&self.stranded.with_label_values(&l), t.stranded.get());
+        catch_up(&self.shared.with_label_values(&l), t.shared.get());
+        catch_up(&self.settled.with_label_values(&l), t.settled.get());
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));

@@ -329,11 +329,64 @@ async fn without_a_home_store_a_global_limit_does_not_load() {
     );
 }
 
+/// A partition setting that does not add up stops the start with the setting named: `share`
+/// without a share, a share with `deny` (the operator would believe in a behaviour they do not
+/// get), a share of 0 or above the whole limit, an unknown mode.
+#[tokio::test]
+async fn a_partition_setting_that_does_not_add_up_stops_the_start() {
+    let (_dir, path) = write_config(&config(100));
+    let cases = [
+        (
+            Some("share"),
+            None,
+            "GLOBAL_UNREACHABLE=share needs GLOBAL_UNREACHABLE_SHARE",
+        ),
+        (None, Some("0.5"), "GLOBAL_UNREACHABLE is deny"),
+        (Some("share"), Some("1.5"), "GLOBAL_UNREACHABLE_SHARE"),
+        (Some("share"), Some("0"), "GLOBAL_UNREACHABLE_SHARE"),
+        (Some("share"), Some("0.0000001"), "GLOBAL_UNREACHABLE_SHARE"),
+        (Some("maybe"), None, "GLOBAL_UNREACHABLE"),
+    ];
+    for (mode, share, says) in cases {
+        let mut c = serve(&path);
+        c.env("GLOBAL_REDIS_URL", "127.0.0.1:1").kill_on_drop(true);
+        if let Some(m) = mode {
+            c.env("GLOBAL_UNREACHABLE", m);
+        }
+        if let Some(s) = share {
+            c.env("GLOBAL_UNREACHABLE_SHARE", s);
+        }
+        let out = tokio::time::timeout(Duration::from_secs(60), c.output())
+            .await
+            .unwrap_or_else(|_| panic!("{mode:?} {share:?}: sluice started"))
+            .expect("sluice runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{mode:?} {share:?}: {err}");
+        assert!(err.contains(says), "{mode:?} {share:?}: {err}");
+    }
+}
+
 /// A region cut off from home spends what its pool and slices hold, then denies (never a
 /// regional counter of the same limit: that would be a limit per region); once the link heals
 /// it is refilled again, and when its pool is idle every unit it did not spend is back home.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_region_cut_off_from_home_spends_what_it_holds_then_denies() {
+    cut_off(None).await;
+}
+
+/// `GLOBAL_UNREACHABLE=share` with a share of 0.001 (1 000 of 1 000 000): the region cut off
+/// spends what it holds, then admits its share on credit and no more (two replicas, one pool:
+/// the credit is the window's, not each replica's); once healed, the credit is charged at home
+/// and the home counter ends at exactly what was admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_cut_off_with_share_admits_its_share_more_and_home_is_charged_once_healed() {
+    cut_off(Some("0.001")).await;
+}
+
+/// A region of two replicas cut off from home for 3 s under load, with `share` (the part of the
+/// limit on credit) or without (`deny`).
+async fn cut_off(share: Option<&str>) {
+    let credit: u32 = if share.is_some() { 1_000 } else { 0 };
     let home = start_redis(&[]).await;
     // Small slices, so the region's pool holds a few seconds of its demand (refills of its
     // rate over 5 s): a 3 s cut at three times the rate runs it dry.
@@ -349,6 +402,10 @@ async fn a_region_cut_off_from_home_spends_what_it_holds_then_denies() {
             c.env(k, v);
         }
         c.env("GLOBAL_REDIS_URL", link.url()).env("REGION", "a");
+        if let Some(share) = share {
+            c.env("GLOBAL_UNREACHABLE", "share")
+                .env("GLOBAL_UNREACHABLE_SHARE", share);
+        }
         replicas.push(SluiceProcess::spawn(c).await);
     }
     early_in_a_minute(30).await;
@@ -390,22 +447,26 @@ async fn a_region_cut_off_from_home_spends_what_it_holds_then_denies() {
         "nothing reached home through the cut"
     );
     assert!(
-        admitted_before + admitted_during <= granted,
+        admitted_before + admitted_during <= granted + u64::from(credit),
         "cut off, the region admitted {admitted_during} more after {admitted_before}: beyond \
-         the {granted} home granted it"
+         the {granted} home granted it and its share of {credit}"
     );
     assert!(denied_during > 0, "the region ran dry while cut off");
+    let shared = metric_sum(&replicas, "sluice_global_shared_total{region=\"a\"} ").await;
+    assert_eq!(shared, f64::from(credit), "the window's share, once");
+    if credit > 0 {
+        assert!(
+            admitted_before + admitted_during > granted,
+            "the share was admitted beyond what home granted ({granted})"
+        );
+    }
     // Some replica's refills found home cut off, and its metrics say for how long (the spell
     // still running counts).
-    let mut cut_off = 0.0;
-    for s in &replicas {
-        let metrics = crate::support::http(s.http, "GET", "/metrics", "").await.1;
-        cut_off += metrics
-            .lines()
-            .find_map(|l| l.strip_prefix("sluice_global_cut_off_seconds_total{region=\"a\"} "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("no cut-off time of region a in /metrics:\n{metrics}"));
-    }
+    let cut_off = metric_sum(
+        &replicas,
+        "sluice_global_cut_off_seconds_total{region=\"a\"} ",
+    )
+    .await;
     assert!(
         cut_off > 0.0,
         "the time cut off from home is counted: {cut_off}"
@@ -421,6 +482,22 @@ async fn a_region_cut_off_from_home_spends_what_it_holds_then_denies() {
         home_counters(&home).iter().map(|c| c.1).sum::<u64>() == admitted
     })
     .await;
+    let settled = metric_sum(&replicas, "sluice_global_settled_total{region=\"a\"} ").await;
+    assert_eq!(settled, f64::from(credit), "the credit was charged at home");
+}
+
+/// The sum over `replicas` of the series whose line starts with `prefix` in their /metrics.
+async fn metric_sum(replicas: &[SluiceProcess], prefix: &str) -> f64 {
+    let mut sum = 0.0;
+    for s in replicas {
+        let metrics = crate::support::http(s.http, "GET", "/metrics", "").await.1;
+        sum += metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {prefix} in /metrics:\n{metrics}"));
+    }
+    sum
 }
 
 /// Envoy's per-descriptor `limit` override on a global limit's node is global too: decided on

@@ -24,7 +24,7 @@
 use crate::support::{Rng, T0};
 use sluice::clock::{Clock, ManualClock};
 use sluice::config::{Leasing, Limit, Period, Unit};
-use sluice::store::global::{GlobalGrants, MemoryPool, PoolOp, RegionPool};
+use sluice::store::global::{GlobalGrants, MemoryPool, PoolOp, RegionPool, Share};
 use sluice::store::memory::MemoryStore;
 use sluice::store::slices::{SlicedDecider, Slices};
 use sluice::store::{BoxFuture, CounterStore, Decider, Decision, LimitCheck, Plain, StoreError};
@@ -148,12 +148,15 @@ fn replica(
     pool: &Arc<MemoryPool>,
     link: &Arc<Link>,
     store: &Arc<dyn CounterStore>,
-    clock: &ManualClock,
+    (clock, share): (&ManualClock, Option<Share>),
 ) -> Replica {
     let c: Arc<dyn Clock> = Arc::new(clock.clone());
     let pool = Arc::clone(pool) as Arc<dyn RegionPool>;
     let home = Arc::clone(link) as Arc<dyn CounterStore>;
     let grants = GlobalGrants::new(pool, Arc::clone(&home), Arc::clone(&c));
+    if let Some(s) = share {
+        grants.share_when_cut_off(s);
+    }
     let dyn_grants: Arc<dyn CounterStore> = Arc::new(Arc::clone(&grants));
     let slices = Slices::granted_by(
         Arc::clone(store),
@@ -172,6 +175,17 @@ struct Window {
     demand: u64,
     /// A region was cut off from home, or a replica dropped, during it.
     disturbed: bool,
+    /// Which regions were cut off from home during it (with `share`, each may admit its share
+    /// beyond the limit).
+    cut: [bool; REGIONS],
+}
+
+impl Window {
+    /// The most it may admit: the limit, plus the share of each region cut off during it.
+    fn bound(&self, share: Option<Share>) -> u64 {
+        let cut = self.cut.iter().filter(|c| **c).count() as u64;
+        u64::from(LIMIT) + share.map_or(0, |s| cut * s.of(LIMIT))
+    }
 }
 
 #[derive(Debug, Default)]
@@ -181,7 +195,7 @@ struct Stats {
     least_judged: u64,
 }
 
-async fn run_seed(seed: u64) -> Result<Stats, String> {
+async fn run_seed(seed: u64, share: Option<Share>) -> Result<Stats, String> {
     let mut rng = Rng::new(seed);
     let clock = ManualClock::new(T0);
     let home: Arc<dyn CounterStore> = Arc::new(PerWindow(Arc::new(MemoryStore::new(Arc::new(
@@ -197,7 +211,7 @@ async fn run_seed(seed: u64) -> Result<Stats, String> {
             });
             let store: Arc<dyn CounterStore> = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
             let replicas = (0..REPLICAS)
-                .map(|_| replica(&pool, &link, &store, &clock))
+                .map(|_| replica(&pool, &link, &store, (&clock, share)))
                 .collect();
             Region {
                 pool,
@@ -223,7 +237,7 @@ async fn run_seed(seed: u64) -> Result<Stats, String> {
         if window_of(clock.now() + jump) != window {
             // The window's last moment: judged while its pools and slices still serve it.
             let w = std::mem::take(&mut seen);
-            judge(&regions, &home, clock.now(), &w, &mut stats)
+            judge(&regions, &home, (clock.now(), share), &w, &mut stats)
                 .await
                 .map_err(|e| format!("seed {seed}, step {step}: {e}"))?;
         }
@@ -243,7 +257,10 @@ async fn run_seed(seed: u64) -> Result<Stats, String> {
                     r.link.cut.store(false, SeqCst);
                 }
             }
-            seen.disturbed = regions.iter().any(|r| r.link.cut.load(SeqCst));
+            for (i, r) in regions.iter().enumerate() {
+                seen.cut[i] = r.link.cut.load(SeqCst);
+            }
+            seen.disturbed = seen.cut.iter().any(|c| *c);
         }
         if now >= next_shift {
             // Demand moves: new shares, a region may have none.
@@ -255,8 +272,9 @@ async fn run_seed(seed: u64) -> Result<Stats, String> {
         match rng.below(1_000) {
             _ if !storm => {}
             0..=2 => {
-                let r = &regions[rng.below(REGIONS as u64) as usize];
-                r.link.cut.store(true, SeqCst);
+                let i = rng.below(REGIONS as u64) as usize;
+                regions[i].link.cut.store(true, SeqCst);
+                seen.cut[i] = true;
                 seen.disturbed = true;
             }
             3..=30 => {
@@ -268,7 +286,7 @@ async fn run_seed(seed: u64) -> Result<Stats, String> {
                 // A replica dropped: what its slices held is stranded; a fresh one replaces it.
                 let r = &mut regions[rng.below(REGIONS as u64) as usize];
                 let i = rng.below(REPLICAS as u64) as usize;
-                r.replicas[i] = replica(&r.pool, &r.link, &r.store, &clock);
+                r.replicas[i] = replica(&r.pool, &r.link, &r.store, (&clock, share));
                 seen.disturbed = true;
             }
             _ => {}
@@ -303,10 +321,13 @@ async fn run_seed(seed: u64) -> Result<Stats, String> {
                 seen.admitted += 1;
             }
         }
-        if seen.admitted > u64::from(LIMIT) {
+        if seen.admitted > seen.bound(share) {
             return Err(format!(
-                "seed {seed}, step {step}: {} admitted in one window, limit {LIMIT}",
-                seen.admitted
+                "seed {seed}, step {step}: {} admitted in one window, limit {LIMIT}, at most {} \
+                 with the shares of the regions cut off ({:?})",
+                seen.admitted,
+                seen.bound(share),
+                seen.cut
             ));
         }
     }
@@ -323,7 +344,7 @@ fn window_of(now: Duration) -> u64 {
 async fn judge(
     regions: &[Region],
     home: &Arc<dyn CounterStore>,
-    at: Duration,
+    (at, share): (Duration, Option<Share>),
     w: &Window,
     stats: &mut Stats,
 ) -> Result<(), String> {
@@ -342,7 +363,7 @@ async fn judge(
     let granted = u64::from(LIMIT) - u64::from(d.outcomes[0].remaining);
     let key = check(at, 1).key;
     let window_ms = window * WINDOW.as_secs() * 1000;
-    let (mut have, mut taken, mut held) = (0, 0, 0);
+    let (mut have, mut taken, mut held, mut owed) = (0, 0, 0, 0);
     for r in regions {
         let st = r
             .pool
@@ -351,16 +372,32 @@ async fn judge(
             .map_err(|e| e.to_string())?;
         have += st.have;
         taken += st.taken;
+        owed += st.owed;
         held += r.replicas.iter().map(|x| x.slices.held_in(at)).sum::<u64>();
     }
     let admitted = w.admitted;
     let what = format!(
-        "window {window}: admitted {admitted}, held {held}, taken {taken}, pools {have}, home {granted}, demand {}",
-        w.demand
+        "window {window}: admitted {admitted}, held {held}, taken {taken}, pools {have} \
+         ({owed} owed home), home {granted}, demand {}, cut off {:?}",
+        w.demand, w.cut
     );
     let exact = w.disturbed || admitted + held == taken;
-    if admitted + held > taken || !exact || taken > have || have > granted {
+    // Pools hold what home granted them, and (`share`) credit: owed, or charged at home once
+    // settled - where home's count may pass the limit, which its answers cannot show (read as
+    // the limit), so the credit bounds the pools instead.
+    let credit = share.map_or(0, |_| w.bound(share) - u64::from(LIMIT));
+    let pooled = if share.is_some() {
+        have > granted + credit
+    } else {
+        have > granted
+    };
+    if admitted + held > taken || !exact || taken > have || pooled || owed > credit {
         return Err(format!("units made up or lost: {what}"));
+    }
+    if admitted > w.bound(share) {
+        return Err(format!(
+            "over the limit and the shares of the regions cut off: {what}"
+        ));
     }
     if !w.disturbed && w.demand < u64::from(LIMIT) / 2 && admitted != w.demand {
         return Err(format!("denied under the limit: {what}"));
@@ -381,21 +418,35 @@ async fn judge(
 
 #[tokio::test(start_paused = true)]
 async fn regions_never_admit_over_a_global_limit_whatever_the_links_and_the_replicas_do() {
+    many_seeds(None).await;
+}
+
+/// `GLOBAL_UNREACHABLE=share` (a fifth of the limit): in every window, what is admitted is at
+/// most the limit plus the share of each region cut off during it, pools hold no more than
+/// home granted and the credit, and what is owed home is at most that credit.
+#[tokio::test(start_paused = true)]
+async fn regions_cut_off_with_share_never_admit_over_the_limit_and_their_shares() {
+    many_seeds(Some("0.2".parse().expect("a share"))).await;
+}
+
+/// Fixed seeds and two fresh ones; a failure names its seed.
+async fn many_seeds(share: Option<Share>) {
     let fresh = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(7);
     let mut judged = 0;
     for seed in [1, 2, 3, fresh, fresh + 1] {
-        match run_seed(seed).await {
+        match run_seed(seed, share).await {
             Ok(s) => {
                 eprintln!(
-                    "seed {seed}: {} windows, {} judged (least admitted {} of {LIMIT})",
+                    "seed {seed}, share {share:?}: {} windows, {} judged (least admitted {} of \
+                     {LIMIT})",
                     s.windows, s.judged, s.least_judged
                 );
                 judged += s.judged;
             }
-            Err(e) => panic!("{e} (replay: add seed {seed})"),
+            Err(e) => panic!("{e} (share {share:?}; replay: add seed {seed})"),
         }
     }
     assert!(
@@ -620,4 +671,94 @@ async fn a_grant_judges_its_last_take_after_its_last_refill() {
         st.taken
     );
     assert_eq!(st.taken, 3);
+}
+
+/// One region whose link to home the test cuts, admitting `share` of the limit on credit when
+/// cut off (`GLOBAL_UNREACHABLE=share`).
+fn sharing_region(share: &str) -> (OneRegion, Arc<Link>) {
+    let mut cut = None;
+    let r = OneRegion::new(|home| {
+        let link = Arc::new(Link {
+            home,
+            cut: AtomicBool::new(false),
+            rng: Mutex::new(Rng::new(7)),
+        });
+        cut = Some(Arc::clone(&link));
+        link
+    });
+    r.grants.share_when_cut_off(share.parse().expect("a share"));
+    (r, cut.expect("the link"))
+}
+
+/// Slices of `n` granted until one is denied: the units granted.
+async fn grant_until_denied(r: &OneRegion, n: u64) -> u64 {
+    let mut got = 0;
+    for _ in 0..10_000 {
+        if !r.grant(n).await.admitted {
+            return got;
+        }
+        got += n;
+    }
+    panic!("never denied: {got} granted");
+}
+
+/// `GLOBAL_UNREACHABLE=share`: a region cut off spends its pool, then admits exactly its share
+/// of the limit (0.1 of 3 000) on credit for the window, then denies, however long the
+/// partition lasts; once home answers, the credit is charged there (home's counter holds what
+/// was admitted) and only then may the pool go back home.
+#[tokio::test(start_paused = true)]
+async fn a_region_cut_off_admits_its_share_on_credit_then_denies_and_home_is_charged_once_healed() {
+    let (r, link) = sharing_region("0.1");
+    assert!(r.grant(1).await.admitted, "the first slice");
+    let held = r.pool_now().await.left();
+    assert!(held > 0, "the refill brought more than the slice");
+    link.cut.store(true, SeqCst);
+    assert!(r.grant(held).await.admitted, "the pool's last {held} units");
+    let credit = grant_until_denied(&r, 5).await;
+    assert_eq!(credit, 300, "the region's share on credit, no more");
+    assert_eq!(r.grants.tallies.shared.get(), 300);
+    assert_eq!(r.pool_now().await.owed, 300, "owed home");
+    // However long the partition lasts, the window's share was all of it.
+    pass(&r.clock, 40).await;
+    assert!(!r.grant(1).await.admitted, "still cut off: denied");
+    assert_eq!(r.grants.tallies.shared.get(), 300);
+    // Healed: the credit is charged at home.
+    link.cut.store(false, SeqCst);
+    pass(&r.clock, 50).await;
+    assert_eq!(r.pool_now().await.owed, 0, "settled");
+    assert_eq!(r.grants.tallies.settled.get(), 300);
+    assert_eq!(
+        r.used_at_home().await,
+        1 + held + 300,
+        "home holds what the region admitted"
+    );
+}
+
+/// Credit left unspent when the link heals goes back home after it was charged there: home ends
+/// at exactly what the region admitted (a pool that owes is never drained before it settles).
+#[tokio::test(start_paused = true)]
+async fn credit_unspent_at_the_heal_is_charged_then_given_back_home_is_whole() {
+    let (r, link) = sharing_region("0.1");
+    assert!(r.grant(1).await.admitted, "the first slice");
+    let held = r.pool_now().await.left();
+    link.cut.store(true, SeqCst);
+    assert!(r.grant(held).await.admitted, "the pool's last {held} units");
+    let mut spent = 0;
+    while spent < 100 {
+        assert!(r.grant(5).await.admitted, "on credit: {spent} so far");
+        spent += 5;
+    }
+    // Cut off and idle: nothing goes back (home does not answer), nothing is lost.
+    pass(&r.clock, 30).await;
+    assert_eq!(r.pool_now().await.owed, 300);
+    link.cut.store(false, SeqCst);
+    pass(&r.clock, 50).await;
+    let st = r.pool_now().await;
+    assert_eq!((st.owed, st.left()), (0, 0), "settled, then given back");
+    assert_eq!(
+        r.used_at_home().await,
+        1 + held + 100,
+        "home holds what the region admitted: 300 charged, 200 given back"
+    );
+    assert_eq!(r.grants.tallies.stranded.get(), 0, "nothing stranded");
 }

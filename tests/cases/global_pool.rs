@@ -2,8 +2,9 @@
 //! against the embedded [`MemoryPool`]: the same random operations on several windows' pools of
 //! two limits give the same answers. One pool per window: operations on the next window's pool
 //! leave the current one's whole (before, one pool per limit moved on and forgot the current
-//! window's units). Times are left out (leases long, drains not waiting on idleness): what is
-//! compared is what each operation did and left.
+//! window's units). Credit while cut off from home (`GLOBAL_UNREACHABLE=share`) is at most the
+//! window's share, and a pool that owes home is never drained. Times are left out (leases
+//! long, drains not waiting on idleness): what is compared is what each operation did and left.
 
 use crate::cases::store::redis_settings;
 use crate::support::redis::{start_cluster, start_redis};
@@ -20,7 +21,7 @@ fn key(value: &str) -> CounterKey {
 }
 
 /// What an operation did and left, without the pool's clock.
-fn seen(st: &PoolState) -> (u64, u64, u64, bool, u64, bool) {
+fn seen(st: &PoolState) -> (u64, u64, u64, bool, u64, bool, u64) {
     (
         st.ok,
         st.have,
@@ -28,6 +29,7 @@ fn seen(st: &PoolState) -> (u64, u64, u64, bool, u64, bool) {
         st.locked,
         st.last_fill,
         st.dry_until > st.now,
+        st.owed,
     )
 }
 
@@ -42,7 +44,7 @@ async fn same_as_memory(redis: &dyn RegionPool, seed: u64) {
         let k = &keys[rng.below(2) as usize];
         let w = base + 60_000 * rng.below(3);
         let token = tokens[rng.below(3) as usize];
-        let op = match rng.below(7) {
+        let op = match rng.below(9) {
             0 | 1 => PoolOp::Take(rng.below(12)),
             2 => PoolOp::Give(rng.below(8)),
             3 => PoolOp::Lock {
@@ -54,7 +56,15 @@ async fn same_as_memory(redis: &dyn RegionPool, seed: u64) {
                 token,
                 dry_ms: if rng.below(5) == 0 { 600_000 } else { 0 },
             },
-            _ => PoolOp::Drain { idle_ms: 0 },
+            6 => PoolOp::Drain { idle_ms: 0 },
+            // A region cut off (`GLOBAL_UNREACHABLE=share`): credit at most the window's share
+            // (the share asked varies: what was credited already counts), settled later.
+            7 => PoolOp::Credit {
+                share: rng.below(40),
+                token,
+                dry_ms: if rng.below(2) == 0 { 600_000 } else { 0 },
+            },
+            _ => PoolOp::Settle(rng.below(20)),
         };
         let m = memory.run(k, w, op, 600_000).await.expect("memory");
         let r = redis.run(k, w, op, 600_000).await.expect("redis");
@@ -116,5 +126,53 @@ async fn the_next_windows_pool_leaves_the_current_ones_units_whole() {
             .await
             .expect("look");
         assert_eq!((next.have, next.taken), (50, 5), "{pool:?}");
+    }
+}
+
+/// A region cut off (`GLOBAL_UNREACHABLE=share`): however many replicas ask, a window's credit
+/// is its share at most; a pool that owes home is not drained (credit refunded before it was
+/// charged would leave home short) until it is settled; the lease is released by the credit.
+#[tokio::test]
+async fn credit_is_the_windows_share_at_most_and_a_pool_that_owes_is_never_drained() {
+    let server = start_redis(&[]).await;
+    let redis = RedisStore::new(&redis_settings(vec![server.url()], RedisKind::Single))
+        .expect("redis store")
+        .pool();
+    let memory = MemoryPool::new(Arc::new(ManualClock::new(T0)), 1_000);
+    let k = key("cut");
+    for pool in [&redis as &dyn RegionPool, &memory] {
+        let run = |op| pool.run(&k, 0, op, 600_000);
+        let lock = PoolOp::Lock {
+            token: 7,
+            lease_ms: 600_000,
+        };
+        assert_eq!(run(lock).await.expect("lock").ok, 1, "{pool:?}");
+        let credit = |token| PoolOp::Credit {
+            share: 25,
+            token,
+            dry_ms: 600_000,
+        };
+        let st = run(credit(7)).await.expect("credit");
+        assert_eq!((st.ok, st.have, st.owed), (25, 25, 25), "{pool:?}");
+        assert!(!st.locked, "the credit released its lease: {pool:?}");
+        assert!(st.dry_until > st.now, "dry after home did not answer");
+        // Another replica, cut off too, asks again: the window's share is spent.
+        let again = run(credit(8)).await.expect("credit again");
+        assert_eq!((again.ok, again.have, again.owed), (0, 25, 25), "{pool:?}");
+        run(PoolOp::Take(10)).await.expect("take");
+        let drain = PoolOp::Drain { idle_ms: 0 };
+        let owes = run(drain).await.expect("drain");
+        assert_eq!(
+            (owes.ok, owes.have, owes.owed),
+            (0, 25, 25),
+            "a pool that owes is not drained: {pool:?}"
+        );
+        let settled = run(PoolOp::Settle(25)).await.expect("settle");
+        assert_eq!(settled.owed, 0, "{pool:?}");
+        let drained = run(drain).await.expect("drain");
+        assert_eq!((drained.ok, drained.have), (15, 10), "{pool:?}");
+        // Settling more than is owed owes nothing (never below zero).
+        let over = run(PoolOp::Settle(5)).await.expect("settle again");
+        assert_eq!(over.owed, 0, "{pool:?}");
     }
 }

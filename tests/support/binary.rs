@@ -25,7 +25,7 @@ pub fn bin() -> String {
 const CAP: Duration = Duration::from_secs(90);
 
 /// Variables of the test's own environment that would change what the child does.
-const STRAY_ENV: [&str; 12] = [
+const STRAY_ENV: [&str; 16] = [
     "RUST_LOG",
     "SLUICE_CONFIG",
     "REDIS_URL",
@@ -38,6 +38,10 @@ const STRAY_ENV: [&str; 12] = [
     "CACHE_KEY_PREFIX",
     "TRACING_ENABLED",
     "LOG_FORMAT",
+    "GLOBAL_REDIS_URL",
+    "REGION",
+    "GLOBAL_UNREACHABLE",
+    "GLOBAL_UNREACHABLE_SHARE",
 ];
 
 /// `sluice serve --config <config>` on `127.0.0.1`, both ports 0, text logs at info, the test's

@@ -71,6 +71,9 @@ impl GlobalGrants {
             let now = self.now_ms();
             let ttl = Self::ttl_ms(window, now);
             if now >= end_ms {
+                // Credit from a partition is charged home first, if home answers (a pool that
+                // owes is never drained; unsettled, it expires with its window).
+                let _ = self.settle_owed(key, (window, window_ms), ttl).await;
                 // A refill still out holds the lease (and the drain back): once more after the
                 // lease has run out, so what it brought is counted too.
                 for _ in 0..2 {
@@ -93,13 +96,16 @@ impl GlobalGrants {
             if !self.home.probe().await {
                 continue;
             }
+            // Home answers: credit from the partition is charged there before any unit goes
+            // back (`share.rs`); the drain waits while anything is owed.
+            let _ = self.settle_owed(key, (window, window_ms), ttl).await;
             let drain = PoolOp::Drain {
                 idle_ms: POOL_IDLE_MS,
             };
             let Ok(st) = self.pool.run(key, window_ms, drain, ttl).await else {
                 continue;
             };
-            if st.ok == 0 && st.left() == 0 {
+            if st.ok == 0 && st.left() == 0 && st.owed == 0 {
                 return; // nothing to give back; the next take watches again
             }
             if st.ok == 0 {
@@ -159,6 +165,9 @@ impl GlobalGrants {
                         return;
                     }
                     let ttl = Self::ttl_ms(window, now);
+                    let _ = self
+                        .settle_owed(&key, (window, window_ms(window)), ttl)
+                        .await;
                     let all = PoolOp::Drain { idle_ms: 0 };
                     let st = match self.pool.run(&key, window_ms(window), all, ttl).await {
                         Ok(st) if st.ok > 0 => st,

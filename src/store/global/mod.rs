@@ -26,14 +26,16 @@
 //!   SIGTERM); a pool no replica took from for [`POOL_IDLE_MS`] goes back home (a refund on the
 //!   window's home counter), so demand that moves to another region finds the units at home.
 //! - **Home unreachable.** A refill that fails leaves the pool as it is: the region spends what
-//!   it holds, then the slices' grants fail and the stack's failure mode decides (see
-//!   docs/semantics.md).
+//!   it holds, then denies (`GLOBAL_UNREACHABLE=deny`), or admits its stated share of the
+//!   limit on credit, charged home once it answers (`share`, [`Share`]; docs/semantics.md).
 
 mod drain;
 mod pool;
+mod share;
 mod tallies;
 
 pub use pool::{MemoryPool, PoolOp, PoolState, RegionPool};
+pub use share::Share;
 pub use tallies::GlobalTallies;
 
 use super::{BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, Outcome, StoreError};
@@ -118,6 +120,8 @@ pub struct GlobalGrants {
     /// Where refills and drains run: the runtime this was built on, never the serving thread
     /// of the request that started them (it ends at shutdown, cancelling what runs on it).
     background: crate::store::Background,
+    /// `GLOBAL_UNREACHABLE=share`: the part of each limit a region cut off admits on credit.
+    share: std::sync::OnceLock<Share>,
 }
 
 impl GlobalGrants {
@@ -135,6 +139,7 @@ impl GlobalGrants {
             stopping: std::sync::atomic::AtomicBool::new(false),
             refilling: std::sync::atomic::AtomicUsize::new(0),
             background: crate::store::Background::here(),
+            share: std::sync::OnceLock::new(),
         })
     }
 
@@ -241,9 +246,10 @@ impl GlobalGrants {
             }
             // The whole take: the refill judges the pool it finds against it (what it lacks
             // now would be judged against the pool's total and seem enough).
-            if self.refill(check, window_ms, ttl, n).await.is_err() {
+            if self.refill(check, window_ms, ttl, n).await.is_err() && !self.shares() {
                 // Home did not answer: cut off, the region denies what its pool cannot give
-                // (never a limit of its own; docs/semantics.md, "Global limits").
+                // (never a limit of its own; docs/semantics.md, "Global limits"). With
+                // `share`, the refill left the window's share on credit in the pool.
                 break;
             }
             st = self.take(key, window_ms, n, ttl).await?;
@@ -331,6 +337,21 @@ impl GlobalGrants {
             return self.await_other(key, window_ms, ttl, &lock).await;
         }
         let k = self.known(key, check.window);
+        // Credit from a partition is charged home first (`share.rs`): home answers again.
+        if let Err(e) = self
+            .settle(key, (check.window, window_ms), ttl, lock.owed)
+            .await
+        {
+            let asked = Asked {
+                got: 0,
+                dry_ms: 0,
+                home_left: k.home_left,
+                failed: Some(e),
+            };
+            return self
+                .land(key, (check.window, window_ms), ttl, token, asked)
+                .await;
+        }
         // Another replica's refill may have landed since this one was decided on: the pool has
         // what was needed (or, ahead, half of this replica's last refill) - nothing to ask.
         let enough = if need == 0 { k.last_refill / 2 } else { need };
@@ -377,19 +398,23 @@ impl GlobalGrants {
             home_left,
             failed,
         } = asked;
-        if failed.is_some() {
+        let fill = if failed.is_some() {
             // Home is unreachable: the region denies what it cannot admit for a while, rather
-            // than every request waiting on home again.
+            // than every request waiting on home again (with `share`, once its credit is out).
             dry_ms = HOME_RETRY_MS;
-        }
-        let fill = PoolOp::Fill {
-            units: got,
-            token,
-            dry_ms,
+            self.cut_off_fill(key, token, dry_ms)
+        } else {
+            PoolOp::Fill {
+                units: got,
+                token,
+                dry_ms,
+            }
         };
         let st = self.pool.run(key, window_ms, fill, ttl).await;
-        if st.is_err() {
-            self.tallies.stranded.add(got);
+        match (&st, fill) {
+            (Err(_), _) => self.tallies.stranded.add(got),
+            (Ok(st), PoolOp::Credit { .. }) => self.tallies.shared.add(st.ok),
+            _ => {}
         }
         self.tallies.home_answered(failed.is_none(), self.now_ms());
         if let Some(e) = failed {

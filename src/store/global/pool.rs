@@ -25,8 +25,16 @@ pub enum PoolOp {
     /// Adds units granted by home, and releases `token`'s lease; `dry_ms` > 0: the home store
     /// had nothing left, no refill for that long.
     Fill { units: u64, token: u64, dry_ms: u64 },
-    /// Drains every unit not taken (to return home) if no take came for `idle_ms`.
+    /// Drains every unit not taken (to return home) if no take came for `idle_ms` and nothing
+    /// is owed home (a pool holding credit is settled first: `Settle`).
     Drain { idle_ms: u64 },
+    /// Home did not answer a refill and the region is cut off (`GLOBAL_UNREACHABLE=share`):
+    /// adds what is left of the window's `share` on credit (each window's credit is `share` at
+    /// most, however many replicas ask, and is owed home), marks the pool dry for `dry_ms`
+    /// and releases `token`'s lease. `ok`: the units added.
+    Credit { share: u64, token: u64, dry_ms: u64 },
+    /// `units` of credit were charged at home: they are owed no more.
+    Settle(u64),
 }
 
 /// A pool as one operation left it.
@@ -46,6 +54,8 @@ pub struct PoolState {
     pub locked: bool,
     /// The last refill's size (whichever replica made it).
     pub last_fill: u64,
+    /// Units added on credit (`PoolOp::Credit`) not yet charged at home.
+    pub owed: u64,
 }
 
 impl PoolState {
@@ -78,6 +88,8 @@ struct Fields {
     dry_until: u64,
     last_fill: u64,
     expires: u64,
+    owed: u64,
+    credited: u64,
 }
 
 /// Pools in this process (a region of one replica on the embedded store), at most `max`.
@@ -132,6 +144,7 @@ impl MemoryPool {
             now,
             locked: f.lock.is_some_and(|(_, until)| until > now),
             last_fill: f.last_fill,
+            owed: f.owed,
         }
     }
 }
@@ -172,9 +185,25 @@ impl Fields {
                     f.lock = None;
                 }
             }
+            PoolOp::Credit {
+                share,
+                token,
+                dry_ms,
+            } => {
+                let units = share.saturating_sub(f.credited);
+                f.have = f.have.saturating_add(units);
+                f.owed = f.owed.saturating_add(units);
+                f.credited = f.credited.saturating_add(units);
+                f.dry_until = now.saturating_add(dry_ms);
+                if f.lock.is_some_and(|(t, _)| t == token) {
+                    f.lock = None;
+                }
+                ok = units;
+            }
+            PoolOp::Settle(n) => f.owed -= n.min(f.owed),
             PoolOp::Drain { idle_ms } => {
                 let locked = f.lock.is_some_and(|(_, until)| until > now);
-                ok = if now.saturating_sub(f.last) >= idle_ms && !locked {
+                ok = if now.saturating_sub(f.last) >= idle_ms && !locked && f.owed == 0 {
                     let left = f.have.saturating_sub(f.taken);
                     f.have = f.taken;
                     left

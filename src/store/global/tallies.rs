@@ -19,6 +19,10 @@ pub struct GlobalTallies {
     pub returned: Tally,
     /// Units left unspent in pools whose window ended.
     pub stranded: Tally,
+    /// Units added to this region's pools on credit while cut off from home
+    /// (`GLOBAL_UNREACHABLE=share`), and units of credit charged at home once it answered.
+    pub shared: Tally,
+    pub settled: Tally,
     /// Units this region's pools held at the last operation this replica saw.
     pub pool_held: AtomicU64,
     /// Time cut off from home as this replica's refills saw it, in ms: from a refill home did

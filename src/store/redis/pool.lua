@@ -5,17 +5,19 @@
 -- their slices from it; one replica at a time refills it from home (the `lock` field, a lease
 -- that expires if its holder dies).
 --
--- KEYS[1]  the pool of one window: a hash {have, taken, last, lock, lock_until, dry_until, fill}
--- ARGV[1]  the operation: take | give | lock | fill | drain
--- ARGV[2]  units (take, give, fill)
--- ARGV[3]  the refiller's token (lock, fill)
--- ARGV[4]  lock: the lease in ms; fill: ms the home store is dry for (0: not dry);
+-- KEYS[1]  the pool of one window: a hash {have, taken, last, lock, lock_until, dry_until, fill,
+--          owed, credited}
+-- ARGV[1]  the operation: take | give | lock | fill | drain | credit | settle
+-- ARGV[2]  units (take, give, fill, settle); credit: the window's share
+-- ARGV[3]  the refiller's token (lock, fill, credit)
+-- ARGV[4]  lock: the lease in ms; fill, credit: ms the home store is dry for (0: not dry);
 --          drain: ms without a take that make the pool idle
 -- ARGV[5]  how long the pool outlives this call, in ms (PEXPIRE)
 --
--- Reply: {ok, have, taken, dry_until, now, locked, fill}: ok is 1/0 (drain: the units
--- drained); locked is 1 while a refill's lease runs; fill is the last refill's size. Times are
--- the Redis server's (TIME), in ms.
+-- Reply: {ok, have, taken, dry_until, now, locked, fill, owed}: ok is 1/0 (drain, credit: the
+-- units drained, added); locked is 1 while a refill's lease runs; fill is the last refill's
+-- size; owed the units added on credit not yet charged at home. Times are the Redis server's
+-- (TIME), in ms.
 
 local h = KEYS[1]
 local t = redis.call('TIME')
@@ -24,6 +26,8 @@ local cur = redis.call('HMGET', h, 'have', 'taken', 'lock', 'lock_until', 'dry_u
 local have, taken = tonumber(cur[1]), tonumber(cur[2]) or 0
 local lock, lock_until = cur[3] or '', tonumber(cur[4]) or 0
 local dry, last = tonumber(cur[5]) or 0, tonumber(cur[6]) or now
+local debt = redis.call('HMGET', h, 'owed', 'credited')
+local owed, credited = tonumber(debt[1]) or 0, tonumber(debt[2]) or 0
 if have == nil then
   have = 0
   redis.call('HSET', h, 'have', 0, 'taken', 0, 'last', now)
@@ -66,10 +70,25 @@ elseif op == 'fill' then
   if lock == ARGV[3] then
     redis.call('HDEL', h, 'lock', 'lock_until')
   end
+elseif op == 'credit' then
+  -- Cut off from home (GLOBAL_UNREACHABLE=share): what is left of the window's share, on
+  -- credit (owed home until settled); at most the share per window, whoever asks.
+  local add = math.max(n - credited, 0)
+  have, owed, credited = have + add, owed + add, credited + add
+  dry = now + tonumber(ARGV[4])
+  redis.call('HSET', h, 'have', have, 'owed', owed, 'credited', credited, 'dry_until', dry)
+  if lock == ARGV[3] then
+    redis.call('HDEL', h, 'lock', 'lock_until')
+  end
+  ok = add
+elseif op == 'settle' then
+  owed = owed - math.min(n, owed)
+  redis.call('HSET', h, 'owed', owed)
 elseif op == 'drain' then
   -- Every unit not taken leaves the pool (the caller returns them home), if no replica took
-  -- any for ARGV[4] ms and no refill runs.
-  if now - last >= tonumber(ARGV[4]) and (lock == '' or lock_until <= now) then
+  -- any for ARGV[4] ms, no refill runs and nothing is owed home (settled first: units on
+  -- credit refunded home before they were charged there would leave home short).
+  if now - last >= tonumber(ARGV[4]) and (lock == '' or lock_until <= now) and owed == 0 then
     ok = have - taken
     have = taken
     redis.call('HSET', h, 'have', have)
@@ -83,4 +102,4 @@ local l = redis.call('HMGET', h, 'lock', 'lock_until', 'fill')
 if l[1] and tonumber(l[2]) and tonumber(l[2]) > now then
   locked = 1
 end
-return {ok, have, taken, dry, now, locked, tonumber(l[3]) or 0}
+return {ok, have, taken, dry, now, locked, tonumber(l[3]) or 0, owed}

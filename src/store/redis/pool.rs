@@ -50,6 +50,12 @@ impl RegionPool for RedisPool {
                     dry_ms,
                 } => ("fill", units, token, dry_ms),
                 PoolOp::Drain { idle_ms } => ("drain", 0, 0, idle_ms),
+                PoolOp::Credit {
+                    share,
+                    token,
+                    dry_ms,
+                } => ("credit", share, token, dry_ms),
+                PoolOp::Settle(n) => ("settle", n, 0, 0),
             };
             let pool = pool_key(&self.board.common.prefix, key, window_ms);
             let reply: Vec<i64> = self
@@ -74,6 +80,7 @@ impl RegionPool for RedisPool {
                 now: u(4),
                 locked: at(5) == 1,
                 last_fill: u(6),
+                owed: u(7),
             })
         })
     }
