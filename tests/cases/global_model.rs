@@ -762,3 +762,32 @@ async fn credit_unspent_at_the_heal_is_charged_then_given_back_home_is_whole() {
     );
     assert_eq!(r.grants.tallies.stranded.get(), 0, "nothing stranded");
 }
+
+/// The next window's pool, filled ahead 2 s before the window ends, gets no credit from a
+/// refill home did not answer: that window has not begun, is not cut off yet, and credit
+/// settled only once home answers could be spent after the link healed (over the bound of a
+/// window no region was cut off in). The current window's pool gets its share.
+#[tokio::test(start_paused = true)]
+async fn a_pool_filled_ahead_for_the_next_window_gets_no_credit_while_cut_off() {
+    let (r, link) = sharing_region("0.1");
+    assert!(r.grant(1).await.admitted, "the first slice");
+    // 58.5 s into the window: within the prefill's 2 s of its end.
+    pass(&r.clock, 585).await;
+    link.cut.store(true, SeqCst);
+    assert!(r.grant(1).await.admitted, "on credit");
+    pass(&r.clock, 5).await;
+    assert_eq!(r.pool_now().await.owed, 300, "the current window's share");
+    let next = u64::try_from(T0.as_millis()).expect("in range") + 60_000;
+    let key = check(r.clock.now(), 1).key;
+    let st = r.pool.run(&key, next, PoolOp::Take(0), 600_000).await;
+    let st = st.expect("the next window's pool");
+    assert_eq!(
+        (st.owed, st.have),
+        (0, 0),
+        "no credit for a window not begun"
+    );
+    assert!(
+        r.grants.tallies.refill_failures.get() >= 2,
+        "the prefill was tried"
+    );
+}

@@ -402,7 +402,7 @@ impl GlobalGrants {
             // Home is unreachable: the region denies what it cannot admit for a while, rather
             // than every request waiting on home again (with `share`, once its credit is out).
             dry_ms = HOME_RETRY_MS;
-            self.cut_off_fill(key, token, dry_ms)
+            self.cut_off_fill(key, window, token, dry_ms)
         } else {
             PoolOp::Fill {
                 units: got,

@@ -75,9 +75,18 @@ impl GlobalGrants {
     }
 
     /// What a refill home did not answer leaves in the pool: nothing (deny), or what is left of
-    /// the window's share on credit; either way the lease is released and the pool is dry.
-    pub(super) fn cut_off_fill(&self, key: &CounterKey, token: u64, dry_ms: u64) -> PoolOp {
-        match self.share.get() {
+    /// the window's share on credit; either way the lease is released and the pool is dry. A
+    /// window that has not begun (its pool filled ahead) gets no credit: it is not cut off yet,
+    /// and its credit, settled only once home answers, could be spent after the link healed.
+    pub(super) fn cut_off_fill(
+        &self,
+        key: &CounterKey,
+        window: Option<(u64, u64)>,
+        token: u64,
+        dry_ms: u64,
+    ) -> PoolOp {
+        let begun = window.is_none_or(|(start, _)| start / 1000 <= self.now_ms());
+        match self.share.get().filter(|_| begun) {
             Some(s) => PoolOp::Credit {
                 share: s.of(key.limit.requests_per_unit),
                 token,
