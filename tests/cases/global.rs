@@ -604,3 +604,108 @@ async fn a_replica_stopped_mid_load_gives_its_pool_back_home() {
         "the pool went home at SIGTERM: {log}"
     );
 }
+
+/// Units region `store`'s pools of the window starting at `minute` hold, not taken.
+fn pool_left(store: &RedisServer, minute: u64) -> u64 {
+    let suffix = format!("#pool:{}", minute * 60_000);
+    store
+        .cli(&["KEYS", "*#pool:*"])
+        .lines()
+        .filter(|k| k.ends_with(&suffix))
+        .map(|k| {
+            let v = store.cli(&["HMGET", k, "have", "taken"]);
+            let n: Vec<u64> = v.lines().map(|x| x.trim().parse().unwrap_or(0)).collect();
+            n.first().copied().unwrap_or(0) - n.get(1).copied().unwrap_or(0)
+        })
+        .sum()
+}
+
+/// Both replicas of region A killed with SIGKILL mid-window: nobody gives its pool or slices
+/// back, so they are stranded for the window, at most its pool and its replicas' slices; region
+/// B goes on and spends the rest of the limit; in the next window the whole limit is there
+/// again (what A stranded was that window's only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_killed_strands_at_most_its_pool_and_the_others_go_on() {
+    const LIMIT: u64 = 3_000;
+    const MAX_SLICE: u64 = 20;
+    let home = start_redis(&[]).await;
+    let yaml = config(LIMIT).replace("global: {}", &format!("global: {{max_slice: {MAX_SLICE}}}"));
+    let (_dir, path) = write_config(&yaml);
+    let (sa, sb) = tokio::join!(start_redis(&[]), start_redis(&[]));
+    let stores = [Store::Single(sa), Store::Single(sb)];
+    let home_addr = SocketAddr::from(([127, 0, 0, 1], home.port()));
+    let mut a = region(
+        "a",
+        &stores[0],
+        home_addr,
+        Duration::from_millis(25),
+        &path,
+        2,
+    )
+    .await;
+    let b = region(
+        "b",
+        &stores[1],
+        home_addr,
+        Duration::from_millis(50),
+        &path,
+        2,
+    )
+    .await;
+    early_in_a_minute(40).await;
+    let minute = unix_minute();
+    let all = a.replicas.iter().chain(&b.replicas);
+    let first = futures_util::future::join_all(all.map(|s| load(s.grpc_url(), 100, "3s"))).await;
+    let admitted_first: u64 = first.iter().map(|r| r.0).sum();
+    assert_eq!(first.iter().map(|r| r.1).sum::<u64>(), 0, "under the limit");
+    for s in &mut a.replicas {
+        s.child.start_kill().expect("SIGKILL");
+        let _ = s.exit().await;
+    }
+    let Store::Single(store_a) = &stores[0] else {
+        unreachable!("standalone")
+    };
+    let pool_a = pool_left(store_a, minute);
+    // Region B goes on, offered far more than is left.
+    let then =
+        futures_util::future::join_all(b.replicas.iter().map(|s| load(s.grpc_url(), 1_000, "4s")))
+            .await;
+    assert_eq!(unix_minute(), minute, "one window so far");
+    let admitted = admitted_first + then.iter().map(|r| r.0).sum::<u64>();
+    // B's idle slices and pool go back home; A's stay where they are.
+    let home_ref = &home;
+    eventually("region B's units back home", || async move {
+        let c = home_counters(home_ref);
+        c.len() == 1 && c[0].1 <= admitted + pool_a + 2 * MAX_SLICE
+    })
+    .await;
+    let at_home = home_counters(&home)[0].1;
+    let stranded = at_home - admitted;
+    eprintln!(
+        "admitted {admitted} ({admitted_first} before the kill), home {at_home}, region A's \
+         pool {pool_a}: {stranded} stranded"
+    );
+    assert!(admitted <= LIMIT, "{admitted} admitted against {LIMIT}");
+    assert!(
+        stranded >= pool_a && stranded <= pool_a + 2 * MAX_SLICE,
+        "stranded {stranded}: region A's pool {pool_a} and at most its two slices of {MAX_SLICE}"
+    );
+    assert!(
+        admitted * 100 >= (LIMIT - stranded) * 95,
+        "region B spent what A did not strand: {admitted} of {} admitted",
+        LIMIT - stranded
+    );
+    // The next window: the whole limit again, for region B alone.
+    let into = seconds_into_the_minute();
+    tokio::time::sleep(Duration::from_secs(61 - into)).await;
+    let next = unix_minute();
+    let answers =
+        futures_util::future::join_all(b.replicas.iter().map(|s| load(s.grpc_url(), 1_000, "4s")))
+            .await;
+    assert_eq!(unix_minute(), next, "one window");
+    let again: u64 = answers.iter().map(|r| r.0).sum();
+    assert!(
+        again <= LIMIT && again * 100 >= LIMIT * 95,
+        "the next window's whole limit, for region B alone: {again} of {LIMIT}"
+    );
+}
