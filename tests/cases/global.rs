@@ -652,7 +652,8 @@ async fn a_region_killed_strands_at_most_its_pool_and_the_others_go_on() {
         2,
     )
     .await;
-    early_in_a_minute(40).await;
+    // 7 s of load and the give-back, in one window.
+    early_in_a_minute(25).await;
     let minute = unix_minute();
     let all = a.replicas.iter().chain(&b.replicas);
     let first = futures_util::future::join_all(all.map(|s| load(s.grpc_url(), 100, "3s"))).await;
