@@ -401,7 +401,10 @@ impl GlobalGrants {
         let fill = if failed.is_some() {
             // Home is unreachable: the region denies what it cannot admit for a while, rather
             // than every request waiting on home again (with `share`, once its credit is out).
-            dry_ms = HOME_RETRY_MS;
+            // Not a window that has not begun (its pool filled ahead): no request waits on it
+            // yet, and the link may heal before it begins (seed 1795939937946169814: the next
+            // window's first 700 ms denied with home answering again).
+            dry_ms = if self.begun(window) { HOME_RETRY_MS } else { 0 };
             self.cut_off_fill(key, window, token, dry_ms)
         } else {
             PoolOp::Fill {

@@ -85,8 +85,7 @@ impl GlobalGrants {
         token: u64,
         dry_ms: u64,
     ) -> PoolOp {
-        let begun = window.is_none_or(|(start, _)| start / 1000 <= self.now_ms());
-        match self.share.get().filter(|_| begun) {
+        match self.share.get().filter(|_| self.begun(window)) {
             Some(s) => PoolOp::Credit {
                 share: s.of(key.limit.requests_per_unit),
                 token,
@@ -98,6 +97,11 @@ impl GlobalGrants {
                 dry_ms,
             },
         }
+    }
+
+    /// Whether `window` has begun (a token bucket's, with none, always has).
+    pub(super) fn begun(&self, window: Option<(u64, u64)>) -> bool {
+        window.is_none_or(|(start, _)| start / 1000 <= self.now_ms())
     }
 
     /// Whether a region cut off admits on credit.
