@@ -176,3 +176,33 @@ async fn credit_is_the_windows_share_at_most_and_a_pool_that_owes_is_never_drain
         assert_eq!(over.owed, 0, "{pool:?}");
     }
 }
+
+/// The embedded pools' bound never drops a pool that gave credit (`GLOBAL_UNREACHABLE=share`):
+/// a new pool of its key would give the window's share again, and what it owes home would never
+/// be charged. Full of such pools, a new pool is refused (its grant is denied).
+#[tokio::test]
+async fn the_embedded_pools_never_drop_one_that_gave_credit() {
+    let memory = MemoryPool::new(Arc::new(ManualClock::new(T0)), 2);
+    let credit = PoolOp::Credit {
+        share: 10,
+        token: 1,
+        dry_ms: 0,
+    };
+    let look = PoolOp::Take(0);
+    let (a, b, c, d) = (key("a"), key("b"), key("c"), key("d"));
+    assert_eq!(memory.run(&a, 0, credit, 600_000).await.expect("a").ok, 10);
+    memory.run(&b, 0, look, 600_000).await.expect("b");
+    // Full: b goes, not a.
+    memory.run(&c, 0, look, 600_000).await.expect("c");
+    let again = memory.run(&a, 0, credit, 600_000).await.expect("a again");
+    assert_eq!(
+        (again.ok, again.owed),
+        (0, 10),
+        "a kept its credit and its debt"
+    );
+    assert_eq!(memory.run(&c, 0, credit, 600_000).await.expect("c").ok, 10);
+    // Full of pools that gave credit: a new one is refused.
+    assert!(memory.run(&d, 0, look, 600_000).await.is_err());
+    let a_now = memory.run(&a, 0, look, 600_000).await.expect("a");
+    assert_eq!(a_now.owed, 10);
+}

@@ -321,6 +321,7 @@ impl GlobalGrants {
         use std::sync::atomic::Ordering::SeqCst;
         // Counted before the look at `stopping` (which the give-back sets before it waits for
         // the count to fall): a refill either sees it and asks home nothing, or lands first.
+        let begun = self.begun(check.window); // before any call: `land`
         self.refilling.fetch_add(1, SeqCst);
         let _landed = Landed(&self.refilling);
         if self.stopping.load(SeqCst) {
@@ -349,7 +350,7 @@ impl GlobalGrants {
                 failed: Some(e),
             };
             return self
-                .land(key, (check.window, window_ms), ttl, token, asked)
+                .land(key, (check.window, window_ms, begun), ttl, token, asked)
                 .await;
         }
         // Another replica's refill may have landed since this one was decided on: the pool has
@@ -378,7 +379,7 @@ impl GlobalGrants {
             self.tallies.refill_us.add(rtt);
             self.tallies.last_refill_us.store(rtt, Relaxed);
         }
-        self.land(key, (check.window, window_ms), ttl, token, asked)
+        self.land(key, (check.window, window_ms, begun), ttl, token, asked)
             .await
     }
 
@@ -387,7 +388,7 @@ impl GlobalGrants {
     async fn land(
         self: &Arc<Self>,
         key: &CounterKey,
-        (window, window_ms): (Option<(u64, u64)>, u64),
+        (window, window_ms, begun): (Option<(u64, u64)>, u64, bool),
         ttl: u64,
         token: u64,
         asked: Asked,
@@ -403,9 +404,9 @@ impl GlobalGrants {
             // than every request waiting on home again (with `share`, once its credit is out).
             // Not a window that has not begun (its pool filled ahead): no request waits on it
             // yet, and the link may heal before it begins (seed 1795939937946169814: the next
-            // window's first 700 ms denied with home answering again).
-            dry_ms = if self.begun(window) { HOME_RETRY_MS } else { 0 };
-            self.cut_off_fill(key, window, token, dry_ms)
+            // window's first 700 ms denied with home answering again), as the refill started.
+            dry_ms = if begun { HOME_RETRY_MS } else { 0 };
+            self.cut_off_fill(key, (window, begun), token, dry_ms)
         } else {
             PoolOp::Fill {
                 units: got,

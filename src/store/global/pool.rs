@@ -109,7 +109,9 @@ impl MemoryPool {
         }
     }
 
-    fn apply(&self, key: &CounterKey, w: u64, op: PoolOp, ttl_ms: u64) -> PoolState {
+    /// `None`: full of live pools that all hold credit (`GLOBAL_UNREACHABLE=share`), none of
+    /// which may go: the new pool is refused (its grant fails and is denied).
+    fn apply(&self, key: &CounterKey, w: u64, op: PoolOp, ttl_ms: u64) -> Option<PoolState> {
         let now = u64::try_from(self.clock.now().as_millis()).unwrap_or(u64::MAX);
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let slot = (key.clone(), w);
@@ -118,13 +120,15 @@ impl MemoryPool {
             if map.len() >= self.max {
                 // Full of live pools: the one expiring first goes (its units are stranded;
                 // not the smallest window start, which is a token bucket's, live for an hour).
-                if let Some(k) = map
+                // Never one that gave credit: a new pool of its key would give it again, and
+                // what it owes home would never be charged (a caller flooding new values of a
+                // wildcard could multiply a limit while cut off).
+                let k = map
                     .iter()
+                    .filter(|(_, f)| f.credited == 0)
                     .min_by_key(|(_, f)| f.expires)
-                    .map(|(k, _)| k.clone())
-                {
-                    map.remove(&k);
-                }
+                    .map(|(k, _)| k.clone())?;
+                map.remove(&k);
             }
         }
         let f = map.entry(slot).or_default();
@@ -136,7 +140,7 @@ impl MemoryPool {
         }
         let ok = f.apply(op, now);
         f.expires = now.saturating_add(ttl_ms.max(1));
-        PoolState {
+        Some(PoolState {
             ok,
             have: f.have,
             taken: f.taken,
@@ -145,7 +149,7 @@ impl MemoryPool {
             locked: f.lock.is_some_and(|(_, until)| until > now),
             last_fill: f.last_fill,
             owed: f.owed,
-        }
+        })
     }
 }
 
@@ -224,6 +228,12 @@ impl RegionPool for MemoryPool {
         op: PoolOp,
         ttl_ms: u64,
     ) -> BoxFuture<'a, Result<PoolState, StoreError>> {
-        Box::pin(async move { Ok(self.apply(key, window_ms, op, ttl_ms)) })
+        Box::pin(async move {
+            self.apply(key, window_ms, op, ttl_ms).ok_or_else(|| {
+                StoreError::Transient(
+                    "the region's pools are full of pools that hold credit from a partition".into(),
+                )
+            })
+        })
     }
 }

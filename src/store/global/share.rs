@@ -76,16 +76,19 @@ impl GlobalGrants {
 
     /// What a refill home did not answer leaves in the pool: nothing (deny), or what is left of
     /// the window's share on credit; either way the lease is released and the pool is dry. A
-    /// window that has not begun (its pool filled ahead) gets no credit: it is not cut off yet,
-    /// and its credit, settled only once home answers, could be spent after the link healed.
+    /// window that had not begun when the refill started (its pool filled ahead) gets no
+    /// credit: it is not cut off yet, and its credit, settled only once home answers, could be
+    /// spent after the link healed. Nor a token bucket (no window): a recording charge on a
+    /// bucket is capped at its burst, so credit above it could never be charged home whole.
     pub(super) fn cut_off_fill(
         &self,
         key: &CounterKey,
-        window: Option<(u64, u64)>,
+        (window, begun): (Option<(u64, u64)>, bool),
         token: u64,
         dry_ms: u64,
     ) -> PoolOp {
-        match self.share.get().filter(|_| self.begun(window)) {
+        let windowed = window.is_some_and(|(_, end)| end != u64::MAX);
+        match self.share.get().filter(|_| begun && windowed) {
             Some(s) => PoolOp::Credit {
                 share: s.of(key.limit.requests_per_unit),
                 token,
