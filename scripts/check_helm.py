@@ -682,6 +682,10 @@ BAD_VALUES: list[tuple[str, dict[str, Any], list[str]]] = [
     ("extra rule group without rules", {"prometheusRule": {"enabled": True, "additionalGroups": [{"name": "x"}]}},
      ["/prometheusRule/additionalGroups/0", "rules"]),
     ("config file name with a leading dot", {"config": {".hidden": {"domain": "h"}}}, ["'.hidden'"]),
+    ("a share of nothing", {"multiRegion": {"unreachable": "share", "unreachableShare": "0.0"}},
+     ["/multiRegion/unreachableShare"]),
+    ("a share above the limit", {"multiRegion": {"unreachable": "share", "unreachableShare": "1.5"}},
+     ["/multiRegion/unreachableShare"]),
 ]
 
 # Values the templates must refuse (cross-field rules the schema cannot express).
