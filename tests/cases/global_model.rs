@@ -794,3 +794,44 @@ async fn a_pool_filled_ahead_for_the_next_window_gets_no_credit_while_cut_off() 
         "the prefill was tried"
     );
 }
+
+/// A global token bucket gets no credit when cut off, even with `share`: it denies once its pool
+/// is spent (a recording charge on a bucket is capped at its burst, so credit above it could
+/// never be charged home whole).
+#[tokio::test(start_paused = true)]
+async fn a_global_token_bucket_gets_no_credit_when_cut_off() {
+    let (r, link) = sharing_region("0.5");
+    let limit = Limit {
+        requests_per_unit: 600,
+        period: Period::from_unit(Unit::Minute),
+        algorithm: sluice::config::Algorithm::TokenBucket,
+        burst: 99,
+    };
+    let bucket = |hits| {
+        let mut c = LimitCheck::for_tests("global", "bucket", limit, hits);
+        c.slice = Some(Leasing {
+            max_slice: MAX_SLICE,
+            ahead: Period::from_millis(100).expect("positive"),
+            global: true,
+        });
+        c.record = false;
+        c
+    };
+    let region = &r.region;
+    let grant = |n| async move {
+        let d = region.decide(&[bucket(n)]).await;
+        d.expect("the region's pool answers").admitted
+    };
+    assert!(grant(1).await, "the first slice");
+    let key = bucket(1).key;
+    let held = r.pool.run(&key, 0, PoolOp::Take(0), 600_000).await;
+    let held = held.expect("the bucket's pool").left();
+    link.cut.store(true, SeqCst);
+    if held > 0 {
+        assert!(grant(held).await, "the pool's last {held} units");
+    }
+    assert!(!grant(5).await, "cut off and spent: denied, no credit");
+    assert_eq!(r.grants.tallies.shared.get(), 0);
+    let st = r.pool.run(&key, 0, PoolOp::Take(0), 600_000).await;
+    assert_eq!(st.expect("the bucket's pool").owed, 0);
+}
