@@ -590,17 +590,7 @@ async fn a_refill_landing_after_the_last_take_goes_back_home_once_idle() {
 /// whose reply is lost may have been applied: its units are stranded, never put back.)
 #[tokio::test(start_paused = true)]
 async fn an_idle_pool_keeps_its_units_through_a_partition_until_home_answers() {
-    let mut cut = None;
-    let r = OneRegion::new(|home| {
-        let link = Arc::new(Link {
-            home,
-            cut: AtomicBool::new(false),
-            rng: Mutex::new(Rng::new(5)),
-        });
-        cut = Some(Arc::clone(&link));
-        link
-    });
-    let link = cut.expect("the link");
+    let (r, link) = cut_region(5);
     assert!(r.grant(1).await.admitted, "the first slice");
     let held = r.pool_now().await.left();
     assert!(held > 0, "the refill brought more than the slice");
@@ -679,17 +669,23 @@ async fn a_grant_judges_its_last_take_after_its_last_refill() {
 /// One region whose link to home the test cuts, admitting `share` of the limit on credit when
 /// cut off (`GLOBAL_UNREACHABLE=share`).
 fn sharing_region(share: &str) -> (OneRegion, Arc<Link>) {
+    let (r, link) = cut_region(7);
+    r.grants.share_when_cut_off(share.parse().expect("a share"));
+    (r, link)
+}
+
+/// One region reaching home through a [`Link`] the test cuts (its yields drawn from `seed`).
+fn cut_region(seed: u64) -> (OneRegion, Arc<Link>) {
     let mut cut = None;
     let r = OneRegion::new(|home| {
         let link = Arc::new(Link {
             home,
             cut: AtomicBool::new(false),
-            rng: Mutex::new(Rng::new(7)),
+            rng: Mutex::new(Rng::new(seed)),
         });
         cut = Some(Arc::clone(&link));
         link
     });
-    r.grants.share_when_cut_off(share.parse().expect("a share"));
     (r, cut.expect("the link"))
 }
 
