@@ -234,9 +234,19 @@ fn with_home(
         "global limits: home store"
     );
     let home = crate::store::redis::RedisStore::new(&home)?;
-    let stack = stack.with_home(Arc::new(home), Arc::clone(clock));
+    let regions = Arc::new(home.regions());
+    // Overrides live at home and resets reach it: every region applies the same
+    // (`store/global/admin.rs`).
+    let admin = crate::store::global::GlobalAdmin {
+        region: Arc::clone(&stack.admin),
+        home: Arc::new(home.admin()),
+    };
+    let stack = stack
+        .with_admin(Arc::new(admin))
+        .with_home(Arc::new(home), Arc::clone(clock));
     if let Some(g) = &stack.global {
         let _ = g.tallies.region.set(args.global.region.clone());
+        g.report_to(regions, args.global.region.clone());
         if let Some(share) = share {
             g.share_when_cut_off(share);
         }

@@ -80,6 +80,17 @@ pub fn limit_state(l: &Inspected) -> pb::LimitState {
         shadow: l.shadow,
         request_override: l.request_override,
         admin_override: l.admin_override.as_ref().map(to_pb),
+        regions: l
+            .regions
+            .iter()
+            .map(|r| pb::RegionPool {
+                region: r.region.clone(),
+                pool: r.pool,
+                taken: r.taken,
+                owed: r.owed,
+                reported_unix_ms: r.at_unix_ms,
+            })
+            .collect(),
     }
 }
 

@@ -1,7 +1,8 @@
 //! How every replica learns of admin writes: it polls the store's admin generation (one `GET`
 //! on Redis) every [`POLL_INTERVAL`]; when it moved, it reloads the overrides and drops its deny
 //! cache (a reset or a raised limit must not be answered from a denial cached before it). At
-//! most one interval after a write, every replica applies it. Expired overrides leave the
+//! most one interval after a write, every replica applies it (with a home store, the generation
+//! and the overrides are home's: every region applies them). Expired overrides leave the
 //! table at the next poll even when nothing was written.
 
 use crate::service::RateLimiter;
@@ -11,12 +12,14 @@ use std::time::Duration;
 /// How often a replica polls: half a second, so every replica applies a write within one.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 
-/// Loads the overrides now, whatever the generation, and drops the deny cache.
-pub async fn reload(limiter: &RateLimiter) {
+/// Loads the overrides now, whatever the generation, and drops the deny cache; with a home
+/// store, applies the resets of global limits recorded there (`service/resets.rs`).
+pub async fn reload(limiter: &Arc<RateLimiter>) {
     match limiter.counter_admin().overrides().await {
         Ok((generation, all)) => apply(limiter, generation, all),
         Err(e) => tracing::warn!(error = %e, "cannot load the admin overrides"),
     }
+    limiter.apply_resets().await;
 }
 
 fn apply(limiter: &RateLimiter, generation: u64, all: Vec<crate::store::admin::StoredOverride>) {
@@ -37,7 +40,7 @@ fn apply(limiter: &RateLimiter, generation: u64, all: Vec<crate::store::admin::S
 }
 
 /// One poll: reloads when the generation moved, or when a live override may have expired.
-pub async fn poll_once(limiter: &RateLimiter) {
+pub async fn poll_once(limiter: &Arc<RateLimiter>) {
     let generation = match limiter.counter_admin().generation().await {
         Ok(g) => g,
         Err(e) => {

@@ -1,11 +1,13 @@
 //! What a descriptor's counters hold, as the admin API's Inspect shows it: the request as Envoy
 //! would send it, planned on the rules in force (matching, resource limits, overrides), then
-//! decided by the store with no hits, so nothing is charged and one round trip answers.
+//! decided by the store with no hits, so nothing is charged and one round trip answers (a
+//! global limit's on the home store, with each region's pool: `store/global/regions.rs`).
 
 use super::{plan::plan, RateLimiter, RequestError};
 use crate::config::Limit;
 use crate::proto::{rate_limit_descriptor::Entry, RateLimitDescriptor, RateLimitRequest};
 use crate::store::admin::StoredOverride;
+use crate::store::global::RegionReport;
 use crate::store::Outcome;
 
 /// One limit a descriptor matched, and its counter's state.
@@ -21,6 +23,8 @@ pub struct Inspected {
     /// From Envoy's per-request `limit` override.
     pub request_override: bool,
     pub admin_override: Option<StoredOverride>,
+    /// A global limit's pools, one per region (`store/global/regions.rs`); empty otherwise.
+    pub regions: Vec<RegionReport>,
 }
 
 impl Inspected {
@@ -67,12 +71,21 @@ impl RateLimiter {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
-        let decision = self.store.decide(&checks).await?;
+        // A global limit's counter is at home (a regional one would be a limit per region).
+        let outcomes = self.record_on_stores(&checks).await?;
+        let mut regions = Vec::with_capacity(plan.limits.len());
+        for l in &plan.limits {
+            regions.push(match &self.global {
+                Some(g) if l.check.slice.is_some_and(|t| t.global) => g.regions(&l.check).await?,
+                _ => Vec::new(),
+            });
+        }
         Ok(plan
             .limits
             .iter()
-            .zip(decision.outcomes)
-            .map(|(l, outcome)| Inspected {
+            .zip(outcomes)
+            .zip(regions)
+            .map(|((l, outcome), regions)| Inspected {
                 name: l.name.clone(),
                 limit: l.shown,
                 counter: l.check.key.entries.to_vec(),
@@ -85,6 +98,7 @@ impl RateLimiter {
                     &l.name,
                     now_ms,
                 ),
+                regions,
             })
             .collect())
     }

@@ -18,6 +18,7 @@ mod options;
 mod overrides;
 mod plan;
 mod report;
+mod resets;
 mod respond;
 mod status;
 mod usage;

@@ -19,7 +19,7 @@ pub struct Recorded {
 impl RateLimiter {
     /// Records `checks` where their counters live: a global limit's on the home store (its
     /// regional counter would be a limit per region), the rest on the store. Outcomes in order.
-    async fn record_on_stores(
+    pub(super) async fn record_on_stores(
         &self,
         checks: &[crate::store::LimitCheck],
     ) -> Result<Vec<Outcome>, RequestError> {

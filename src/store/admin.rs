@@ -113,6 +113,28 @@ pub struct ResetCount {
     pub counted: bool,
 }
 
+/// Resets the home store keeps for the regions (the latest; older ones are dropped).
+pub const MAX_RESET_RECORDS: usize = 64;
+
+/// A reset as the home store keeps it for every region (`store/global/admin.rs`): a global
+/// limit's counter lives at home, its pools in every region, and each region's replicas empty
+/// their pools of it when they see the record.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ResetRecord {
+    /// Its place in the home store's sequence (the generation it was written at).
+    #[serde(skip)]
+    pub seq: u64,
+    pub domain: String,
+    pub prefix: Vec<(String, String)>,
+}
+
+impl ResetRecord {
+    /// Whether `domain`'s counter keyed by `entries` is among those this reset reset.
+    pub fn covers(&self, domain: &str, entries: &[(String, String)]) -> bool {
+        self.domain == domain && entries.starts_with(&self.prefix)
+    }
+}
+
 /// The admin side of a counter store.
 pub trait CounterAdmin: Send + Sync + std::fmt::Debug {
     /// Resets every counter of `domain` whose entries start with `prefix` (at least one entry):
@@ -147,6 +169,20 @@ pub trait CounterAdmin: Send + Sync + std::fmt::Debug {
         id: &'a OverrideId,
         now_ms: u64,
     ) -> BoxFuture<'a, Result<Option<StoredOverride>, StoreError>>;
+
+    /// Keeps a record of a reset for the regions (a home store's; others keep none).
+    fn record_reset<'a>(
+        &'a self,
+        _domain: &'a str,
+        _prefix: &'a [(String, String)],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// The resets recorded, oldest first (at most [`MAX_RESET_RECORDS`]).
+    fn resets(&self) -> BoxFuture<'_, Result<Vec<ResetRecord>, StoreError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
 }
 
 /// What holds denials of counters as they were (the local deny cache): dropped when an admin

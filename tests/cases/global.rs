@@ -23,7 +23,7 @@ use crate::support::redis::{start_cluster, start_redis, RedisCluster, RedisServe
 use std::net::SocketAddr;
 use std::time::Duration;
 
-fn config(limit: u64) -> String {
+pub(crate) fn config(limit: u64) -> String {
     // all_or_nothing: a request the slices cannot decide is never a hit recorded past the
     // limit, so the home counter equals what was admitted once every unit is back.
     format!(
@@ -33,14 +33,14 @@ fn config(limit: u64) -> String {
 }
 
 /// One region: its store's settings and its replicas.
-struct Region {
+pub(crate) struct Region {
     name: &'static str,
-    replicas: Vec<SluiceProcess>,
+    pub(crate) replicas: Vec<SluiceProcess>,
     _link: Link,
 }
 
 /// A region's own store.
-enum Store {
+pub(crate) enum Store {
     Single(RedisServer),
     Cluster(RedisCluster),
 }
@@ -58,7 +58,7 @@ impl Store {
 }
 
 /// `n` replicas of region `name` on `store`, reaching `home` through a link of `delay` each way.
-async fn region(
+pub(crate) async fn region(
     name: &'static str,
     store: &Store,
     home: SocketAddr,
@@ -100,7 +100,7 @@ fn seconds_into_the_minute() -> u64 {
 
 /// Waits for the next minute when fewer than `need` seconds of this one are left (a wait,
 /// never a measurement).
-async fn early_in_a_minute(need: u64) {
+pub(crate) async fn early_in_a_minute(need: u64) {
     let into = seconds_into_the_minute();
     if into + need >= 60 {
         tokio::time::sleep(Duration::from_secs(61 - into)).await;
@@ -109,15 +109,16 @@ async fn early_in_a_minute(need: u64) {
 
 /// `sluice bench` on `target`: `rate` requests a second (0: closed loop) for `duration`;
 /// (ok, over_limit).
-async fn load(target: String, rate: u32, duration: &str) -> (u64, u64) {
+pub(crate) async fn load(target: String, rate: u32, duration: &str) -> (u64, u64) {
     bench_load(&target, ("g", "resource=api", 1), rate, duration).await
 }
 
 /// The global counter in the home store (one key per window).
-fn home_counters(home: &RedisServer) -> Vec<(String, u64)> {
+pub(crate) fn home_counters(home: &RedisServer) -> Vec<(String, u64)> {
     let keys = home.cli(&["KEYS", "*resource=api*"]);
+    // The counters only: not the regions' reports beside them (`…#regions:<window>`).
     keys.lines()
-        .filter(|k| !k.is_empty())
+        .filter(|k| !k.is_empty() && !k.contains('#'))
         .map(|k| {
             let v = home.cli(&["GET", k]).trim().parse().unwrap_or(0);
             (k.to_string(), v)
@@ -171,7 +172,7 @@ async fn accounts(regions: &[Region], stores: &[Store]) -> String {
     out
 }
 
-fn write_config(yaml: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+pub(crate) fn write_config(yaml: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("g.yaml");
     std::fs::write(&path, yaml).expect("write config");

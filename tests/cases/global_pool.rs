@@ -44,7 +44,7 @@ async fn same_as_memory(redis: &dyn RegionPool, seed: u64) {
         let k = &keys[rng.below(2) as usize];
         let w = base + 60_000 * rng.below(3);
         let token = tokens[rng.below(3) as usize];
-        let op = match rng.below(9) {
+        let op = match rng.below(10) {
             0 | 1 => PoolOp::Take(rng.below(12)),
             2 => PoolOp::Give(rng.below(8)),
             3 => PoolOp::Lock {
@@ -64,7 +64,9 @@ async fn same_as_memory(redis: &dyn RegionPool, seed: u64) {
                 token,
                 dry_ms: if rng.below(2) == 0 { 600_000 } else { 0 },
             },
-            _ => PoolOp::Settle(rng.below(20)),
+            8 => PoolOp::Settle(rng.below(20)),
+            // A reset at home: the pool counts afresh.
+            _ => PoolOp::Clear,
         };
         let m = memory.run(k, w, op, 600_000).await.expect("memory");
         let r = redis.run(k, w, op, 600_000).await.expect("redis");
@@ -205,4 +207,59 @@ async fn the_embedded_pools_never_drop_one_that_gave_credit() {
     assert!(memory.run(&d, 0, look, 600_000).await.is_err());
     let a_now = memory.run(&a, 0, look, 600_000).await.expect("a");
     assert_eq!(a_now.owed, 10);
+}
+
+#[tokio::test]
+async fn a_reset_clears_the_pool_keeps_the_refills_lease_and_lets_it_land() {
+    let server = start_redis(&[]).await;
+    let redis = RedisStore::new(&redis_settings(vec![server.url()], RedisKind::Single))
+        .expect("redis store")
+        .pool();
+    let memory = MemoryPool::new(Arc::new(ManualClock::new(T0)), 1_000);
+    let k = key("reset");
+    for pool in [&redis as &dyn RegionPool, &memory] {
+        let run = |op| pool.run(&k, 0, op, 600_000);
+        let fill = |units, token| PoolOp::Fill {
+            units,
+            token,
+            dry_ms: 0,
+        };
+        run(fill(100, 1)).await.expect("fill");
+        run(PoolOp::Take(30)).await.expect("take");
+        let credit = PoolOp::Credit {
+            share: 20,
+            token: 0,
+            dry_ms: 0,
+        };
+        assert_eq!(run(credit).await.expect("credit").ok, 20);
+        let lock = PoolOp::Lock {
+            token: 7,
+            lease_ms: 600_000,
+        };
+        assert_eq!(run(lock).await.expect("lock").ok, 1);
+        // 90 units dropped (100 + 20 credited - 30 taken); nothing taken or owed any more.
+        let cleared = run(PoolOp::Clear).await.expect("clear");
+        assert_eq!(
+            (
+                cleared.ok,
+                cleared.have,
+                cleared.taken,
+                cleared.owed,
+                cleared.locked
+            ),
+            (90, 0, 0, 0, true),
+            "{cleared:?}"
+        );
+        // A slice given back from before the reset adds nothing; the refill under way lands.
+        assert_eq!(run(PoolOp::Give(10)).await.expect("give").left(), 0);
+        let landed = run(fill(40, 7)).await.expect("fill");
+        assert_eq!((landed.left(), landed.locked), (40, false), "{landed:?}");
+        // The window's share was credited once already: a reset does not give it again.
+        let again = PoolOp::Credit {
+            share: 20,
+            token: 0,
+            dry_ms: 0,
+        };
+        assert_eq!(run(again).await.expect("credit").ok, 0);
+    }
 }

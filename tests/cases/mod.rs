@@ -65,6 +65,7 @@ mod envoy_stats;
 mod extensions;
 mod fuzz;
 mod global;
+mod global_admin;
 mod global_model;
 mod global_pool;
 mod grpcurl;

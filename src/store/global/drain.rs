@@ -4,7 +4,9 @@
 //! (SIGTERM): demand that moves to another region, or a region scaled to zero, leaves the units
 //! at home, where the other regions' refills find them.
 
-use super::{grant_check, window_ms, GlobalGrants, PoolOp, POOL_IDLE_MS, REFILL_LEASE_MS};
+use super::{
+    grant_check, window_ms, GlobalGrants, PoolOp, PoolState, POOL_IDLE_MS, REFILL_LEASE_MS,
+};
 use crate::store::{CounterKey, CounterStore};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -64,7 +66,12 @@ impl GlobalGrants {
     /// drain (done only if no replica took from the pool meanwhile), its units given back home.
     /// Once the window is over, what the pool still holds is drained and counted stranded (by
     /// whichever watcher drains it first: each unit once).
-    async fn watch_idle(&self, key: &CounterKey, window: Option<(u64, u64)>, window_ms: u64) {
+    async fn watch_idle(
+        self: &Arc<Self>,
+        key: &CounterKey,
+        window: Option<(u64, u64)>,
+        window_ms: u64,
+    ) {
         let end_ms = window.map_or(u64::MAX, |(_, end)| end / 1000);
         loop {
             tokio::time::sleep(Duration::from_millis(POOL_IDLE_MS + 100)).await;
@@ -112,7 +119,16 @@ impl GlobalGrants {
                 continue; // in use: look again later
             }
             self.seen(&st);
-            self.refund(key, window, st.ok).await;
+            if self.refund(key, window, st.ok).await {
+                self.report(
+                    key,
+                    window,
+                    &PoolState {
+                        have: st.taken,
+                        ..st
+                    },
+                );
+            }
             return;
         }
     }
@@ -141,7 +157,7 @@ impl GlobalGrants {
     /// would be lost uncounted): none starts within [`GIVE_BACK_MARGIN`] of `deadline`, and
     /// a refund started runs to its answer (the home store's timeout bounds it). Returns the
     /// units given back home.
-    pub async fn give_back_pools(&self, deadline: tokio::time::Instant) -> u64 {
+    pub async fn give_back_pools(self: &Arc<Self>, deadline: tokio::time::Instant) -> u64 {
         use futures_util::StreamExt;
         use std::sync::atomic::Ordering::SeqCst;
         self.stopping.store(true, SeqCst);
@@ -175,6 +191,14 @@ impl GlobalGrants {
                     };
                     if self.refund(&key, window, st.ok).await {
                         total.fetch_add(st.ok, Relaxed);
+                        self.report(
+                            &key,
+                            window,
+                            &PoolState {
+                                have: st.taken,
+                                ..st
+                            },
+                        );
                     }
                 }
             })

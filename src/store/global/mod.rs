@@ -29,12 +29,17 @@
 //!   it holds, then denies (`GLOBAL_UNREACHABLE=deny`), or admits its stated share of the
 //!   limit on credit, charged home once it answers (`share`, [`Share`]; docs/semantics.md).
 
+mod admin;
+mod ask;
 mod drain;
 mod pool;
+mod regions;
 mod share;
 mod tallies;
 
+pub use admin::GlobalAdmin;
 pub use pool::{MemoryPool, PoolOp, PoolState, RegionPool};
+pub use regions::{RegionBoard, RegionReport, MAX_REGIONS};
 pub use share::Share;
 pub use tallies::GlobalTallies;
 
@@ -122,6 +127,10 @@ pub struct GlobalGrants {
     background: crate::store::Background,
     /// `GLOBAL_UNREACHABLE=share`: the part of each limit a region cut off admits on credit.
     share: std::sync::OnceLock<Share>,
+    /// Where this region reports its pools at home (`regions.rs`), for the operators' view.
+    reporting: std::sync::OnceLock<regions::Reporting>,
+    /// The last home reset record this replica applied (`admin.rs`; `None`: not read yet).
+    resets_seen: Mutex<Option<u64>>,
 }
 
 impl GlobalGrants {
@@ -140,6 +149,8 @@ impl GlobalGrants {
             refilling: std::sync::atomic::AtomicUsize::new(0),
             background: crate::store::Background::here(),
             share: std::sync::OnceLock::new(),
+            reporting: std::sync::OnceLock::new(),
+            resets_seen: Mutex::new(None),
         })
     }
 
@@ -429,6 +440,7 @@ impl GlobalGrants {
         self.tallies.refilled.add(got);
         let st = st?;
         self.seen(&st);
+        self.report(key, window, &st);
         if got > 0 {
             // Watched until it goes back: a refill ahead can land after the last take, when
             // the pool's watcher has left it empty (no take follows to watch it again). Known
@@ -467,68 +479,6 @@ impl GlobalGrants {
             }
         }
         Ok(())
-    }
-
-    /// One refill's grant from home: `want`, or what home has left when less (a second call),
-    /// or nothing (home is dry for `ahead`).
-    async fn ask_home(&self, check: &LimitCheck, want: u64, home_left: u64) -> Asked {
-        let mut out = Asked {
-            got: 0,
-            dry_ms: 0,
-            home_left,
-            failed: None,
-        };
-        let mut ask = want;
-        for _ in 0..2 {
-            let grant = grant_check(&check.key, check.window, ask, false);
-            let o = match self.home.decide(std::slice::from_ref(&grant)).await {
-                Ok(d) => match d.outcomes.first() {
-                    Some(o) => *o,
-                    None => break,
-                },
-                Err(e) => {
-                    out.failed = Some(e);
-                    break;
-                }
-            };
-            out.home_left = u64::from(o.remaining);
-            if o.allowed {
-                out.got = ask;
-                break;
-            }
-            // Home has less than asked: the region takes what is left (a request too large for
-            // it is denied, the others go on); only an empty home makes the pool dry.
-            let left = u64::from(o.remaining);
-            if left == 0 || o.retry_after == Duration::MAX {
-                out.dry_ms = check.slice.map_or(100, |t| t.ahead.millis()).max(1);
-                break;
-            }
-            ask = left;
-        }
-        out
-    }
-
-    /// The next refill's size: the region's demand over [`POOL_AHEAD_MS`], at least `need` and
-    /// [`MIN_REFILL_SLICES`] slices, at most a quarter of what home had left.
-    fn want(&self, check: &LimitCheck, k: &Known, pool: &PoolState, need: u64) -> u64 {
-        let slice = check.slice.map_or(1, |t| u64::from(t.max_slice));
-        let floor = slice.saturating_mul(MIN_REFILL_SLICES);
-        let demand = if k.at_ms == 0 || pool.now <= k.at_ms {
-            floor.saturating_mul(2)
-        } else {
-            let taken = pool.taken.saturating_sub(k.taken_at);
-            // A rate read over less than a second is noise (a burst of slices taken at once):
-            // a refill right after another must not size itself on a millisecond.
-            let elapsed = (pool.now - k.at_ms).max(1_000);
-            u64::try_from(u128::from(taken) * u128::from(POOL_AHEAD_MS) / u128::from(elapsed))
-                .unwrap_or(u64::MAX)
-        };
-        let quarter = if k.home_left == u64::MAX {
-            u64::MAX
-        } else {
-            k.home_left.div_ceil(4)
-        };
-        demand.max(floor).min(quarter).max(need).max(1)
     }
 }
 

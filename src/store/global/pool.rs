@@ -35,6 +35,10 @@ pub enum PoolOp {
     Credit { share: u64, token: u64, dry_ms: u64 },
     /// `units` of credit were charged at home: they are owed no more.
     Settle(u64),
+    /// A reset at home (`admin.rs`): the pool counts afresh, its units dropped (not given
+    /// back: home forgot them), nothing taken or owed; a refill's lease stays. `ok`: the
+    /// units dropped.
+    Clear,
 }
 
 /// A pool as one operation left it.
@@ -205,6 +209,10 @@ impl Fields {
                 ok = units;
             }
             PoolOp::Settle(n) => f.owed -= n.min(f.owed),
+            PoolOp::Clear => {
+                ok = f.have.saturating_sub(f.taken);
+                (f.have, f.taken, f.owed) = (0, 0, 0);
+            }
             PoolOp::Drain { idle_ms } => {
                 let locked = f.lock.is_some_and(|(_, until)| until > now);
                 ok = if now.saturating_sub(f.last) >= idle_ms && !locked && f.owed == 0 {

@@ -21,7 +21,9 @@ use super::board::Source;
 use super::conn::Conn;
 use super::{batch::single_connection, keys, Common};
 use crate::config::Algorithm;
-use crate::store::admin::{too_many, CounterAdmin, OverrideId, ResetCount, StoredOverride};
+use crate::store::admin::{
+    too_many, CounterAdmin, OverrideId, ResetCount, ResetRecord, StoredOverride, MAX_RESET_RECORDS,
+};
 use crate::store::{BoxFuture, StoreError};
 use redis::Script;
 use std::sync::{Arc, LazyLock};
@@ -83,7 +85,23 @@ impl std::fmt::Debug for RedisAdmin {
 /// The hash tag of the admin keys.
 const ADMIN_TAG: &str = "sluice|admin";
 
+static RECORD_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+-- KEYS[1] the reset records (a list), KEYS[2] the generation; ARGV: the record (JSON), most kept.
+local g = redis.call('INCR', KEYS[2])
+redis.call('RPUSH', KEYS[1], g .. '|' .. ARGV[1])
+redis.call('LTRIM', KEYS[1], -tonumber(ARGV[2]), -1)
+return g
+",
+    )
+});
+
 impl RedisAdmin {
+    fn resets_key(&self) -> String {
+        format!("{}{{{ADMIN_TAG}}}resets", self.common.prefix)
+    }
+
     fn hash_key(&self) -> String {
         format!("{}{{{ADMIN_TAG}}}overrides", self.common.prefix)
     }
@@ -376,6 +394,59 @@ fn counter_of(key: &str, literal: usize) -> Option<bool> {
 }
 
 impl CounterAdmin for RedisAdmin {
+    fn record_reset<'a>(
+        &'a self,
+        domain: &'a str,
+        prefix: &'a [(String, String)],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let record = ResetRecord {
+                seq: 0,
+                domain: domain.to_string(),
+                prefix: prefix.to_vec(),
+            };
+            let json = serde_json::to_string(&record)
+                .map_err(|e| StoreError::Permanent(format!("a reset record: {e}")))?;
+            let (list, generation) = (self.resets_key(), self.generation_key());
+            self.call(async |c| {
+                RECORD_SCRIPT
+                    .key(&list)
+                    .key(&generation)
+                    .arg(&json)
+                    .arg(MAX_RESET_RECORDS)
+                    .invoke_async::<u64>(c)
+                    .await
+            })
+            .await
+            .map(|_| ())
+        })
+    }
+
+    fn resets(&self) -> BoxFuture<'_, Result<Vec<ResetRecord>, StoreError>> {
+        Box::pin(async move {
+            let list = self.resets_key();
+            let all: Vec<String> = self
+                .call(async |c| {
+                    redis::cmd("LRANGE")
+                        .arg(&list)
+                        .arg(0)
+                        .arg(-1)
+                        .query_async(c)
+                        .await
+                })
+                .await?;
+            Ok(all
+                .iter()
+                .filter_map(|line| {
+                    let (seq, json) = line.split_once('|')?;
+                    let mut r: ResetRecord = serde_json::from_str(json).ok()?;
+                    r.seq = seq.parse().ok()?;
+                    Some(r)
+                })
+                .collect())
+        })
+    }
+
     fn reset<'a>(
         &'a self,
         domain: &'a str,

@@ -18,6 +18,7 @@ mod lease_arg;
 mod members;
 mod meta;
 mod pool;
+mod regions;
 mod reply;
 mod sentinel;
 mod settings;
@@ -30,6 +31,7 @@ use codec::{decide_script, Call, ScriptTime};
 use conn::Conn;
 pub use members::RedisMembers;
 pub use pool::{pool_key, RedisPool};
+pub use regions::{regions_key, RedisRegions};
 use settings::is_tls;
 pub use settings::{
     redact_url, RedisKind, RedisSettings, RedisTlsSettings, SentinelSettings, DEFAULT_POOL_SIZE,
@@ -240,6 +242,13 @@ impl RedisStore {
     /// The pools of global limits in this Redis (the region's), on the same connections.
     pub fn pool(&self) -> RedisPool {
         RedisPool {
+            board: self.board(),
+        }
+    }
+
+    /// Where the regions report their pools of global limits, when this Redis is their home.
+    pub fn regions(&self) -> RedisRegions {
+        RedisRegions {
             board: self.board(),
         }
     }

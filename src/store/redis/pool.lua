@@ -7,15 +7,15 @@
 --
 -- KEYS[1]  the pool of one window: a hash {have, taken, last, lock, lock_until, dry_until, fill,
 --          owed, credited}
--- ARGV[1]  the operation: take | give | lock | fill | drain | credit | settle
+-- ARGV[1]  the operation: take | give | lock | fill | drain | credit | settle | clear
 -- ARGV[2]  units (take, give, fill, settle); credit: the window's share
 -- ARGV[3]  the refiller's token (lock, fill, credit)
 -- ARGV[4]  lock: the lease in ms; fill, credit: ms the home store is dry for (0: not dry);
 --          drain: ms without a take that make the pool idle
 -- ARGV[5]  how long the pool outlives this call, in ms (PEXPIRE)
 --
--- Reply: {ok, have, taken, dry_until, now, locked, fill, owed}: ok is 1/0 (drain, credit: the
--- units drained, added); locked is 1 while a refill's lease runs; fill is the last refill's
+-- Reply: {ok, have, taken, dry_until, now, locked, fill, owed}: ok is 1/0 (drain, credit,
+-- clear: the units drained, added, dropped); locked is 1 while a refill's lease runs; fill is the last refill's
 -- size; owed the units added on credit not yet charged at home. Times are the Redis server's
 -- (TIME), in ms.
 
@@ -95,6 +95,12 @@ elseif op == 'drain' then
   else
     ok = 0
   end
+elseif op == 'clear' then
+  -- A reset at home: the pool counts afresh (its units, what was taken and what is owed were
+  -- on the count home forgot); a refill under way still lands, its lease kept.
+  ok = have - taken
+  have, taken, owed = 0, 0, 0
+  redis.call('HSET', h, 'have', 0, 'taken', 0, 'owed', 0)
 end
 redis.call('PEXPIRE', h, ARGV[5])
 local locked = 0

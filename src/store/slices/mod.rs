@@ -307,6 +307,23 @@ impl Slices {
         }
     }
 
+    /// A reset of global limits at home (`store/global/admin.rs`): this replica's slices of
+    /// the counters it covers are emptied, given nothing back (home forgot what they were
+    /// charged). A refill under way still lands: it was charged after the reset. Returns the
+    /// units emptied.
+    pub fn forget(&self, reset: &crate::store::admin::ResetRecord) -> u64 {
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut emptied = 0;
+        for (key, e) in map.iter() {
+            if e.global && reset.covers(&key.domain, &key.entries) {
+                let mut s = e.slice.lock().unwrap_or_else(|p| p.into_inner());
+                emptied += std::mem::take(&mut s.left);
+                s.store_left = u64::MAX;
+            }
+        }
+        emptied
+    }
+
     /// A check whose slice could not be refilled (the store did not answer, or not in time).
     fn unreachable(&self, entry: &Arc<Entry>) -> Take {
         if !self.outage_denies {

@@ -1,0 +1,42 @@
+//! How a reset of a global limit reaches every region: the home store keeps a record of each
+//! reset (`store/global/admin.rs`); each replica reads the records whenever the admin
+//! generation moves (its poll, or its own write) and, for each it has not applied, empties its
+//! slices and the pools it knows of the counters the reset covers, in the background (a pool
+//! whose refill is under way is emptied once that refill's lease has run out).
+
+use super::RateLimiter;
+use std::sync::Arc;
+
+impl RateLimiter {
+    /// Applies the home store's reset records this replica has not applied yet.
+    pub async fn apply_resets(self: &Arc<Self>) {
+        let Some(global) = &self.global else {
+            return;
+        };
+        let records = match self.admin.resets().await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the home store's reset records");
+                return;
+            }
+        };
+        let fresh = global.unseen_resets(records);
+        if fresh.is_empty() {
+            return;
+        }
+        let (global, slices) = (Arc::clone(global), self.slices.clone());
+        tokio::spawn(async move {
+            for reset in &fresh {
+                let sliced = slices.as_ref().map_or(0, |s| s.forget(reset));
+                let pooled = global.forget(reset).await;
+                tracing::info!(
+                    domain = %reset.domain,
+                    prefix = ?reset.prefix,
+                    sliced,
+                    pooled,
+                    "a reset at home: this replica's slices and its region's pools emptied"
+                );
+            }
+        });
+    }
+}

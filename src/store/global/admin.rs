@@ -1,0 +1,119 @@
+//! Admin writes on global limits reach every region. A global limit's counter lives at home
+//! and its pools in every region, so with a home store ([`GlobalAdmin`]):
+//!
+//! - **overrides live at home**: every replica of every region polls home's generation and
+//!   applies the same overrides (a per-region table would make "acme: 50 a minute" a limit
+//!   per region, set by whichever region's operator wrote it). An overridden global limit is
+//!   decided on the home counter (`store/slices`: never from a slice granted under the old
+//!   limit), so the override binds as soon as a replica applies it; the pools, which no slice
+//!   takes from meanwhile, go back home once idle.
+//! - **a reset resets the region's store and home**, and leaves a record at home
+//!   ([`ResetRecord`]): each replica, when it sees the record, empties the pools it knows of
+//!   the reset counters and drops its slices of them, without giving them back (home forgot
+//!   what they were charged: a refund would take units off the fresh count, and the regions
+//!   could admit past the limit after the reset).
+
+use super::{window_ms, GlobalGrants, PoolOp};
+use crate::store::admin::{CounterAdmin, OverrideId, ResetCount, ResetRecord, StoredOverride};
+use crate::store::{BoxFuture, CounterKey, StoreError};
+use std::sync::Arc;
+
+/// The admin side of a region with a home store: resets reach both, overrides live at home.
+#[derive(Debug)]
+pub struct GlobalAdmin {
+    pub region: Arc<dyn CounterAdmin>,
+    pub home: Arc<dyn CounterAdmin>,
+}
+
+impl CounterAdmin for GlobalAdmin {
+    fn reset<'a>(
+        &'a self,
+        domain: &'a str,
+        prefix: &'a [(String, String)],
+        domain_tag: bool,
+    ) -> BoxFuture<'a, Result<ResetCount, StoreError>> {
+        Box::pin(async move {
+            let here = self.region.reset(domain, prefix, domain_tag).await?;
+            let home = self.home.reset(domain, prefix, domain_tag).await?;
+            self.home.record_reset(domain, prefix).await?;
+            Ok(ResetCount {
+                counters: here.counters.saturating_add(home.counters),
+                counted: here.counted && home.counted,
+            })
+        })
+    }
+
+    fn overrides(&self) -> BoxFuture<'_, Result<(u64, Vec<StoredOverride>), StoreError>> {
+        self.home.overrides()
+    }
+
+    fn generation(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
+        self.home.generation()
+    }
+
+    fn put_override<'a>(
+        &'a self,
+        o: &'a StoredOverride,
+        now_ms: u64,
+        max: usize,
+    ) -> BoxFuture<'a, Result<Option<StoredOverride>, StoreError>> {
+        self.home.put_override(o, now_ms, max)
+    }
+
+    fn delete_override<'a>(
+        &'a self,
+        id: &'a OverrideId,
+        now_ms: u64,
+    ) -> BoxFuture<'a, Result<Option<StoredOverride>, StoreError>> {
+        self.home.delete_override(id, now_ms)
+    }
+
+    fn resets(&self) -> BoxFuture<'_, Result<Vec<ResetRecord>, StoreError>> {
+        self.home.resets()
+    }
+}
+
+impl GlobalGrants {
+    /// The records this replica has not applied yet, oldest first. The first call only notes
+    /// where the records stand: resets from before this replica started reset nothing of its.
+    pub fn unseen_resets(&self, records: Vec<ResetRecord>) -> Vec<ResetRecord> {
+        let latest = records.iter().map(|r| r.seq).max().unwrap_or(0);
+        let mut seen = self.resets_seen.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(last) = *seen else {
+            *seen = Some(latest);
+            return Vec::new();
+        };
+        *seen = Some(latest.max(last));
+        records.into_iter().filter(|r| r.seq > last).collect()
+    }
+
+    /// Clears the region's pools of the counters `reset` covers that this replica knows: their
+    /// units dropped, given nothing back home (home forgot them), what they owe from a
+    /// partition forgiven (it was on the count the reset dropped), what was taken counted
+    /// afresh. A refill under way still lands (charged at home after the reset, or, if it
+    /// was charged just before, at most one refill on the old count). Returns the units dropped.
+    pub async fn forget(self: &Arc<Self>, reset: &ResetRecord) -> u64 {
+        let pools: Vec<(CounterKey, Option<(u64, u64)>)> = {
+            let map = self.known.lock().unwrap_or_else(|e| e.into_inner());
+            map.iter()
+                .filter(|((key, _), _)| reset.covers(&key.domain, &key.entries))
+                .map(|((key, _), k)| (key.clone(), k.window))
+                .collect()
+        };
+        let mut emptied = 0;
+        for (key, window) in pools {
+            let w = window_ms(window);
+            let ttl = Self::ttl_ms(window, self.now_ms());
+            if let Ok(st) = self.pool.run(&key, w, PoolOp::Clear, ttl).await {
+                emptied += st.ok;
+                self.report(&key, window, &st);
+            }
+            // Sized afresh: what home had left before the reset says nothing now.
+            let mut map = self.known.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(k) = map.get_mut(&(key, w)) {
+                k.home_left = u64::MAX;
+            }
+        }
+        emptied
+    }
+}
