@@ -22,11 +22,19 @@ pub async fn reload(limiter: &Arc<RateLimiter>) {
     limiter.apply_resets().await;
 }
 
-fn apply(limiter: &RateLimiter, generation: u64, all: Vec<crate::store::admin::StoredOverride>) {
+fn apply(
+    limiter: &Arc<RateLimiter>,
+    generation: u64,
+    all: Vec<crate::store::admin::StoredOverride>,
+) {
     let changed = limiter.overrides().generation() != Some(generation);
-    limiter
-        .overrides()
-        .replace(generation, all, limiter.now_ms());
+    let now = limiter.now_ms();
+    let before = limiter.overrides().list(now);
+    let moved = moved(&before, &all, now);
+    limiter.overrides().replace(generation, all, now);
+    if !moved.is_empty() {
+        limiter.overrides_moved(moved);
+    }
     let live = limiter.overrides().list(limiter.now_ms()).len();
     limiter
         .telemetry()
@@ -37,6 +45,31 @@ fn apply(limiter: &RateLimiter, generation: u64, all: Vec<crate::store::admin::S
     if changed {
         limiter.forget_denials();
     }
+}
+
+/// The counters (domain, entries) whose override was set, changed or removed between `before`
+/// and `after` (those live at `now_ms`).
+fn moved(
+    before: &[crate::store::admin::StoredOverride],
+    after: &[crate::store::admin::StoredOverride],
+    now_ms: u64,
+) -> Vec<(String, Vec<(String, String)>)> {
+    let limits = |all: &[crate::store::admin::StoredOverride]| {
+        all.iter()
+            .filter(|o| o.live(now_ms))
+            .map(|o| (o.id.clone(), o.limit))
+            .collect::<std::collections::HashMap<_, _>>()
+    };
+    let (was, is) = (limits(before), limits(after));
+    let mut out: Vec<_> = was
+        .keys()
+        .chain(is.keys())
+        .filter(|id| was.get(*id) != is.get(*id))
+        .map(|id| (id.domain.clone(), id.entries.clone()))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// One poll: reloads when the generation moved, or when a live override may have expired.
@@ -53,7 +86,16 @@ pub async fn poll_once(limiter: &Arc<RateLimiter>) {
     } else if limiter.overrides().is_active() {
         // Nothing written: drop what expired (the request path skips it already), so the
         // gauge and the request path's fast path follow.
-        let live = limiter.overrides().prune(limiter.now_ms());
+        let now = limiter.now_ms();
+        // Expired ones moved their counters back to the config's limit.
+        let expired: Vec<_> = (limiter.overrides().list(0).into_iter())
+            .filter(|o| !o.live(now))
+            .map(|o| (o.id.domain, o.id.entries))
+            .collect();
+        let live = limiter.overrides().prune(now);
+        if !expired.is_empty() {
+            limiter.overrides_moved(expired);
+        }
         limiter
             .telemetry()
             .metrics

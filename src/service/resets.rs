@@ -1,4 +1,6 @@
-//! How a reset of a global limit reaches every region: the home store keeps a record of each
+//! How admin writes on global limits reach every region's slices and pools.
+//!
+//! A reset: the home store keeps a record of each
 //! reset (`store/global/admin.rs`); each replica reads the records whenever the admin
 //! generation moves (its poll, or its own write) and, for each it has not applied, empties its
 //! slices and the pools it knows of the counters the reset covers, in the background (a pool
@@ -36,6 +38,33 @@ impl RateLimiter {
                     pooled,
                     "a reset at home: this replica's slices and its region's pools emptied"
                 );
+            }
+        });
+    }
+
+    /// Overrides of these counters were set, changed or removed: this replica's slices of the
+    /// global ones go back to the pool and the pools it knows back home, in the background
+    /// (`store/global/admin.rs`), so what is spent next is granted on the limit in force.
+    pub fn overrides_moved(self: &Arc<Self>, counters: Vec<(String, Vec<(String, String)>)>) {
+        let Some(global) = &self.global else {
+            return;
+        };
+        let (global, slices) = (Arc::clone(global), self.slices.clone());
+        tokio::spawn(async move {
+            for (domain, entries) in &counters {
+                let sliced = slices
+                    .as_ref()
+                    .map_or(0, |s| s.give_back_overridden(domain, entries));
+                let pooled = global.give_back_overridden(domain, entries).await;
+                if sliced > 0 || pooled > 0 {
+                    tracing::info!(
+                        domain = %domain,
+                        entries = ?entries,
+                        sliced,
+                        pooled,
+                        "an override moved: this replica's slices and its region's pools given back"
+                    );
+                }
             }
         });
     }

@@ -9,14 +9,14 @@
 //!   the regions admit after it never exceeds the limit (a pool kept, or given back home on
 //!   top of the fresh count, would admit past it), and the home counter holds exactly that
 //!   once the pools are back.
-//! - An override set through region B (`--deny`) is applied by region A; removed, A admits again.
+//! - Overrides set through region B are applied by both regions and decided there: `--deny`
+//!   denies at once (not a home call each), a limit raised past the config admits up to it and
+//!   no further, and removed, both regions deny again (home is past the config's limit).
 //!
-//! Nothing here is timed: the window is a minute long and a run starts early in one; what is
+//! Nothing here is timed: the window is an hour long and a run starts early in one; what is
 //! asserted are counts, waited for with `eventually`.
 
-use super::global::{
-    config, early_in_a_minute, home_counters, load, region, write_config, Region, Store,
-};
+use super::global::{home_counters, load, region, write_config, Region, Store};
 use crate::support::binary::bin;
 use crate::support::redis::start_redis;
 use crate::support::{eventually, poll_until};
@@ -24,6 +24,27 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 const LIMIT: u64 = 3_000;
+
+/// A global 3 000 an hour: the test's steps take half a minute, all in one window.
+fn config() -> String {
+    format!(
+        "domain: g\ncounting: all_or_nothing\ndescriptors:\n  - key: resource\n    value: api\n    \
+         global: {{}}\n    rate_limit: {{unit: hour, requests_per_unit: {LIMIT}}}\n"
+    )
+}
+
+/// Waits for the next hour when less than two minutes of this one are left (a wait, never a
+/// measurement).
+async fn early_in_an_hour() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs();
+    let into = now % 3600;
+    if into + 120 >= 3600 {
+        tokio::time::sleep(Duration::from_secs(3601 - into)).await;
+    }
+}
 
 /// `sluice admin --url <region's first replica> ARGS`: its JSON, or a panic with its stderr.
 async fn admin(r: &Region, args: &[&str]) -> serde_json::Value {
@@ -96,7 +117,7 @@ async fn both(regions: &[Region], rate: u32, duration: &str) -> (u64, u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operators_see_every_regions_pool_and_resets_and_overrides_reach_every_region() {
     let (home, ra, rb) = tokio::join!(start_redis(&[]), start_redis(&[]), start_redis(&[]));
-    let (_dir, path) = write_config(&config(LIMIT));
+    let (_dir, path) = write_config(&config());
     let home_addr = SocketAddr::from(([127, 0, 0, 1], home.port()));
     let delay = Duration::from_millis(25);
     let (a, b) = (Store::Single(ra), Store::Single(rb));
@@ -104,7 +125,7 @@ async fn operators_see_every_regions_pool_and_resets_and_overrides_reach_every_r
         region("a", &a, home_addr, delay, &path, 1).await,
         region("b", &b, home_addr, delay, &path, 1).await,
     ];
-    early_in_a_minute(45).await;
+    early_in_an_hour().await;
 
     // Both regions spend part of the limit: each region's pool shows in Inspect, from either.
     let (before, _) = both(&regions, 300, "2s").await;
@@ -163,7 +184,8 @@ async fn operators_see_every_regions_pool_and_resets_and_overrides_reach_every_r
     })
     .await;
 
-    // An override set through region B is applied by region A: denied there, decided at home.
+    // An override set through region B is applied by region A, and decided there: a `deny`
+    // denies at once from the region (decided at home, each request would be a home call).
     admin(
         &regions[1],
         &[
@@ -173,7 +195,7 @@ async fn operators_see_every_regions_pool_and_resets_and_overrides_reach_every_r
             "resource=api",
             "--deny",
             "--ttl",
-            "60s",
+            "600s",
         ],
     )
     .await;
@@ -182,10 +204,59 @@ async fn operators_see_every_regions_pool_and_resets_and_overrides_reach_every_r
         || async { load(regions[0].replicas[0].grpc_url(), 20, "1s").await.0 == 0 },
     )
     .await;
-    admin(&regions[1], &["override", "delete", "g", "resource=api"]).await;
-    eventually(
-        "region A lifts the override deleted through region B",
-        || async { load(regions[0].replicas[0].grpc_url(), 20, "1s").await.0 > 0 },
+    let calls = home.evalsha_calls();
+    let (ok, denied) = load(regions[0].replicas[0].grpc_url(), 200, "1s").await;
+    let calls = home.evalsha_calls() - calls;
+    assert_eq!(ok, 0, "admitted under a deny override");
+    assert!(
+        calls * 10 < denied,
+        "{calls} home calls for {denied} requests denied by an override: decided at home"
+    );
+
+    // Raised past the config through region B: both regions admit up to the override, no
+    // further, and still decide in the region (a refill now and then, not a home call each).
+    let raised = 2 * LIMIT;
+    let to = raised.to_string();
+    admin(
+        &regions[1],
+        &[
+            "override",
+            "set",
+            "g",
+            "resource=api",
+            "--limit",
+            &to,
+            "--ttl",
+            "600s",
+        ],
     )
     .await;
+    for r in &regions {
+        eventually("each region applies the raised override", || async {
+            load(r.replicas[0].grpc_url(), 20, "1s").await.0 > 0
+        })
+        .await;
+    }
+    let calls = home.evalsha_calls();
+    let (more, denied) = both(&regions, 1_500, "3s").await;
+    let calls = home.evalsha_calls() - calls;
+    let usage = pools_account_for_home(&regions[0], "the pools account for home, raised").await;
+    eprintln!("raised to {raised}: {more} more admitted, {denied} denied, {calls} home calls; home {usage}");
+    assert!(usage <= raised, "home {usage} past the override {raised}");
+    assert!(denied > 0, "the load was meant to reach the override");
+    assert!(
+        calls * 20 < more + denied,
+        "{calls} home calls for {} decisions under an override",
+        more + denied
+    );
+
+    // Removed: back to the config's limit (home is past it): both regions deny, their slices
+    // and pools granted on the override given back.
+    admin(&regions[1], &["override", "delete", "g", "resource=api"]).await;
+    for r in &regions {
+        eventually("each region applies the override's removal", || async {
+            load(r.replicas[0].grpc_url(), 20, "1s").await.0 == 0
+        })
+        .await;
+    }
 }

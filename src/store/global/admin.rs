@@ -4,16 +4,19 @@
 //! - **overrides live at home**: every replica of every region polls home's generation and
 //!   applies the same overrides (a per-region table would make "acme: 50 a minute" a limit
 //!   per region, set by whichever region's operator wrote it). An overridden global limit is
-//!   decided on the home counter (`store/slices`: never from a slice granted under the old
-//!   limit), so the override binds as soon as a replica applies it; the pools, which no slice
-//!   takes from meanwhile, go back home once idle.
+//!   still decided from slices in the region (decided at home, each request would wait a
+//!   round trip, past Envoy's 20 ms), their grants judged at home on the override; when an
+//!   override changes, each replica gives its slices of the counter back to the pool and the
+//!   pools it knows back home, so what is spent next is granted on the limit in force (what
+//!   the region spends in between, until its next poll, was granted on the old one). A
+//!   `deny` override denies at once, whatever the slices hold.
 //! - **a reset resets the region's store and home**, and leaves a record at home
 //!   ([`ResetRecord`]): each replica, when it sees the record, empties the pools it knows of
 //!   the reset counters and drops its slices of them, without giving them back (home forgot
 //!   what they were charged: a refund would take units off the fresh count, and the regions
 //!   could admit past the limit after the reset).
 
-use super::{window_ms, GlobalGrants, PoolOp};
+use super::{window_ms, GlobalGrants, PoolOp, PoolState};
 use crate::store::admin::{CounterAdmin, OverrideId, ResetCount, ResetRecord, StoredOverride};
 use crate::store::{BoxFuture, CounterKey, StoreError};
 use std::sync::Arc;
@@ -115,5 +118,44 @@ impl GlobalGrants {
             }
         }
         emptied
+    }
+
+    /// An override of `domain`'s counters keyed by `entries` changed: the region's pools of
+    /// them that this replica knows go back home (drained and refunded: they were charged
+    /// there), so what the region spends next is granted on the limit in force. A pool whose
+    /// refill is under way, or that owes home, is left to its idle drain. Returns the units
+    /// given back.
+    pub async fn give_back_overridden(
+        self: &Arc<Self>,
+        domain: &str,
+        entries: &[(String, String)],
+    ) -> u64 {
+        let pools: Vec<(CounterKey, Option<(u64, u64)>)> = {
+            let map = self.known.lock().unwrap_or_else(|e| e.into_inner());
+            map.iter()
+                .filter(|((key, _), _)| &*key.domain == domain && &*key.entries == entries)
+                .map(|((key, _), k)| (key.clone(), k.window))
+                .collect()
+        };
+        let mut back = 0;
+        for (key, window) in pools {
+            let ttl = Self::ttl_ms(window, self.now_ms());
+            let all = PoolOp::Drain { idle_ms: 0 };
+            let Ok(st) = self.pool.run(&key, window_ms(window), all, ttl).await else {
+                continue;
+            };
+            if st.ok > 0 && self.refund(&key, window, st.ok).await {
+                back += st.ok;
+                self.report(
+                    &key,
+                    window,
+                    &PoolState {
+                        have: st.taken,
+                        ..st
+                    },
+                );
+            }
+        }
+        back
     }
 }

@@ -19,7 +19,9 @@ impl GlobalGrants {
         };
         let mut ask = want;
         for _ in 0..2 {
-            let grant = grant_check(&check.key, check.window, ask, false);
+            let mut grant = grant_check(&check.key, check.window, ask, false);
+            // Judged on the admin override in force (`admin.rs`), as the request would be.
+            grant.admin_limit = check.admin_limit;
             let o = match self.home.decide(std::slice::from_ref(&grant)).await {
                 Ok(d) => match d.outcomes.first() {
                     Some(o) => *o,

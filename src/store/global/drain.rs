@@ -136,7 +136,12 @@ impl GlobalGrants {
     /// Units drained from a pool go back home. A refund that fails may still have been
     /// applied (its reply lost): its units are counted stranded, the most it can have lost, and
     /// never put back in the pool (home may have them again: that would be over the limit).
-    async fn refund(&self, key: &CounterKey, window: Option<(u64, u64)>, units: u64) -> bool {
+    pub(super) async fn refund(
+        &self,
+        key: &CounterKey,
+        window: Option<(u64, u64)>,
+        units: u64,
+    ) -> bool {
         let back = grant_check(key, window, units, true);
         if self.home.decide(std::slice::from_ref(&back)).await.is_ok() {
             self.tallies.returned.add(units);

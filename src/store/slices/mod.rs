@@ -36,6 +36,7 @@
 //!   mode decides it (under `FAILURE_MODE=local`, its local layer). What a slice holds is spent
 //!   through an outage without the store.
 
+mod admin;
 mod decider;
 mod slice;
 mod take;
@@ -158,7 +159,9 @@ pub(super) fn sliced(c: &LimitCheck) -> bool {
         && !c.refund
         && !c.quota
         && !c.stop_over
-        && c.admin_limit.is_none()
+        // An admin override on a global limit is sliced too, its grants judged at home on the
+        // override (`store/global/admin.rs`): decided at home, each request would wait on it.
+        && (c.admin_limit.is_none() || c.slice.is_some_and(|t| t.global))
         && c.lease.is_none()
         && !c.key.overridden
         && slice_window(c).is_some()
@@ -305,23 +308,6 @@ impl Slices {
         for (key, e) in back {
             self.give_back_later(&key, &e);
         }
-    }
-
-    /// A reset of global limits at home (`store/global/admin.rs`): this replica's slices of
-    /// the counters it covers are emptied, given nothing back (home forgot what they were
-    /// charged). A refill under way still lands: it was charged after the reset. Returns the
-    /// units emptied.
-    pub fn forget(&self, reset: &crate::store::admin::ResetRecord) -> u64 {
-        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        let mut emptied = 0;
-        for (key, e) in map.iter() {
-            if e.global && reset.covers(&key.domain, &key.entries) {
-                let mut s = e.slice.lock().unwrap_or_else(|p| p.into_inner());
-                emptied += std::mem::take(&mut s.left);
-                s.store_left = u64::MAX;
-            }
-        }
-        emptied
     }
 
     /// A check whose slice could not be refilled (the store did not answer, or not in time).

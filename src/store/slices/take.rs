@@ -45,13 +45,20 @@ impl Drop for Settles {
 
 impl Slices {
     /// Takes `check.hits` from its slice, waiting for a refill (by `deadline`) when short.
-    /// `now`: the request's time (read again after a wait).
+    /// `now`: the request's time (read again after a wait). A `deny` override denies at once.
     pub(super) async fn take(
         self: &Arc<Self>,
         check: &LimitCheck,
         deadline: Option<tokio::time::Instant>,
         now: u64,
     ) -> Take {
+        if check.admin_limit == Some(0) {
+            // An admin override denies this counter: not a unit of a slice is spent.
+            let window = slice_window(check).unwrap_or(UNPINNED);
+            let entry = self.entry(check, window, now);
+            let s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
+            return Take::Done(s.taken(&entry, false));
+        }
         let taken = self.take_or_down(check, deadline, now).await;
         match taken {
             // A global limit has no regional counter to go down to (that one would be a limit
@@ -153,6 +160,7 @@ impl Slices {
         need: u64,
     ) {
         let (me, entry, key) = (Arc::clone(self), Arc::clone(entry), check.key.clone());
+        let admin = check.admin_limit;
         let window = entry.slice.lock().unwrap_or_else(|p| p.into_inner()).window;
         let mut settles = Settles {
             entry: Some(Arc::clone(&entry)),
@@ -161,7 +169,7 @@ impl Slices {
         // On the slices' own runtime: a serving thread's would cancel it at shutdown, losing
         // what the store granted and leaving the give-back waiting for it.
         self.background.spawn(async move {
-            let (ok, window) = me.refill(&entry, &key, terms, need).await;
+            let (ok, window) = me.refill(&entry, (&key, admin), terms, need).await;
             settles.settle(ok, window);
         });
     }
@@ -172,7 +180,7 @@ impl Slices {
     async fn refill(
         &self,
         entry: &Entry,
-        key: &CounterKey,
+        (key, admin): (&CounterKey, Option<u32>),
         terms: crate::config::Leasing,
         need: u64,
     ) -> (bool, (u64, u64)) {
@@ -184,6 +192,9 @@ impl Slices {
         let mut ask = want;
         for _ in 0..2 {
             let mut check = grant_check(key, window, ask, false);
+            // Granted on the admin override in force, if any (global limits only: a leased
+            // limit's overridden checks are decided on the store).
+            check.admin_limit = admin;
             if entry.global {
                 // The region's pool sizes its refills from home on the limit's terms.
                 check.slice = Some(terms);

@@ -1,0 +1,46 @@
+//! Admin writes on global limits reaching this replica's slices (`store/global/admin.rs`): a
+//! reset at home empties them (given nothing back: home forgot what they were charged); an
+//! override set, changed or removed gives them back to the region's pool, so what is spent
+//! next is granted on the limit in force.
+
+use super::Slices;
+use crate::store::admin::ResetRecord;
+
+impl Slices {
+    /// A reset of global limits at home (`store/global/admin.rs`): this replica's slices of
+    /// the counters it covers are emptied, given nothing back (home forgot what they were
+    /// charged). A refill under way still lands: it was charged after the reset. Returns the
+    /// units emptied.
+    pub fn forget(&self, reset: &ResetRecord) -> u64 {
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut emptied = 0;
+        for (key, e) in map.iter() {
+            if e.global && reset.covers(&key.domain, &key.entries) {
+                let mut s = e.slice.lock().unwrap_or_else(|p| p.into_inner());
+                emptied += std::mem::take(&mut s.left);
+                s.store_left = u64::MAX;
+            }
+        }
+        emptied
+    }
+
+    /// An override of `domain`'s counters keyed by `entries` changed: this replica's slices
+    /// of them go back to the region's pool (in the background). Returns how many slices.
+    pub fn give_back_overridden(&self, domain: &str, entries: &[(String, String)]) -> usize {
+        let doomed: Vec<_> = {
+            let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+            let keys: Vec<_> = map
+                .iter()
+                .filter(|(k, e)| e.global && &*k.domain == domain && &*k.entries == entries)
+                .map(|(k, _)| k.clone())
+                .collect();
+            keys.into_iter()
+                .filter_map(|k| map.remove(&k).map(|e| (k, e)))
+                .collect()
+        };
+        for (key, e) in &doomed {
+            self.give_back_later(key, e);
+        }
+        doomed.len()
+    }
+}
