@@ -19,6 +19,7 @@ pub struct GlobalMetrics {
     refill_us: IntCounterVec,
     last_refill_us: IntGaugeVec,
     returned: IntCounterVec,
+    moved: IntCounterVec,
     stranded: IntCounterVec,
     shared: IntCounterVec,
     settled: IntCounterVec,
@@ -59,6 +60,11 @@ impl GlobalMetrics {
                 "sluice_global_returned_total",
                 "Units given back to the home store (idle pools, and every pool a replica took \
                  from when it stops).",
+            )?,
+            moved: counter(
+                "sluice_global_moved_total",
+                "Of the units given back home, those of idle pools given back because another \
+                 region found home short of them (demand that moved).",
             )?,
             stranded: counter(
                 "sluice_global_stranded_total",
@@ -101,6 +107,7 @@ impl GlobalMetrics {
         catch_up(&self.refilled.with_label_values(&l), t.refilled.get());
         catch_up(&self.refill_us.with_label_values(&l), t.refill_us.get());
         catch_up(&self.returned.with_label_values(&l), t.returned.get());
+        catch_up(&self.moved.with_label_values(&l), t.moved.get());
         catch_up(&self.stranded.with_label_values(&l), t.stranded.get());
         catch_up(&self.shared.with_label_values(&l), t.shared.get());
         catch_up(&self.settled.with_label_values(&l), t.settled.get());

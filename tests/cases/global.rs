@@ -488,7 +488,7 @@ async fn cut_off(share: Option<&str>) {
 }
 
 /// The sum over `replicas` of the series whose line starts with `prefix` in their /metrics.
-async fn metric_sum(replicas: &[SluiceProcess], prefix: &str) -> f64 {
+pub(crate) async fn metric_sum(replicas: &[SluiceProcess], prefix: &str) -> f64 {
     let mut sum = 0.0;
     for s in replicas {
         let metrics = crate::support::http(s.http, "GET", "/metrics", "").await.1;

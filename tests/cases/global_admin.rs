@@ -23,10 +23,10 @@ use crate::support::{eventually, poll_until};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-const LIMIT: u64 = 3_000;
+pub(crate) const LIMIT: u64 = 3_000;
 
 /// A global 3 000 an hour: the test's steps take half a minute, all in one window.
-fn config() -> String {
+pub(crate) fn config() -> String {
     format!(
         "domain: g\ncounting: all_or_nothing\ndescriptors:\n  - key: resource\n    value: api\n    \
          global: {{}}\n    rate_limit: {{unit: hour, requests_per_unit: {LIMIT}}}\n"
@@ -35,7 +35,7 @@ fn config() -> String {
 
 /// Waits for the next hour when less than two minutes of this one are left (a wait, never a
 /// measurement).
-async fn early_in_an_hour() {
+pub(crate) async fn early_in_an_hour() {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("after 1970")
@@ -63,7 +63,7 @@ async fn admin(r: &Region, args: &[&str]) -> serde_json::Value {
 }
 
 /// The global limit as Inspect through `r` shows it: (home usage, [(region, pool, taken)]).
-async fn inspect(r: &Region) -> (u64, Vec<(String, u64, u64)>) {
+pub(crate) async fn inspect(r: &Region) -> (u64, Vec<(String, u64, u64)>) {
     let v = admin(r, &["inspect", "g", "resource=api"]).await;
     let limit = &v["limits"][0];
     // proto3 JSON: a uint64 is a string, an absent one is zero.

@@ -67,6 +67,7 @@ mod fuzz;
 mod global;
 mod global_admin;
 mod global_model;
+mod global_moved;
 mod global_pool;
 mod grpcurl;
 mod hostile;

@@ -16,7 +16,7 @@
 //!   what they were charged: a refund would take units off the fresh count, and the regions
 //!   could admit past the limit after the reset).
 
-use super::{window_ms, GlobalGrants, PoolOp, PoolState};
+use super::{window_ms, GlobalGrants, PoolOp};
 use crate::store::admin::{CounterAdmin, OverrideId, ResetCount, ResetRecord, StoredOverride};
 use crate::store::{BoxFuture, CounterKey, StoreError};
 use std::sync::Arc;
@@ -146,14 +146,7 @@ impl GlobalGrants {
             };
             if st.ok > 0 && self.refund(&key, window, st.ok).await {
                 back += st.ok;
-                self.report(
-                    &key,
-                    window,
-                    &PoolState {
-                        have: st.taken,
-                        ..st
-                    },
-                );
+                self.report(&key, window, &Self::emptied(&st));
             }
         }
         back

@@ -50,8 +50,15 @@ impl GlobalGrants {
     }
 
     /// The next refill's size: the region's demand over [`POOL_AHEAD_MS`], at least `need` and
-    /// [`MIN_REFILL_SLICES`] slices, at most a quarter of what home had left.
-    pub(super) fn want(&self, check: &LimitCheck, k: &Known, pool: &PoolState, need: u64) -> u64 {
+    /// [`MIN_REFILL_SLICES`] slices, at most a quarter of what home had left; and whether that
+    /// quarter held it below the region's demand (the region is short: `moved.rs`).
+    pub(super) fn want(
+        &self,
+        check: &LimitCheck,
+        k: &Known,
+        pool: &PoolState,
+        need: u64,
+    ) -> (u64, bool) {
         let slice = check.slice.map_or(1, |t| u64::from(t.max_slice));
         let floor = slice.saturating_mul(MIN_REFILL_SLICES);
         let demand = if k.at_ms == 0 || pool.now <= k.at_ms {
@@ -69,6 +76,8 @@ impl GlobalGrants {
         } else {
             k.home_left.div_ceil(4)
         };
-        demand.max(floor).min(quarter).max(need).max(1)
+        let wanted = demand.max(floor).max(need).max(1);
+        let want = wanted.min(quarter).max(need).max(1);
+        (want, want < wanted)
     }
 }

@@ -4,9 +4,8 @@
 //! (SIGTERM): demand that moves to another region, or a region scaled to zero, leaves the units
 //! at home, where the other regions' refills find them.
 
-use super::{
-    grant_check, window_ms, GlobalGrants, PoolOp, PoolState, POOL_IDLE_MS, REFILL_LEASE_MS,
-};
+use super::moved::MOVED_TICK_MS;
+use super::{grant_check, window_ms, GlobalGrants, PoolOp, POOL_IDLE_MS, REFILL_LEASE_MS};
 use crate::store::{CounterKey, CounterStore};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -73,8 +72,12 @@ impl GlobalGrants {
         window_ms: u64,
     ) {
         let end_ms = window.map_or(u64::MAX, |(_, end)| end / 1000);
+        let mut looked = tokio::time::Instant::now();
         loop {
-            tokio::time::sleep(Duration::from_millis(POOL_IDLE_MS + 100)).await;
+            // Every tick, for another region short while home is nearly dry (`moved.rs`: a
+            // look at this replica's memory, and the pool's only when nearly dry); the
+            // ordinary give-back every `POOL_IDLE_MS` and a little more.
+            tokio::time::sleep(Duration::from_millis(MOVED_TICK_MS)).await;
             let now = self.now_ms();
             let ttl = Self::ttl_ms(window, now);
             if now >= end_ms {
@@ -97,6 +100,15 @@ impl GlobalGrants {
                 }
                 return;
             }
+            if looked.elapsed() < Duration::from_millis(POOL_IDLE_MS + 100) {
+                if self.near_dry(key, window_ms)
+                    && self.give_back_moved(key, window, window_ms).await
+                {
+                    return;
+                }
+                continue;
+            }
+            looked = tokio::time::Instant::now();
             // Home unreachable (a partition): the pool keeps its units for when it answers, rather
             // than drain them into a refund that fails (whether a refund whose reply is lost was
             // applied is unknown: its units are counted stranded, never put back, never over).
@@ -120,14 +132,7 @@ impl GlobalGrants {
             }
             self.seen(&st);
             if self.refund(key, window, st.ok).await {
-                self.report(
-                    key,
-                    window,
-                    &PoolState {
-                        have: st.taken,
-                        ..st
-                    },
-                );
+                self.report(key, window, &Self::emptied(&st));
             }
             return;
         }
@@ -196,14 +201,7 @@ impl GlobalGrants {
                     };
                     if self.refund(&key, window, st.ok).await {
                         total.fetch_add(st.ok, Relaxed);
-                        self.report(
-                            &key,
-                            window,
-                            &PoolState {
-                                have: st.taken,
-                                ..st
-                            },
-                        );
+                        self.report(&key, window, &Self::emptied(&st));
                     }
                 }
             })

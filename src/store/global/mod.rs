@@ -32,6 +32,7 @@
 mod admin;
 mod ask;
 mod drain;
+mod moved;
 mod pool;
 mod regions;
 mod share;
@@ -381,9 +382,12 @@ impl GlobalGrants {
             self.pool.run(key, window_ms, release, ttl).await?;
             return Ok(());
         }
-        let want = self.want(check, &k, &lock, need);
+        let (want, capped) = self.want(check, &k, &lock, need);
         let started = tokio::time::Instant::now();
         let asked = self.ask_home(check, want, k.home_left).await;
+        if asked.failed.is_none() && (capped || asked.got < want) {
+            self.mark_short(key, check.window); // `moved.rs`: idle pools elsewhere come home
+        }
         if asked.failed.is_none() {
             // Answered refills only: the panel divides by them.
             let rtt = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);

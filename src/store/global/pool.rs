@@ -60,6 +60,8 @@ pub struct PoolState {
     pub last_fill: u64,
     /// Units added on credit (`PoolOp::Credit`) not yet charged at home.
     pub owed: u64,
+    /// When a replica last took from the pool (the pool's clock, ms).
+    pub last_take: u64,
 }
 
 impl PoolState {
@@ -153,6 +155,7 @@ impl MemoryPool {
             locked: f.lock.is_some_and(|(_, until)| until > now),
             last_fill: f.last_fill,
             owed: f.owed,
+            last_take: f.last,
         })
     }
 }

@@ -70,6 +70,23 @@ pub trait RegionBoard: Send + Sync + std::fmt::Debug {
         key: &'a CounterKey,
         window_ms: u64,
     ) -> BoxFuture<'a, Result<Vec<RegionReport>, StoreError>>;
+
+    /// `region` found home short of what it asked, in that window: marked for `ttl_ms`
+    /// (`moved.rs`: another region's idle pool then goes home at once).
+    fn short<'a>(
+        &'a self,
+        key: &'a CounterKey,
+        window_ms: u64,
+        region: &'a str,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// The region that last marked that window short, while its mark lives.
+    fn short_by<'a>(
+        &'a self,
+        key: &'a CounterKey,
+        window_ms: u64,
+    ) -> BoxFuture<'a, Result<Option<String>, StoreError>>;
 }
 
 /// Where this replica reports, and as which region.

@@ -17,6 +17,8 @@ pub struct GlobalTallies {
     pub last_refill_us: AtomicU64,
     /// Units given back home (idle pools).
     pub returned: Tally,
+    /// Of those, units of idle pools given back because another region was short of them.
+    pub moved: Tally,
     /// Units left unspent in pools whose window ended.
     pub stranded: Tally,
     /// Units added to this region's pools on credit while cut off from home

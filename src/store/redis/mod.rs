@@ -31,7 +31,7 @@ use codec::{decide_script, Call, ScriptTime};
 use conn::Conn;
 pub use members::RedisMembers;
 pub use pool::{pool_key, RedisPool};
-pub use regions::{regions_key, RedisRegions};
+pub use regions::{regions_key, short_key, RedisRegions};
 use settings::is_tls;
 pub use settings::{
     redact_url, RedisKind, RedisSettings, RedisTlsSettings, SentinelSettings, DEFAULT_POOL_SIZE,

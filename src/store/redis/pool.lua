@@ -14,9 +14,10 @@
 --          drain: ms without a take that make the pool idle
 -- ARGV[5]  how long the pool outlives this call, in ms (PEXPIRE)
 --
--- Reply: {ok, have, taken, dry_until, now, locked, fill, owed}: ok is 1/0 (drain, credit,
--- clear: the units drained, added, dropped); locked is 1 while a refill's lease runs; fill is the last refill's
--- size; owed the units added on credit not yet charged at home. Times are the Redis server's
+-- Reply: {ok, have, taken, dry_until, now, locked, fill, owed, last}: ok is 1/0 (drain, credit,
+-- clear: the units drained, added, dropped); locked is 1 while a refill's lease runs; fill is
+-- the last refill's size; owed the units added on credit not yet charged at home; last the
+-- last take's time. Times are the Redis server's
 -- (TIME), in ms.
 
 local h = KEYS[1]
@@ -39,7 +40,7 @@ if op == 'take' then
   if n == 0 then
     -- a look at the pool: not a take (the pool's idleness is not reset)
   elseif have - taken >= n then
-    taken = taken + n
+    taken, last = taken + n, now
     redis.call('HSET', h, 'taken', taken, 'last', now)
   else
     ok = 0
@@ -108,4 +109,4 @@ local l = redis.call('HMGET', h, 'lock', 'lock_until', 'fill')
 if l[1] and tonumber(l[2]) and tonumber(l[2]) > now then
   locked = 1
 end
-return {ok, have, taken, dry, now, locked, tonumber(l[3]) or 0, owed}
+return {ok, have, taken, dry, now, locked, tonumber(l[3]) or 0, owed, last}

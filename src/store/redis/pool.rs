@@ -82,6 +82,7 @@ impl RegionPool for RedisPool {
                 locked: at(5) == 1,
                 last_fill: u(6),
                 owed: u(7),
+                last_take: u(8),
             })
         })
     }

@@ -30,6 +30,15 @@ pub fn regions_key(prefix: &str, key: &CounterKey, window_ms: u64) -> String {
     k
 }
 
+/// The Redis key of the mark a region short of units leaves for `key`'s window: beside the
+/// reports, in their slot.
+pub fn short_key(prefix: &str, key: &CounterKey, window_ms: u64) -> String {
+    let mut k = keys::counter_key(prefix, key);
+    k.push_str("#short:");
+    k.push_str(&window_ms.to_string());
+    k
+}
+
 /// The reports in the home store, on its connections.
 #[derive(Debug)]
 pub struct RedisRegions {
@@ -76,6 +85,44 @@ impl RegionBoard for RedisRegions {
                 .filter_map(|(region, value)| RegionReport::decode(region, value))
                 .take(MAX_REGIONS)
                 .collect())
+        })
+    }
+
+    fn short<'a>(
+        &'a self,
+        key: &'a CounterKey,
+        window_ms: u64,
+        region: &'a str,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mark = short_key(&self.board.common.prefix, key, window_ms);
+            self.board
+                .call(&keys::hash_tag(key), async |c| {
+                    redis::cmd("SET")
+                        .arg(&mark)
+                        .arg(region)
+                        .arg("PX")
+                        .arg(ttl_ms.max(1))
+                        .query_async::<()>(c)
+                        .await
+                })
+                .await
+        })
+    }
+
+    fn short_by<'a>(
+        &'a self,
+        key: &'a CounterKey,
+        window_ms: u64,
+    ) -> BoxFuture<'a, Result<Option<String>, StoreError>> {
+        Box::pin(async move {
+            let mark = short_key(&self.board.common.prefix, key, window_ms);
+            self.board
+                .call(&keys::hash_tag(key), async |c| {
+                    redis::cmd("GET").arg(&mark).query_async(c).await
+                })
+                .await
         })
     }
 }
