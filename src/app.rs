@@ -237,9 +237,10 @@ fn with_home(
     let regions = Arc::new(home.regions());
     // Overrides live at home and resets reach it: every region applies the same
     // (`store/global/admin.rs`).
+    let home_admin: Arc<dyn crate::store::admin::CounterAdmin> = Arc::new(home.admin());
     let admin = crate::store::global::GlobalAdmin {
         region: Arc::clone(&stack.admin),
-        home: Arc::new(home.admin()),
+        home: Arc::clone(&home_admin),
     };
     let stack = stack
         .with_admin(Arc::new(admin))
@@ -247,6 +248,7 @@ fn with_home(
     if let Some(g) = &stack.global {
         let _ = g.tallies.region.set(args.global.region.clone());
         g.report_to(regions, args.global.region.clone());
+        g.resets_from(home_admin);
         if let Some(share) = share {
             g.share_when_cut_off(share);
         }

@@ -19,7 +19,11 @@ pub async fn reload(limiter: &Arc<RateLimiter>) {
         Ok((generation, all)) => apply(limiter, generation, all),
         Err(e) => tracing::warn!(error = %e, "cannot load the admin overrides"),
     }
-    limiter.apply_resets().await;
+    if !limiter.apply_resets().await {
+        // Read again at the next poll, whatever the generation says then: a reset whose
+        // record went unread would leave the region's pools spending on the fresh count.
+        limiter.overrides().unknown_generation();
+    }
 }
 
 fn apply(
@@ -29,7 +33,8 @@ fn apply(
 ) {
     let changed = limiter.overrides().generation() != Some(generation);
     let now = limiter.now_ms();
-    let before = limiter.overrides().list(now);
+    // Every override held, those expired since the last poll too (gone now: moved).
+    let before = limiter.overrides().list(0);
     let moved = moved(&before, &all, now);
     limiter.overrides().replace(generation, all, now);
     if !moved.is_empty() {
@@ -47,20 +52,20 @@ fn apply(
     }
 }
 
-/// The counters (domain, entries) whose override was set, changed or removed between `before`
-/// and `after` (those live at `now_ms`).
+/// The counters (domain, entries) whose override was set, changed, removed or expired between
+/// `before` (every override held) and `after` (those live at `now_ms`).
 fn moved(
     before: &[crate::store::admin::StoredOverride],
     after: &[crate::store::admin::StoredOverride],
     now_ms: u64,
 ) -> Vec<(String, Vec<(String, String)>)> {
-    let limits = |all: &[crate::store::admin::StoredOverride]| {
+    let limits = |all: &[crate::store::admin::StoredOverride], at: u64| {
         all.iter()
-            .filter(|o| o.live(now_ms))
+            .filter(|o| o.live(at))
             .map(|o| (o.id.clone(), o.limit))
             .collect::<std::collections::HashMap<_, _>>()
     };
-    let (was, is) = (limits(before), limits(after));
+    let (was, is) = (limits(before, 0), limits(after, now_ms));
     let mut out: Vec<_> = was
         .keys()
         .chain(is.keys())

@@ -75,8 +75,14 @@ impl RateLimiter {
         let outcomes = self.record_on_stores(&checks).await?;
         let mut regions = Vec::with_capacity(plan.limits.len());
         for l in &plan.limits {
+            // The pools are a view: one that cannot be read is left out, never the answer.
             regions.push(match &self.global {
-                Some(g) if l.check.slice.is_some_and(|t| t.global) => g.regions(&l.check).await?,
+                Some(g) if l.check.slice.is_some_and(|t| t.global) => {
+                    g.regions(&l.check).await.unwrap_or_else(|e| {
+                        tracing::warn!(error = %e, "cannot read the regions' pools");
+                        Vec::new()
+                    })
+                }
                 _ => Vec::new(),
             });
         }

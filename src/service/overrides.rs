@@ -39,6 +39,11 @@ impl Overrides {
         Some(self.generation.load(Ordering::Acquire)).filter(|&g| g != u64::MAX)
     }
 
+    /// Forgets which generation was loaded: the next poll loads again.
+    pub fn unknown_generation(&self) {
+        self.generation.store(u64::MAX, Ordering::Release);
+    }
+
     /// Swaps in `all` (those live at `now_ms`), loaded at store generation `generation`.
     pub fn replace(&self, generation: u64, all: Vec<StoredOverride>, now_ms: u64) {
         let mut table: HashMap<String, ByEntries> = HashMap::new();

@@ -10,21 +10,22 @@ use super::RateLimiter;
 use std::sync::Arc;
 
 impl RateLimiter {
-    /// Applies the home store's reset records this replica has not applied yet.
-    pub async fn apply_resets(self: &Arc<Self>) {
+    /// Applies the home store's reset records this replica has not applied yet; false when
+    /// they could not be read (the caller reads them again at the next poll).
+    pub async fn apply_resets(self: &Arc<Self>) -> bool {
         let Some(global) = &self.global else {
-            return;
+            return true;
         };
         let records = match self.admin.resets().await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the home store's reset records");
-                return;
+                return false;
             }
         };
         let fresh = global.unseen_resets(records);
         if fresh.is_empty() {
-            return;
+            return true;
         }
         let (global, slices) = (Arc::clone(global), self.slices.clone());
         tokio::spawn(async move {
@@ -40,6 +41,7 @@ impl RateLimiter {
                 );
             }
         });
+        true
     }
 
     /// Overrides of these counters were set, changed or removed: this replica's slices of the

@@ -9,9 +9,10 @@
 //!   the regions admit after it never exceeds the limit (a pool kept, or given back home on
 //!   top of the fresh count, would admit past it), and the home counter holds exactly that
 //!   once the pools are back.
-//! - Overrides set through region B are applied by both regions and decided there: `--deny`
-//!   denies at once (not a home call each), a limit raised past the config admits up to it and
-//!   no further, and removed, both regions deny again (home is past the config's limit).
+//! - Overrides set through region B are applied by both regions and decided there: a limit
+//!   raised past the config (home at it) admits again in both; `--deny` denies in region A
+//!   although the raised limit has room, with no home call per request; raised again, the two
+//!   admit up to it and no further; removed, both deny again (home is past the config's limit).
 //!
 //! Nothing here is timed: the window is an hour long and a run starts early in one; what is
 //! asserted are counts, waited for with `eventually`.
@@ -184,25 +185,30 @@ async fn operators_see_every_regions_pool_and_resets_and_overrides_reach_every_r
     })
     .await;
 
-    // An override set through region B is applied by region A, and decided there: a `deny`
-    // denies at once from the region (decided at home, each request would be a home call).
-    admin(
-        &regions[1],
-        &[
-            "override",
-            "set",
-            "g",
-            "resource=api",
-            "--deny",
-            "--ttl",
-            "600s",
-        ],
-    )
-    .await;
-    eventually(
-        "region A applies the override set through region B",
-        || async { load(regions[0].replicas[0].grpc_url(), 20, "1s").await.0 == 0 },
-    )
+    // Overrides set through region B reach region A, and are decided in the regions. Home is
+    // at the config's limit: raised past it, both regions admit again.
+    let raised = 2 * LIMIT; // the `--limit 6000` below
+    let set = |limit: &'static [&'static str]| {
+        let mut args = vec!["override", "set", "g", "resource=api", "--ttl", "600s"];
+        args.extend_from_slice(limit);
+        args
+    };
+    admin(&regions[1], &set(&["--limit", "6000"])).await;
+    for r in &regions {
+        eventually("each region applies the raised override", || async {
+            load(r.replicas[0].grpc_url(), 20, "1s").await.0 > 0
+        })
+        .await;
+    }
+    // Part of the raise spent, room left under it; then `deny` through B: region A denies
+    // although the raised limit has room, at once from the region (decided at home, each
+    // request would be a home call).
+    let (spent, _) = both(&regions, 200, "1s").await;
+    assert!(spent > 0 && spent < LIMIT, "{spent}");
+    admin(&regions[1], &set(&["--deny"])).await;
+    eventually("region A applies the deny set through region B", || async {
+        load(regions[0].replicas[0].grpc_url(), 20, "1s").await.0 == 0
+    })
     .await;
     let calls = home.evalsha_calls();
     let (ok, denied) = load(regions[0].replicas[0].grpc_url(), 200, "1s").await;
@@ -213,26 +219,11 @@ async fn operators_see_every_regions_pool_and_resets_and_overrides_reach_every_r
         "{calls} home calls for {denied} requests denied by an override: decided at home"
     );
 
-    // Raised past the config through region B: both regions admit up to the override, no
-    // further, and still decide in the region (a refill now and then, not a home call each).
-    let raised = 2 * LIMIT;
-    let to = raised.to_string();
-    admin(
-        &regions[1],
-        &[
-            "override",
-            "set",
-            "g",
-            "resource=api",
-            "--limit",
-            &to,
-            "--ttl",
-            "600s",
-        ],
-    )
-    .await;
+    // Raised again: both regions admit up to the override, no further, and still decide in
+    // the region (a refill now and then, not a home call each).
+    admin(&regions[1], &set(&["--limit", "6000"])).await;
     for r in &regions {
-        eventually("each region applies the raised override", || async {
+        eventually("each region applies the raised override again", || async {
             load(r.replicas[0].grpc_url(), 20, "1s").await.0 > 0
         })
         .await;
@@ -241,7 +232,10 @@ async fn operators_see_every_regions_pool_and_resets_and_overrides_reach_every_r
     let (more, denied) = both(&regions, 1_500, "3s").await;
     let calls = home.evalsha_calls() - calls;
     let usage = pools_account_for_home(&regions[0], "the pools account for home, raised").await;
-    eprintln!("raised to {raised}: {more} more admitted, {denied} denied, {calls} home calls; home {usage}");
+    eprintln!(
+        "raised to {raised}: {more} more admitted, {denied} denied, {calls} home calls; home \
+         {usage}"
+    );
     assert!(usage <= raised, "home {usage} past the override {raised}");
     assert!(denied > 0, "the load was meant to reach the override");
     assert!(

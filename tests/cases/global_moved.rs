@@ -1,12 +1,15 @@
 //! Demand that moves between regions mid-window (`store/global/moved.rs`), with real processes:
 //! a home `redis-server`, regions A and C each with its own `redis-server` and one `sluice`,
 //! each 75 ms from home each way (round trips of 150 ms, the worst the issue names). A spends
-//! half of a global 3 000 an hour at 1 500 a second, then goes on at a trickle of 2 a second;
-//! C at once offers 3x: its refills are held to a quarter of what home has left (short of its
-//! demand), so C marks the window short, and A's pool, idle for 250 ms, goes home for C's next
-//! refill (`sluice_global_moved_total` on A), well before its 2 s ordinary give-back. C is
-//! admitted more than home had left when A stopped, A and C never more than the limit, and
-//! once the pools are back the home counter holds exactly what they admitted.
+//! half of a global 3 000 an hour at 1 500 a second, then goes on at a trickle of 2 a second
+//! (with slices of 2 units, the trickle takes from A's pool every second or so: it is never
+//! idle for the 2 s of the ordinary give-back, and without more would keep what it holds to
+//! the window's end); C at once offers 3x: its refills are held to a quarter of what home has
+//! left (short of its demand), so C marks the window short, and A's pool, idle for 250 ms
+//! between two of the trickle's takes, goes home for C's next refill
+//! (`sluice_global_moved_total` on A). C is admitted more than home had left when A stopped,
+//! A and C never more than the limit, and once the pools are back the home counter holds
+//! exactly what they admitted.
 //!
 //! Nothing here is timed: what is asserted are counts (C's load runs in short steps, and what
 //! each step admitted is printed: how soon A's units reach C is a figure, not an assertion).
@@ -21,11 +24,15 @@ use std::time::Duration;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demand_that_moves_to_another_region_gets_the_units_the_first_one_left() {
     let (home, ra, rc) = tokio::join!(start_redis(&[]), start_redis(&[]), start_redis(&[]));
+    // A's slices are of 2 units at most: its trickle takes from the pool every second or so,
+    // so the pool is never idle for the 2 s of the ordinary give-back (only the short mark
+    // can send it home). C's are the default.
     let (_dir, path) = write_config(&config());
+    let (_dir_a, path_a) = write_config(&config().replace("global: {}", "global: {max_slice: 2}"));
     let home_addr = SocketAddr::from(([127, 0, 0, 1], home.port()));
     let delay = Duration::from_millis(75);
     let (a, c) = (Store::Single(ra), Store::Single(rc));
-    let a = region("a", &a, home_addr, delay, &path, 1).await;
+    let a = region("a", &a, home_addr, delay, &path_a, 1).await;
     let c = region("c", &c, home_addr, delay, &path, 1).await;
     early_in_an_hour().await;
 
@@ -37,8 +44,8 @@ async fn demand_that_moves_to_another_region_gets_the_units_the_first_one_left()
     let home_then: u64 = home_counters(&home).iter().map(|(_, v)| *v).sum();
     let rest = LIMIT - home_then;
 
-    // A goes on at a trickle, 2 a second: its pool is never idle for the 2 s of the ordinary
-    // give-back, and what it holds would stay there. At once, C offers 3x, in short steps.
+    // A goes on at a trickle, 2 a second, taking from its pool: without the short mark, what
+    // the pool holds would stay there to the window's end. At once, C offers 3x, in steps.
     let trickle = tokio::spawn(load(a.replicas[0].grpc_url(), 2, "5s"));
     let mut from_c = 0;
     let mut steps = Vec::new();

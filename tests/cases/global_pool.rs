@@ -65,8 +65,8 @@ async fn same_as_memory(redis: &dyn RegionPool, seed: u64) {
                 dry_ms: if rng.below(2) == 0 { 600_000 } else { 0 },
             },
             8 => PoolOp::Settle(rng.below(20)),
-            // A reset at home: the pool counts afresh.
-            _ => PoolOp::Clear,
+            // A reset at home: the pool counts afresh, once per record.
+            _ => PoolOp::Clear(rng.below(4)),
         };
         let m = memory.run(k, w, op, 600_000).await.expect("memory");
         let r = redis.run(k, w, op, 600_000).await.expect("redis");
@@ -210,7 +210,7 @@ async fn the_embedded_pools_never_drop_one_that_gave_credit() {
 }
 
 #[tokio::test]
-async fn a_reset_clears_the_pool_keeps_the_refills_lease_and_lets_it_land() {
+async fn a_reset_clears_the_pool_once_keeps_the_refills_lease_and_lets_it_land() {
     let server = start_redis(&[]).await;
     let redis = RedisStore::new(&redis_settings(vec![server.url()], RedisKind::Single))
         .expect("redis store")
@@ -238,7 +238,7 @@ async fn a_reset_clears_the_pool_keeps_the_refills_lease_and_lets_it_land() {
         };
         assert_eq!(run(lock).await.expect("lock").ok, 1);
         // 90 units dropped (100 + 20 credited - 30 taken); nothing taken or owed any more.
-        let cleared = run(PoolOp::Clear).await.expect("clear");
+        let cleared = run(PoolOp::Clear(5)).await.expect("clear");
         assert_eq!(
             (
                 cleared.ok,
@@ -254,6 +254,15 @@ async fn a_reset_clears_the_pool_keeps_the_refills_lease_and_lets_it_land() {
         assert_eq!(run(PoolOp::Give(10)).await.expect("give").left(), 0);
         let landed = run(fill(40, 7)).await.expect("fill");
         assert_eq!((landed.left(), landed.locked), (40, false), "{landed:?}");
+        // Another replica of the region applies the same record: what the refill brought
+        // from the fresh count stays; a later record clears again.
+        let again = run(PoolOp::Clear(5)).await.expect("clear again");
+        assert_eq!((again.ok, again.left()), (0, 40), "{again:?}");
+        let older = run(PoolOp::Clear(4)).await.expect("an older record");
+        assert_eq!((older.ok, older.left()), (0, 40), "{older:?}");
+        run(PoolOp::Take(10)).await.expect("take");
+        let next = run(PoolOp::Clear(6)).await.expect("the next record");
+        assert_eq!((next.ok, next.left(), next.taken), (30, 0, 0), "{next:?}");
         // The window's share was credited once already: a reset does not give it again.
         let again = PoolOp::Credit {
             share: 20,

@@ -77,6 +77,29 @@ impl CounterAdmin for GlobalAdmin {
 }
 
 impl GlobalGrants {
+    /// Reads the resets recorded at `home` before any refund (`reset_pending`).
+    pub fn resets_from(&self, home: Arc<dyn CounterAdmin>) {
+        let _ = self.resets_from.set(home);
+    }
+
+    /// Whether home recorded a reset of `key` that this replica has not applied yet: units
+    /// it drained from a pool or slice were then charged on the count the reset dropped, and
+    /// a refund would come off the fresh count (the regions could admit past the limit). One
+    /// read at home per refund (refunds are rare: idle pools, replicas stopping); unread, the
+    /// refund goes ahead.
+    pub(super) async fn reset_pending(&self, key: &CounterKey) -> bool {
+        let Some(home) = self.resets_from.get() else {
+            return false;
+        };
+        let Ok(records) = home.resets().await else {
+            return false;
+        };
+        let seen = *self.resets_seen.lock().unwrap_or_else(|e| e.into_inner());
+        records
+            .iter()
+            .any(|r| seen.is_some_and(|s| r.seq > s) && r.covers(&key.domain, &key.entries))
+    }
+
     /// The records this replica has not applied yet, oldest first. The first call only notes
     /// where the records stand: resets from before this replica started reset nothing of its.
     pub fn unseen_resets(&self, records: Vec<ResetRecord>) -> Vec<ResetRecord> {
@@ -107,7 +130,7 @@ impl GlobalGrants {
         for (key, window) in pools {
             let w = window_ms(window);
             let ttl = Self::ttl_ms(window, self.now_ms());
-            if let Ok(st) = self.pool.run(&key, w, PoolOp::Clear, ttl).await {
+            if let Ok(st) = self.pool.run(&key, w, PoolOp::Clear(reset.seq), ttl).await {
                 emptied += st.ok;
                 self.report(&key, window, &st);
             }

@@ -74,10 +74,16 @@ impl GlobalGrants {
         let end_ms = window.map_or(u64::MAX, |(_, end)| end / 1000);
         let mut looked = tokio::time::Instant::now();
         loop {
-            // Every tick, for another region short while home is nearly dry (`moved.rs`: a
-            // look at this replica's memory, and the pool's only when nearly dry); the
-            // ordinary give-back every `POOL_IDLE_MS` and a little more.
-            tokio::time::sleep(Duration::from_millis(MOVED_TICK_MS)).await;
+            // Every 250 ms while home is nearly dry, for another region short (`moved.rs`),
+            // else every second (a look at this replica's memory: a pool that comes near dry
+            // is looked at within a second); the ordinary give-back every `POOL_IDLE_MS` and a
+            // little more.
+            let tick = if self.near_dry(key, window_ms) {
+                MOVED_TICK_MS
+            } else {
+                1_000
+            };
+            tokio::time::sleep(Duration::from_millis(tick)).await;
             let now = self.now_ms();
             let ttl = Self::ttl_ms(window, now);
             if now >= end_ms {
@@ -147,6 +153,9 @@ impl GlobalGrants {
         window: Option<(u64, u64)>,
         units: u64,
     ) -> bool {
+        if self.reset_pending(key).await {
+            return true; // charged before a reset home has done: forgiven, never refunded
+        }
         let back = grant_check(key, window, units, true);
         if self.home.decide(std::slice::from_ref(&back)).await.is_ok() {
             self.tallies.returned.add(units);

@@ -132,6 +132,8 @@ pub struct GlobalGrants {
     reporting: std::sync::OnceLock<regions::Reporting>,
     /// The last home reset record this replica applied (`admin.rs`; `None`: not read yet).
     resets_seen: Mutex<Option<u64>>,
+    /// Where the reset records are read before a refund (`admin.rs`, `reset_pending`).
+    resets_from: std::sync::OnceLock<Arc<dyn crate::store::admin::CounterAdmin>>,
 }
 
 impl GlobalGrants {
@@ -152,6 +154,7 @@ impl GlobalGrants {
             share: std::sync::OnceLock::new(),
             reporting: std::sync::OnceLock::new(),
             resets_seen: Mutex::new(None),
+            resets_from: std::sync::OnceLock::new(),
         })
     }
 

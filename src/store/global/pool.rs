@@ -35,10 +35,11 @@ pub enum PoolOp {
     Credit { share: u64, token: u64, dry_ms: u64 },
     /// `units` of credit were charged at home: they are owed no more.
     Settle(u64),
-    /// A reset at home (`admin.rs`): the pool counts afresh, its units dropped (not given
-    /// back: home forgot them), nothing taken or owed; a refill's lease stays. `ok`: the
-    /// units dropped.
-    Clear,
+    /// The reset of home record `seq` (`admin.rs`): the pool counts afresh, its units
+    /// dropped (not given back: home forgot them), nothing taken or owed; a refill's lease
+    /// stays. Once per record: every replica of the region applies it, and a second clear
+    /// would drop what a refill brought from the fresh count. `ok`: the units dropped.
+    Clear(u64),
 }
 
 /// A pool as one operation left it.
@@ -96,6 +97,8 @@ struct Fields {
     expires: u64,
     owed: u64,
     credited: u64,
+    /// The last reset record this pool was cleared for.
+    cleared: u64,
 }
 
 /// Pools in this process (a region of one replica on the embedded store), at most `max`.
@@ -212,10 +215,11 @@ impl Fields {
                 ok = units;
             }
             PoolOp::Settle(n) => f.owed -= n.min(f.owed),
-            PoolOp::Clear => {
+            PoolOp::Clear(seq) if seq > f.cleared => {
                 ok = f.have.saturating_sub(f.taken);
-                (f.have, f.taken, f.owed) = (0, 0, 0);
+                (f.have, f.taken, f.owed, f.cleared) = (0, 0, 0, seq);
             }
+            PoolOp::Clear(_) => ok = 0,
             PoolOp::Drain { idle_ms } => {
                 let locked = f.lock.is_some_and(|(_, until)| until > now);
                 ok = if now.saturating_sub(f.last) >= idle_ms && !locked && f.owed == 0 {

@@ -6,9 +6,9 @@
 -- that expires if its holder dies).
 --
 -- KEYS[1]  the pool of one window: a hash {have, taken, last, lock, lock_until, dry_until, fill,
---          owed, credited}
+--          owed, credited, cleared}
 -- ARGV[1]  the operation: take | give | lock | fill | drain | credit | settle | clear
--- ARGV[2]  units (take, give, fill, settle); credit: the window's share
+-- ARGV[2]  units (take, give, fill, settle); credit: the window's share; clear: the record
 -- ARGV[3]  the refiller's token (lock, fill, credit)
 -- ARGV[4]  lock: the lease in ms; fill, credit: ms the home store is dry for (0: not dry);
 --          drain: ms without a take that make the pool idle
@@ -97,11 +97,16 @@ elseif op == 'drain' then
     ok = 0
   end
 elseif op == 'clear' then
-  -- A reset at home: the pool counts afresh (its units, what was taken and what is owed were
-  -- on the count home forgot); a refill under way still lands, its lease kept.
-  ok = have - taken
-  have, taken, owed = 0, 0, 0
-  redis.call('HSET', h, 'have', 0, 'taken', 0, 'owed', 0)
+  -- The reset of home record n: the pool counts afresh (its units, what was taken and what is
+  -- owed were on the count home forgot); a refill under way still lands, its lease kept. Once
+  -- per record: a second clear would drop what a refill brought from the fresh count.
+  if n > (tonumber(redis.call('HGET', h, 'cleared')) or 0) then
+    ok = have - taken
+    have, taken, owed = 0, 0, 0
+    redis.call('HSET', h, 'have', 0, 'taken', 0, 'owed', 0, 'cleared', n)
+  else
+    ok = 0
+  end
 end
 redis.call('PEXPIRE', h, ARGV[5])
 local locked = 0

@@ -57,7 +57,9 @@ impl Slices {
             let window = slice_window(check).unwrap_or(UNPINNED);
             let entry = self.entry(check, window, now);
             let s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
-            return Take::Done(s.taken(&entry, false));
+            let mut denied = s.taken(&entry, false);
+            denied.remaining = 0; // nothing is left to this counter under `deny`
+            return Take::Done(denied);
         }
         let taken = self.take_or_down(check, deadline, now).await;
         match taken {
