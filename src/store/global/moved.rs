@@ -50,7 +50,7 @@ impl GlobalGrants {
     /// If no replica of this region took from the pool for [`MOVED_IDLE_MS`] and another
     /// region marked the window short, the pool goes home now. Whether it went.
     pub(super) async fn give_back_moved(
-        &self,
+        self: &Arc<Self>,
         key: &CounterKey,
         window: Option<(u64, u64)>,
         window_ms: u64,
@@ -82,6 +82,7 @@ impl GlobalGrants {
         self.seen(&st);
         if self.refund(key, window, st.ok).await {
             self.tallies.moved.add(st.ok);
+            self.report(key, window, &Self::emptied(&st));
         }
         true
     }

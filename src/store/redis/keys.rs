@@ -45,6 +45,19 @@ pub fn hash_tag(key: &CounterKey) -> String {
     tag
 }
 
+/// A key of one window's state beside a counter (a global limit's pool, its regions' reports,
+/// its short mark): the counter's key, `#`, `what`, `:` and the window's start in ms. A counter
+/// key ends in its limit, which sluice writes: no counter key ends like this, and the hash tag
+/// keeps it in the counter's Cluster slot.
+pub fn window_key(prefix: &str, key: &CounterKey, what: &str, window_ms: u64) -> String {
+    let mut k = counter_key(prefix, key);
+    k.push('#');
+    k.push_str(what);
+    k.push(':');
+    k.push_str(&window_ms.to_string());
+    k
+}
+
 /// The full Redis key of a counter under `prefix` (`CACHE_KEY_PREFIX`, validated brace-free).
 pub fn counter_key(prefix: &str, key: &CounterKey) -> String {
     let mut out = String::with_capacity(prefix.len() + 96);

@@ -15,10 +15,7 @@ static POOL_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!
 /// a suffix no counter key ends with (a counter key ends in its limit, which sluice writes).
 /// One pool per window: the next window's is filled while the current one still serves.
 pub fn pool_key(prefix: &str, key: &CounterKey, window_ms: u64) -> String {
-    let mut k = keys::counter_key(prefix, key);
-    k.push_str("#pool:");
-    k.push_str(&window_ms.to_string());
-    k
+    keys::window_key(prefix, key, "pool", window_ms)
 }
 
 /// The pools in the region's Redis, on its connections. A pool call waits up to the store's

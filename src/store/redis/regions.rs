@@ -24,19 +24,13 @@ return 1
 /// The Redis key of the reports for `key`'s window starting at `window_ms`: the counter's key
 /// and a suffix no counter key ends with (a counter key ends in its limit, which sluice writes).
 pub fn regions_key(prefix: &str, key: &CounterKey, window_ms: u64) -> String {
-    let mut k = keys::counter_key(prefix, key);
-    k.push_str("#regions:");
-    k.push_str(&window_ms.to_string());
-    k
+    keys::window_key(prefix, key, "regions", window_ms)
 }
 
 /// The Redis key of the mark a region short of units leaves for `key`'s window: beside the
 /// reports, in their slot.
 pub fn short_key(prefix: &str, key: &CounterKey, window_ms: u64) -> String {
-    let mut k = keys::counter_key(prefix, key);
-    k.push_str("#short:");
-    k.push_str(&window_ms.to_string());
-    k
+    keys::window_key(prefix, key, "short", window_ms)
 }
 
 /// The reports in the home store, on its connections.
