@@ -1,7 +1,9 @@
 //! Admin writes on global limits reach every region. A global limit's counter lives at home
 //! and its pools in every region, so with a home store ([`GlobalAdmin`]):
 //!
-//! - **overrides live at home**: every replica of every region polls home's generation and
+//! - **overrides live at home** (those a region's store held from before it had a home store
+//!   are still read, and deleted there too: an upgrade loses none): every replica of every
+//!   region polls home's generation and
 //!   applies the same overrides (a per-region table would make "acme: 50 a minute" a limit
 //!   per region, set by whichever region's operator wrote it). An overridden global limit is
 //!   still decided from slices in the region (decided at home, each request would wait a
@@ -46,8 +48,22 @@ impl CounterAdmin for GlobalAdmin {
         })
     }
 
+    /// Home's, and those left in the region's store from before it had a home store (read,
+    /// never written any more: an upgrade loses none; home's wins for the same id; they go
+    /// at their expiry or a delete).
     fn overrides(&self) -> BoxFuture<'_, Result<(u64, Vec<StoredOverride>), StoreError>> {
-        self.home.overrides()
+        Box::pin(async move {
+            let (generation, mut all) = self.home.overrides().await?;
+            match self.region.overrides().await {
+                Ok((_, left)) => {
+                    let ids: std::collections::HashSet<OverrideId> =
+                        all.iter().map(|o| o.id.clone()).collect();
+                    all.extend(left.into_iter().filter(|o| !ids.contains(&o.id)));
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot read the region's own overrides"),
+            }
+            Ok((generation, all))
+        })
     }
 
     fn generation(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
@@ -63,12 +79,17 @@ impl CounterAdmin for GlobalAdmin {
         self.home.put_override(o, now_ms, max)
     }
 
+    /// At home, and in the region's store (one left there from before the home store).
     fn delete_override<'a>(
         &'a self,
         id: &'a OverrideId,
         now_ms: u64,
     ) -> BoxFuture<'a, Result<Option<StoredOverride>, StoreError>> {
-        self.home.delete_override(id, now_ms)
+        Box::pin(async move {
+            let home = self.home.delete_override(id, now_ms).await?;
+            let here = self.region.delete_override(id, now_ms).await?;
+            Ok(home.or(here))
+        })
     }
 
     fn resets(&self) -> BoxFuture<'_, Result<Vec<ResetRecord>, StoreError>> {
@@ -173,5 +194,65 @@ impl GlobalGrants {
             }
         }
         back
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::admin::{NoReset, OverrideLimit};
+
+    fn set(id: &str, limit: u32) -> StoredOverride {
+        StoredOverride {
+            id: OverrideId {
+                domain: "api".into(),
+                entries: vec![("tenant".into(), id.into())],
+                limit_name: String::new(),
+            },
+            limit: OverrideLimit::Requests(limit),
+            expires_unix_ms: 10_000,
+            set_by: "ops".into(),
+            set_unix_ms: 0,
+            reason: String::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_upgrade_keeps_the_regions_overrides_home_wins_and_a_delete_reaches_both() {
+        let (region, home) = (Arc::new(NoReset::default()), Arc::new(NoReset::default()));
+        // Set in the region before it had a home store.
+        region.0.put(&set("acme", 5), 0, 10).expect("put");
+        region.0.put(&set("umbrella", 7), 0, 10).expect("put");
+        let admin = GlobalAdmin {
+            region: region.clone(),
+            home: home.clone(),
+        };
+        admin
+            .put_override(&set("acme", 50), 0, 10)
+            .await
+            .expect("put at home");
+        let (_, mut all) = admin.overrides().await.expect("overrides");
+        all.sort_by(|a, b| a.id.cmp(&b.id));
+        let limits: Vec<(String, OverrideLimit)> = all
+            .iter()
+            .map(|o| (o.id.entries[0].1.clone(), o.limit))
+            .collect();
+        assert_eq!(
+            limits,
+            [
+                ("acme".to_string(), OverrideLimit::Requests(50)),
+                ("umbrella".to_string(), OverrideLimit::Requests(7)),
+            ]
+        );
+        // Written at home only; a delete reaches the region's leftover too.
+        assert_eq!(home.0.all().1.len(), 1);
+        let gone = admin.delete_override(&set("umbrella", 0).id, 0).await;
+        assert_eq!(
+            gone.expect("delete").map(|o| o.limit),
+            Some(OverrideLimit::Requests(7))
+        );
+        let (_, all) = admin.overrides().await.expect("overrides");
+        // acme: home's 50 (the region's 5 under it).
+        assert_eq!(all.len(), 1, "{all:?}");
     }
 }

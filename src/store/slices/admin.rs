@@ -5,6 +5,7 @@
 
 use super::Slices;
 use crate::store::admin::ResetRecord;
+use std::sync::Arc;
 
 impl Slices {
     /// A reset of global limits at home (`store/global/admin.rs`): this replica's slices of
@@ -24,23 +25,25 @@ impl Slices {
         emptied
     }
 
-    /// An override of `domain`'s counters keyed by `entries` changed: this replica's slices
-    /// of them go back to the region's pool (in the background). Returns how many slices.
+    /// An override of `domain`'s counters keyed by `entries` changed: what this replica's
+    /// slices of them hold goes back to the region's pool (in the background). The slices
+    /// stay: a refill under way lands in its own (removed, its units would be lost), and the
+    /// next grant is judged on the limit in force. Returns how many slices gave units back.
     pub fn give_back_overridden(&self, domain: &str, entries: &[(String, String)]) -> usize {
-        let doomed: Vec<_> = {
-            let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-            let keys: Vec<_> = map
-                .iter()
+        let held: Vec<_> = {
+            let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+            map.iter()
                 .filter(|(k, e)| e.global && &*k.domain == domain && &*k.entries == entries)
-                .map(|(k, _)| k.clone())
-                .collect();
-            keys.into_iter()
-                .filter_map(|k| map.remove(&k).map(|e| (k, e)))
+                .map(|(k, e)| (k.clone(), Arc::clone(e)))
                 .collect()
         };
-        for (key, e) in &doomed {
+        let mut gave = 0;
+        for (key, e) in &held {
+            if e.slice.lock().unwrap_or_else(|p| p.into_inner()).left > 0 {
+                gave += 1;
+            }
             self.give_back_later(key, e);
         }
-        doomed.len()
+        gave
     }
 }
