@@ -38,6 +38,10 @@ impl CounterAdmin for GlobalAdmin {
         domain_tag: bool,
     ) -> BoxFuture<'a, Result<ResetCount, StoreError>> {
         Box::pin(async move {
+            // Recorded before home's reset as well as after: a give-back home while the reset
+            // runs finds the first record and is forgiven, not refunded onto the fresh count;
+            // the second clears what the pools were refilled with from the old count meanwhile.
+            self.home.record_reset(domain, prefix).await?;
             let here = self.region.reset(domain, prefix, domain_tag).await?;
             let home = self.home.reset(domain, prefix, domain_tag).await?;
             self.home.record_reset(domain, prefix).await?;
@@ -60,7 +64,8 @@ impl CounterAdmin for GlobalAdmin {
                         all.iter().map(|o| o.id.clone()).collect();
                     all.extend(left.into_iter().filter(|o| !ids.contains(&o.id)));
                 }
-                Err(e) => tracing::warn!(error = %e, "cannot read the region's own overrides"),
+                // Not read: the table in force stays (home's alone would lift them).
+                Err(e) => return Err(e),
             }
             Ok((generation, all))
         })
@@ -115,10 +120,14 @@ impl GlobalGrants {
         let Ok(records) = home.resets().await else {
             return false;
         };
-        let seen = *self.resets_seen.lock().unwrap_or_else(|e| e.into_inner());
+        // Pending until applied (its clears done), not merely seen.
+        let applied = *self
+            .resets_applied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         records
             .iter()
-            .any(|r| seen.is_some_and(|s| r.seq > s) && r.covers(&key.domain, &key.entries))
+            .any(|r| applied.is_some_and(|s| r.seq > s) && r.covers(&key.domain, &key.entries))
     }
 
     /// The records this replica has not applied yet, oldest first. The first call only notes
@@ -128,10 +137,24 @@ impl GlobalGrants {
         let mut seen = self.resets_seen.lock().unwrap_or_else(|e| e.into_inner());
         let Some(last) = *seen else {
             *seen = Some(latest);
+            *self
+                .resets_applied
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(latest);
             return Vec::new();
         };
         *seen = Some(latest.max(last));
         records.into_iter().filter(|r| r.seq > last).collect()
+    }
+
+    /// Records up to `seq` are applied (their clears done): give-backs of what they cover are
+    /// refunded again.
+    pub fn resets_applied(&self, seq: u64) {
+        let mut applied = self
+            .resets_applied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *applied = Some(applied.map_or(seq, |a| a.max(seq)));
     }
 
     /// Clears the region's pools of the counters `reset` covers that this replica knows: their

@@ -132,6 +132,9 @@ pub struct GlobalGrants {
     reporting: std::sync::OnceLock<regions::Reporting>,
     /// The last home reset record this replica applied (`admin.rs`; `None`: not read yet).
     resets_seen: Mutex<Option<u64>>,
+    /// The last record whose clears are done (give-backs of what it covers are forgiven
+    /// until then).
+    resets_applied: Mutex<Option<u64>>,
     /// Where the reset records are read before a refund (`admin.rs`, `reset_pending`).
     resets_from: std::sync::OnceLock<Arc<dyn crate::store::admin::CounterAdmin>>,
 }
@@ -154,6 +157,7 @@ impl GlobalGrants {
             share: std::sync::OnceLock::new(),
             reporting: std::sync::OnceLock::new(),
             resets_seen: Mutex::new(None),
+            resets_applied: Mutex::new(None),
             resets_from: std::sync::OnceLock::new(),
         })
     }
