@@ -8,7 +8,9 @@
 //! - between each region and home a link that interleaves a round trip with everything else
 //!   (a random number of yields each way), and that a partition cuts: before home is reached
 //!   (nothing applied) or after (applied at home, the reply lost);
-//! - replicas dropped mid-window (their slices stranded) and replaced by fresh ones.
+//! - replicas dropped mid-window (their slices stranded) and replaced by fresh ones;
+//! - the regions' reports at home, which refills are sized on (max-min fairness), through the
+//!   same links: cut, a region neither reports nor reads the others'.
 //!
 //! Half the windows are stormy (partitions, drops), half calm; a third are light.
 //!
@@ -24,22 +26,25 @@
 use crate::support::{Rng, T0};
 use sluice::clock::{Clock, ManualClock};
 use sluice::config::{Leasing, Limit, Period, Unit};
-use sluice::store::global::{GlobalGrants, MemoryPool, PoolOp, RegionPool, Share};
+use sluice::store::global::{
+    GlobalGrants, MemoryBoard, MemoryPool, PoolOp, RegionBoard, RegionPool, RegionReport, Share,
+};
 use sluice::store::memory::MemoryStore;
 use sluice::store::slices::{SlicedDecider, Slices};
+use sluice::store::CounterKey;
 use sluice::store::{BoxFuture, CounterStore, Decider, Decision, LimitCheck, Plain, StoreError};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-const LIMIT: u32 = 3_000;
+pub(crate) const LIMIT: u32 = 3_000;
 const MAX_SLICE: u32 = 5;
 const REGIONS: usize = 3;
 const REPLICAS: usize = 2;
 const WINDOW: Duration = Duration::from_secs(60);
 
 /// The global check a request makes at `now` (its minute pinned, as the plan pins it).
-fn check(now: Duration, hits: u64) -> LimitCheck {
+pub(crate) fn check(now: Duration, hits: u64) -> LimitCheck {
     let mut c = LimitCheck::for_tests("global", "api", Limit::fixed(LIMIT, Unit::Minute), hits);
     let p = u64::try_from(WINDOW.as_micros()).expect("in range");
     let now_us = u64::try_from(now.as_micros()).expect("in range");
@@ -59,7 +64,7 @@ fn check(now: Duration, hits: u64) -> LimitCheck {
 /// The memory store keeps one counter per limit, whose newest window is the current one: it
 /// is never a home (`GLOBAL_REDIS_URL` is Redis), and here each window gets its own key.
 #[derive(Debug)]
-struct PerWindow(Arc<dyn CounterStore>);
+pub(crate) struct PerWindow(pub(crate) Arc<dyn CounterStore>);
 
 impl CounterStore for PerWindow {
     fn decide<'a>(
@@ -90,10 +95,10 @@ impl CounterStore for PerWindow {
 /// A region's way to home: each call interleaves with everything else for a random number of
 /// yields each way; cut, it fails before home sees the call or after (the reply lost).
 #[derive(Debug)]
-struct Link {
-    home: Arc<dyn CounterStore>,
-    cut: AtomicBool,
-    rng: Mutex<Rng>,
+pub(crate) struct Link {
+    pub(crate) home: Arc<dyn CounterStore>,
+    pub(crate) cut: AtomicBool,
+    pub(crate) rng: Mutex<Rng>,
 }
 
 impl Link {
@@ -132,19 +137,90 @@ impl CounterStore for Link {
     }
 }
 
+/// The regions' reports at home (max-min fairness, `store/global/fair.rs`), reached through a
+/// region's link: cut, a report or a read fails.
+#[derive(Debug)]
+struct Board {
+    home: Arc<MemoryBoard>,
+    link: Arc<Link>,
+}
+
+impl Board {
+    fn reach(&self) -> Result<(), StoreError> {
+        if self.link.cut.load(SeqCst) {
+            Err(StoreError::Transient("partitioned".into()))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl RegionBoard for Board {
+    fn report<'a>(
+        &'a self,
+        key: &'a CounterKey,
+        window_ms: u64,
+        report: &'a RegionReport,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<Vec<RegionReport>, StoreError>> {
+        Box::pin(async move {
+            self.reach()?;
+            self.home.report(key, window_ms, report, ttl_ms).await
+        })
+    }
+
+    fn read<'a>(
+        &'a self,
+        key: &'a CounterKey,
+        window_ms: u64,
+    ) -> BoxFuture<'a, Result<Vec<RegionReport>, StoreError>> {
+        Box::pin(async move {
+            self.reach()?;
+            self.home.read(key, window_ms).await
+        })
+    }
+
+    fn short<'a>(
+        &'a self,
+        key: &'a CounterKey,
+        window_ms: u64,
+        region: &'a str,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.reach()?;
+            self.home.short(key, window_ms, region, ttl_ms).await
+        })
+    }
+
+    fn short_by<'a>(
+        &'a self,
+        key: &'a CounterKey,
+        window_ms: u64,
+    ) -> BoxFuture<'a, Result<Option<String>, StoreError>> {
+        Box::pin(async move {
+            self.reach()?;
+            self.home.short_by(key, window_ms).await
+        })
+    }
+}
+
 struct Region {
     pool: Arc<MemoryPool>,
+    board: Arc<Board>,
+    name: String,
     link: Arc<Link>,
     store: Arc<dyn CounterStore>,
     replicas: Vec<Replica>,
 }
 
-struct Replica {
+pub(crate) struct Replica {
+    pub(crate) grants: Arc<GlobalGrants>,
     slices: Arc<Slices>,
-    decider: SlicedDecider,
+    pub(crate) decider: SlicedDecider,
 }
 
-fn replica(
+pub(crate) fn replica(
     pool: &Arc<MemoryPool>,
     link: &Arc<Link>,
     store: &Arc<dyn CounterStore>,
@@ -165,7 +241,11 @@ fn replica(
         (1000, false),
     );
     let decider = SlicedDecider::new(Arc::clone(&slices), Arc::new(Plain(Arc::clone(store))));
-    Replica { slices, decider }
+    Replica {
+        grants: Arc::clone(&grants),
+        slices,
+        decider,
+    }
 }
 
 /// What one window saw.
@@ -201,6 +281,7 @@ async fn run_seed(seed: u64, share: Option<Share>) -> Result<Stats, String> {
     let home: Arc<dyn CounterStore> = Arc::new(PerWindow(Arc::new(MemoryStore::new(Arc::new(
         clock.clone(),
     )))));
+    let board = Arc::new(MemoryBoard::default());
     let mut regions: Vec<Region> = (0..REGIONS)
         .map(|r| {
             let pool = Arc::new(MemoryPool::new(Arc::new(clock.clone()), 1000));
@@ -210,11 +291,22 @@ async fn run_seed(seed: u64, share: Option<Share>) -> Result<Stats, String> {
                 rng: Mutex::new(Rng::new(seed ^ (r as u64 + 1))),
             });
             let store: Arc<dyn CounterStore> = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
+            let board = Arc::new(Board {
+                home: Arc::clone(&board),
+                link: Arc::clone(&link),
+            });
+            let name = format!("region-{r}");
             let replicas = (0..REPLICAS)
-                .map(|_| replica(&pool, &link, &store, (&clock, share)))
+                .map(|_| {
+                    let rep = replica(&pool, &link, &store, (&clock, share));
+                    rep.grants.report_to(Arc::clone(&board) as _, name.clone());
+                    rep
+                })
                 .collect();
             Region {
                 pool,
+                board,
+                name,
                 link,
                 store,
                 replicas,
@@ -287,6 +379,9 @@ async fn run_seed(seed: u64, share: Option<Share>) -> Result<Stats, String> {
                 let r = &mut regions[rng.below(REGIONS as u64) as usize];
                 let i = rng.below(REPLICAS as u64) as usize;
                 r.replicas[i] = replica(&r.pool, &r.link, &r.store, (&clock, share));
+                r.replicas[i]
+                    .grants
+                    .report_to(Arc::clone(&r.board) as _, r.name.clone());
                 seen.disturbed = true;
             }
             _ => {}

@@ -176,7 +176,7 @@ impl GlobalGrants {
             let ttl = Self::ttl_ms(window, self.now_ms());
             if let Ok(st) = self.pool.run(&key, w, PoolOp::Clear(reset.seq), ttl).await {
                 emptied += st.ok;
-                self.report(&key, window, &st);
+                self.report(&key, window, &st, self.demand_of(&key, w));
             }
             // Sized afresh: what home had left before the reset says nothing now.
             let mut map = self.known.lock().unwrap_or_else(|e| e.into_inner());
@@ -213,7 +213,8 @@ impl GlobalGrants {
             };
             if st.ok > 0 && self.refund(&key, window, st.ok).await {
                 back += st.ok;
-                self.report(&key, window, &Self::emptied(&st));
+                let demand = self.demand_of(&key, window_ms(window));
+                self.report(&key, window, &Self::emptied(&st), demand);
             }
         }
         back

@@ -1,10 +1,14 @@
 //! What one refill asks of home, and how much: the region's demand over
-//! [`POOL_AHEAD_MS`](super::POOL_AHEAD_MS), at least the slices asked for, at most a quarter of
-//! what home had left (so the regions share the window's tail); and, when home has less than
-//! asked, what it has left.
+//! [`POOL_AHEAD_MS`](super::POOL_AHEAD_MS), at least the slices asked for, at most the
+//! region's max-min share (`fair.rs`) and a quarter of what home had left while other regions
+//! take units (so the regions share the window's tail); and, when home has less than asked,
+//! what it has left.
 
+use super::fair::{self, share_left};
 use super::{grant_check, Asked, GlobalGrants, Known, PoolState, MIN_REFILL_SLICES, POOL_AHEAD_MS};
 use crate::store::LimitCheck;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::Duration;
 
 impl GlobalGrants {
@@ -49,35 +53,137 @@ impl GlobalGrants {
         out
     }
 
-    /// The next refill's size: the region's demand over [`POOL_AHEAD_MS`], at least `need` and
-    /// [`MIN_REFILL_SLICES`] slices, at most a quarter of what home had left; and whether that
-    /// quarter held it below the region's demand (the region is short: `moved.rs`).
-    pub(super) fn want(
-        &self,
+    /// One refill's ask of home, sized (`want`) on the region's demand and its max-min share,
+    /// with the other regions' board read first if this replica has none for the window yet;
+    /// the region marked short at home when it gets less than its demand.
+    pub(super) async fn sized_ask(
+        self: &Arc<Self>,
         check: &LimitCheck,
         k: &Known,
-        pool: &PoolState,
-        need: u64,
-    ) -> (u64, bool) {
+        lock: &PoolState,
+        (need, begun): (u64, bool),
+    ) -> Asked {
+        let (key, window_ms) = (&check.key, super::window_ms(check.window));
+        if begun {
+            self.board_for(check).await;
+        }
+        let sized = self.want(check, k, lock, need);
+        let want = sized.want;
+        let started = tokio::time::Instant::now();
+        let asked = if want == 0 {
+            // Over its max-min share (`fair.rs`): home's units are the other regions'. The
+            // pool is dry a moment; the report after it reads the board again.
+            Asked {
+                got: 0,
+                dry_ms: fair::FAIR_RETRY_MS,
+                home_left: k.home_left,
+                failed: None,
+            }
+        } else {
+            self.ask_home(check, want, k.home_left).await
+        };
+        let short = asked.failed.is_none() && (sized.short || asked.got < want);
+        if short {
+            self.mark_short(key, check.window); // `moved.rs`: idle pools elsewhere come home
+        }
+        self.update(key, window_ms, |k| {
+            k.demand = super::regions::Demand {
+                per_ks: sized.per_ks,
+                short,
+            };
+        });
+        if asked.failed.is_none() && want > 0 {
+            // Answered refills only: the panel divides by them.
+            let rtt = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            self.tallies.refill_us.add(rtt);
+            self.tallies.last_refill_us.store(rtt, Relaxed);
+        }
+        asked
+    }
+
+    /// The next refill's size: the region's demand over [`POOL_AHEAD_MS`], at least `need` and
+    /// [`MIN_REFILL_SLICES`] slices; at most the region's max-min share of the window left
+    /// (`fair.rs`, from the other regions' last reports) and, unless no other region takes
+    /// units any more, a quarter of what home had left. Also whether that held it below the
+    /// region's demand (the region is short: `moved.rs`), and the demand, for the report.
+    pub(super) fn want(&self, check: &LimitCheck, k: &Known, pool: &PoolState, need: u64) -> Want {
         let slice = check.slice.map_or(1, |t| u64::from(t.max_slice));
         let floor = slice.saturating_mul(MIN_REFILL_SLICES);
-        let demand = if k.at_ms == 0 || pool.now <= k.at_ms {
-            floor.saturating_mul(2)
+        let (demand, per_ks) = if k.at_ms == 0 || pool.now <= k.at_ms {
+            (floor.saturating_mul(2), 0)
         } else {
-            let taken = pool.taken.saturating_sub(k.taken_at);
+            let taken = u128::from(pool.taken.saturating_sub(k.taken_at));
             // A rate read over less than a second is noise (a burst of slices taken at once):
             // a refill right after another must not size itself on a millisecond.
-            let elapsed = (pool.now - k.at_ms).max(1_000);
-            u64::try_from(u128::from(taken) * u128::from(POOL_AHEAD_MS) / u128::from(elapsed))
-                .unwrap_or(u64::MAX)
+            let elapsed = u128::from((pool.now - k.at_ms).max(1_000));
+            let per = |ms: u128| u64::try_from(taken * ms / elapsed).unwrap_or(u64::MAX);
+            (per(u128::from(POOL_AHEAD_MS)), per(1_000_000))
         };
-        let quarter = if k.home_left == u64::MAX {
+        // Reported at home: the region's rate over the window so far, or since this
+        // replica's last refill when higher (a replica's first refill in a window has no
+        // rate of its own; a region's demand that rose is seen from its last refill).
+        // Early in a window, the rate of the window before (carried in `k.demand`) until
+        // this one has its own.
+        let per_ks = check.window.map_or(per_ks, |(start, _)| {
+            let into = pool.now.saturating_sub(start / 1000);
+            let avg = u128::from(pool.taken) * 1_000_000 / u128::from(into.max(1_000));
+            let carried = if into < POOL_AHEAD_MS {
+                k.demand.per_ks
+            } else {
+                0
+            };
+            per_ks
+                .max(u64::try_from(avg).unwrap_or(u64::MAX))
+                .max(carried)
+        });
+        let fair = self.fair_share(check, pool);
+        let quarter = if k.home_left == u64::MAX || fair.is_some_and(|(_, others)| !others) {
             u64::MAX
         } else {
             k.home_left.div_ceil(4)
         };
         let wanted = demand.max(floor).max(need).max(1);
-        let want = wanted.min(quarter).max(need).max(1);
-        (want, want < wanted)
+        let mut want = wanted.min(quarter).max(need).max(1);
+        if let Some((left, _)) = fair {
+            // Over its share: nothing, not even `need` (the others' units).
+            want = want.min(left);
+        }
+        Want {
+            want,
+            short: want < wanted,
+            per_ks,
+        }
     }
+
+    /// This region's max-min share of `check`'s window still to be granted, and whether
+    /// another region still takes units; `None` when no board is known (no report answered
+    /// yet this window), or the limit has no window (a token bucket).
+    fn fair_share(&self, check: &LimitCheck, pool: &PoolState) -> Option<(u64, bool)> {
+        let (_, end) = check.window?;
+        if end == u64::MAX {
+            return None;
+        }
+        let others = self
+            .boards
+            .get(&check.key, super::window_ms(check.window))?;
+        let limit = check
+            .admin_limit
+            .unwrap_or(check.key.limit.requests_per_unit);
+        Some(share_left(
+            u64::from(limit),
+            pool.have,
+            &others,
+            self.now_ms(),
+            end / 1000,
+        ))
+    }
+}
+
+/// One refill's size, as [`GlobalGrants::want`] decides it.
+pub(super) struct Want {
+    pub want: u64,
+    /// Held below the region's demand (by the quarter rule or its share).
+    pub short: bool,
+    /// The region's rate, per 1 000 s (its demand, reported at home).
+    pub per_ks: u64,
 }

@@ -5,6 +5,7 @@
 //! at home, where the other regions' refills find them.
 
 use super::moved::MOVED_TICK_MS;
+use super::regions::Demand;
 use super::{grant_check, window_ms, GlobalGrants, PoolOp, POOL_IDLE_MS, REFILL_LEASE_MS};
 use crate::store::{CounterKey, CounterStore};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -138,7 +139,7 @@ impl GlobalGrants {
             }
             self.seen(&st);
             if self.refund(key, window, st.ok).await {
-                self.report(key, window, &Self::emptied(&st));
+                self.report(key, window, &Self::emptied(&st), Demand::IDLE);
             }
             return;
         }
@@ -210,7 +211,7 @@ impl GlobalGrants {
                     };
                     if self.refund(&key, window, st.ok).await {
                         total.fetch_add(st.ok, Relaxed);
-                        self.report(&key, window, &Self::emptied(&st));
+                        self.report(&key, window, &Self::emptied(&st), Demand::IDLE);
                     }
                 }
             })

@@ -17,11 +17,13 @@
 //! while its region's pool has units; a request that finds the pool dry waits (within its
 //! deadline) for the one refill in flight, else is denied.
 //!
-//! - **Sizing.** A refill asks home for the region's demand over [`POOL_AHEAD`] (the rate its
-//!   replicas took units from the pool since the last refill), at least the slice asked for and
-//!   [`MIN_REFILL_SLICES`] slices, at most a quarter of what home had left at the last refill
-//!   (the pools shrink as the window fills, so regions share the tail). Below half of the last
-//!   refill the pool is refilled ahead, in the background.
+//! - **Sizing.** A refill asks home for the region's demand over [`POOL_AHEAD_MS`] (the rate
+//!   its replicas took units from the pool since the last refill), at least the slice asked for
+//!   and [`MIN_REFILL_SLICES`] slices, at most the region's max-min share of the window beside
+//!   the other regions' reports (`fair.rs`) and, while another region takes units, a quarter of
+//!   what home had left at the last refill (the pools shrink as the window fills, so regions
+//!   share the tail). Below half of the last refill the pool is refilled ahead, in the
+//!   background.
 //! - **Giving back.** A slice a replica no longer spends goes back to the pool (idle, evicted,
 //!   SIGTERM); a pool no replica took from for [`POOL_IDLE_MS`] goes back home (a refund on the
 //!   window's home counter), so demand that moves to another region finds the units at home.
@@ -32,6 +34,7 @@
 mod admin;
 mod ask;
 mod drain;
+mod fair;
 mod moved;
 mod pool;
 mod regions;
@@ -40,7 +43,8 @@ mod tallies;
 
 pub use admin::GlobalAdmin;
 pub use pool::{MemoryPool, PoolOp, PoolState, RegionPool};
-pub use regions::{RegionBoard, RegionReport, MAX_REGIONS};
+pub use regions::Demand;
+pub use regions::{MemoryBoard, RegionBoard, RegionReport, MAX_REGIONS};
 pub use share::Share;
 pub use tallies::GlobalTallies;
 
@@ -97,6 +101,8 @@ struct Known {
     ahead: bool,
     /// The next window's pool was filled ahead from this replica.
     prefilled: bool,
+    /// The region's demand at this replica's last refill (reported at home: `fair.rs`).
+    demand: regions::Demand,
 }
 
 /// What one refill got from home.
@@ -130,6 +136,8 @@ pub struct GlobalGrants {
     share: std::sync::OnceLock<Share>,
     /// Where this region reports its pools at home (`regions.rs`), for the operators' view.
     reporting: std::sync::OnceLock<regions::Reporting>,
+    /// The other regions' reports, as the last report home answered them (`fair.rs`).
+    boards: fair::Boards,
     /// The last home reset record this replica applied (`admin.rs`; `None`: not read yet).
     resets_seen: Mutex<Option<u64>>,
     /// The last record whose clears are done (give-backs of what it covers are forgiven
@@ -156,6 +164,7 @@ impl GlobalGrants {
             background: crate::store::Background::here(),
             share: std::sync::OnceLock::new(),
             reporting: std::sync::OnceLock::new(),
+            boards: fair::Boards::default(),
             resets_seen: Mutex::new(None),
             resets_applied: Mutex::new(None),
             resets_from: std::sync::OnceLock::new(),
@@ -180,10 +189,19 @@ impl GlobalGrants {
                 map.clear();
             }
         }
+        if let Some(k) = map.get(&slot) {
+            return *k;
+        }
+        // The region's demand in the window before, until this one measures its own (`fair.rs`).
+        let demand = window
+            .and_then(|(start, end)| window_ms.checked_sub(end.checked_sub(start)? / 1000))
+            .and_then(|before| map.get(&(key.clone(), before)))
+            .map_or(regions::Demand::IDLE, |k| k.demand);
         *map.entry(slot).or_insert(Known {
             window_ms,
             window,
             home_left: u64::MAX,
+            demand,
             ..Known::default()
         })
     }
@@ -389,18 +407,7 @@ impl GlobalGrants {
             self.pool.run(key, window_ms, release, ttl).await?;
             return Ok(());
         }
-        let (want, capped) = self.want(check, &k, &lock, need);
-        let started = tokio::time::Instant::now();
-        let asked = self.ask_home(check, want, k.home_left).await;
-        if asked.failed.is_none() && (capped || asked.got < want) {
-            self.mark_short(key, check.window); // `moved.rs`: idle pools elsewhere come home
-        }
-        if asked.failed.is_none() {
-            // Answered refills only: the panel divides by them.
-            let rtt = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-            self.tallies.refill_us.add(rtt);
-            self.tallies.last_refill_us.store(rtt, Relaxed);
-        }
+        let asked = self.sized_ask(check, &k, &lock, (need, begun)).await;
         self.land(key, (check.window, window_ms, begun), ttl, token, asked)
             .await
     }
@@ -451,7 +458,7 @@ impl GlobalGrants {
         self.tallies.refilled.add(got);
         let st = st?;
         self.seen(&st);
-        self.report(key, window, &st);
+        self.report(key, window, &st, self.demand_of(key, window_ms));
         if got > 0 {
             // Watched until it goes back: a refill ahead can land after the last take, when
             // the pool's watcher has left it empty (no take follows to watch it again). Known

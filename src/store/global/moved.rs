@@ -10,6 +10,7 @@
 //! region's pool per tick and watching replica, and one read at home per tick only while the
 //! pool is idle (at most seven per idle spell: after 2 s the ordinary give-back takes over).
 
+use super::regions::Demand;
 use super::{window_ms, CounterKey, GlobalGrants, PoolOp, PoolState};
 use std::sync::Arc;
 
@@ -82,7 +83,7 @@ impl GlobalGrants {
         self.seen(&st);
         if self.refund(key, window, st.ok).await {
             self.tallies.moved.add(st.ok);
-            self.report(key, window, &Self::emptied(&st));
+            self.report(key, window, &Self::emptied(&st), Demand::IDLE);
         }
         true
     }

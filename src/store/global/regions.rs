@@ -9,7 +9,8 @@
 
 use super::{window_ms, GlobalGrants, PoolOp, PoolState};
 use crate::store::{BoxFuture, CounterKey, LimitCheck, StoreError};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 /// Regions one Inspect lists at most (a region is a deployment, named by its operator's
 /// `REGION`: a handful; the cap bounds the answer whatever the home store holds).
@@ -28,14 +29,21 @@ pub struct RegionReport {
     pub owed: u64,
     /// When the region reported it (Unix ms; this region's own pool: now).
     pub at_unix_ms: u64,
+    /// Its demand then (`fair.rs`; a report from before it carried one: idle).
+    pub demand: Demand,
 }
 
 impl RegionReport {
-    /// The value stored at home: `pool taken owed at`.
+    /// The value stored at home: `pool taken owed at per_ks short`.
     pub fn encode(&self) -> String {
         format!(
-            "{} {} {} {}",
-            self.pool, self.taken, self.owed, self.at_unix_ms
+            "{} {} {} {} {} {}",
+            self.pool,
+            self.taken,
+            self.owed,
+            self.at_unix_ms,
+            self.demand.per_ks,
+            u8::from(self.demand.short)
         )
     }
 
@@ -43,26 +51,55 @@ impl RegionReport {
     pub fn decode(region: &str, value: &str) -> Option<Self> {
         let mut f = value.split(' ').map(str::parse::<u64>);
         let mut next = || f.next().and_then(Result::ok);
-        Some(Self {
+        let mut r = Self {
             region: region.to_string(),
             pool: next()?,
             taken: next()?,
             owed: next()?,
             at_unix_ms: next()?,
-        })
+            demand: Demand::IDLE,
+        };
+        // A region on a release before fairness reports four fields: its demand is unknown.
+        if let Some(per_ks) = next() {
+            r.demand = Demand {
+                per_ks,
+                short: next()? == 1,
+            };
+        }
+        Some(r)
     }
+}
+
+/// What a region reports of its demand.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Demand {
+    /// The rate its replicas took units at, per 1 000 s (a region asking a unit a minute is
+    /// 16 per 1 000 s, not 0 per s).
+    pub per_ks: u64,
+    /// It asked home for less than its demand, or got less than it asked.
+    pub short: bool,
+}
+
+impl Demand {
+    /// A pool given back: nobody takes from it.
+    pub const IDLE: Demand = Demand {
+        per_ks: 0,
+        short: false,
+    };
 }
 
 /// Where regions report their pools: the home store.
 pub trait RegionBoard: Send + Sync + std::fmt::Debug {
-    /// Stores `report` for `key`'s window starting at `window_ms`, living `ttl_ms`.
+    /// Stores `report` for `key`'s window starting at `window_ms`, living `ttl_ms`; every
+    /// region's report, this one's included, as the store then holds them (at most
+    /// [`MAX_REGIONS`]).
     fn report<'a>(
         &'a self,
         key: &'a CounterKey,
         window_ms: u64,
         report: &'a RegionReport,
         ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    ) -> BoxFuture<'a, Result<Vec<RegionReport>, StoreError>>;
 
     /// Every region's last report for that window (at most [`MAX_REGIONS`]).
     fn read<'a>(
@@ -102,13 +139,15 @@ impl GlobalGrants {
         let _ = self.reporting.set(Reporting { board, region });
     }
 
-    /// Reports the pool as `st` left it, in the background (the view at home; no request
-    /// waits on it).
+    /// Reports the pool as `st` left it and the region's `demand`, in the background (no
+    /// request waits on it); the other regions' reports that come back are what this
+    /// replica's next refill of the counter is sized on (`fair.rs`).
     pub(super) fn report(
         self: &Arc<Self>,
         key: &CounterKey,
         window: Option<(u64, u64)>,
         st: &PoolState,
+        demand: Demand,
     ) {
         if self.reporting.get().is_none() {
             return;
@@ -124,10 +163,16 @@ impl GlobalGrants {
                 taken: st.taken,
                 owed: st.owed,
                 at_unix_ms: me.now_ms(),
+                demand,
             };
             let ttl = Self::ttl_ms(window, me.now_ms());
-            if let Err(e) = r.board.report(&key, window_ms(window), &report, ttl).await {
-                tracing::debug!(error = %e, "cannot report the region's pool at home");
+            let w = window_ms(window);
+            match r.board.report(&key, w, &report, ttl).await {
+                Ok(mut all) => {
+                    all.retain(|o| o.region != r.region);
+                    me.boards.put(&key, w, all);
+                }
+                Err(e) => tracing::debug!(error = %e, "cannot report the region's pool at home"),
             }
         });
     }
@@ -151,11 +196,77 @@ impl GlobalGrants {
                 taken: st.taken,
                 owed: st.owed,
                 at_unix_ms: self.now_ms(),
+                demand: self.demand_of(&check.key, w),
             });
         }
         all.sort_by(|a, b| a.region.cmp(&b.region));
         all.truncate(MAX_REGIONS);
         Ok(all)
+    }
+}
+
+/// The board in memory, for a model of many regions in one process (`tests/cases/
+/// global_model.rs`): home is Redis in every deployment (`GLOBAL_REDIS_URL`). Reports never
+/// expire here; the model's windows each have their own.
+#[derive(Debug, Default)]
+pub struct MemoryBoard {
+    reports: Mutex<HashMap<(CounterKey, u64), BTreeMap<String, RegionReport>>>,
+    marks: Mutex<HashMap<(CounterKey, u64), String>>,
+}
+
+impl RegionBoard for MemoryBoard {
+    fn report<'a>(
+        &'a self,
+        key: &'a CounterKey,
+        window_ms: u64,
+        report: &'a RegionReport,
+        _ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<Vec<RegionReport>, StoreError>> {
+        Box::pin(async move {
+            let mut map = self.reports.lock().unwrap_or_else(|e| e.into_inner());
+            let board = map.entry((key.clone(), window_ms)).or_default();
+            board.insert(report.region.clone(), report.clone());
+            Ok(board.values().take(MAX_REGIONS).cloned().collect())
+        })
+    }
+
+    fn read<'a>(
+        &'a self,
+        key: &'a CounterKey,
+        window_ms: u64,
+    ) -> BoxFuture<'a, Result<Vec<RegionReport>, StoreError>> {
+        Box::pin(async move {
+            let map = self.reports.lock().unwrap_or_else(|e| e.into_inner());
+            Ok(map
+                .get(&(key.clone(), window_ms))
+                .map(|b| b.values().take(MAX_REGIONS).cloned().collect())
+                .unwrap_or_default())
+        })
+    }
+
+    fn short<'a>(
+        &'a self,
+        key: &'a CounterKey,
+        window_ms: u64,
+        region: &'a str,
+        _ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+            marks.insert((key.clone(), window_ms), region.to_string());
+            Ok(())
+        })
+    }
+
+    fn short_by<'a>(
+        &'a self,
+        key: &'a CounterKey,
+        window_ms: u64,
+    ) -> BoxFuture<'a, Result<Option<String>, StoreError>> {
+        Box::pin(async move {
+            let marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+            Ok(marks.get(&(key.clone(), window_ms)).cloned())
+        })
     }
 }
 
@@ -171,14 +282,23 @@ mod tests {
             taken: 3_000,
             owed: 7,
             at_unix_ms: 1_790_000_000_000,
+            demand: Demand {
+                per_ks: 2_500,
+                short: true,
+            },
         };
-        assert_eq!(RegionReport::decode("eu", &r.encode()), Some(r));
+        assert_eq!(RegionReport::decode("eu", &r.encode()), Some(r.clone()));
+        // A report from a release before fairness: idle.
+        let old = RegionReport::decode("eu", "120 3000 7 1790000000000").expect("four fields");
+        assert_eq!(old.demand, Demand::IDLE);
+        assert_eq!(old.pool, 120);
         for bad in [
             "",
             "1 2 3",
             "1 2 x 4",
             "-1 2 3 4",
             "1 2 3 18446744073709551616",
+            "1 2 3 4 5",
         ] {
             assert_eq!(RegionReport::decode("eu", bad), None, "{bad:?}");
         }

@@ -1,7 +1,8 @@
 //! The regions' reports of their pools at home (see `store::global::regions`): a hash per
 //! global counter and window beside the home counter (its hash tag, its Cluster slot), one
-//! field per region. Written by a script (`HSET` and its expiry in one call), read with one
-//! `HGETALL`: a region is a deployment, so the hash holds a handful of fields.
+//! field per region. Written by a script (`HSET` and its expiry in one call, answering every
+//! region's report), read with one `HGETALL`: a region is a deployment, so the hash holds a
+//! handful of fields.
 
 use super::board::RedisBoard;
 use super::keys;
@@ -14,9 +15,10 @@ static REPORT_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 -- KEYS[1] the regions' reports of one counter's window; ARGV: region, report, ttl (ms).
+-- Answers every region's report (the board the next refill is sized on).
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1
+return redis.call('HGETALL', KEYS[1])
 ",
     )
 });
@@ -33,6 +35,13 @@ pub fn short_key(prefix: &str, key: &CounterKey, window_ms: u64) -> String {
     keys::window_key(prefix, key, "short", window_ms)
 }
 
+fn decode_all(all: &[(String, String)]) -> Vec<RegionReport> {
+    all.iter()
+        .filter_map(|(region, value)| RegionReport::decode(region, value))
+        .take(MAX_REGIONS)
+        .collect()
+}
+
 /// The reports in the home store, on its connections.
 #[derive(Debug)]
 pub struct RedisRegions {
@@ -46,18 +55,19 @@ impl RegionBoard for RedisRegions {
         window_ms: u64,
         report: &'a RegionReport,
         ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
+    ) -> BoxFuture<'a, Result<Vec<RegionReport>, StoreError>> {
         Box::pin(async move {
             let hash = regions_key(&self.board.common.prefix, key, window_ms);
             let value = report.encode();
-            self.board
+            let all: Vec<(String, String)> = self
+                .board
                 .call(&keys::hash_tag(key), async |c| {
                     let mut inv = REPORT_SCRIPT.key(&hash);
                     inv.arg(&report.region).arg(&value).arg(ttl_ms.max(1));
-                    inv.invoke_async::<i64>(c).await
+                    inv.invoke_async(c).await
                 })
-                .await
-                .map(|_| ())
+                .await?;
+            Ok(decode_all(&all))
         })
     }
 
@@ -74,11 +84,7 @@ impl RegionBoard for RedisRegions {
                     redis::cmd("HGETALL").arg(&hash).query_async(c).await
                 })
                 .await?;
-            Ok(all
-                .iter()
-                .filter_map(|(region, value)| RegionReport::decode(region, value))
-                .take(MAX_REGIONS)
-                .collect())
+            Ok(decode_all(&all))
         })
     }
 

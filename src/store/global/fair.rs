@@ -1,0 +1,263 @@
+//! Max-min fairness between regions: a region that needs little is sure to get it, and the
+//! rest goes to the regions that want more, in equal parts. Without it a region's share follows
+//! its request rate: two regions offered twice the limit empty home early in each window, and
+//! a region that asks for 5 % of the limit, steadily, is denied most of it.
+//!
+//! Each region's report at home (`regions.rs`) carries what it was granted this window, the
+//! rate its replicas took units at, and whether it was short (it asked home for less than its
+//! demand, or got less than it asked). The report is one script call that writes it and
+//! answers every region's: the board a region sizes its next refill on comes back with the
+//! report it sends after each refill (no home call of its own). A refill is then capped at
+//! this region's max-min share of the window, less what it was granted:
+//!
+//! - another region's **demand** for the window is what it was granted plus its rate from its
+//!   report until the window ends and for twice [`POOL_AHEAD_MS`](super::POOL_AHEAD_MS) more
+//!   (what its pool holds ahead, and a margin: a rate read low would hand units to the others
+//!   for good); unbounded if it was short, or holds units at a rate not measured yet (its
+//!   first refill in the window); just what it was granted if its report is
+//!   older than [`FRESH_MS`] and than twice the time its pool lasts at its rate (a region
+//!   that died, or went idle without a drain);
+//! - the **level** λ is the largest with Σ max(granted, min(demand, λ)) ≤ limit over the
+//!   regions, this one's demand unbounded; this region may be granted up to λ in all.
+//!
+//! A region over its share is denied while home still holds units for the others (its pool
+//! dry for [`FAIR_RETRY_MS`], then it asks again, reading the board anew). What is held back
+//! for a region and not spent by the window's end is under-admission, bounded by how far its
+//! rate was off: a region that stops gives its pool back (its report then says idle).
+
+use super::regions::{Demand, RegionReport};
+use crate::store::CounterKey;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// A report older than this (ms) says nothing of the region's demand any more: it counts for
+/// what it was granted only.
+pub const FRESH_MS: u64 = 10_000;
+/// A region over its share finds its pool dry this long (ms) before it asks again.
+pub const FAIR_RETRY_MS: u64 = 250;
+/// Boards one replica keeps at most (one per global counter and window it refilled).
+const MAX_BOARDS: usize = 10_000;
+
+/// Another region's claim on the window, as its report says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Claim {
+    granted: u64,
+    /// `None`: more than any share.
+    demand: Option<u64>,
+}
+
+impl Claim {
+    fn from_report(r: &RegionReport, now_ms: u64, end_ms: u64) -> Self {
+        let granted = r.pool.saturating_add(r.taken);
+        // A region that takes slowly reports seldom (once per refill): its report holds
+        // while its pool lasts twice over at its rate.
+        let lasts_ms = match r.demand.per_ks {
+            0 => 0,
+            per_ks => u64::try_from(u128::from(r.pool) * 2_000_000 / u128::from(per_ks))
+                .unwrap_or(u64::MAX),
+        };
+        let fresh_ms = if r.demand.short {
+            FRESH_MS
+        } else {
+            FRESH_MS.max(lasts_ms)
+        };
+        if now_ms.saturating_sub(r.at_unix_ms) > fresh_ms {
+            return Self {
+                granted,
+                demand: Some(granted),
+            };
+        }
+        // Short, or holding units at a rate not measured yet (its first refill in the window,
+        // or a release that reports none): as much as any.
+        if r.demand.short || (r.demand.per_ks == 0 && r.pool > 0) {
+            return Self {
+                granted,
+                demand: None,
+            };
+        }
+        // Its rate from when it reported (what it took since is not in `granted`) to the
+        // window's end, and twice what a refill sized on it holds ahead: the pool it keeps
+        // until the end, and a margin for a rate read a little low (each lower reading would
+        // hand units to the others for good).
+        let rest = u128::from(end_ms.saturating_sub(r.at_unix_ms.min(now_ms)))
+            + u128::from(2 * super::POOL_AHEAD_MS);
+        let more =
+            u64::try_from(u128::from(r.demand.per_ks) * rest / 1_000_000).unwrap_or(u64::MAX);
+        Self {
+            granted,
+            demand: Some(granted.saturating_add(more)),
+        }
+    }
+
+    /// What it holds at level `level`.
+    fn at(&self, level: u64) -> u64 {
+        let wants = self.demand.map_or(level, |d| d.min(level));
+        self.granted.max(wants)
+    }
+
+    /// It takes units still: short, or a demand above what it holds.
+    fn active(&self) -> bool {
+        self.demand.is_none_or(|d| d > self.granted)
+    }
+}
+
+/// The most this region may still be granted in the window (limit `limit`, ending at `end_ms`)
+/// beside the others' reports, having been granted `mine`; and whether another region still
+/// takes units (else this one may have all that is left at once).
+pub fn share_left(
+    limit: u64,
+    mine: u64,
+    others: &[RegionReport],
+    now_ms: u64,
+    end_ms: u64,
+) -> (u64, bool) {
+    let claims: Vec<Claim> = others
+        .iter()
+        .map(|r| Claim::from_report(r, now_ms, end_ms))
+        .collect();
+    let held = |level: u64| -> u64 {
+        claims
+            .iter()
+            .fold(mine.max(level), |sum, c| sum.saturating_add(c.at(level)))
+    };
+    // The largest level whose holdings fit the limit (0 if the others and this region already
+    // hold it all).
+    let (mut lo, mut hi) = (0u64, limit);
+    if held(0) > limit {
+        return (0, true);
+    }
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if held(mid) <= limit {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    (lo.saturating_sub(mine), claims.iter().any(Claim::active))
+}
+
+impl super::GlobalGrants {
+    /// The region's demand for `key`'s window as this replica's last refill measured it.
+    pub(super) fn demand_of(&self, key: &CounterKey, window_ms: u64) -> Demand {
+        let map = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(&(key.clone(), window_ms))
+            .map_or(Demand::IDLE, |k| k.demand)
+    }
+}
+
+impl super::GlobalGrants {
+    /// The other regions' reports for `check`'s window, read at home if this replica has none
+    /// yet (its first refill of the window: the region's other replicas may have refilled
+    /// long before). Once per replica, counter and window; a failed read leaves none.
+    pub(super) async fn board_for(&self, check: &crate::store::LimitCheck) {
+        let Some(r) = self.reporting.get() else {
+            return;
+        };
+        let w = super::window_ms(check.window);
+        if check.window.is_none() || self.boards.get(&check.key, w).is_some() {
+            return;
+        }
+        match r.board.read(&check.key, w).await {
+            Ok(mut all) => {
+                all.retain(|o| o.region != r.region);
+                self.boards.put(&check.key, w, all);
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot read the regions' reports at home"),
+        }
+    }
+}
+
+/// The other regions' reports this replica last saw, per global counter and window.
+#[derive(Debug, Default)]
+pub struct Boards(Mutex<HashMap<(CounterKey, u64), Vec<RegionReport>>>);
+
+impl Boards {
+    pub fn put(&self, key: &CounterKey, window_ms: u64, others: Vec<RegionReport>) {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = (key.clone(), window_ms);
+        if map.len() >= MAX_BOARDS && !map.contains_key(&slot) {
+            let newest = map.keys().map(|(_, w)| *w).max().unwrap_or(0);
+            map.retain(|(_, w), _| *w >= newest);
+            if map.len() >= MAX_BOARDS {
+                map.clear();
+            }
+        }
+        map.insert(slot, others);
+    }
+
+    pub fn get(&self, key: &CounterKey, window_ms: u64) -> Option<Vec<RegionReport>> {
+        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(&(key.clone(), window_ms)).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(pool: u64, taken: u64, per_ks: u64, short: bool, at: u64) -> RegionReport {
+        RegionReport {
+            region: "x".into(),
+            pool,
+            taken,
+            owed: 0,
+            at_unix_ms: at,
+            demand: Demand { per_ks, short },
+        }
+    }
+
+    #[test]
+    fn a_region_that_needs_little_gets_it_and_the_hungry_ones_split_the_rest() {
+        // A minute of 3 000, 10 s in: region "small" took 25 at 2.5/s (150 a minute), the
+        // other hungry one holds 600 and is short.
+        let now = 10_000;
+        let end = 60_000;
+        let small = report(5, 20, 2_500, false, now);
+        let hungry = report(100, 500, 0, true, now);
+        let (left, others) = share_left(3_000, 600, &[small.clone(), hungry.clone()], now, end);
+        // small: 25 + 2.5 x (50 s left + 10 s ahead) = 175; the two hungry ones 1 412 each.
+        assert_eq!(left, 1_412 - 600);
+        assert!(others);
+        // A hungry region that already holds more than its share gets nothing more.
+        assert_eq!(share_left(3_000, 1_500, &[small, hungry], now, end).0, 0);
+    }
+
+    #[test]
+    fn idle_or_silent_regions_leave_the_rest_at_once() {
+        let now = 30_000;
+        let end = 60_000;
+        let idle = report(0, 1_500, 0, false, now);
+        let (left, others) = share_left(3_000, 1_000, &[idle], now, end);
+        assert_eq!(left, 500);
+        assert!(!others, "nobody else takes units");
+        // A region that holds units at a rate not measured yet may want as much as any.
+        let first = report(40, 0, 0, false, now);
+        assert_eq!(share_left(3_000, 0, &[first], now, end), (1_500, true));
+        // A report older than FRESH_MS counts for what it holds only, short or not.
+        let silent = report(200, 800, 9_000, true, now - FRESH_MS - 1);
+        assert_eq!(share_left(3_000, 0, &[silent], now, end), (2_000, false));
+        // Unless its pool lasts longer than that at its rate: 100 units at 1 a second.
+        let slow = report(100, 100, 1_000, false, now - FRESH_MS - 1);
+        let (left, others) = share_left(3_000, 0, &[slow], now, end);
+        assert_eq!(
+            left,
+            3_000 - 250,
+            "200 granted, 1 a second from its report to the end (40 s) and 10 s ahead"
+        );
+        assert!(others);
+    }
+
+    #[test]
+    fn the_level_never_passes_the_limit() {
+        for (limit, mine, a, b) in [(10, 0, 0, 0), (0, 0, 0, 0), (7, 9, 1, 1), (100, 10, 95, 0)] {
+            let others = [report(a, 0, 0, true, 0), report(b, 0, 0, true, 0)];
+            let (left, _) = share_left(limit, mine, &others, 0, 60_000);
+            let held: u64 = mine + left + a.max(mine + left) + b.max(mine + left);
+            assert!(
+                left == 0 || held <= limit,
+                "{limit} {mine} {a} {b}: {left} more"
+            );
+        }
+    }
+}
