@@ -400,14 +400,16 @@ async fn a_region_cut_off_with_share_admits_its_share_more_and_home_is_charged_o
     cut_off(Some("0.001")).await;
 }
 
-/// A region of two replicas cut off from home for 3 s under load, with `share` (the part of the
-/// limit on credit) or without (`deny`).
+/// A region of two replicas cut off from home for 30 s under load, with `share` (the part of
+/// the limit on credit) or without (`deny`). The window is an hour, so the cut lies in one.
 async fn cut_off(share: Option<&str>) {
     let credit: u32 = if share.is_some() { 1_000 } else { 0 };
     let home = start_redis(&[]).await;
     // Small slices, so the region's pool holds a few seconds of its demand (refills of its
-    // rate over 5 s): a 3 s cut at three times the rate runs it dry.
-    let yaml = config(1_000_000).replace("global: {}", "global: {max_slice: 100}");
+    // rate over 5 s): a 30 s cut at three times the rate runs it dry.
+    let yaml = config(1_000_000)
+        .replace("global: {}", "global: {max_slice: 100}")
+        .replace("unit: minute", "unit: hour");
     let (_dir, path) = write_config(&yaml);
     let store = Store::Single(start_redis(&[]).await);
     let home_addr = SocketAddr::from(([127, 0, 0, 1], home.port()));
@@ -425,7 +427,7 @@ async fn cut_off(share: Option<&str>) {
         }
         replicas.push(SluiceProcess::spawn(c).await);
     }
-    early_in_a_minute(30).await;
+    super::global_admin::early_in_an_hour().await;
     let before =
         futures_util::future::join_all(replicas.iter().map(|s| load(s.grpc_url(), 500, "2s")))
             .await;
@@ -448,9 +450,9 @@ async fn cut_off(share: Option<&str>) {
     .await;
     link.cut();
     let granted: u64 = home_counters(&home).iter().map(|c| c.1).sum();
-    // Three times the rate before, for 3 s: more than the pool and the slices hold.
+    // Three times the rate before, for 30 s: more than the pool and the slices hold.
     let during =
-        futures_util::future::join_all(replicas.iter().map(|s| load(s.grpc_url(), 3_000, "3s")))
+        futures_util::future::join_all(replicas.iter().map(|s| load(s.grpc_url(), 1_500, "30s")))
             .await;
     let admitted_during: u64 = during.iter().map(|a| a.0).sum();
     let denied_during: u64 = during.iter().map(|a| a.1).sum();
