@@ -2,8 +2,7 @@
 //! a home `redis-server`, regions A and C each with its own `redis-server` and one `sluice`,
 //! each 75 ms from home each way (round trips of 150 ms, the worst the issue names). C serves a
 //! few requests (connected, warm) and goes idle (its pool back home). A spends half of a global
-//! 3 000 an hour at 1 500 a second, its pool filled past that (no other region takes units),
-//! then goes on at a trickle of 2 a second (with slices of 2 units, the trickle takes from A's
+//! 3 000 an hour at 1 500 a second, its pool filled past that, then goes on at a trickle of 2 a second (with slices of 2 units, the trickle takes from A's
 //! pool every second or so: it is never idle for the 2 s of the ordinary give-back, and
 //! without more would keep what it holds to the window's end); C then offers 3x: home is dry
 //! and C is under its max-min share, so C marks the window short, and A's pool, idle for

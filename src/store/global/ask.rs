@@ -1,7 +1,7 @@
 //! What one refill asks of home, and how much: the region's demand over
 //! [`POOL_AHEAD_MS`](super::POOL_AHEAD_MS), at least the slices asked for, at most the
-//! region's max-min share (`fair.rs`) and a quarter of what home had left while other regions
-//! take units (so the regions share the window's tail); and, when home has less than asked,
+//! region's max-min share (`fair.rs`) and a quarter of what home had left (so the regions share
+//! the window's tail); and, when home has less than asked,
 //! what it has left.
 
 use super::fair::{self, share_left};
@@ -103,8 +103,7 @@ impl GlobalGrants {
 
     /// The next refill's size: the region's demand over [`POOL_AHEAD_MS`], at least `need` and
     /// [`MIN_REFILL_SLICES`] slices; at most the region's max-min share of the window left
-    /// (`fair.rs`, from the other regions' last reports) and, unless no other region takes
-    /// units any more, a quarter of what home had left. Also whether that held it below the
+    /// (`fair.rs`, from the other regions' last reports) and a quarter of what home had left. Also whether that held it below the
     /// region's demand (the region is short: `moved.rs`), and the demand, for the report.
     pub(super) fn want(&self, check: &LimitCheck, k: &Known, pool: &PoolState, need: u64) -> Want {
         let slice = check.slice.map_or(1, |t| u64::from(t.max_slice));
@@ -137,14 +136,16 @@ impl GlobalGrants {
                 .max(carried)
         });
         let fair = self.fair_share(check, pool);
-        let quarter = if k.home_left == u64::MAX || fair.is_some_and(|(_, others)| !others) {
+        // Fairness only ever lowers a refill: the quarter rule holds whatever the board says
+        // (an empty or stale board is no evidence that no other region takes units).
+        let quarter = if k.home_left == u64::MAX {
             u64::MAX
         } else {
             k.home_left.div_ceil(4)
         };
         let wanted = demand.max(floor).max(need).max(1);
         let mut want = wanted.min(quarter).max(need).max(1);
-        if let Some((left, _)) = fair {
+        if let Some(left) = fair {
             // Over its share: nothing, not even `need` (the others' units).
             want = want.min(left);
         }
@@ -155,17 +156,18 @@ impl GlobalGrants {
         }
     }
 
-    /// This region's max-min share of `check`'s window still to be granted, and whether
-    /// another region still takes units; `None` when no board is known (no report answered
-    /// yet this window), or the limit has no window (a token bucket).
-    fn fair_share(&self, check: &LimitCheck, pool: &PoolState) -> Option<(u64, bool)> {
-        let (_, end) = check.window?;
+    /// This region's max-min share of `check`'s window still to be granted; `None` when no
+    /// board was read in the window in the last [`FRESH_MS`](super::fair::FRESH_MS), or the
+    /// limit has no window (a token bucket).
+    fn fair_share(&self, check: &LimitCheck, pool: &PoolState) -> Option<u64> {
+        let (start, end) = check.window?;
         if end == u64::MAX {
             return None;
         }
+        let w = super::window_ms(check.window);
         let others = self
             .boards
-            .get(&check.key, super::window_ms(check.window))?;
+            .get(&check.key, w, start / 1000, self.now_ms())?;
         let limit = check
             .admin_limit
             .unwrap_or(check.key.limit.requests_per_unit);

@@ -6,24 +6,29 @@
 //! Each region's report at home (`regions.rs`) carries what it was granted this window, the
 //! rate its replicas took units at, and whether it was short (it asked home for less than its
 //! demand, or got less than it asked). The report is one script call that writes it and
-//! answers every region's: the board a region sizes its next refill on comes back with the
-//! report it sends after each refill (no home call of its own). A refill is then capped at
-//! this region's max-min share of the window, less what it was granted:
+//! answers every region's: the board a replica sizes its next refill on comes back with the
+//! report it sends after each refill; a replica whose board was not read in the window, or
+//! not in the last 5 s, reads it before its refill (one more home call). A refill is then
+//! capped at this region's max-min share of the window, less what it was granted (fairness
+//! only lowers a refill: the quarter rule of `ask.rs` holds too):
 //!
 //! - another region's **demand** for the window is what it was granted plus its rate from its
 //!   report until the window ends and for twice [`POOL_AHEAD_MS`](super::POOL_AHEAD_MS) more
 //!   (what its pool holds ahead, and a margin: a rate read low would hand units to the others
 //!   for good); unbounded if it was short, or holds units at a rate not measured yet (its
-//!   first refill in the window); just what it was granted if its report is
-//!   older than [`FRESH_MS`] and than twice the time its pool lasts at its rate (a region
-//!   that died, or went idle without a drain);
+//!   first refill in the window); just what it was granted once its report is older than
+//!   [`FRESH_MS`] (a region that died, or went idle without a drain), or, for a region that
+//!   was not short, than twice the time its pool lasts at its rate, if longer;
 //! - the **level** λ is the largest with Σ max(granted, min(demand, λ)) ≤ limit over the
 //!   regions, this one's demand unbounded; this region may be granted up to λ in all.
 //!
 //! A region over its share is denied while home still holds units for the others (its pool
 //! dry for [`FAIR_RETRY_MS`], then it asks again, reading the board anew). What is held back
 //! for a region and not spent by the window's end is under-admission, bounded by how far its
-//! rate was off: a region that stops gives its pool back (its report then says idle).
+//! rate was off: a region that stops gives its pool back (its report then says idle). Without
+//! a board read in the last [`FRESH_MS`] (home unreachable, no report answered), a refill is
+//! not capped by fairness. `REGION` names the region on the board: regions that share a name
+//! (or leave it empty) see no board of each other, and share by the quarter rule alone.
 
 use super::regions::{Demand, RegionReport};
 use crate::store::CounterKey;
@@ -94,23 +99,11 @@ impl Claim {
         let wants = self.demand.map_or(level, |d| d.min(level));
         self.granted.max(wants)
     }
-
-    /// It takes units still: short, or a demand above what it holds.
-    fn active(&self) -> bool {
-        self.demand.is_none_or(|d| d > self.granted)
-    }
 }
 
 /// The most this region may still be granted in the window (limit `limit`, ending at `end_ms`)
-/// beside the others' reports, having been granted `mine`; and whether another region still
-/// takes units (else this one may have all that is left at once).
-pub fn share_left(
-    limit: u64,
-    mine: u64,
-    others: &[RegionReport],
-    now_ms: u64,
-    end_ms: u64,
-) -> (u64, bool) {
+/// beside the others' reports, having been granted `mine`.
+pub fn share_left(limit: u64, mine: u64, others: &[RegionReport], now_ms: u64, end_ms: u64) -> u64 {
     let claims: Vec<Claim> = others
         .iter()
         .map(|r| Claim::from_report(r, now_ms, end_ms))
@@ -124,7 +117,7 @@ pub fn share_left(
     // hold it all).
     let (mut lo, mut hi) = (0u64, limit);
     if held(0) > limit {
-        return (0, true);
+        return 0;
     }
     while lo < hi {
         let mid = lo + (hi - lo).div_ceil(2);
@@ -134,7 +127,7 @@ pub fn share_left(
             hi = mid - 1;
         }
     }
-    (lo.saturating_sub(mine), claims.iter().any(Claim::active))
+    lo.saturating_sub(mine)
 }
 
 impl super::GlobalGrants {
@@ -147,34 +140,53 @@ impl super::GlobalGrants {
 }
 
 impl super::GlobalGrants {
-    /// The other regions' reports for `check`'s window, read at home if this replica has none
-    /// yet (its first refill of the window: the region's other replicas may have refilled
-    /// long before). Once per replica, counter and window; a failed read leaves none.
+    /// The other regions' reports for `check`'s window, read at home when this replica has
+    /// none fresh enough: none yet, fetched before the window began (a refill ahead's report
+    /// for the next window), or older than half of [`FRESH_MS`] (the region's other replicas'
+    /// refills refresh theirs, not this one's). A read that fails is tried again after half
+    /// of [`FRESH_MS`], not at every refill (each would pay the home timeout while cut off).
     pub(super) async fn board_for(&self, check: &crate::store::LimitCheck) {
         let Some(r) = self.reporting.get() else {
             return;
         };
+        let Some((start, _)) = check.window else {
+            return;
+        };
         let w = super::window_ms(check.window);
-        if check.window.is_none() || self.boards.get(&check.key, w).is_some() {
+        let now = self.now_ms();
+        if !self.boards.try_read(&check.key, w, start / 1000, now) {
             return;
         }
         match r.board.read(&check.key, w).await {
             Ok(mut all) => {
                 all.retain(|o| o.region != r.region);
-                self.boards.put(&check.key, w, all);
+                self.boards.put(&check.key, w, all, now);
             }
             Err(e) => tracing::debug!(error = %e, "cannot read the regions' reports at home"),
         }
     }
 }
 
+/// The other regions' reports as one replica last read them.
+#[derive(Debug, Clone, Default)]
+struct Board {
+    reports: Vec<RegionReport>,
+    /// When they were read (this replica's clock, ms; 0: never).
+    read_ms: u64,
+    /// When a read was last tried.
+    tried_ms: u64,
+}
+
 /// The other regions' reports this replica last saw, per global counter and window.
 #[derive(Debug, Default)]
-pub struct Boards(Mutex<HashMap<(CounterKey, u64), Vec<RegionReport>>>);
+pub struct Boards(Mutex<HashMap<(CounterKey, u64), Board>>);
 
 impl Boards {
-    pub fn put(&self, key: &CounterKey, window_ms: u64, others: Vec<RegionReport>) {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+    fn slot<'a>(
+        map: &'a mut HashMap<(CounterKey, u64), Board>,
+        key: &CounterKey,
+        window_ms: u64,
+    ) -> &'a mut Board {
         let slot = (key.clone(), window_ms);
         if map.len() >= MAX_BOARDS && !map.contains_key(&slot) {
             let newest = map.keys().map(|(_, w)| *w).max().unwrap_or(0);
@@ -183,12 +195,43 @@ impl Boards {
                 map.clear();
             }
         }
-        map.insert(slot, others);
+        map.entry(slot).or_default()
     }
 
-    pub fn get(&self, key: &CounterKey, window_ms: u64) -> Option<Vec<RegionReport>> {
+    /// The reports as a report's answer or a read brought them at `now_ms`.
+    pub fn put(&self, key: &CounterKey, window_ms: u64, others: Vec<RegionReport>, now_ms: u64) {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let b = Self::slot(&mut map, key, window_ms);
+        b.reports = others;
+        b.read_ms = now_ms.max(1);
+    }
+
+    /// Whether to read the board at home now (and, if so, the attempt is noted).
+    fn try_read(&self, key: &CounterKey, window_ms: u64, start_ms: u64, now_ms: u64) -> bool {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let b = Self::slot(&mut map, key, window_ms);
+        let fresh = b.read_ms >= start_ms && now_ms.saturating_sub(b.read_ms) <= FRESH_MS / 2;
+        let tried = b.tried_ms > 0 && now_ms.saturating_sub(b.tried_ms) < FRESH_MS / 2;
+        if fresh || tried {
+            return false;
+        }
+        b.tried_ms = now_ms.max(1);
+        true
+    }
+
+    /// The reports, if read in the window (it starts at `start_ms`) at most [`FRESH_MS`] ago.
+    pub fn get(
+        &self,
+        key: &CounterKey,
+        window_ms: u64,
+        start_ms: u64,
+        now_ms: u64,
+    ) -> Option<Vec<RegionReport>> {
         let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(&(key.clone(), window_ms)).cloned()
+        let b = map.get(&(key.clone(), window_ms))?;
+        let fresh =
+            b.read_ms > 0 && b.read_ms >= start_ms && now_ms.saturating_sub(b.read_ms) <= FRESH_MS;
+        fresh.then(|| b.reports.clone())
     }
 }
 
@@ -215,12 +258,11 @@ mod tests {
         let end = 60_000;
         let small = report(5, 20, 2_500, false, now);
         let hungry = report(100, 500, 0, true, now);
-        let (left, others) = share_left(3_000, 600, &[small.clone(), hungry.clone()], now, end);
+        let left = share_left(3_000, 600, &[small.clone(), hungry.clone()], now, end);
         // small: 25 + 2.5 x (50 s left + 10 s ahead) = 175; the two hungry ones 1 412 each.
         assert_eq!(left, 1_412 - 600);
-        assert!(others);
         // A hungry region that already holds more than its share gets nothing more.
-        assert_eq!(share_left(3_000, 1_500, &[small, hungry], now, end).0, 0);
+        assert_eq!(share_left(3_000, 1_500, &[small, hungry], now, end), 0);
     }
 
     #[test]
@@ -228,31 +270,29 @@ mod tests {
         let now = 30_000;
         let end = 60_000;
         let idle = report(0, 1_500, 0, false, now);
-        let (left, others) = share_left(3_000, 1_000, &[idle], now, end);
+        let left = share_left(3_000, 1_000, &[idle], now, end);
         assert_eq!(left, 500);
-        assert!(!others, "nobody else takes units");
         // A region that holds units at a rate not measured yet may want as much as any.
         let first = report(40, 0, 0, false, now);
-        assert_eq!(share_left(3_000, 0, &[first], now, end), (1_500, true));
+        assert_eq!(share_left(3_000, 0, &[first], now, end), 1_500);
         // A report older than FRESH_MS counts for what it holds only, short or not.
         let silent = report(200, 800, 9_000, true, now - FRESH_MS - 1);
-        assert_eq!(share_left(3_000, 0, &[silent], now, end), (2_000, false));
+        assert_eq!(share_left(3_000, 0, &[silent], now, end), 2_000);
         // Unless its pool lasts longer than that at its rate: 100 units at 1 a second.
         let slow = report(100, 100, 1_000, false, now - FRESH_MS - 1);
-        let (left, others) = share_left(3_000, 0, &[slow], now, end);
+        let left = share_left(3_000, 0, &[slow], now, end);
         assert_eq!(
             left,
             3_000 - 250,
             "200 granted, 1 a second from its report to the end (40 s) and 10 s ahead"
         );
-        assert!(others);
     }
 
     #[test]
     fn the_level_never_passes_the_limit() {
         for (limit, mine, a, b) in [(10, 0, 0, 0), (0, 0, 0, 0), (7, 9, 1, 1), (100, 10, 95, 0)] {
             let others = [report(a, 0, 0, true, 0), report(b, 0, 0, true, 0)];
-            let (left, _) = share_left(limit, mine, &others, 0, 60_000);
+            let left = share_left(limit, mine, &others, 0, 60_000);
             let held: u64 = mine + left + a.max(mine + left) + b.max(mine + left);
             assert!(
                 left == 0 || held <= limit,

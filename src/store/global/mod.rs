@@ -20,8 +20,8 @@
 //! - **Sizing.** A refill asks home for the region's demand over [`POOL_AHEAD_MS`] (the rate
 //!   its replicas took units from the pool since the last refill), at least the slice asked for
 //!   and [`MIN_REFILL_SLICES`] slices, at most the region's max-min share of the window beside
-//!   the other regions' reports (`fair.rs`) and, while another region takes units, a quarter of
-//!   what home had left at the last refill (the pools shrink as the window fills, so regions
+//!   the other regions' reports (`fair.rs`) and a quarter of what home had left at the last
+//!   refill (the pools shrink as the window fills, so regions
 //!   share the tail). Below half of the last refill the pool is refilled ahead, in the
 //!   background.
 //! - **Giving back.** A slice a replica no longer spends goes back to the pool (idle, evicted,

@@ -170,7 +170,7 @@ impl GlobalGrants {
             match r.board.report(&key, w, &report, ttl).await {
                 Ok(mut all) => {
                     all.retain(|o| o.region != r.region);
-                    me.boards.put(&key, w, all);
+                    me.boards.put(&key, w, all, me.now_ms());
                 }
                 Err(e) => tracing::debug!(error = %e, "cannot report the region's pool at home"),
             }
