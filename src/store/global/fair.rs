@@ -288,6 +288,39 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Whatever the other regions report (operators' processes, but on another machine
+        /// and clock): what this region may still be granted, with what it and the others
+        /// were granted, never passes the limit; and with every other region short (and its
+        /// report fresh), each counted at the level, neither.
+        #[test]
+        fn a_share_never_passes_what_the_limit_leaves(
+            limit in 0u64..1_000_000,
+            mine in 0u64..1_000_000,
+            reports in proptest::collection::vec(
+                (0u64..500_000, 0u64..500_000, 0u64..10_000_000, proptest::bool::ANY, 0u64..120_000),
+                0..6,
+            ),
+            now in 0u64..120_000,
+        ) {
+            let others: Vec<RegionReport> = reports
+                .iter()
+                .map(|&(pool, taken, per_ks, short, at)| report(pool, taken, per_ks, short, at))
+                .collect();
+            let left = share_left(limit, mine, &others, now, 60_000);
+            let granted: u64 = others.iter().map(|r| r.pool + r.taken).sum();
+            proptest::prop_assert!(left == 0 || mine + left + granted <= limit);
+            let fresh_short = |r: &RegionReport| {
+                r.demand.short && now.saturating_sub(r.at_unix_ms) <= FRESH_MS
+            };
+            if others.iter().all(fresh_short) && left > 0 {
+                let level = mine + left;
+                let held: u64 = others.iter().map(|r| (r.pool + r.taken).max(level)).sum();
+                proptest::prop_assert!(level + held <= limit);
+            }
+        }
+    }
+
     #[test]
     fn the_level_never_passes_the_limit() {
         for (limit, mine, a, b) in [(10, 0, 0, 0), (0, 0, 0, 0), (7, 9, 1, 1), (100, 10, 95, 0)] {
