@@ -362,15 +362,19 @@ fn reset_pattern(literal: &str, entries: usize, domain_tag: bool) -> String {
 
 /// Whether a key below the prefix is a counter's: `Some(true)` for the key that counts it (its
 /// state, or its current window: `:<index>`, `:c<start>`), `Some(false)` for a lease set beside
-/// it, `None` for a key that is no counter's (a demand board, a write-back guard), which a
-/// reset keeps. `literal` bytes of the key are the prefix; past them come the remaining entries
+/// it or a global counter's regions' reports, `None` for a key that is no counter's (a
+/// demand board, a write-back guard, a region's pool), which a reset keeps. `literal` bytes of the key are the prefix; past them come the remaining entries
 /// (no raw `:` in them: it is escaped), then `:alg:limit:period[:bN][:o]`, then any suffix.
 fn counter_of(key: &str, literal: usize) -> Option<bool> {
     let rest = key.get(literal..)?;
     let colon = rest.find(':')?;
     let limit = &rest[colon + 1..];
-    if limit.contains('#') {
-        return None;
+    if let Some(hash) = limit.find('#') {
+        // The regions' reports of a global counter at home (`regions.rs`): they say what each
+        // region was granted of the count a reset forgets, and refills are sized on them
+        // (`store/global/fair.rs`), so they go with it (each region reports afresh once it
+        // clears its pools). Not counted.
+        return limit[hash + 1..].starts_with("regions:").then_some(false);
     }
     let fields: Vec<&str> = limit.split(':').collect();
     let mut n = 3.min(fields.len());
@@ -591,5 +595,13 @@ mod tests {
         assert_eq!(c("{d|tenant=acme}:fw:1000:hour:r"), Some(false));
         assert_eq!(c("{d|tenant=acme}:fw:10:minute#rlqs"), None);
         assert_eq!(c("{d|tenant=acme}:fw:10:minute#wb:abc"), None);
+        // A global counter's regions' reports at home go with the count; a region's pool
+        // (cleared by the reset record, its refill's lease kept) and the short mark stay.
+        assert_eq!(
+            c("{d|tenant=acme}:fw:10:minute#regions:1764547200000"),
+            Some(false)
+        );
+        assert_eq!(c("{d|tenant=acme}:fw:10:minute#pool:1764547200000"), None);
+        assert_eq!(c("{d|tenant=acme}:fw:10:minute#short:1764547200000"), None);
     }
 }
