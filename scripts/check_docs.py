@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Every relative link of the README and of docs/ resolves (run by scripts/test.sh): the file or
 directory it names exists, and an anchor (`page.md#section`, `#section`) names a heading of that
-page, as GitHub makes anchors of headings. The README also stays short: at most 300 lines.
+page, as GitHub makes anchors of headings. The README also stays short: at most 300 lines. And
+no page has one heading twice (a section pasted twice by an edit: seen once, semantics.md's
+global section doubled with its old text).
 
 Exits 1 listing every broken link.
 """
@@ -52,6 +54,17 @@ def main() -> int:
     readme_lines = (ROOT / "README.md").read_text().count("\n")
     if readme_lines > README_MAX_LINES:
         problems.append(f"README.md: {readme_lines} lines (at most {README_MAX_LINES})")
+    for page in pages:
+        heads: dict[str, int] = {}
+        fence = False
+        for line in page.read_text().splitlines():
+            if line.lstrip().startswith("```"):
+                fence = not fence
+            if not fence and line.startswith("#"):
+                heads[line.strip()] = heads.get(line.strip(), 0) + 1
+        for head, n in heads.items():
+            if n > 1:
+                problems.append(f"{page.relative_to(ROOT)}: heading {head!r} {n} times")
     links = 0
     for page in pages:
         for target in LINK.findall(prose(page.read_text())):
