@@ -188,13 +188,7 @@ impl Boards {
         window_ms: u64,
     ) -> &'a mut Board {
         let slot = (key.clone(), window_ms);
-        if map.len() >= MAX_BOARDS && !map.contains_key(&slot) {
-            let newest = map.keys().map(|(_, w)| *w).max().unwrap_or(0);
-            map.retain(|(_, w), _| *w >= newest);
-            if map.len() >= MAX_BOARDS {
-                map.clear();
-            }
-        }
+        super::make_room(map, &slot, MAX_BOARDS);
         map.entry(slot).or_default()
     }
 

@@ -180,15 +180,8 @@ impl GlobalGrants {
         let window_ms = window_ms(window);
         let mut map = self.known.lock().unwrap_or_else(|e| e.into_inner());
         let slot = (key.clone(), window_ms);
-        if map.len() >= MAX_KNOWN && !map.contains_key(&slot) {
-            // Bounded: windows that passed go first; then sizing falls back to the first
-            // refill's for a while.
-            let newest = map.keys().map(|(_, w)| *w).max().unwrap_or(0);
-            map.retain(|(_, w), _| *w >= newest);
-            if map.len() >= MAX_KNOWN {
-                map.clear();
-            }
-        }
+        // Bounded: sizing falls back to the first refill's for a while.
+        make_room(&mut map, &slot, MAX_KNOWN);
         if let Some(k) = map.get(&slot) {
             return *k;
         }
@@ -550,6 +543,18 @@ struct Landed<'a>(&'a std::sync::atomic::AtomicUsize);
 impl Drop for Landed<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Room for `slot` in a map bounded at `max` entries per counter and window: windows that
+/// passed go first, then everything.
+fn make_room<V>(map: &mut HashMap<(CounterKey, u64), V>, slot: &(CounterKey, u64), max: usize) {
+    if map.len() >= max && !map.contains_key(slot) {
+        let newest = map.keys().map(|(_, w)| *w).max().unwrap_or(0);
+        map.retain(|(_, w), _| *w >= newest);
+        if map.len() >= max {
+            map.clear();
+        }
     }
 }
 
