@@ -56,7 +56,11 @@ async fn same_as_memory(redis: &dyn RegionPool, seed: u64) {
                 token,
                 dry_ms: if rng.below(5) == 0 { 600_000 } else { 0 },
             },
-            6 => PoolOp::Drain { idle_ms: 0 },
+            6 if rng.below(2) == 0 => PoolOp::Drain { idle_ms: 0 },
+            // Demand fell while home is nearly dry: the pool keeps a few units.
+            6 => PoolOp::Trim {
+                keep: rng.below(10),
+            },
             // A region cut off (`GLOBAL_UNREACHABLE=share`): credit at most the window's share
             // (the share asked varies: what was credited already counts), settled later.
             7 => PoolOp::Credit {

@@ -69,6 +69,7 @@ mod global_admin;
 mod global_fair;
 mod global_model;
 mod global_moved;
+mod global_moved_model;
 mod global_pool;
 mod grpcurl;
 mod hostile;

@@ -86,11 +86,16 @@ impl GlobalGrants {
         if short {
             self.mark_short(key, check.window); // `moved.rs`: idle pools elsewhere come home
         }
+        let floor = check
+            .slice
+            .map_or(1, |t| u64::from(t.max_slice))
+            .saturating_mul(MIN_REFILL_SLICES);
         self.update(key, window_ms, |k| {
             k.demand = super::regions::Demand {
                 per_ks: sized.per_ks,
                 short,
             };
+            k.floor = floor;
         });
         if asked.failed.is_none() && want > 0 {
             // Answered refills only: the panel divides by them.

@@ -4,7 +4,7 @@
 //! (SIGTERM): demand that moves to another region, or a region scaled to zero, leaves the units
 //! at home, where the other regions' refills find them.
 
-use super::moved::MOVED_TICK_MS;
+use super::moved::{Looks, MOVED_TICK_MS, TRIM_TICK_MS};
 use super::regions::Demand;
 use super::{grant_check, window_ms, GlobalGrants, PoolOp, POOL_IDLE_MS, REFILL_LEASE_MS};
 use crate::store::{CounterKey, CounterStore};
@@ -74,13 +74,15 @@ impl GlobalGrants {
     ) {
         let end_ms = window.map_or(u64::MAX, |(_, end)| end / 1000);
         let mut looked = tokio::time::Instant::now();
+        let mut moved_looked = looked;
+        let mut looks = Looks::default();
         loop {
-            // Every 250 ms while home is nearly dry, for another region short (`moved.rs`),
-            // else every second (a look at this replica's memory: a pool that comes near dry
-            // is looked at within a second); the ordinary give-back every `POOL_IDLE_MS` and a
-            // little more.
+            // Every 100 ms while home is nearly dry, for demand that fell, and every 250 ms
+            // of those for another region short (`moved.rs`); else every second (a look at
+            // this replica's memory: a pool that comes near dry is looked at within a
+            // second); the ordinary give-back every `POOL_IDLE_MS` and a little more.
             let tick = if self.near_dry(key, window_ms) {
-                MOVED_TICK_MS
+                TRIM_TICK_MS
             } else {
                 1_000
             };
@@ -108,10 +110,16 @@ impl GlobalGrants {
                 return;
             }
             if looked.elapsed() < Duration::from_millis(POOL_IDLE_MS + 100) {
-                if self.near_dry(key, window_ms)
-                    && self.give_back_moved(key, window, window_ms).await
-                {
-                    return;
+                if !self.near_dry(key, window_ms) {
+                    continue;
+                }
+                self.give_back_excess(key, window, window_ms, &mut looks)
+                    .await;
+                if moved_looked.elapsed() >= Duration::from_millis(MOVED_TICK_MS) {
+                    moved_looked = tokio::time::Instant::now();
+                    if self.give_back_moved(key, window, window_ms).await {
+                        return;
+                    }
                 }
                 continue;
             }

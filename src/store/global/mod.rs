@@ -103,6 +103,10 @@ struct Known {
     prefilled: bool,
     /// The region's demand at this replica's last refill (reported at home: `fair.rs`).
     demand: regions::Demand,
+    /// The least a refill asks ([`MIN_REFILL_SLICES`] of the limit's largest slices; 0 until
+    /// this replica refilled): a pool trimmed because demand fell keeps at least this
+    /// (`moved.rs`).
+    floor: u64,
 }
 
 /// What one refill got from home.

@@ -20,6 +20,47 @@ pub const MOVED_IDLE_MS: u64 = 250;
 pub const MOVED_TICK_MS: u64 = 250;
 /// How long a region's "short" mark lives at home (ms): renewed by each short refill.
 pub const SHORT_MARK_MS: u64 = 1_000;
+/// How often a nearly dry window's pool is looked at for demand that fell (ms).
+pub const TRIM_TICK_MS: u64 = 100;
+/// The region's rate is read over at least this long (ms): over less, one slice taken or not
+/// is most of the reading.
+pub const RATE_SPAN_MS: u64 = 250;
+/// Looks at a pool one watcher keeps (at [`TRIM_TICK_MS`], more than [`RATE_SPAN_MS`]).
+const MAX_LOOKS: usize = 16;
+
+/// A watcher's last looks at a pool: the pool's clock and what its replicas had taken then.
+#[derive(Debug, Default)]
+pub(super) struct Looks(std::collections::VecDeque<(u64, u64)>);
+
+impl Looks {
+    /// Records a look at `now` (pool ms) with `taken`; the region's rate (units per 1 000 s)
+    /// since the newest earlier look at least [`RATE_SPAN_MS`] before, if there is one.
+    pub(super) fn rate(&mut self, now: u64, taken: u64) -> Option<u64> {
+        // A pool clock gone back (a Redis failover) starts the reading afresh.
+        self.0.retain(|&(at, _)| at <= now);
+        // The looks older than the newest one old enough are no longer needed.
+        while self
+            .0
+            .get(1)
+            .is_some_and(|&(at, _)| now - at >= RATE_SPAN_MS)
+        {
+            self.0.pop_front();
+        }
+        let from = self
+            .0
+            .front()
+            .copied()
+            .filter(|&(at, _)| now - at >= RATE_SPAN_MS);
+        if self.0.len() >= MAX_LOOKS {
+            self.0.pop_front();
+        }
+        self.0.push_back((now, taken));
+        let (at, before) = from?;
+        // Slices given back lower `taken`: a rate of nothing, not an underflow.
+        let units = u128::from(taken.saturating_sub(before));
+        u64::try_from(units * 1_000_000 / u128::from(now - at)).ok()
+    }
+}
 
 impl GlobalGrants {
     /// Home had less than four of this replica's last refills left at its last one.
@@ -86,6 +127,56 @@ impl GlobalGrants {
             self.report(key, window, &Self::emptied(&st), Demand::IDLE);
         }
         true
+    }
+
+    /// Home is nearly dry and the region's demand fell (its rate over the last
+    /// [`RATE_SPAN_MS`], `looks`): what the pool holds beyond twice what its region takes over
+    /// [`POOL_AHEAD_MS`](super::POOL_AHEAD_MS) (and [`MIN_REFILL_SLICES`](super::MIN_REFILL_SLICES) slices) goes home now,
+    /// the pool keeping once that, whether or not the region is idle: another region's next
+    /// refill finds it there. A region taking at its refills' pace keeps what it holds (a
+    /// refill is five seconds of demand at most).
+    pub(super) async fn give_back_excess(
+        self: &Arc<Self>,
+        key: &CounterKey,
+        window: Option<(u64, u64)>,
+        window_ms: u64,
+        looks: &mut Looks,
+    ) {
+        let ttl = Self::ttl_ms(window, self.now_ms());
+        let Ok(st) = self.pool.run(key, window_ms, PoolOp::Take(0), ttl).await else {
+            return;
+        };
+        let Some(per_ks) = looks.rate(st.now, st.taken) else {
+            return;
+        };
+        let floor = {
+            let map = self.known.lock().unwrap_or_else(|e| e.into_inner());
+            map.get(&(key.clone(), window_ms)).map_or(0, |k| k.floor)
+        };
+        let ahead = u128::from(per_ks) * u128::from(super::POOL_AHEAD_MS) / 1_000_000;
+        let keep = u64::try_from(ahead).unwrap_or(u64::MAX).max(floor);
+        if floor == 0 || st.left() <= keep.saturating_mul(2) || st.locked || st.owed > 0 {
+            return;
+        }
+        let Ok(st) = self
+            .pool
+            .run(key, window_ms, PoolOp::Trim { keep }, ttl)
+            .await
+        else {
+            return;
+        };
+        if st.ok == 0 {
+            return;
+        }
+        self.seen(&st);
+        if self.refund(key, window, st.ok).await {
+            self.tallies.moved.add(st.ok);
+            let demand = Demand {
+                per_ks,
+                short: false,
+            };
+            self.report(key, window, &st, demand);
+        }
     }
 
     /// What a pool given back leaves, as its region reports it.

@@ -28,6 +28,10 @@ pub enum PoolOp {
     /// Drains every unit not taken (to return home) if no take came for `idle_ms` and nothing
     /// is owed home (a pool holding credit is settled first: `Settle`).
     Drain { idle_ms: u64 },
+    /// Drains what the pool holds beyond `keep` units not taken (to return home), whether or
+    /// not a replica took from it lately, if no refill runs and nothing is owed home: the
+    /// region's demand fell while home is nearly dry (`moved.rs`). `ok`: the units drained.
+    Trim { keep: u64 },
     /// Home did not answer a refill and the region is cut off (`GLOBAL_UNREACHABLE=share`):
     /// adds what is left of the window's `share` on credit (each window's credit is `share` at
     /// most, however many replicas ask, and is owed home), marks the pool dry for `dry_ms`
@@ -220,6 +224,16 @@ impl Fields {
                 (f.have, f.taken, f.owed, f.cleared) = (0, 0, 0, seq);
             }
             PoolOp::Clear(_) => ok = 0,
+            PoolOp::Trim { keep } => {
+                let locked = f.lock.is_some_and(|(_, until)| until > now);
+                let left = f.have.saturating_sub(f.taken);
+                ok = if !locked && f.owed == 0 && left > keep {
+                    f.have -= left - keep;
+                    left - keep
+                } else {
+                    0
+                };
+            }
             PoolOp::Drain { idle_ms } => {
                 let locked = f.lock.is_some_and(|(_, until)| until > now);
                 ok = if now.saturating_sub(f.last) >= idle_ms && !locked && f.owed == 0 {

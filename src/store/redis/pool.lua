@@ -7,15 +7,16 @@
 --
 -- KEYS[1]  the pool of one window: a hash {have, taken, last, lock, lock_until, dry_until, fill,
 --          owed, credited, cleared}
--- ARGV[1]  the operation: take | give | lock | fill | drain | credit | settle | clear
--- ARGV[2]  units (take, give, fill, settle); credit: the window's share; clear: the record
+-- ARGV[1]  the operation: take | give | lock | fill | drain | trim | credit | settle | clear
+-- ARGV[2]  units (take, give, fill, settle); credit: the window's share; clear: the record;
+--          trim: the units not taken the pool keeps
 -- ARGV[3]  the refiller's token (lock, fill, credit)
 -- ARGV[4]  lock: the lease in ms; fill, credit: ms the home store is dry for (0: not dry);
 --          drain: ms without a take that make the pool idle
 -- ARGV[5]  how long the pool outlives this call, in ms (PEXPIRE)
 --
--- Reply: {ok, have, taken, dry_until, now, locked, fill, owed, last}: ok is 1/0 (drain, credit,
--- clear: the units drained, added, dropped); locked is 1 while a refill's lease runs; fill is
+-- Reply: {ok, have, taken, dry_until, now, locked, fill, owed, last}: ok is 1/0 (drain, trim,
+-- credit, clear: the units drained, added, dropped); locked is 1 while a refill's lease runs; fill is
 -- the last refill's size; owed the units added on credit not yet charged at home; last the
 -- last take's time. Times are the Redis server's
 -- (TIME), in ms.
@@ -92,6 +93,17 @@ elseif op == 'drain' then
   if now - last >= tonumber(ARGV[4]) and (lock == '' or lock_until <= now) and owed == 0 then
     ok = have - taken
     have = taken
+    redis.call('HSET', h, 'have', have)
+  else
+    ok = 0
+  end
+elseif op == 'trim' then
+  -- The region's demand fell while home is nearly dry: what the pool holds beyond n units not
+  -- taken leaves it (the caller returns them home), taken from lately or not, if no refill runs
+  -- and nothing is owed home. The pool's idleness is not reset.
+  if (lock == '' or lock_until <= now) and owed == 0 and have - taken > n then
+    ok = have - taken - n
+    have = taken + n
     redis.call('HSET', h, 'have', have)
   else
     ok = 0

@@ -1,0 +1,297 @@
+//! Demand that moves from region A to region C mid-window (issue 51, `store/global/moved.rs`),
+//! in the model of `global_model.rs` (each replica its own slices and grants, each region its
+//! pool, one home store), with a round trip of 150 ms to home in virtual time (each call to
+//! home, and each report, waits 75 ms each way on paused tokio time; the pools' clock moves
+//! with it in steps of 10 ms).
+//!
+//! A takes 200 a second of a global 3 000 a minute for 10 s, then 2 a second; at the same
+//! moment C, idle until then, asks 20 000 a second: more than home has left, so C's refills find
+//! home dry while A's pool still holds what A took ahead. A's watcher reads A's rate fall and
+//! gives what its pool holds beyond what A needs back home, where C's next refill finds it.
+//!
+//! Checked: A's pool goes home within [`GIVE_BACK_BOUND`] of the move (two refill round trips
+//! and a tick: A's demand is seen to fall over a reading of 250 ms, on ticks of 100 ms); C is
+//! never denied a whole step before then (its refills, a quarter of what home has left each,
+//! are still spending home's rest); C is admitted what A left (together at least 99 % of the
+//! limit, never more). Deterministic: no seed (the links' delays are fixed, time is virtual).
+//! Before A gave back what it held ahead when its demand fell, its pool stayed out for about
+//! a second (until C's short mark met A idle for 250 ms between two of its trickle's takes).
+
+use super::global_model::{check, replica, Link, PerWindow, Replica, LIMIT};
+use crate::support::{Rng, T0};
+use sluice::clock::ManualClock;
+use sluice::store::global::{
+    MemoryBoard, MemoryPool, PoolOp, RegionBoard, RegionPool, RegionReport,
+};
+use sluice::store::memory::MemoryStore;
+use sluice::store::StoreError;
+use sluice::store::{BoxFuture, CounterKey, CounterStore, Decider, Decision, LimitCheck};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const STEP: Duration = Duration::from_millis(10);
+/// One way between a region and home.
+const ONE_WAY: Duration = Duration::from_millis(75);
+/// A refill's round trip (ms).
+const ROUND_TRIP_MS: u64 = 150;
+/// When demand moves (into the minute).
+const MOVE: Duration = Duration::from_secs(10);
+/// How soon after the move A's pool must be home: two refill round trips and a watcher's tick.
+const GIVE_BACK_BOUND: Duration = Duration::from_millis(2 * ROUND_TRIP_MS + 100);
+
+/// Home, 75 ms away each way.
+#[derive(Debug)]
+struct Far(Arc<dyn CounterStore>);
+
+impl CounterStore for Far {
+    fn decide<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(async move {
+            tokio::time::sleep(ONE_WAY).await;
+            let d = self.0.decide(checks).await;
+            tokio::time::sleep(ONE_WAY).await;
+            d
+        })
+    }
+
+    fn probe(&self) -> BoxFuture<'_, bool> {
+        Box::pin(async { true })
+    }
+}
+
+/// The regions' reports at home, 75 ms away each way.
+#[derive(Debug)]
+struct FarBoard(Arc<MemoryBoard>);
+
+impl RegionBoard for FarBoard {
+    fn report<'a>(
+        &'a self,
+        key: &'a CounterKey,
+        window_ms: u64,
+        report: &'a RegionReport,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<Vec<RegionReport>, StoreError>> {
+        Box::pin(async move {
+            tokio::time::sleep(ONE_WAY).await;
+            let r = self.0.report(key, window_ms, report, ttl_ms).await;
+            tokio::time::sleep(ONE_WAY).await;
+            r
+        })
+    }
+
+    fn read<'a>(
+        &'a self,
+        key: &'a CounterKey,
+        window_ms: u64,
+    ) -> BoxFuture<'a, Result<Vec<RegionReport>, StoreError>> {
+        Box::pin(async move {
+            tokio::time::sleep(ONE_WAY).await;
+            let r = self.0.read(key, window_ms).await;
+            tokio::time::sleep(ONE_WAY).await;
+            r
+        })
+    }
+
+    fn short<'a>(
+        &'a self,
+        key: &'a CounterKey,
+        window_ms: u64,
+        region: &'a str,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            tokio::time::sleep(ONE_WAY).await;
+            let r = self.0.short(key, window_ms, region, ttl_ms).await;
+            tokio::time::sleep(ONE_WAY).await;
+            r
+        })
+    }
+
+    fn short_by<'a>(
+        &'a self,
+        key: &'a CounterKey,
+        window_ms: u64,
+    ) -> BoxFuture<'a, Result<Option<String>, StoreError>> {
+        Box::pin(async move {
+            tokio::time::sleep(ONE_WAY).await;
+            let r = self.0.short_by(key, window_ms).await;
+            tokio::time::sleep(ONE_WAY).await;
+            r
+        })
+    }
+}
+
+struct Region {
+    pool: Arc<MemoryPool>,
+    replicas: Vec<Replica>,
+}
+
+fn region(
+    name: &str,
+    clock: &ManualClock,
+    home: &Arc<dyn CounterStore>,
+    board: &Arc<MemoryBoard>,
+) -> Region {
+    let pool = Arc::new(MemoryPool::new(Arc::new(clock.clone()), 1000));
+    let link = Arc::new(Link {
+        home: Arc::new(Far(Arc::clone(home))),
+        cut: AtomicBool::new(false),
+        rng: Mutex::new(Rng::new(1)),
+    });
+    let store: Arc<dyn CounterStore> = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
+    let replicas = (0..2)
+        .map(|_| {
+            let rep = replica(&pool, &link, &store, (clock, None));
+            let far: Arc<dyn RegionBoard> = Arc::new(FarBoard(Arc::clone(board)));
+            rep.grants.report_to(far, name.to_string());
+            rep
+        })
+        .collect();
+    Region { pool, replicas }
+}
+
+/// Offers `n` requests to `region`'s replicas in turn, at once; how many were admitted.
+async fn offer(region: Arc<Region>, now: Duration, n: u64, turn: u64) -> u64 {
+    let calls = (0..n).map(|i| {
+        let rep = &region.replicas[usize::from((turn + i) % 2 == 1)];
+        let c = check(now, 1);
+        async move { rep.decider.decide_by(vec![c], None).await }
+    });
+    futures_util::future::join_all(calls)
+        .await
+        .into_iter()
+        .filter(|d| d.as_ref().is_ok_and(|d| d.admitted))
+        .count() as u64
+}
+
+#[tokio::test(start_paused = true)]
+async fn demand_that_moves_reaches_the_other_region_within_two_refill_round_trips() {
+    let clock = ManualClock::new(T0);
+    let home: Arc<dyn CounterStore> = Arc::new(PerWindow(Arc::new(MemoryStore::new(Arc::new(
+        clock.clone(),
+    )))));
+    let board = Arc::new(MemoryBoard::default());
+    let a = Arc::new(region("a", &clock, &home, &board));
+    let c = Arc::new(region("c", &clock, &home, &board));
+    let key = check(T0, 1).key;
+    let window_ms = u64::try_from(T0.as_millis()).expect("in range");
+    // The pools' clock follows tokio's (virtual) time, a millisecond at a time: a request that
+    // waits on a refill lets time run on.
+    let started = tokio::time::Instant::now();
+    let ticker = {
+        let clock = clock.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                clock.set(T0 + started.elapsed());
+            }
+        })
+    };
+    let left = |pool: &Arc<MemoryPool>| {
+        let (pool, key) = (Arc::clone(pool), key.clone());
+        async move {
+            pool.run(&key, window_ms, PoolOp::Take(0), 120_000)
+                .await
+                .expect("pool")
+                .left()
+        }
+    };
+
+    // Every step's requests run on their own (a request that waits on a refill holds up no
+    // other step): (region is C, sent at, admitted of the step).
+    let mut sent = Vec::new();
+    // A's pool at the move, and how soon after it most of that went home.
+    let mut a_at_move = 0;
+    let mut a_home_after: Option<Duration> = None;
+    let mut step = 0u64;
+    loop {
+        let into = started.elapsed();
+        if into >= Duration::from_secs(55) {
+            break;
+        }
+        let now = T0 + into;
+        if into >= MOVE && a_at_move == 0 {
+            a_at_move = left(&a.pool).await;
+        }
+        if into < MOVE {
+            sent.push((
+                false,
+                into,
+                tokio::spawn(offer(Arc::clone(&a), now, 2, step)),
+            ));
+        } else {
+            if step % 50 == 0 {
+                sent.push((
+                    false,
+                    into,
+                    tokio::spawn(offer(Arc::clone(&a), now, 1, step)),
+                ));
+            }
+            sent.push((
+                true,
+                into,
+                tokio::spawn(offer(Arc::clone(&c), now, 200, step)),
+            ));
+            if a_home_after.is_none() && left(&a.pool).await * 10 < a_at_move {
+                a_home_after = Some(into - MOVE);
+            }
+        }
+        step += 1;
+        tokio::time::sleep_until(started + STEP * u32::try_from(step).expect("small")).await;
+    }
+    ticker.abort();
+    let (mut from_a, mut from_c) = (0u64, 0u64);
+    // The first of C's steps denied everything, after the move; what C was admitted within
+    // two refill round trips and a tick of it.
+    let mut c_denied_at: Option<Duration> = None;
+    let mut c_soon = 0;
+    let mut c_trace = Vec::new();
+    for (is_c, into, h) in sent {
+        let ok = h.await.expect("offer");
+        if !is_c {
+            from_a += ok;
+            continue;
+        }
+        from_c += ok;
+        if into < MOVE + GIVE_BACK_BOUND {
+            c_soon += ok;
+        }
+        if into < MOVE + Duration::from_secs(1) {
+            c_trace.push(ok);
+        }
+        if ok == 0 && c_denied_at.is_none() {
+            c_denied_at = Some(into - MOVE);
+        }
+    }
+    eprintln!(
+        "A {from_a}, C {from_c} of {LIMIT}; A's pool held {a_at_move} at the move, went home \
+         {a_home_after:?} after it; C admitted {c_soon} within {GIVE_BACK_BOUND:?} of the move, \
+         first denied a whole step {c_denied_at:?} after it; C admitted per 10 ms step for 1 s \
+         after the move {c_trace:?}"
+    );
+    let total = from_a + from_c;
+    assert!(total <= u64::from(LIMIT), "{total} past {LIMIT}");
+    assert!(
+        a_at_move > 0,
+        "A's pool held nothing at the move: no premise"
+    );
+    let after = a_home_after.expect("A's pool never went home");
+    assert!(
+        after <= GIVE_BACK_BOUND,
+        "A's pool went home {after:?} after the move (bound {GIVE_BACK_BOUND:?})"
+    );
+    // C was never denied while A's pool held what A took ahead: the units were home first.
+    let denied = c_denied_at.expect("C offered far more than the limit and was never denied");
+    assert!(
+        denied >= after,
+        "C denied a whole step {denied:?} after the move, before A's pool went home ({after:?})"
+    );
+    // C was admitted what A left: together nearly the whole limit.
+    assert!(
+        total * 100 >= u64::from(LIMIT) * 99,
+        "A {from_a} and C {from_c}: under 99 % of {LIMIT}"
+    );
+}
