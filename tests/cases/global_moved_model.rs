@@ -179,7 +179,7 @@ async fn offer(
 }
 
 #[tokio::test(start_paused = true)]
-async fn demand_that_moves_reaches_the_other_region_within_two_refill_round_trips() {
+async fn a_region_whose_demand_fell_gives_its_pool_home_within_two_round_trips_and_a_tick() {
     let clock = ManualClock::new(T0);
     let home: Arc<dyn CounterStore> = Arc::new(PerWindow(Arc::new(MemoryStore::new(Arc::new(
         clock.clone(),

@@ -6,9 +6,15 @@
 //! replica's last refills left there at its last one) a pool's watcher looks every
 //! [`MOVED_TICK_MS`]: a pool no replica of its region took from for [`MOVED_IDLE_MS`], in a
 //! window another region marked short, goes home at once, where that region's next refill
-//! finds it. Cost: none while home has plenty (the limit not near); near it, one look at the
-//! region's pool per tick and watching replica, and one read at home per tick only while the
-//! pool is idle (at most seven per idle spell: after 2 s the ordinary give-back takes over).
+//! finds it. And a region whose demand fell does not wait to be asked: near a dry home its
+//! watchers look every [`TRIM_TICK_MS`] and read its rate over [`RATE_SPAN_MS`]; a pool holding
+//! more than twice what the region needs (5 s of that rate, at least four slices) keeps once
+//! that and gives the rest home at once ([`PoolOp::Trim`]): home has it within two round
+//! trips and a tick of the fall (`tests/cases/global_moved_model.rs`). Cost: none while home
+//! has plenty (the limit not near); near it, one look at the region's pool per tick and
+//! watching replica, one refund and report per trim, and one read at home per
+//! [`MOVED_TICK_MS`] only while the pool is idle (at most seven per idle spell: after 2 s the
+//! ordinary give-back takes over).
 
 use super::regions::Demand;
 use super::{window_ms, CounterKey, GlobalGrants, PoolOp, PoolState};
@@ -185,5 +191,31 @@ impl GlobalGrants {
             have: st.taken,
             ..*st
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Looks, RATE_SPAN_MS};
+
+    #[test]
+    fn the_rate_is_read_over_at_least_a_span_and_never_underflows() {
+        let mut looks = Looks::default();
+        // No look old enough yet.
+        assert_eq!(looks.rate(1_000, 0), None);
+        assert_eq!(looks.rate(1_100, 10), None);
+        // 250 ms after the first: 50 units over 250 ms, 200 a second.
+        assert_eq!(looks.rate(1_000 + RATE_SPAN_MS, 50), Some(200_000));
+        // The newest look at least a span old is used: 1 100 (10) to 1 400 (40), 100 a second.
+        assert_eq!(looks.rate(1_400, 40), Some(100_000));
+        // Slices given back lower `taken`: a rate of nothing.
+        assert_eq!(looks.rate(1_700, 5), Some(0));
+        // A pool clock gone back starts afresh.
+        assert_eq!(looks.rate(500, 5), None);
+        // Bounded, however many looks.
+        for i in 0..1_000 {
+            looks.rate(600 + i, i);
+        }
+        assert!(looks.0.len() <= super::MAX_LOOKS);
     }
 }
