@@ -74,13 +74,11 @@ impl GlobalGrants {
     ) {
         let end_ms = window.map_or(u64::MAX, |(_, end)| end / 1000);
         let mut looked = tokio::time::Instant::now();
-        let mut moved_looked = looked;
         let mut looks = Looks::default();
         loop {
-            // Every 100 ms while home is nearly dry, for demand that fell, and every 250 ms
-            // of those for another region short (`moved.rs`); else every second (a look at
-            // this replica's memory: a pool that comes near dry is looked at within a
-            // second); the ordinary give-back every `POOL_IDLE_MS` and a little more.
+            // Every 100 ms while home is nearly dry (`moved.rs`), else every second (a look at
+            // this replica's memory: a pool that comes near dry is looked at within a second);
+            // the ordinary give-back every `POOL_IDLE_MS` and a little more.
             let tick = if self.near_dry(key, window_ms) {
                 TRIM_TICK_MS
             } else {
@@ -110,16 +108,11 @@ impl GlobalGrants {
                 return;
             }
             if looked.elapsed() < Duration::from_millis(POOL_IDLE_MS + 100) {
-                if !self.near_dry(key, window_ms) {
-                    continue;
-                }
-                self.give_back_excess(key, window, window_ms, &mut looks)
-                    .await;
-                if moved_looked.elapsed() >= Duration::from_millis(MOVED_TICK_MS) {
-                    moved_looked = tokio::time::Instant::now();
-                    if self.give_back_moved(key, window, window_ms).await {
-                        return;
-                    }
+                if self
+                    .near_dry_look((key, window, window_ms), &mut looks)
+                    .await
+                {
+                    return;
                 }
                 continue;
             }
@@ -151,6 +144,29 @@ impl GlobalGrants {
             }
             return;
         }
+    }
+
+    /// Near a dry home, between two ordinary give-backs: the pool's excess over its region's
+    /// need goes home once its demand fell, and, every [`MOVED_TICK_MS`], the whole pool if
+    /// idle while another region is short (`moved.rs`). Whether the pool went home whole.
+    async fn near_dry_look(
+        self: &Arc<Self>,
+        (key, window, window_ms): (&CounterKey, Option<(u64, u64)>, u64),
+        looks: &mut Looks,
+    ) -> bool {
+        if !self.near_dry(key, window_ms) {
+            return false;
+        }
+        self.give_back_excess(key, window, window_ms, looks).await;
+        let now = tokio::time::Instant::now();
+        if looks
+            .1
+            .is_some_and(|at| now < at + Duration::from_millis(MOVED_TICK_MS))
+        {
+            return false;
+        }
+        looks.1 = Some(now);
+        self.give_back_moved(key, window, window_ms).await
     }
 
     /// Units drained from a pool go back home. A refund that fails may still have been

@@ -34,9 +34,13 @@ pub const RATE_SPAN_MS: u64 = 250;
 /// Looks at a pool one watcher keeps (at [`TRIM_TICK_MS`], more than [`RATE_SPAN_MS`]).
 const MAX_LOOKS: usize = 16;
 
-/// A watcher's last looks at a pool: the pool's clock and what its replicas had taken then.
+/// A watcher's last looks at a pool: the pool's clock and what its replicas had taken then;
+/// and when it last looked for another region short.
 #[derive(Debug, Default)]
-pub(super) struct Looks(std::collections::VecDeque<(u64, u64)>);
+pub(super) struct Looks(
+    std::collections::VecDeque<(u64, u64)>,
+    pub(super) Option<tokio::time::Instant>,
+);
 
 impl Looks {
     /// Records a look at `now` (pool ms) with `taken`; the region's rate (units per 1 000 s)
