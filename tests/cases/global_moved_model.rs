@@ -9,16 +9,16 @@
 //! home while A's pool still holds what A took ahead. A's watcher reads A's rate fall and
 //! gives what its pool holds beyond what A needs back home, where C's next refill finds it.
 //!
-//! Checked: A's pool goes home within [`GIVE_BACK_BOUND`] of the move (two refill round trips
-//! and a tick: A's demand is seen to fall over a reading of 250 ms, on ticks of 100 ms); never
-//! more than the limit, at least 99 % of it admitted by the window's end. How soon C was
-//! admitted what A left is printed, not asserted: C's refills take a quarter of what home has
-//! left each, one per round trip, so C, offered far more than it is refilled, reaches it over
-//! a dozen round trips (about 2.3 s), whether A's units came home after 310 ms or 1.16 s.
-//! Deterministic in what is asserted: the links' delays are fixed and time is virtual (the
-//! order of the replicas' own tasks moves C's figures by a step or two).
-//! Before A gave back what it held ahead when its demand fell, its pool stayed out for about
-//! a second (until C's short mark met A idle for 250 ms between two of its trickle's takes).
+//! Checked: three quarters of A's pool are back home within [`GIVE_BACK_BOUND`] of the move
+//! (counted when home answered A's refund): A's rate read over 250 ms, two ticks of 100 ms,
+//! the refund's round trip; never more than the limit, at least 99 % of it admitted by the
+//! window's end. How soon C was admitted what A left is printed, not asserted: C's refills
+//! take a quarter of what home has left each, one per round trip, so C, offered far more than
+//! it is refilled, reaches it over a dozen round trips (about 2.3 s), and it did as soon with
+//! A's units home after 1.2 s (measured with the trim switched off by hand: the short mark
+//! alone, which needs A idle 250 ms between two of its trickle's takes). Deterministic in what
+//! is asserted: the links' delays are fixed and time is virtual (the order of the replicas'
+//! own tasks moves C's figures by a step or two).
 
 use super::global_model::{check, replica, Link, PerWindow, Replica, LIMIT};
 use crate::support::{Rng, T0};
@@ -38,10 +38,15 @@ const STEP: Duration = Duration::from_millis(10);
 const ONE_WAY: Duration = Duration::from_millis(75);
 /// A refill's round trip (ms).
 const ROUND_TRIP_MS: u64 = 150;
+/// A region's rate is read over this long before its pool is trimmed (`moved.rs`, ms).
+const RATE_SPAN_MS: u64 = 250;
+/// The watchers' ticks near a dry home (ms).
+const TICK_MS: u64 = 100;
 /// When demand moves (into the minute).
 const MOVE: Duration = Duration::from_secs(10);
-/// How soon after the move A's pool must be home: two refill round trips and a watcher's tick.
-const GIVE_BACK_BOUND: Duration = Duration::from_millis(2 * ROUND_TRIP_MS + 100);
+/// How soon after the move A's pool must be home: a reading of its rate, two ticks, and the
+/// refund's round trip.
+const GIVE_BACK_BOUND: Duration = Duration::from_millis(RATE_SPAN_MS + 2 * TICK_MS + ROUND_TRIP_MS);
 
 /// Home, 75 ms away each way.
 #[derive(Debug)]
@@ -179,7 +184,7 @@ async fn offer(
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_region_whose_demand_fell_gives_its_pool_home_within_two_round_trips_and_a_tick() {
+async fn a_region_whose_demand_fell_gives_its_pool_home_within_a_reading_and_a_round_trip() {
     let clock = ManualClock::new(T0);
     let home: Arc<dyn CounterStore> = Arc::new(PerWindow(Arc::new(MemoryStore::new(Arc::new(
         clock.clone(),
@@ -246,7 +251,12 @@ async fn a_region_whose_demand_fell_gives_its_pool_home_within_two_round_trips_a
                 into,
                 tokio::spawn(offer(Arc::clone(&c), (now, started), 200, step)),
             ));
-            if a_home_after.is_none() && left(&a.pool).await * 10 < a_at_move {
+            let moved: u64 = a
+                .replicas
+                .iter()
+                .map(|r| r.grants.tallies.moved.get())
+                .sum();
+            if a_home_after.is_none() && moved * 4 >= a_at_move * 3 {
                 a_home_after = Some(into - MOVE);
             }
         }
@@ -281,8 +291,8 @@ async fn a_region_whose_demand_fell_gives_its_pool_home_within_two_round_trips_a
     });
     let c_trace: Vec<u64> = c_steps.iter().take(100).map(|&(_, ok)| ok).collect();
     eprintln!(
-        "A {from_a}, C {from_c} of {LIMIT}; A's pool held {a_at_move} at the move, went home \
-         {a_home_after:?} after it; A and C at {target} {full_at:?} after it; C admitted per 10 ms step for 1 s \
+        "A {from_a}, C {from_c} of {LIMIT}; A's pool held {a_at_move} at the move, three quarters \
+         of it home {a_home_after:?} after it; A and C at {target} {full_at:?} after it; C admitted per 10 ms step for 1 s \
          after the move {c_trace:?}"
     );
     let total = from_a + from_c;
@@ -294,7 +304,7 @@ async fn a_region_whose_demand_fell_gives_its_pool_home_within_two_round_trips_a
     let after = a_home_after.expect("A's pool never went home");
     assert!(
         after <= GIVE_BACK_BOUND,
-        "A's pool went home {after:?} after the move (bound {GIVE_BACK_BOUND:?})"
+        "three quarters of A's pool home {after:?} after the move (bound {GIVE_BACK_BOUND:?})"
     );
     // C was admitted what A left: together nearly the whole limit.
     assert!(

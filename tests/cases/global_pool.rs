@@ -60,6 +60,16 @@ async fn same_as_memory(redis: &dyn RegionPool, seed: u64) {
             // Demand fell while home is nearly dry: the pool keeps a few units.
             6 => PoolOp::Trim {
                 keep: rng.below(10),
+                // As last seen, or not (a refill landed since: no trim).
+                have: if rng.below(4) == 0 {
+                    rng.below(30)
+                } else {
+                    memory
+                        .run(k, w, PoolOp::Take(0), 600_000)
+                        .await
+                        .expect("look")
+                        .have
+                },
             },
             // A region cut off (`GLOBAL_UNREACHABLE=share`): credit at most the window's share
             // (the share asked varies: what was credited already counts), settled later.

@@ -9,8 +9,8 @@
 //! finds it. And a region whose demand fell does not wait to be asked: near a dry home its
 //! watchers look every [`TRIM_TICK_MS`] and read its rate over [`RATE_SPAN_MS`]; a pool holding
 //! more than twice what the region needs (5 s of that rate, at least four slices) keeps once
-//! that and gives the rest home at once ([`PoolOp::Trim`]): home has it within two round
-//! trips and a tick of the fall (`tests/cases/global_moved_model.rs`). Cost: none while home
+//! that and gives the rest home at once ([`PoolOp::Trim`]): home has it within the reading,
+//! two ticks and a round trip of the fall (`tests/cases/global_moved_model.rs`). Cost: none while home
 //! has plenty (the limit not near); near it, one look at the region's pool per tick and
 //! watching replica, one refund and report per trim, and one read at home per
 //! [`MOVED_TICK_MS`] only while the pool is idle (at most seven per idle spell: after 2 s the
@@ -31,8 +31,24 @@ pub const TRIM_TICK_MS: u64 = 100;
 /// The region's rate is read over at least this long (ms): over less, one slice taken or not
 /// is most of the reading.
 pub const RATE_SPAN_MS: u64 = 250;
-/// Looks at a pool one watcher keeps (at [`TRIM_TICK_MS`], more than [`RATE_SPAN_MS`]).
-const MAX_LOOKS: usize = 16;
+/// Looks at a pool one watcher keeps (at [`TRIM_TICK_MS`], more than the longest reading,
+/// [`POOL_AHEAD_MS`](super::POOL_AHEAD_MS)).
+const MAX_LOOKS: usize = 64;
+
+/// How long the region's rate is read over before a trim: [`RATE_SPAN_MS`], or four of its
+/// largest slices (`floor` is [`MIN_REFILL_SLICES`](super::MIN_REFILL_SLICES) of them) at its
+/// rate at the last refill (`per_ks`, per 1 000 s) if longer, at most
+/// [`POOL_AHEAD_MS`](super::POOL_AHEAD_MS).
+fn span_ms(floor: u64, per_ks: u64) -> u64 {
+    let slices = u128::from(floor) * 4 / u128::from(super::MIN_REFILL_SLICES);
+    let span = match per_ks {
+        0 => u128::from(RATE_SPAN_MS),
+        r => slices * 1_000_000 / u128::from(r),
+    };
+    u64::try_from(span)
+        .unwrap_or(u64::MAX)
+        .clamp(RATE_SPAN_MS, super::POOL_AHEAD_MS)
+}
 
 /// A watcher's last looks at a pool: the pool's clock and what its replicas had taken then;
 /// and when it last looked for another region short.
@@ -44,23 +60,24 @@ pub(super) struct Looks(
 
 impl Looks {
     /// Records a look at `now` (pool ms) with `taken`; the region's rate (units per 1 000 s)
-    /// since the newest earlier look at least [`RATE_SPAN_MS`] before, if there is one.
-    pub(super) fn rate(&mut self, now: u64, taken: u64) -> Option<u64> {
+    /// since the newest earlier look at least `span` ms before, if there is one.
+    pub(super) fn rate(&mut self, now: u64, taken: u64, span: u64) -> Option<u64> {
         // A pool clock gone back (a Redis failover) starts the reading afresh.
         self.0.retain(|&(at, _)| at <= now);
-        // The looks older than the newest one old enough are no longer needed.
+        // Looks older than the newest one past the longest reading are no longer needed.
         while self
             .0
             .get(1)
-            .is_some_and(|&(at, _)| now - at >= RATE_SPAN_MS)
+            .is_some_and(|&(at, _)| now - at >= super::POOL_AHEAD_MS)
         {
             self.0.pop_front();
         }
         let from = self
             .0
-            .front()
-            .copied()
-            .filter(|&(at, _)| now - at >= RATE_SPAN_MS);
+            .iter()
+            .rev()
+            .find(|&&(at, _)| now - at >= span)
+            .copied();
         if self.0.len() >= MAX_LOOKS {
             self.0.pop_front();
         }
@@ -140,11 +157,14 @@ impl GlobalGrants {
     }
 
     /// Home is nearly dry and the region's demand fell (its rate over the last
-    /// [`RATE_SPAN_MS`], `looks`): what the pool holds beyond twice what its region takes over
-    /// [`POOL_AHEAD_MS`](super::POOL_AHEAD_MS) (and [`MIN_REFILL_SLICES`](super::MIN_REFILL_SLICES) slices) goes home now,
-    /// the pool keeping once that, whether or not the region is idle: another region's next
-    /// refill finds it there. A region taking at its refills' pace keeps what it holds (a
-    /// refill is five seconds of demand at most).
+    /// [`RATE_SPAN_MS`] or more, `looks`: at least four of its largest slices at its rate at
+    /// this replica's last refill, so that a region taking a few slices a second is not read
+    /// as idle between two of them): what the pool holds beyond twice what its region takes
+    /// over [`POOL_AHEAD_MS`](super::POOL_AHEAD_MS) (and beyond twice
+    /// [`MIN_REFILL_SLICES`](super::MIN_REFILL_SLICES) slices) goes home now, the pool keeping
+    /// once that, whether or not the region is idle: another region's next refill finds it
+    /// there. Not while home does not answer (the pool is all the region has), nor in a
+    /// window's last second (what the window leaves is counted at its end).
     pub(super) async fn give_back_excess(
         self: &Arc<Self>,
         key: &CounterKey,
@@ -152,27 +172,36 @@ impl GlobalGrants {
         window_ms: u64,
         looks: &mut Looks,
     ) {
-        let ttl = Self::ttl_ms(window, self.now_ms());
+        let (floor, was_per_ks) = {
+            let map = self.known.lock().unwrap_or_else(|e| e.into_inner());
+            map.get(&(key.clone(), window_ms))
+                .map_or((0, 0), |k| (k.floor, k.demand.per_ks))
+        };
+        let now = self.now_ms();
+        if floor == 0 || window.is_some_and(|(_, end)| now.saturating_add(1_000) >= end / 1000) {
+            return;
+        }
+        let ttl = Self::ttl_ms(window, now);
         let Ok(st) = self.pool.run(key, window_ms, PoolOp::Take(0), ttl).await else {
             return;
         };
-        let Some(per_ks) = looks.rate(st.now, st.taken) else {
+        let Some(per_ks) = looks.rate(st.now, st.taken, span_ms(floor, was_per_ks)) else {
             return;
-        };
-        let floor = {
-            let map = self.known.lock().unwrap_or_else(|e| e.into_inner());
-            map.get(&(key.clone(), window_ms)).map_or(0, |k| k.floor)
         };
         let ahead = u128::from(per_ks) * u128::from(super::POOL_AHEAD_MS) / 1_000_000;
         let keep = u64::try_from(ahead).unwrap_or(u64::MAX).max(floor);
-        if floor == 0 || st.left() <= keep.saturating_mul(2) || st.locked || st.owed > 0 {
+        if st.left() <= keep.saturating_mul(2) || st.locked || st.owed > 0 {
             return;
         }
-        let Ok(st) = self
-            .pool
-            .run(key, window_ms, PoolOp::Trim { keep }, ttl)
-            .await
-        else {
+        if !self.home.probe().await {
+            return;
+        }
+        // Only the pool looked at: a refill that landed since is not trimmed on that look.
+        let trim = PoolOp::Trim {
+            keep,
+            have: st.have,
+        };
+        let Ok(st) = self.pool.run(key, window_ms, trim, ttl).await else {
             return;
         };
         if st.ok == 0 {
@@ -206,20 +235,34 @@ mod tests {
     fn the_rate_is_read_over_at_least_a_span_and_never_underflows() {
         let mut looks = Looks::default();
         // No look old enough yet.
-        assert_eq!(looks.rate(1_000, 0), None);
-        assert_eq!(looks.rate(1_100, 10), None);
+        let span = RATE_SPAN_MS;
+        assert_eq!(looks.rate(1_000, 0, span), None);
+        assert_eq!(looks.rate(1_100, 10, span), None);
         // 250 ms after the first: 50 units over 250 ms, 200 a second.
-        assert_eq!(looks.rate(1_000 + RATE_SPAN_MS, 50), Some(200_000));
+        assert_eq!(looks.rate(1_000 + RATE_SPAN_MS, 50, span), Some(200_000));
         // The newest look at least a span old is used: 1 100 (10) to 1 400 (40), 100 a second.
-        assert_eq!(looks.rate(1_400, 40), Some(100_000));
+        assert_eq!(looks.rate(1_400, 40, span), Some(100_000));
+        // A longer span reads further back: 1 000 (0) to 1 500 (60), 120 a second.
+        assert_eq!(looks.rate(1_500, 60, 500), Some(120_000));
         // Slices given back lower `taken`: a rate of nothing.
-        assert_eq!(looks.rate(1_700, 5), Some(0));
+        assert_eq!(looks.rate(1_800, 5, span), Some(0));
         // A pool clock gone back starts afresh.
-        assert_eq!(looks.rate(500, 5), None);
+        assert_eq!(looks.rate(500, 5, span), None);
         // Bounded, however many looks.
         for i in 0..1_000 {
-            looks.rate(600 + i, i);
+            looks.rate(600 + i, i, span);
         }
         assert!(looks.0.len() <= super::MAX_LOOKS);
+    }
+
+    #[test]
+    fn a_region_taking_a_few_slices_a_second_is_read_over_four_of_them() {
+        // Slices of 50 (a floor of 200), 100 a second: four slices take 2 s.
+        assert_eq!(super::span_ms(200, 100_000), 2_000);
+        // Slices of 5 at 200 a second: 100 ms, so the least span.
+        assert_eq!(super::span_ms(20, 200_000), RATE_SPAN_MS);
+        // Unmeasured, the least; very slow, at most five seconds.
+        assert_eq!(super::span_ms(20, 0), RATE_SPAN_MS);
+        assert_eq!(super::span_ms(200, 1), super::super::POOL_AHEAD_MS);
     }
 }

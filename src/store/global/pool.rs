@@ -29,9 +29,11 @@ pub enum PoolOp {
     /// is owed home (a pool holding credit is settled first: `Settle`).
     Drain { idle_ms: u64 },
     /// Drains what the pool holds beyond `keep` units not taken (to return home), whether or
-    /// not a replica took from it lately, if no refill runs and nothing is owed home: the
-    /// region's demand fell while home is nearly dry (`moved.rs`). `ok`: the units drained.
-    Trim { keep: u64 },
+    /// not a replica took from it lately, if no refill runs, nothing is owed home and the pool
+    /// was granted `have` units (as the caller last saw it: a refill that landed since is not
+    /// trimmed): the region's demand fell while home is nearly dry (`moved.rs`). `ok`: the
+    /// units drained.
+    Trim { keep: u64, have: u64 },
     /// Home did not answer a refill and the region is cut off (`GLOBAL_UNREACHABLE=share`):
     /// adds what is left of the window's `share` on credit (each window's credit is `share` at
     /// most, however many replicas ask, and is owed home), marks the pool dry for `dry_ms`
@@ -224,10 +226,10 @@ impl Fields {
                 (f.have, f.taken, f.owed, f.cleared) = (0, 0, 0, seq);
             }
             PoolOp::Clear(_) => ok = 0,
-            PoolOp::Trim { keep } => {
+            PoolOp::Trim { keep, have } => {
                 let locked = f.lock.is_some_and(|(_, until)| until > now);
                 let left = f.have.saturating_sub(f.taken);
-                ok = if !locked && f.owed == 0 && left > keep {
+                ok = if !locked && f.owed == 0 && f.have == have && left > keep {
                     f.have -= left - keep;
                     left - keep
                 } else {

@@ -12,7 +12,8 @@
 --          trim: the units not taken the pool keeps
 -- ARGV[3]  the refiller's token (lock, fill, credit)
 -- ARGV[4]  lock: the lease in ms; fill, credit: ms the home store is dry for (0: not dry);
---          drain: ms without a take that make the pool idle
+--          drain: ms without a take that make the pool idle; trim: the units granted the pool
+--          as the caller saw them (a refill landed since: no trim)
 -- ARGV[5]  how long the pool outlives this call, in ms (PEXPIRE)
 --
 -- Reply: {ok, have, taken, dry_until, now, locked, fill, owed, last}: ok is 1/0 (drain, trim,
@@ -99,9 +100,11 @@ elseif op == 'drain' then
   end
 elseif op == 'trim' then
   -- The region's demand fell while home is nearly dry: what the pool holds beyond n units not
-  -- taken leaves it (the caller returns them home), taken from lately or not, if no refill runs
-  -- and nothing is owed home. The pool's idleness is not reset.
-  if (lock == '' or lock_until <= now) and owed == 0 and have - taken > n then
+  -- taken leaves it (the caller returns them home), taken from lately or not, if no refill
+  -- runs, nothing is owed home and no refill landed since the caller looked (ARGV[4], the
+  -- units granted then). The pool's idleness is not reset.
+  if (lock == '' or lock_until <= now) and owed == 0 and have == tonumber(ARGV[4])
+      and have - taken > n then
     ok = have - taken - n
     have = taken + n
     redis.call('HSET', h, 'have', have)

@@ -47,7 +47,7 @@ impl RegionPool for RedisPool {
                     dry_ms,
                 } => ("fill", units, token, dry_ms),
                 PoolOp::Drain { idle_ms } => ("drain", 0, 0, idle_ms),
-                PoolOp::Trim { keep } => ("trim", keep, 0, 0),
+                PoolOp::Trim { keep, have } => ("trim", keep, 0, have),
                 PoolOp::Credit {
                     share,
                     token,
