@@ -48,6 +48,14 @@ const MOVE: Duration = Duration::from_secs(10);
 /// refund's round trip.
 const GIVE_BACK_BOUND: Duration = Duration::from_millis(RATE_SPAN_MS + 2 * TICK_MS + ROUND_TRIP_MS);
 
+/// A call to home, 75 ms away each way.
+async fn far<T>(call: impl std::future::Future<Output = T>) -> T {
+    tokio::time::sleep(ONE_WAY).await;
+    let answer = call.await;
+    tokio::time::sleep(ONE_WAY).await;
+    answer
+}
+
 /// Home, 75 ms away each way.
 #[derive(Debug)]
 struct Far(Arc<dyn CounterStore>);
@@ -57,12 +65,7 @@ impl CounterStore for Far {
         &'a self,
         checks: &'a [LimitCheck],
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(async move {
-            tokio::time::sleep(ONE_WAY).await;
-            let d = self.0.decide(checks).await;
-            tokio::time::sleep(ONE_WAY).await;
-            d
-        })
+        Box::pin(far(self.0.decide(checks)))
     }
 
     fn probe(&self) -> BoxFuture<'_, bool> {
@@ -82,12 +85,7 @@ impl RegionBoard for FarBoard {
         report: &'a RegionReport,
         ttl_ms: u64,
     ) -> BoxFuture<'a, Result<Vec<RegionReport>, StoreError>> {
-        Box::pin(async move {
-            tokio::time::sleep(ONE_WAY).await;
-            let r = self.0.report(key, window_ms, report, ttl_ms).await;
-            tokio::time::sleep(ONE_WAY).await;
-            r
-        })
+        Box::pin(far(self.0.report(key, window_ms, report, ttl_ms)))
     }
 
     fn read<'a>(
@@ -95,12 +93,7 @@ impl RegionBoard for FarBoard {
         key: &'a CounterKey,
         window_ms: u64,
     ) -> BoxFuture<'a, Result<Vec<RegionReport>, StoreError>> {
-        Box::pin(async move {
-            tokio::time::sleep(ONE_WAY).await;
-            let r = self.0.read(key, window_ms).await;
-            tokio::time::sleep(ONE_WAY).await;
-            r
-        })
+        Box::pin(far(self.0.read(key, window_ms)))
     }
 
     fn short<'a>(
@@ -110,12 +103,7 @@ impl RegionBoard for FarBoard {
         region: &'a str,
         ttl_ms: u64,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            tokio::time::sleep(ONE_WAY).await;
-            let r = self.0.short(key, window_ms, region, ttl_ms).await;
-            tokio::time::sleep(ONE_WAY).await;
-            r
-        })
+        Box::pin(far(self.0.short(key, window_ms, region, ttl_ms)))
     }
 
     fn short_by<'a>(
@@ -123,12 +111,7 @@ impl RegionBoard for FarBoard {
         key: &'a CounterKey,
         window_ms: u64,
     ) -> BoxFuture<'a, Result<Option<String>, StoreError>> {
-        Box::pin(async move {
-            tokio::time::sleep(ONE_WAY).await;
-            let r = self.0.short_by(key, window_ms).await;
-            tokio::time::sleep(ONE_WAY).await;
-            r
-        })
+        Box::pin(far(self.0.short_by(key, window_ms)))
     }
 }
 

@@ -156,7 +156,8 @@ impl GlobalGrants {
         true
     }
 
-    /// Home is nearly dry and the region's demand fell (its rate over the last
+    /// Home is nearly dry and the region's demand fell to under half its rate at this
+    /// replica's last refill (its rate over the last
     /// [`RATE_SPAN_MS`] or more, `looks`: at least four of its largest slices at its rate at
     /// this replica's last refill, so that a region taking a few slices a second is not read
     /// as idle between two of them): what the pool holds beyond twice what its region takes
@@ -190,7 +191,10 @@ impl GlobalGrants {
         };
         let ahead = u128::from(per_ks) * u128::from(super::POOL_AHEAD_MS) / 1_000_000;
         let keep = u64::try_from(ahead).unwrap_or(u64::MAX).max(floor);
-        if st.left() <= keep.saturating_mul(2) || st.locked || st.owed > 0 {
+        // Fell: under half the rate of this replica's last refill (a reading a little low on
+        // a busy machine, or one slice late, is not a fall).
+        let fell = per_ks.saturating_mul(2) < was_per_ks;
+        if !fell || st.left() <= keep.saturating_mul(2) || st.locked || st.owed > 0 {
             return;
         }
         if !self.home.probe().await {
