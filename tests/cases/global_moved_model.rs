@@ -11,14 +11,15 @@
 //!
 //! Checked: three quarters of A's pool are back home within [`GIVE_BACK_BOUND`] of the move
 //! (counted when home answered A's refund): A's rate read over 250 ms, two ticks of 100 ms,
-//! the refund's round trip; never more than the limit, at least 99 % of it admitted by the
-//! window's end. How soon C was admitted what A left is printed, not asserted: C's refills
-//! take a quarter of what home has left each, one per round trip, so C, offered far more than
-//! it is refilled, reaches it over a dozen round trips (about 2.3 s), and it did as soon with
-//! A's units home after 1.2 s (measured with the trim switched off by hand: the short mark
-//! alone, which needs A idle 250 ms between two of its trickle's takes). Deterministic in what
-//! is asserted: the links' delays are fixed and time is virtual (the order of the replicas'
-//! own tasks moves C's figures by a step or two).
+//! the refund's round trip; and C, with A, is admitted what A leaves (the limit but what A's
+//! pool keeps) within two refill round trips of that ([`TAKE_UP_BOUND`]): C's refills are sized
+//! on its rate since its last refill asked (it takes them as fast as they land), and capped by
+//! its max-min share on a board that lists A's report of its fall (sent as A's refund goes),
+//! not by a quarter of what home has left. Never more than the limit; at least 99 % of it
+//! admitted by the window's end. Measured: A's units home 460 ms after the move, C at what A
+//! leaves 610 ms after it (one round trip later); before, 1.31 s and 2.3 s. Deterministic in
+//! what is asserted: the links' delays are fixed and time is virtual (the order of the
+//! replicas' own tasks moves C's figures by a step or two).
 
 use super::global_model::{check, replica, Link, PerWindow, Replica, LIMIT};
 use crate::support::{Rng, T0};
@@ -47,6 +48,9 @@ const MOVE: Duration = Duration::from_secs(10);
 /// How soon after the move A's pool must be home: a reading of its rate, two ticks, and the
 /// refund's round trip.
 const GIVE_BACK_BOUND: Duration = Duration::from_millis(RATE_SPAN_MS + 2 * TICK_MS + ROUND_TRIP_MS);
+/// How soon after A's units are home C (with A) must have been admitted what A leaves: two
+/// refill round trips.
+const TAKE_UP_BOUND: Duration = Duration::from_millis(2 * ROUND_TRIP_MS);
 
 /// A call to home, 75 ms away each way.
 async fn far<T>(call: impl std::future::Future<Output = T>) -> T {
@@ -167,7 +171,7 @@ async fn offer(
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_region_whose_demand_fell_gives_its_pool_home_within_a_reading_and_a_round_trip() {
+async fn demand_that_moves_is_home_within_a_reading_and_taken_up_within_two_round_trips() {
     let clock = ManualClock::new(T0);
     let home: Arc<dyn CounterStore> = Arc::new(PerWindow(Arc::new(MemoryStore::new(Arc::new(
         clock.clone(),
@@ -250,9 +254,8 @@ async fn a_region_whose_demand_fell_gives_its_pool_home_within_a_reading_and_a_r
     let (mut from_a, mut from_c) = (0u64, 0u64);
     // C's steps after the move: (sent at, after the move; admitted).
     let mut c_steps = Vec::new();
-    // When C had been admitted what A left, home's rest and three quarters of A's pool at the
-    // move (a figure: C's refills are paced by the quarter rule, a quarter of home's rest per
-    // round trip, not by A's give-back).
+    // When C had been admitted what A left: home's rest and three quarters of A's pool at the
+    // move.
     let target = u64::from(LIMIT) - a_at_move / 4;
     let mut done = Vec::new();
     for (is_c, into, h) in sent {
@@ -288,6 +291,12 @@ async fn a_region_whose_demand_fell_gives_its_pool_home_within_a_reading_and_a_r
     assert!(
         after <= GIVE_BACK_BOUND,
         "three quarters of A's pool home {after:?} after the move (bound {GIVE_BACK_BOUND:?})"
+    );
+    let full = full_at.expect("A and C never reached what A leaves");
+    assert!(
+        full <= after + TAKE_UP_BOUND,
+        "C admitted what A leaves {full:?} after the move, A's units home {after:?} after it: \
+         more than two refill round trips ({TAKE_UP_BOUND:?}) apart"
     );
     // C was admitted what A left: together nearly the whole limit.
     assert!(

@@ -11,6 +11,10 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// A region that took a refill's worth of slices since the last refill asked reads its rate
+/// from then, over at least this long (ms), not over a second (`GlobalGrants::want`).
+const FAST_SPAN_MS: u64 = 100;
+
 impl GlobalGrants {
     /// One refill's grant from home: `want`, or what home has left when less (a second call),
     /// or nothing (home is dry for `ahead`).
@@ -67,7 +71,10 @@ impl GlobalGrants {
         if begun {
             self.board_for(check).await;
         }
-        let sized = self.want(check, k, lock, need);
+        let mut sized = self.want(check, k, lock, need);
+        if sized.want == 0 && self.board_again(check).await {
+            sized = self.want(check, k, lock, need);
+        }
         let want = sized.want;
         let started = tokio::time::Instant::now();
         let asked = if want == 0 {
@@ -96,6 +103,8 @@ impl GlobalGrants {
                 short,
             };
             k.floor = floor;
+            k.asked_ms = lock.now;
+            k.taken_asked = lock.taken;
         });
         if asked.failed.is_none() && want > 0 {
             // Answered refills only: the panel divides by them.
@@ -120,7 +129,23 @@ impl GlobalGrants {
             // A rate read over less than a second is noise (a burst of slices taken at once):
             // a refill right after another must not size itself on a millisecond.
             let elapsed = u128::from((pool.now - k.at_ms).max(1_000));
-            let per = |ms: u128| u64::try_from(taken * ms / elapsed).unwrap_or(u64::MAX);
+            // Unless the region took at least [`MIN_REFILL_SLICES`] slices since this
+            // replica's last refill asked home: then its rate is read from then (over
+            // [`FAST_SPAN_MS`] at least). A region whose refills are taken as fast as they
+            // land (demand that rose, or moved to it) would read, over a second, as a few
+            // slices a second, and its refills would grow by that much per round trip.
+            let since = u128::from(pool.taken.saturating_sub(k.taken_asked));
+            let span = u128::from(pool.now.saturating_sub(k.asked_ms).max(FAST_SPAN_MS));
+            let fast = k.asked_ms > 0 && since >= u128::from(floor) && span < elapsed;
+            let per = |ms: u128| {
+                let slow = taken * ms / elapsed;
+                let rate = if fast {
+                    slow.max(since * ms / span)
+                } else {
+                    slow
+                };
+                u64::try_from(rate).unwrap_or(u64::MAX)
+            };
             (per(u128::from(POOL_AHEAD_MS)), per(1_000_000))
         };
         // Reported at home: the region's rate over the window so far, or since this
@@ -141,16 +166,19 @@ impl GlobalGrants {
                 .max(carried)
         });
         let fair = self.fair_share(check, pool);
-        // Fairness only ever lowers a refill: the quarter rule holds whatever the board says
-        // (an empty or stale board is no evidence that no other region takes units).
-        let quarter = if k.home_left == u64::MAX {
-            u64::MAX
-        } else {
-            k.home_left.div_ceil(4)
+        // A quarter of what home had left, unless a fresh board lists another region: its
+        // max-min share (`fair.rs`) then holds the others' claims, and a region whose demand
+        // rose takes what the others leave in one refill (demand that moved: `moved.rs`). An
+        // empty or stale board is no evidence that no other region takes units (each region's
+        // first refill in a window, before any report of the window, reads an empty board).
+        let quarter = match fair {
+            Some((_, others)) if others > 0 => u64::MAX,
+            _ if k.home_left == u64::MAX => u64::MAX,
+            _ => k.home_left.div_ceil(4),
         };
         let wanted = demand.max(floor).max(need).max(1);
         let mut want = wanted.min(quarter).max(need).max(1);
-        if let Some(left) = fair {
+        if let Some((left, _)) = fair {
             // Over its share: nothing, not even `need` (the others' units).
             want = want.min(left);
         }
@@ -161,10 +189,10 @@ impl GlobalGrants {
         }
     }
 
-    /// This region's max-min share of `check`'s window still to be granted; `None` when no
-    /// board was read in the window in the last [`FRESH_MS`](super::fair::FRESH_MS), or the
-    /// limit has no window (a token bucket).
-    fn fair_share(&self, check: &LimitCheck, pool: &PoolState) -> Option<u64> {
+    /// This region's max-min share of `check`'s window still to be granted, and how many other
+    /// regions the board lists; `None` when no board was read in the window in the last
+    /// [`FRESH_MS`](super::fair::FRESH_MS), or the limit has no window (a token bucket).
+    fn fair_share(&self, check: &LimitCheck, pool: &PoolState) -> Option<(u64, usize)> {
         let (start, end) = check.window?;
         if end == u64::MAX {
             return None;
@@ -176,13 +204,14 @@ impl GlobalGrants {
         let limit = check
             .admin_limit
             .unwrap_or(check.key.limit.requests_per_unit);
-        Some(share_left(
+        let left = share_left(
             u64::from(limit),
             pool.have,
             &others,
             self.now_ms(),
             end / 1000,
-        ))
+        );
+        Some((left, others.len()))
     }
 }
 

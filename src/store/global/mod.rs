@@ -92,6 +92,10 @@ struct Known {
     last_refill: u64,
     taken_at: u64,
     at_ms: u64,
+    /// The pool's clock and `taken` when this replica's last refill asked home (0: none yet):
+    /// a region taking its refills as fast as they land reads its rate from then (`ask.rs`).
+    asked_ms: u64,
+    taken_asked: u64,
     /// This replica watches the pool for idleness (to give it back home).
     draining: bool,
     /// Units came into the pool while the watch ran (a give-back): once the watch ends, it

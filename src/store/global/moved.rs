@@ -125,10 +125,11 @@ impl GlobalGrants {
         window_ms: u64,
     ) -> bool {
         let ttl = Self::ttl_ms(window, self.now_ms());
+        let idle_ms = self.idle_span(key, window_ms);
         let Ok(st) = self.pool.run(key, window_ms, PoolOp::Take(0), ttl).await else {
             return false;
         };
-        let idle = st.now.saturating_sub(st.last_take) >= MOVED_IDLE_MS;
+        let idle = st.now.saturating_sub(st.last_take) >= idle_ms;
         if st.left() == 0 || st.owed > 0 || st.locked || !idle {
             return false;
         }
@@ -139,9 +140,7 @@ impl GlobalGrants {
             Ok(Some(other)) if other != r.region => {}
             _ => return false,
         }
-        let drain = PoolOp::Drain {
-            idle_ms: MOVED_IDLE_MS,
-        };
+        let drain = PoolOp::Drain { idle_ms };
         let Ok(st) = self.pool.run(key, window_ms, drain, ttl).await else {
             return false;
         };
@@ -212,14 +211,31 @@ impl GlobalGrants {
             return;
         }
         self.seen(&st);
+        // Reported as the refund goes, not after it: the other regions' next refills read
+        // this region's fall (and its smaller pool) a round trip sooner. The report says what
+        // the pool holds, given back home or stranded.
+        let demand = Demand {
+            per_ks,
+            short: false,
+        };
+        self.report(key, window, &st, demand);
         if self.refund(key, window, st.ok).await {
             self.tallies.moved.add(st.ok);
-            let demand = Demand {
-                per_ks,
-                short: false,
-            };
-            self.report(key, window, &st, demand);
         }
+    }
+
+    /// How long a pool must go untaken to count as idle: [`MOVED_IDLE_MS`], or four of its
+    /// largest slices at its region's rate at this replica's last refill if longer
+    /// ([`span_ms`]): a region taking a slice every second or two is not idle between two of
+    /// them (its pool given home, reported idle, then refilled, each time another region is
+    /// short: the hungry regions' share would take what it asks).
+    fn idle_span(&self, key: &CounterKey, window_ms: u64) -> u64 {
+        let map = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(&(key.clone(), window_ms))
+            .filter(|k| k.floor > 0)
+            .map_or(MOVED_IDLE_MS, |k| {
+                span_ms(k.floor, k.demand.per_ks).max(MOVED_IDLE_MS)
+            })
     }
 
     /// What a pool given back leaves, as its region reports it.
