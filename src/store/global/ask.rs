@@ -1,8 +1,10 @@
 //! What one refill asks of home, and how much: the region's demand over
 //! [`POOL_AHEAD_MS`](super::POOL_AHEAD_MS), at least the slices asked for, at most the
-//! region's max-min share (`fair.rs`) and a quarter of what home had left (so the regions share
-//! the window's tail); and, when home has less than asked,
-//! what it has left.
+//! region's max-min share (`fair.rs`) and, while no other region's report of the window is on
+//! the board, a quarter of what home had left (so the regions share the window's tail); and,
+//! when home has less than asked, what it has left. A region whose demand rose (or moved to
+//! it from another region: `moved.rs`) takes its refills as fast as they land: its rate is
+//! read since its last refill asked, and the next refill takes what the others leave.
 
 use super::fair::{self, share_left};
 use super::{grant_check, Asked, GlobalGrants, Known, PoolState, MIN_REFILL_SLICES, POOL_AHEAD_MS};

@@ -10,7 +10,8 @@
 //! report it sends after each refill; a replica whose board was not read in the window, or
 //! not in the last 5 s, reads it before its refill (one more home call). A refill is then
 //! capped at this region's max-min share of the window, less what it was granted (fairness
-//! only lowers a refill: the quarter rule of `ask.rs` holds too):
+//! only lowers a refill; the quarter rule of `ask.rs` holds too while the board lists no other
+//! region's report of the window):
 //!
 //! - another region's **demand** for the window is what it was granted plus its rate from its
 //!   report until the window ends and for twice [`POOL_AHEAD_MS`](super::POOL_AHEAD_MS) more
