@@ -356,6 +356,11 @@ pub trait CounterStore: Send + Sync + std::fmt::Debug {
     /// Contacts the backend (one cheap round trip) and returns whether it answered; the result
     /// also goes to the stack's health signal. Called periodically by the health task.
     fn probe(&self) -> BoxFuture<'_, bool>;
+
+    /// A replica's slice of `check`'s counter was spent from in its window's last seconds: the
+    /// store that grants global limits' slices fills the next window's pool ahead
+    /// (`store/global`), in the background. Nothing elsewhere.
+    fn ahead_of_window(&self, _check: &LimitCheck) {}
 }
 
 impl<S: CounterStore + ?Sized> CounterStore for Arc<S> {
@@ -368,6 +373,10 @@ impl<S: CounterStore + ?Sized> CounterStore for Arc<S> {
 
     fn probe(&self) -> BoxFuture<'_, bool> {
         (**self).probe()
+    }
+
+    fn ahead_of_window(&self, check: &LimitCheck) {
+        (**self).ahead_of_window(check);
     }
 }
 

@@ -53,7 +53,7 @@ const GIVE_BACK_BOUND: Duration = Duration::from_millis(RATE_SPAN_MS + 2 * TICK_
 const TAKE_UP_BOUND: Duration = Duration::from_millis(2 * ROUND_TRIP_MS);
 
 /// A call to home, 75 ms away each way.
-async fn far<T>(call: impl std::future::Future<Output = T>) -> T {
+pub(crate) async fn far<T>(call: impl std::future::Future<Output = T>) -> T {
     tokio::time::sleep(ONE_WAY).await;
     let answer = call.await;
     tokio::time::sleep(ONE_WAY).await;
@@ -119,12 +119,12 @@ impl RegionBoard for FarBoard {
     }
 }
 
-struct Region {
-    pool: Arc<MemoryPool>,
-    replicas: Vec<Replica>,
+pub(crate) struct Region {
+    pub(crate) pool: Arc<MemoryPool>,
+    pub(crate) replicas: Vec<Replica>,
 }
 
-fn region(
+pub(crate) fn region(
     name: &str,
     clock: &ManualClock,
     home: &Arc<dyn CounterStore>,

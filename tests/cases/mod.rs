@@ -66,6 +66,7 @@ mod extensions;
 mod fuzz;
 mod global;
 mod global_admin;
+mod global_boundary;
 mod global_fair;
 mod global_model;
 mod global_moved;

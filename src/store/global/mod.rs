@@ -524,6 +524,11 @@ impl CounterStore for Arc<GlobalGrants> {
     fn probe(&self) -> BoxFuture<'_, bool> {
         self.home.probe()
     }
+
+    fn ahead_of_window(&self, check: &LimitCheck) {
+        let k = self.known(&check.key, check.window);
+        self.prefill_next(check, &k);
+    }
 }
 
 /// A slice's answer from the pool: `remaining` what the region (and home, as last seen) has.

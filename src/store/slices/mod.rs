@@ -93,6 +93,9 @@ struct Slice {
     refill: Refill,
     /// For eviction.
     touched_us: u64,
+    /// A global limit's: the next window's pool was asked to be filled ahead (once per window,
+    /// in its last seconds: `take.rs`).
+    next_ahead: bool,
 }
 
 /// Where a slice's refill is: one runs at a time, and a failed one makes the next request short

@@ -17,6 +17,7 @@ impl Slice {
             full_at_us: now,
             refill: Refill::Idle,
             touched_us: now,
+            next_ahead: false,
         }
     }
 
