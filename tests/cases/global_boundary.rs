@@ -10,8 +10,8 @@
 //! In the model of `global_moved_model.rs` (a region of two replicas, home 75 ms away each way
 //! on paused tokio time, the pools' clock following it): 100 requests a second from 50 s into
 //! a minute to 5 s into the next. Checked: every request admitted, and none after the first
-//! second waited a round trip to home (virtual time: a request that waits on home waits
-//! 150 ms of it, one that does not waits none).
+//! second waited at all (virtual time: a request that waits on home, or on a fill in flight,
+//! waits some of its 150 ms round trip; one answered from the pool waits none).
 
 use super::global_model::PerWindow;
 use super::global_moved_model::region;
@@ -86,12 +86,12 @@ async fn a_window_boundary_under_steady_load_costs_no_round_trip_to_home() {
     // The first second pays the region's first refill (nothing was filled ahead of it).
     let waited: Vec<(Duration, Duration)> = answers
         .iter()
-        .filter(|(into, _, wait)| *into >= from + Duration::from_secs(1) && *wait >= ROUND_TRIP)
+        .filter(|(into, _, wait)| *into >= from + Duration::from_secs(1) && !wait.is_zero())
         .map(|&(into, _, wait)| (into, wait))
         .collect();
     let first = answers.iter().map(|(_, _, w)| *w).max().unwrap_or_default();
     eprintln!(
-        "{} requests; the longest wait {first:?} (the first refill); waited a round trip after \
+        "{} requests; the longest wait {first:?} (the first refill); waited after \
          the first second: {waited:?}",
         answers.len()
     );
@@ -101,6 +101,6 @@ async fn a_window_boundary_under_steady_load_costs_no_round_trip_to_home() {
     );
     assert!(
         waited.is_empty(),
-        "requests waited a round trip to home (sent at, waited): {waited:?}"
+        "requests waited on home after the first second (sent at, waited): {waited:?}"
     );
 }

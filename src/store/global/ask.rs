@@ -13,9 +13,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A region that took a refill's worth of slices since the last refill asked reads its rate
-/// from then, over at least this long (ms), not over a second (`GlobalGrants::want`).
-const FAST_SPAN_MS: u64 = 100;
+/// A region that took all of its last refill since that refill asked reads its rate from then,
+/// over at least this long (ms), not over a second (`GlobalGrants::want`).
+const FAST_SPAN_MS: u64 = 250;
 
 impl GlobalGrants {
     /// One refill's grant from home: `want`, or what home has left when less (a second call),
@@ -73,10 +73,7 @@ impl GlobalGrants {
         if begun {
             self.board_for(check).await;
         }
-        let mut sized = self.want(check, k, lock, need);
-        if sized.want == 0 && self.board_again(check).await {
-            sized = self.want(check, k, lock, need);
-        }
+        let sized = self.want(check, k, lock, need);
         let want = sized.want;
         let started = tokio::time::Instant::now();
         let asked = if want == 0 {
@@ -119,7 +116,8 @@ impl GlobalGrants {
 
     /// The next refill's size: the region's demand over [`POOL_AHEAD_MS`], at least `need` and
     /// [`MIN_REFILL_SLICES`] slices; at most the region's max-min share of the window left
-    /// (`fair.rs`, from the other regions' last reports) and a quarter of what home had left. Also whether that held it below the
+    /// (`fair.rs`, from the other regions' last reports) and, unless those list another region
+    /// holding or taking units, a quarter of what home had left. Also whether that held it below the
     /// region's demand (the region is short: `moved.rs`), and the demand, for the report.
     pub(super) fn want(&self, check: &LimitCheck, k: &Known, pool: &PoolState, need: u64) -> Want {
         let slice = check.slice.map_or(1, |t| u64::from(t.max_slice));
@@ -131,14 +129,16 @@ impl GlobalGrants {
             // A rate read over less than a second is noise (a burst of slices taken at once):
             // a refill right after another must not size itself on a millisecond.
             let elapsed = u128::from((pool.now - k.at_ms).max(1_000));
-            // Unless the region took at least [`MIN_REFILL_SLICES`] slices since this
-            // replica's last refill asked home: then its rate is read from then (over
-            // [`FAST_SPAN_MS`] at least). A region whose refills are taken as fast as they
-            // land (demand that rose, or moved to it) would read, over a second, as a few
-            // slices a second, and its refills would grow by that much per round trip.
+            // Unless the region took all of this replica's last refill (and at least
+            // [`MIN_REFILL_SLICES`] slices) since that refill asked home: it takes its refills
+            // as fast as they land (demand that rose, or moved to it), and its rate is read
+            // from then (over [`FAST_SPAN_MS`] at least). Over a second it would read as one
+            // refill a second, and its refills would grow by that much per round trip. A burst
+            // of slices taken at once, less than a refill, is still read over a second.
             let since = u128::from(pool.taken.saturating_sub(k.taken_asked));
             let span = u128::from(pool.now.saturating_sub(k.asked_ms).max(FAST_SPAN_MS));
-            let fast = k.asked_ms > 0 && since >= u128::from(floor) && span < elapsed;
+            let whole = u128::from(k.last_refill.max(floor));
+            let fast = k.asked_ms > 0 && since >= whole && span < elapsed;
             let per = |ms: u128| {
                 let slow = taken * ms / elapsed;
                 let rate = if fast {
@@ -168,7 +168,8 @@ impl GlobalGrants {
                 .max(carried)
         });
         let fair = self.fair_share(check, pool);
-        // A quarter of what home had left, unless a fresh board lists another region: its
+        // A quarter of what home had left, unless a fresh board lists another region holding
+        // or taking units: its
         // max-min share (`fair.rs`) then holds the others' claims, and a region whose demand
         // rose takes what the others leave in one refill (demand that moved: `moved.rs`). An
         // empty or stale board is no evidence that no other region takes units (each region's
@@ -192,7 +193,8 @@ impl GlobalGrants {
     }
 
     /// This region's max-min share of `check`'s window still to be granted, and how many other
-    /// regions the board lists; `None` when no board was read in the window in the last
+    /// regions the board lists holding units or taking them; `None` when no board was read in
+    /// the window in the last
     /// [`FRESH_MS`](super::fair::FRESH_MS), or the limit has no window (a token bucket).
     fn fair_share(&self, check: &LimitCheck, pool: &PoolState) -> Option<(u64, usize)> {
         let (start, end) = check.window?;
@@ -213,7 +215,13 @@ impl GlobalGrants {
             self.now_ms(),
             end / 1000,
         );
-        Some((left, others.len()))
+        // Reports that claim something: an idle one (a pool given back, no rate) says nothing
+        // of who takes units now.
+        let busy = others
+            .iter()
+            .filter(|r| r.pool > 0 || r.demand.per_ks > 0 || r.demand.short)
+            .count();
+        Some((left, busy))
     }
 }
 

@@ -11,7 +11,7 @@
 //! not in the last 5 s, reads it before its refill (one more home call). A refill is then
 //! capped at this region's max-min share of the window, less what it was granted (fairness
 //! only lowers a refill; the quarter rule of `ask.rs` holds too while the board lists no other
-//! region's report of the window):
+//! region holding or taking units in the window):
 //!
 //! - another region's **demand** for the window is what it was granted plus its rate from its
 //!   report until the window ends and for twice [`POOL_AHEAD_MS`](super::POOL_AHEAD_MS) more
@@ -41,9 +41,6 @@ use std::sync::Mutex;
 pub const FRESH_MS: u64 = 10_000;
 /// A region over its share finds its pool dry this long (ms) before it asks again.
 pub const FAIR_RETRY_MS: u64 = 250;
-/// A refill held to nothing by its share reads the board again if it is older than this (ms):
-/// a report's answer a moment ago is as fresh as a read.
-const BOARD_AGAIN_MS: u64 = 20;
 /// Boards one replica keeps at most (one per global counter and window it refilled).
 const MAX_BOARDS: usize = 10_000;
 
@@ -150,50 +147,23 @@ impl super::GlobalGrants {
     /// refills refresh theirs, not this one's). A read that fails is tried again after half
     /// of [`FRESH_MS`], not at every refill (each would pay the home timeout while cut off).
     pub(super) async fn board_for(&self, check: &crate::store::LimitCheck) {
-        self.read_board(check, false).await;
-    }
-
-    /// A refill that its share held to nothing, on a board read more than [`BOARD_AGAIN_MS`]
-    /// ago: the board is read again first (one more home call), and the refill sized anew.
-    /// Another region's report from before its demand fell (`moved.rs`) would otherwise hold
-    /// this region's refills at nothing for [`FAIR_RETRY_MS`] and a report's round trip more.
-    /// At most one read per refill, and a refill held to nothing leaves the pool dry for
-    /// [`FAIR_RETRY_MS`]: one more read per 250 ms and replica at most. Whether it was read.
-    pub(super) async fn board_again(&self, check: &crate::store::LimitCheck) -> bool {
-        let Some((start, _)) = check.window else {
-            return false;
-        };
-        let w = super::window_ms(check.window);
-        let old =
-            self.boards
-                .read_before(&check.key, w, start / 1000, self.now_ms(), BOARD_AGAIN_MS);
-        old && self.read_board(check, true).await
-    }
-
-    /// Reads the other regions' reports at home (when `force`, whether or not this replica has
-    /// fresh ones); whether they were read.
-    async fn read_board(&self, check: &crate::store::LimitCheck, force: bool) -> bool {
         let Some(r) = self.reporting.get() else {
-            return false;
+            return;
         };
         let Some((start, _)) = check.window else {
-            return false;
+            return;
         };
         let w = super::window_ms(check.window);
         let now = self.now_ms();
-        if !self.boards.try_read(&check.key, w, start / 1000, now) && !force {
-            return false;
+        if !self.boards.try_read(&check.key, w, start / 1000, now) {
+            return;
         }
         match r.board.read(&check.key, w).await {
             Ok(mut all) => {
                 all.retain(|o| o.region != r.region);
                 self.boards.put(&check.key, w, all, now);
-                true
             }
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot read the regions' reports at home");
-                false
-            }
+            Err(e) => tracing::debug!(error = %e, "cannot read the regions' reports at home"),
         }
     }
 }
@@ -242,22 +212,6 @@ impl Boards {
         }
         b.tried_ms = now_ms.max(1);
         true
-    }
-
-    /// Whether the reports were read in the window (it starts at `start_ms`), and more than
-    /// `age_ms` ago.
-    fn read_before(
-        &self,
-        key: &CounterKey,
-        window_ms: u64,
-        start_ms: u64,
-        now_ms: u64,
-        age_ms: u64,
-    ) -> bool {
-        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(&(key.clone(), window_ms)).is_some_and(|b| {
-            b.read_ms > 0 && b.read_ms >= start_ms && now_ms.saturating_sub(b.read_ms) > age_ms
-        })
     }
 
     /// The reports, if read in the window (it starts at `start_ms`) at most [`FRESH_MS`] ago.

@@ -526,6 +526,9 @@ impl CounterStore for Arc<GlobalGrants> {
     }
 
     fn ahead_of_window(&self, check: &LimitCheck) {
+        if check.key.limit.period.calendar().is_some() {
+            return; // not filled ahead (`prefill_next`): looked at before any entry is made
+        }
         let k = self.known(&check.key, check.window);
         self.prefill_next(check, &k);
     }

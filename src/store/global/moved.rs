@@ -4,8 +4,9 @@
 //! find home dry. So a refill that gets less than it asked leaves a mark at home ("this window
 //! is short", for [`SHORT_MARK_MS`]), and while home is nearly dry (less than four of this
 //! replica's last refills left there at its last one) a pool's watcher looks every
-//! [`MOVED_TICK_MS`]: a pool no replica of its region took from for [`MOVED_IDLE_MS`], in a
-//! window another region marked short, goes home at once, where that region's next refill
+//! [`MOVED_TICK_MS`]: a pool no replica of its region took from for [`MOVED_IDLE_MS`] (or four
+//! of its slices at its rate, if longer, up to the ordinary 2 s), in a window another region
+//! marked short, goes home at once, where that region's next refill
 //! finds it. And a region whose demand fell does not wait to be asked: near a dry home its
 //! watchers look every [`TRIM_TICK_MS`] and read its rate over [`RATE_SPAN_MS`]; a pool holding
 //! more than twice what the region needs (5 s of that rate, at least four slices) keeps once
@@ -226,15 +227,16 @@ impl GlobalGrants {
 
     /// How long a pool must go untaken to count as idle: [`MOVED_IDLE_MS`], or four of its
     /// largest slices at its region's rate at this replica's last refill if longer
-    /// ([`span_ms`]): a region taking a slice every second or two is not idle between two of
-    /// them (its pool given home, reported idle, then refilled, each time another region is
-    /// short: the hungry regions' share would take what it asks).
+    /// ([`span_ms`]), at most the ordinary give-back's [`POOL_IDLE_MS`](super::POOL_IDLE_MS):
+    /// a region taking a slice every second is not idle between two of them (its pool given
+    /// home, reported idle, then refilled, each time another region is short: the hungry
+    /// regions' share would take what it asks, `tests/cases/global_fair.rs`).
     fn idle_span(&self, key: &CounterKey, window_ms: u64) -> u64 {
         let map = self.known.lock().unwrap_or_else(|e| e.into_inner());
         map.get(&(key.clone(), window_ms))
             .filter(|k| k.floor > 0)
             .map_or(MOVED_IDLE_MS, |k| {
-                span_ms(k.floor, k.demand.per_ks).max(MOVED_IDLE_MS)
+                span_ms(k.floor, k.demand.per_ks).clamp(MOVED_IDLE_MS, super::POOL_IDLE_MS)
             })
     }
 

@@ -21,6 +21,21 @@ impl Slice {
         }
     }
 
+    /// A global limit's slice within [`PREFILL_MS`](crate::store::global::PREFILL_MS) of its
+    /// window's end (`now`, µs), the first time: the next window's pool is to be filled ahead
+    /// (`take.rs`). Never a token bucket's (no window).
+    pub(super) fn next_window_due(&mut self, entry: &Entry, now: u64) -> bool {
+        let lead = crate::store::global::PREFILL_MS.saturating_mul(1000);
+        let end = self.window.1;
+        let due = entry.global
+            && !self.next_ahead
+            && self.window != UNPINNED
+            && now < end
+            && now.saturating_add(lead) >= end;
+        self.next_ahead |= due;
+        due
+    }
+
     pub(super) fn taken(&self, entry: &Arc<Entry>, allowed: bool) -> Taken {
         let store_left = if self.store_left == u64::MAX {
             0

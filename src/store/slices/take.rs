@@ -103,8 +103,7 @@ impl Slices {
                     let ahead = s.refill != Refill::Running
                         && s.left < s.last_grant / 2
                         && now >= s.dry_until_us;
-                    let next = entry.global && !s.next_ahead && Self::near_end(window, now);
-                    s.next_ahead |= next;
+                    let next = s.next_window_due(&entry, now);
                     let taken = s.taken(&entry, true);
                     if ahead {
                         s.refill = Refill::Running;
@@ -113,9 +112,7 @@ impl Slices {
                     if ahead {
                         self.refill_in_background(&entry, check, terms, 1);
                     }
-                    if next {
-                        self.next_window_ahead(check);
-                    }
+                    self.next_window_ahead(check, next);
                     return Take::Done(taken);
                 }
                 // Dry: the store had less than these hits at the last grant (a request that
@@ -159,20 +156,13 @@ impl Slices {
         Take::Down
     }
 
-    /// Within [`PREFILL_MS`](crate::store::global::PREFILL_MS) of the end of `window` (µs), at
-    /// `now` (µs): an epoch-aligned window's, not a token bucket's.
-    fn near_end(window: (u64, u64), now: u64) -> bool {
-        let lead = crate::store::global::PREFILL_MS.saturating_mul(1000);
-        window != UNPINNED && now < window.1 && now.saturating_add(lead) >= window.1
-    }
-
     /// A global limit's slice spent from in its window's last seconds: the region's pool of
     /// the next window is filled ahead now, whether or not this replica's slice needs a grant
     /// before the window ends (a large slice can last the window: with only the grants' own
     /// trigger, every window's first requests waited a refill's round trip to home, 300 ms at
     /// 150 ms, a p99 of 229 ms in each 8 s bench round that crossed a minute).
-    fn next_window_ahead(&self, check: &LimitCheck) {
-        if let Some(g) = &self.global {
+    fn next_window_ahead(&self, check: &LimitCheck, due: bool) {
+        if let (true, Some(g)) = (due, &self.global) {
             g.ahead_of_window(check);
         }
     }
