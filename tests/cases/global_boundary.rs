@@ -13,15 +13,11 @@
 //! second waited at all (virtual time: a request that waits on home, or on a fill in flight,
 //! waits some of its 150 ms round trip; one answered from the pool waits none).
 
-use super::global_model::PerWindow;
-use super::global_moved_model::region;
+use super::global_moved_model::{follow, home_and_board, region};
 use crate::support::T0;
 use sluice::clock::ManualClock;
 use sluice::config::{Leasing, Limit, Period, Unit};
-use sluice::store::global::MemoryBoard;
-use sluice::store::memory::MemoryStore;
-use sluice::store::{CounterStore, Decider, LimitCheck};
-use std::sync::Arc;
+use sluice::store::{Decider, LimitCheck};
 use std::time::Duration;
 
 const LIMIT: u32 = 1_000_000_000;
@@ -47,24 +43,12 @@ fn check(now: Duration) -> LimitCheck {
 #[tokio::test(start_paused = true)]
 async fn a_window_boundary_under_steady_load_costs_no_round_trip_to_home() {
     let clock = ManualClock::new(T0);
-    let home: Arc<dyn CounterStore> = Arc::new(PerWindow(Arc::new(MemoryStore::new(Arc::new(
-        clock.clone(),
-    )))));
-    let board = Arc::new(MemoryBoard::default());
+    let (home, board) = home_and_board(&clock);
     let a = region("a", &clock, &home, &board);
     let from = Duration::from_secs(50);
     let started = tokio::time::Instant::now() - from;
     clock.set(T0 + from);
-    // The pools' clock follows tokio's (virtual) time, a millisecond at a time.
-    let ticker = {
-        let clock = clock.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                clock.set(T0 + started.elapsed());
-            }
-        })
-    };
+    let ticker = follow(&clock, started);
     // (sent at, into the minute; admitted; how long it waited).
     let mut answers = Vec::new();
     let mut step = 0u32;

@@ -33,6 +33,7 @@ use sluice::store::{BoxFuture, CounterKey, CounterStore, Decider, Decision, Limi
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::task::JoinHandle;
 
 const STEP: Duration = Duration::from_millis(10);
 /// One way between a region and home.
@@ -170,29 +171,35 @@ async fn offer(
     (admitted.count() as u64, last.unwrap_or_default())
 }
 
+/// Home (a counter per window) and the regions' board, on `clock`.
+pub(crate) fn home_and_board(clock: &ManualClock) -> (Arc<dyn CounterStore>, Arc<MemoryBoard>) {
+    let store = MemoryStore::new(Arc::new(clock.clone()));
+    let home: Arc<dyn CounterStore> = Arc::new(PerWindow(Arc::new(store)));
+    (home, Arc::new(MemoryBoard::default()))
+}
+
+/// Moves `clock` with tokio's (virtual) time from `started`, a millisecond at a time (a
+/// request that waits on a refill lets time run on), until aborted.
+pub(crate) fn follow(clock: &ManualClock, started: tokio::time::Instant) -> JoinHandle<()> {
+    let clock = clock.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            clock.set(T0 + started.elapsed());
+        }
+    })
+}
+
 #[tokio::test(start_paused = true)]
 async fn demand_that_moves_is_home_within_a_reading_and_taken_up_within_two_round_trips() {
     let clock = ManualClock::new(T0);
-    let home: Arc<dyn CounterStore> = Arc::new(PerWindow(Arc::new(MemoryStore::new(Arc::new(
-        clock.clone(),
-    )))));
-    let board = Arc::new(MemoryBoard::default());
+    let (home, board) = home_and_board(&clock);
     let a = Arc::new(region("a", &clock, &home, &board));
     let c = Arc::new(region("c", &clock, &home, &board));
     let key = check(T0, 1).key;
     let window_ms = u64::try_from(T0.as_millis()).expect("in range");
-    // The pools' clock follows tokio's (virtual) time, a millisecond at a time: a request that
-    // waits on a refill lets time run on.
     let started = tokio::time::Instant::now();
-    let ticker = {
-        let clock = clock.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                clock.set(T0 + started.elapsed());
-            }
-        })
-    };
+    let ticker = follow(&clock, started);
     let left = |pool: &Arc<MemoryPool>| {
         let (pool, key) = (Arc::clone(pool), key.clone());
         async move {

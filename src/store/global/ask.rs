@@ -1,10 +1,12 @@
 //! What one refill asks of home, and how much: the region's demand over
 //! [`POOL_AHEAD_MS`](super::POOL_AHEAD_MS), at least the slices asked for, at most the
-//! region's max-min share (`fair.rs`) and, while no other region's report of the window is on
-//! the board, a quarter of what home had left (so the regions share the window's tail); and,
-//! when home has less than asked, what it has left. A region whose demand rose (or moved to
-//! it from another region: `moved.rs`) takes its refills as fast as they land: its rate is
-//! read since its last refill asked, and the next refill takes what the others leave.
+//! region's max-min share (`fair.rs`) and, while the board lists no other region holding or
+//! taking units (a fresh report), a quarter of what home had left (so the regions share the
+//! window's tail); and, when home has less than asked, what it has left. A region whose demand
+//! rose (or moved to it from another region: `moved.rs`) takes its refills as fast as they
+//! land: once it took as many units as its last refill brought since that refill asked home
+//! (less than a second before), its rate is read from then, and the next refill takes what the
+//! others leave.
 
 use super::fair::{self, share_left};
 use super::{grant_check, Asked, GlobalGrants, Known, PoolState, MIN_REFILL_SLICES, POOL_AHEAD_MS};
@@ -26,6 +28,7 @@ impl GlobalGrants {
             dry_ms: 0,
             home_left,
             failed: None,
+            asked_at: (0, 0),
         };
         let mut ask = want;
         for _ in 0..2 {
@@ -84,9 +87,12 @@ impl GlobalGrants {
                 dry_ms: fair::FAIR_RETRY_MS,
                 home_left: k.home_left,
                 failed: None,
+                asked_at: (0, 0),
             }
         } else {
-            self.ask_home(check, want, k.home_left).await
+            let mut asked = self.ask_home(check, want, k.home_left).await;
+            asked.asked_at = (lock.now, lock.taken);
+            asked
         };
         let short = asked.failed.is_none() && (sized.short || asked.got < want);
         if short {
@@ -102,8 +108,6 @@ impl GlobalGrants {
                 short,
             };
             k.floor = floor;
-            k.asked_ms = lock.now;
-            k.taken_asked = lock.taken;
         });
         if asked.failed.is_none() && want > 0 {
             // Answered refills only: the panel divides by them.
@@ -138,7 +142,7 @@ impl GlobalGrants {
             let since = u128::from(pool.taken.saturating_sub(k.taken_asked));
             let span = u128::from(pool.now.saturating_sub(k.asked_ms).max(FAST_SPAN_MS));
             let whole = u128::from(k.last_refill.max(floor));
-            let fast = k.asked_ms > 0 && since >= whole && span < elapsed;
+            let fast = k.asked_ms > 0 && k.last_refill > 0 && since >= whole && span < elapsed;
             let per = |ms: u128| {
                 let slow = taken * ms / elapsed;
                 let rate = if fast {
@@ -215,10 +219,13 @@ impl GlobalGrants {
             self.now_ms(),
             end / 1000,
         );
-        // Reports that claim something: an idle one (a pool given back, no rate) says nothing
-        // of who takes units now.
+        // Reports that claim something, and fresh: an idle one (a pool given back, no rate)
+        // says nothing of who takes units now, nor one older than `FRESH_MS` (its region may
+        // be dead or cut off).
+        let now = self.now_ms();
         let busy = others
             .iter()
+            .filter(|r| now.saturating_sub(r.at_unix_ms) <= fair::FRESH_MS)
             .filter(|r| r.pool > 0 || r.demand.per_ks > 0 || r.demand.short)
             .count();
         Some((left, busy))

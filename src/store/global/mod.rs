@@ -18,11 +18,12 @@
 //! deadline) for the one refill in flight, else is denied.
 //!
 //! - **Sizing.** A refill asks home for the region's demand over [`POOL_AHEAD_MS`] (the rate
-//!   its replicas took units from the pool since the last refill), at least the slice asked for
-//!   and [`MIN_REFILL_SLICES`] slices, at most the region's max-min share of the window beside
-//!   the other regions' reports (`fair.rs`) and a quarter of what home had left at the last
-//!   refill (the pools shrink as the window fills, so regions
-//!   share the tail). Below half of the last refill the pool is refilled ahead, in the
+//!   its replicas took units from the pool since the last refill, or since it asked home when
+//!   they took all of it: `ask.rs`), at least the slice asked for and [`MIN_REFILL_SLICES`]
+//!   slices, at most the region's max-min share of the window beside the other regions'
+//!   reports (`fair.rs`) and, while those list no other region holding or taking units, a
+//!   quarter of what home had left at the last refill (the pools shrink as the window fills,
+//!   so regions share the tail). Below half of the last refill the pool is refilled ahead, in the
 //!   background.
 //! - **Giving back.** A slice a replica no longer spends goes back to the pool (idle, evicted,
 //!   SIGTERM); a pool no replica took from for [`POOL_IDLE_MS`] goes back home (a refund on the
@@ -92,8 +93,9 @@ struct Known {
     last_refill: u64,
     taken_at: u64,
     at_ms: u64,
-    /// The pool's clock and `taken` when this replica's last refill asked home (0: none yet):
-    /// a region taking its refills as fast as they land reads its rate from then (`ask.rs`).
+    /// The pool's clock and `taken` when this replica's last refill (`last_refill`, more than
+    /// nothing) asked home (0: none): a region taking its refills as fast as they land reads
+    /// its rate from then (`ask.rs`).
     asked_ms: u64,
     taken_asked: u64,
     /// This replica watches the pool for idleness (to give it back home).
@@ -122,6 +124,9 @@ struct Asked {
     home_left: u64,
     /// Home did not answer.
     failed: Option<StoreError>,
+    /// The pool's clock and `taken` when the refill asked home (`ask.rs`: a refill that got
+    /// units reads the region's next rate from then).
+    asked_at: (u64, u64),
 }
 
 /// The store a global limit's slices are granted by: the region's pool, refilled from home.
@@ -386,6 +391,7 @@ impl GlobalGrants {
                 dry_ms: 0,
                 home_left: k.home_left,
                 failed: Some(e),
+                asked_at: (0, 0),
             };
             return self
                 .land(key, (check.window, window_ms, begun), ttl, token, asked)
@@ -428,6 +434,7 @@ impl GlobalGrants {
             mut dry_ms,
             home_left,
             failed,
+            asked_at,
         } = asked;
         let fill = if failed.is_some() {
             // Home is unreachable: the region denies what it cannot admit for a while, rather
@@ -472,6 +479,8 @@ impl GlobalGrants {
             k.last_refill = got;
             k.taken_at = st.taken;
             k.at_ms = st.now;
+            // The ask of the refill that landed (none when it got nothing): `ask.rs`.
+            (k.asked_ms, k.taken_asked) = if got > 0 { asked_at } else { (0, 0) };
         });
         Ok(())
     }

@@ -117,8 +117,9 @@ impl GlobalGrants {
         });
     }
 
-    /// If no replica of this region took from the pool for [`MOVED_IDLE_MS`] and another
-    /// region marked the window short, the pool goes home now. Whether it went.
+    /// If no replica of this region took from the pool for its idle span (`idle_span`:
+    /// [`MOVED_IDLE_MS`] to 2 s) and another region marked the window short, the pool goes
+    /// home now. Whether it went.
     pub(super) async fn give_back_moved(
         self: &Arc<Self>,
         key: &CounterKey,

@@ -1,5 +1,6 @@
 //! One slice's own arithmetic: a fresh one, what taking from it answers, the next grant's
-//! size, and units given back to it (the [`Slices`](super::Slices) around it decide when).
+//! size, units given back to it, and (a global limit's) when the next window's pool is due to
+//! be filled ahead (the [`Slices`](super::Slices) around it decide when).
 
 use super::{Entry, Refill, Slice, Taken, UNPINNED};
 use std::sync::Arc;
