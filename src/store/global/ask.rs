@@ -5,8 +5,8 @@
 //! window's tail); and, when home has less than asked, what it has left. A region whose demand
 //! rose (or moved to it from another region: `moved.rs`) takes its refills as fast as they
 //! land: once it took as many units as its last refill brought since that refill asked home
-//! (less than a second before), its rate is read from then, and the next refill takes what the
-//! others leave.
+//! (less than a second before), and the board lists another region holding or taking units,
+//! its rate is read from then, and the next refill takes what the others leave.
 
 use super::fair::{self, share_left};
 use super::{grant_check, Asked, GlobalGrants, Known, PoolState, MIN_REFILL_SLICES, POOL_AHEAD_MS};
@@ -126,6 +126,9 @@ impl GlobalGrants {
     pub(super) fn want(&self, check: &LimitCheck, k: &Known, pool: &PoolState, need: u64) -> Want {
         let slice = check.slice.map_or(1, |t| u64::from(t.max_slice));
         let floor = slice.saturating_mul(MIN_REFILL_SLICES);
+        let fair = self.fair_share(check, pool);
+        // The board lists another region holding or taking units: its share caps this refill.
+        let checked = matches!(fair, Some((_, busy)) if busy > 0);
         let (demand, per_ks) = if k.at_ms == 0 || pool.now <= k.at_ms {
             (floor.saturating_mul(2), 0)
         } else {
@@ -138,11 +141,16 @@ impl GlobalGrants {
             // as fast as they land (demand that rose, or moved to it), and its rate is read
             // from then (over [`FAST_SPAN_MS`] at least). Over a second it would read as one
             // refill a second, and its refills would grow by that much per round trip. A burst
-            // of slices taken at once, less than a refill, is still read over a second.
+            // of slices taken at once, less than a refill, is still read over a second. Only
+            // with the others' shares on the board (`checked`): at a window's start, before
+            // they report, a region whose refills grew that fast took a third of the limit
+            // over its share in four refills (`three_regions` in `tests/cases/global.rs`,
+            // 12 825 of 30 000 where its share was 10 000).
             let since = u128::from(pool.taken.saturating_sub(k.taken_asked));
             let span = u128::from(pool.now.saturating_sub(k.asked_ms).max(FAST_SPAN_MS));
             let whole = u128::from(k.last_refill.max(floor));
-            let fast = k.asked_ms > 0 && k.last_refill > 0 && since >= whole && span < elapsed;
+            let fast =
+                checked && k.asked_ms > 0 && k.last_refill > 0 && since >= whole && span < elapsed;
             let per = |ms: u128| {
                 let slow = taken * ms / elapsed;
                 let rate = if fast {
@@ -171,17 +179,16 @@ impl GlobalGrants {
                 .max(u64::try_from(avg).unwrap_or(u64::MAX))
                 .max(carried)
         });
-        let fair = self.fair_share(check, pool);
         // A quarter of what home had left, unless a fresh board lists another region holding
         // or taking units: its
         // max-min share (`fair.rs`) then holds the others' claims, and a region whose demand
         // rose takes what the others leave in one refill (demand that moved: `moved.rs`). An
         // empty or stale board is no evidence that no other region takes units (each region's
         // first refill in a window, before any report of the window, reads an empty board).
-        let quarter = match fair {
-            Some((_, others)) if others > 0 => u64::MAX,
-            _ if k.home_left == u64::MAX => u64::MAX,
-            _ => k.home_left.div_ceil(4),
+        let quarter = if checked || k.home_left == u64::MAX {
+            u64::MAX
+        } else {
+            k.home_left.div_ceil(4)
         };
         let wanted = demand.max(floor).max(need).max(1);
         let mut want = wanted.min(quarter).max(need).max(1);
