@@ -142,10 +142,8 @@ impl GlobalGrants {
             // from then (over [`FAST_SPAN_MS`] at least). Over a second it would read as one
             // refill a second, and its refills would grow by that much per round trip. A burst
             // of slices taken at once, less than a refill, is still read over a second. Only
-            // with the others' shares on the board (`checked`): at a window's start, before
-            // they report, a region whose refills grew that fast took a third of the limit
-            // over its share in four refills (`three_regions` in `tests/cases/global.rs`,
-            // 12 825 of 30 000 where its share was 10 000).
+            // with the others' shares on the board (`checked`): before they report (a window's
+            // start), nothing but the quarter rule would cap refills grown that fast.
             let since = u128::from(pool.taken.saturating_sub(k.taken_asked));
             let span = u128::from(pool.now.saturating_sub(k.asked_ms).max(FAST_SPAN_MS));
             let whole = u128::from(k.last_refill.max(floor));
