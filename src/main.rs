@@ -10,7 +10,6 @@ use clap::{Args, FromArgMatches};
 use sluice::config::load_path;
 use sluice::settings::{CheckArgs, Cli, Command, LogArgs, LogFormat, Parsed, ServeArgs};
 use std::process::ExitCode;
-use tracing_subscriber::EnvFilter;
 
 /// mimalloc instead of glibc malloc: allocation was ~15% of the server's CPU under load (perf),
 /// and the README's side-by-side runs show the difference per decision.
@@ -59,11 +58,9 @@ fn block_on(
 /// Logs go to stderr; `RUST_LOG`, when set, refines `LOG_LEVEL` per module. The admin audit
 /// lines are written whatever either says (see `admin::audit`).
 fn init_logging(log: &LogArgs) {
-    let filter = EnvFilter::builder()
-        .with_default_directive(
-            tracing::level_filters::LevelFilter::from_level(log.log_level.as_tracing()).into(),
-        )
-        .from_env_lossy();
+    let level = tracing::level_filters::LevelFilter::from_level(log.log_level.as_tracing());
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let filter = sluice::telemetry::log_filter::log_filter(level, rust_log.as_deref());
     let filter = sluice::admin::audit::always_on(filter);
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

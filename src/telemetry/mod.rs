@@ -7,6 +7,7 @@ pub mod assignments;
 pub mod envoy_stats;
 mod global_metrics;
 pub mod leases;
+pub mod log_filter;
 pub mod metrics;
 pub mod offenders;
 pub mod quota_metrics;

@@ -74,7 +74,10 @@ pub(crate) async fn region(
         for (k, v) in store.settings() {
             c.env(k, v);
         }
-        c.env("GLOBAL_REDIS_URL", link.url()).env("REGION", name);
+        c.env("GLOBAL_REDIS_URL", link.url())
+            .env("REGION", name)
+            // Each refill's size and the board it was sized on, for `accounts` on a failure.
+            .env("RUST_LOG", "sluice::store::global::ask=debug");
         replicas.push(SluiceProcess::spawn(c).await);
     }
     Region {
@@ -163,8 +166,9 @@ async fn accounts(regions: &[Region], stores: &[Store]) -> String {
                 .filter(|l| l.contains("WARN") || l.contains("ERROR"))
                 .take(20)
                 .collect();
+            let refills: Vec<&str> = log.lines().filter(|l| l.contains("refill sized")).collect();
             out.push_str(&format!(
-                "region {} replica {i}:\n  {}\n  warnings: {warnings:#?}\n",
+                "region {} replica {i}:\n  {}\n  warnings: {warnings:#?}\n  refills: {refills:#?}\n",
                 r.name,
                 tallies.join("\n  ")
             ));

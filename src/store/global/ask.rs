@@ -194,6 +194,16 @@ impl GlobalGrants {
             // Over its share: nothing, not even `need` (the others' units).
             want = want.min(left);
         }
+        tracing::debug!(
+            want,
+            wanted,
+            have = pool.have,
+            home_left = k.home_left,
+            fair = ?fair,
+            per_ks,
+            board = %self.board_text(check),
+            "refill sized"
+        );
         Want {
             want,
             short: want < wanted,
@@ -234,6 +244,33 @@ impl GlobalGrants {
             .filter(|r| r.pool > 0 || r.demand.per_ks > 0 || r.demand.short)
             .count();
         Some((left, busy))
+    }
+}
+
+impl GlobalGrants {
+    /// The board a refill is sized on, for the debug log: `region:granted/per_ks/short@age_ms`.
+    fn board_text(&self, check: &LimitCheck) -> String {
+        let Some((start, _)) = check.window else {
+            return String::new();
+        };
+        let (w, now) = (super::window_ms(check.window), self.now_ms());
+        match self.boards.get(&check.key, w, start / 1000, now) {
+            None => "none".into(),
+            Some(all) => all
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{}:{}/{}/{}@{}",
+                        r.region,
+                        r.pool.saturating_add(r.taken),
+                        r.demand.per_ks,
+                        u8::from(r.demand.short),
+                        now.saturating_sub(r.at_unix_ms)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
+        }
     }
 }
 

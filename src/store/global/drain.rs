@@ -8,12 +8,51 @@ use super::moved::{Looks, MOVED_TICK_MS, TRIM_TICK_MS};
 use super::regions::Demand;
 use super::{grant_check, window_ms, GlobalGrants, PoolOp, POOL_IDLE_MS, REFILL_LEASE_MS};
 use crate::store::{CounterKey, CounterStore};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Pools given back at once when a replica stops.
 const GIVE_BACK_AT_ONCE: usize = 16;
+/// Pools one replica watches every [`TRIM_TICK_MS`] at once, at most: the others near a dry
+/// home are looked at every second, as any pool (each look is a call to the region's store:
+/// a replica with thousands of global counters near dry must not make tens of thousands a
+/// second). Demand that moves is then seen within a second for those, not 100 ms.
+pub(super) const MAX_FAST_WATCHES: usize = 64;
+
+/// One watcher's claim on a fast tick (of [`MAX_FAST_WATCHES`]); given up when dropped.
+pub(super) struct FastWatch<'a> {
+    count: &'a AtomicUsize,
+    held: bool,
+}
+
+impl<'a> FastWatch<'a> {
+    pub(super) fn new(count: &'a AtomicUsize) -> Self {
+        Self { count, held: false }
+    }
+
+    /// Claims a fast tick while `want` (if one is free), gives it up otherwise; whether held.
+    pub(super) fn hold(&mut self, want: bool) -> bool {
+        if want && !self.held {
+            self.held = self
+                .count
+                .fetch_update(Relaxed, Relaxed, |n| {
+                    (n < MAX_FAST_WATCHES).then_some(n + 1)
+                })
+                .is_ok();
+        } else if !want && self.held {
+            self.count.fetch_sub(1, Relaxed);
+            self.held = false;
+        }
+        self.held
+    }
+}
+
+impl Drop for FastWatch<'_> {
+    fn drop(&mut self) {
+        self.hold(false);
+    }
+}
 /// No pool's give-back starts this close to its bound: its drain and refund go together.
 const GIVE_BACK_MARGIN: Duration = Duration::from_millis(300);
 
@@ -75,11 +114,13 @@ impl GlobalGrants {
         let end_ms = window.map_or(u64::MAX, |(_, end)| end / 1000);
         let mut looked = tokio::time::Instant::now();
         let mut looks = Looks::default();
+        let mut fast = FastWatch::new(&self.fast_watches);
         loop {
-            // Every 100 ms while home is nearly dry (`moved.rs`), else every second (a look at
-            // this replica's memory: a pool that comes near dry is looked at within a second);
-            // the ordinary give-back every `POOL_IDLE_MS` and a little more.
-            let tick = if self.near_dry(key, window_ms) {
+            // Every 100 ms while home is nearly dry (`moved.rs`; for at most
+            // [`MAX_FAST_WATCHES`] pools at once), else every second (a look at this replica's
+            // memory: a pool that comes near dry is looked at within a second); the ordinary
+            // give-back every `POOL_IDLE_MS` and a little more.
+            let tick = if fast.hold(self.near_dry(key, window_ms)) {
                 TRIM_TICK_MS
             } else {
                 1_000
@@ -241,5 +282,33 @@ impl GlobalGrants {
             })
             .await;
         total.load(Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_ticks_are_capped_and_given_up() {
+        let count = AtomicUsize::new(0);
+        let mut all: Vec<FastWatch> = (0..MAX_FAST_WATCHES + 3)
+            .map(|_| FastWatch::new(&count))
+            .collect();
+        let held = all
+            .iter_mut()
+            .filter_map(|w| w.hold(true).then_some(()))
+            .count();
+        assert_eq!(held, MAX_FAST_WATCHES);
+        assert_eq!(count.load(Relaxed), MAX_FAST_WATCHES);
+        // Asking again while held claims nothing more.
+        assert!(all[0].hold(true));
+        assert_eq!(count.load(Relaxed), MAX_FAST_WATCHES);
+        // One given up (no longer near dry): a waiting one gets it.
+        assert!(!all[0].hold(false));
+        assert!(all[MAX_FAST_WATCHES].hold(true));
+        // Dropped watchers give theirs back.
+        drop(all);
+        assert_eq!(count.load(Relaxed), 0);
     }
 }

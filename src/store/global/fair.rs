@@ -8,7 +8,9 @@
 //! demand, or got less than it asked). The report is one script call that writes it and
 //! answers every region's: the board a replica sizes its next refill on comes back with the
 //! report it sends after each refill; a replica whose board was not read in the window, or
-//! not in the last 5 s, reads it before its refill (one more home call). A refill is then
+//! not in the last second, reads it before its refill (one more home call, at most one a
+//! second: a board read as the window began lists none of the regions that had not reported
+//! yet, and a refill sized on it seconds later would take their shares). A refill is then
 //! capped at this region's max-min share of the window, less what it was granted (fairness
 //! only lowers a refill; the quarter rule of `ask.rs` holds too while the board lists no other
 //! region holding or taking units in the window):
@@ -39,6 +41,11 @@ use std::sync::Mutex;
 /// A report older than this (ms) says nothing of the region's demand any more: it counts for
 /// what it was granted only.
 pub const FRESH_MS: u64 = 10_000;
+/// A board older than this (ms) is read again before a refill is sized on it. The others'
+/// reports move within a second (each refill of theirs reports): a board read at a window's
+/// start, before the others' first refills reported, lists none of them, and a refill sized
+/// on it seconds later would take their shares (a quarter of home's rest, not its own share).
+pub const BOARD_REREAD_MS: u64 = 1_000;
 /// A region over its share finds its pool dry this long (ms) before it asks again.
 pub const FAIR_RETRY_MS: u64 = 250;
 /// Boards one replica keeps at most (one per global counter and window it refilled).
@@ -143,9 +150,10 @@ impl super::GlobalGrants {
 impl super::GlobalGrants {
     /// The other regions' reports for `check`'s window, read at home when this replica has
     /// none fresh enough: none yet, fetched before the window began (a refill ahead's report
-    /// for the next window), or older than half of [`FRESH_MS`] (the region's other replicas'
-    /// refills refresh theirs, not this one's). A read that fails is tried again after half
-    /// of [`FRESH_MS`], not at every refill (each would pay the home timeout while cut off).
+    /// for the next window), or older than [`BOARD_REREAD_MS`] (the region's other replicas'
+    /// refills refresh theirs, not this one's; a refill right after this replica's last one
+    /// has its report's answer). A read that fails is tried again after half of
+    /// [`FRESH_MS`], not at every refill (each would pay the home timeout while cut off).
     pub(super) async fn board_for(&self, check: &crate::store::LimitCheck) {
         let Some(r) = self.reporting.get() else {
             return;
@@ -205,9 +213,12 @@ impl Boards {
     fn try_read(&self, key: &CounterKey, window_ms: u64, start_ms: u64, now_ms: u64) -> bool {
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let b = Self::slot(&mut map, key, window_ms);
-        let fresh = b.read_ms >= start_ms && now_ms.saturating_sub(b.read_ms) <= FRESH_MS / 2;
-        let tried = b.tried_ms > 0 && now_ms.saturating_sub(b.tried_ms) < FRESH_MS / 2;
-        if fresh || tried {
+        let fresh = b.read_ms > 0
+            && b.read_ms >= start_ms
+            && now_ms.saturating_sub(b.read_ms) <= BOARD_REREAD_MS;
+        // A read that failed since the last one that answered: not again for a while.
+        let failed = b.tried_ms > b.read_ms && now_ms.saturating_sub(b.tried_ms) < FRESH_MS / 2;
+        if fresh || failed {
             return false;
         }
         b.tried_ms = now_ms.max(1);
@@ -314,6 +325,32 @@ mod tests {
                 proptest::prop_assert!(level + held <= limit);
             }
         }
+    }
+
+    #[test]
+    fn a_board_older_than_a_second_is_read_again_and_a_failed_read_waits() {
+        let boards = Boards::default();
+        let key = crate::store::LimitCheck::for_tests(
+            "d",
+            "a",
+            crate::config::Limit::fixed(10, crate::config::Unit::Minute),
+            1,
+        )
+        .key;
+        let (w, start) = (60_000, 60_000);
+        // None yet: read; read as the window began (and answered): not again within a second.
+        assert!(boards.try_read(&key, w, start, start + 10));
+        boards.put(&key, w, Vec::new(), start + 20);
+        assert!(!boards.try_read(&key, w, start, start + 20 + BOARD_REREAD_MS));
+        // Three seconds later, when the others have reported: read again.
+        assert!(boards.try_read(&key, w, start, start + 3_000));
+        // That read failed (no answer put): not again until half of FRESH_MS has passed.
+        assert!(!boards.try_read(&key, w, start, start + 3_000 + BOARD_REREAD_MS + 1));
+        assert!(!boards.try_read(&key, w, start, start + 3_000 + FRESH_MS / 2 - 1));
+        assert!(boards.try_read(&key, w, start, start + 3_000 + FRESH_MS / 2));
+        // A board read before the window began (a refill ahead's report) is read again.
+        boards.put(&key, w, Vec::new(), start + 9_000);
+        assert!(boards.try_read(&key, w, start + 60_000, start + 60_001));
     }
 
     #[test]
