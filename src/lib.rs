@@ -35,6 +35,8 @@ pub mod app;
 pub mod clock;
 #[doc(hidden)]
 pub mod config;
+#[doc(hidden)]
+pub mod decision_log;
 mod duration;
 mod pem;
 #[doc(hidden)]

@@ -125,7 +125,8 @@ pub enum Command {
 #[derive(Debug, Clone, Args)]
 pub struct LogArgs {
     /// Minimum log level (envoyproxy names: trace, debug, info, warn, error; case-insensitive).
-    /// `RUST_LOG`, when set, overrides it with full filter directives.
+    /// `RUST_LOG`, when set, refines it per module (`sluice::store=debug`); a bare level in
+    /// `RUST_LOG` replaces it.
     #[arg(
         long,
         env = "LOG_LEVEL",
