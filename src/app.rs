@@ -31,6 +31,8 @@ pub struct Ingredients {
     pub tracing: Option<TraceSettings>,
     /// Where `rules` came from, for the load log line.
     pub config_path: Option<PathBuf>,
+    /// `DECISION_LOG`: started with the telemetry (its counters are metrics).
+    pub decision_log: Option<crate::decision_log::Settings>,
 }
 
 impl Ingredients {
@@ -52,16 +54,27 @@ impl Ingredients {
             clock,
             tracing: None,
             config_path: None,
+            decision_log: None,
         }
     }
 }
 
 /// Builds the parts a server serves: the trace export (when configured), the telemetry on the
 /// store's signals, and the decision engine with the rules loaded or awaiting the first push.
-pub fn assemble(i: Ingredients) -> Result<Parts, ServerError> {
+pub fn assemble(mut i: Ingredients) -> Result<Parts, ServerError> {
     let tracing = start_tracing(i.tracing)?;
     let mut telemetry = Telemetry::new(i.clock)?;
     telemetry.tracer = tracing.as_ref().map(Tracing::tracer);
+    if let Some(settings) = i.decision_log {
+        let path = settings.path.display().to_string();
+        let log = crate::decision_log::DecisionLog::start(
+            settings,
+            telemetry.metrics.decision_log_counters(),
+        )
+        .map_err(ServerError::DecisionLog)?;
+        tracing::info!(path, "writing decided requests to the decision log");
+        i.options.decision_log = Some(log);
+    }
     let limiter = match i.rules {
         None => RateLimiter::awaiting_config(i.store, i.options, telemetry),
         Some(rules) => {
@@ -121,6 +134,7 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, SettingsError> {
         clock,
         tracing: args.observe.tracing(),
         config_path: xds.is_none().then(|| path.clone()),
+        decision_log: args.decision_log.settings(),
     })
     .map_err(SettingsError::Start)?;
     let mut config = ServerConfig::new(parts);
@@ -274,6 +288,7 @@ fn service_options(args: &ServeArgs) -> ServiceOptions {
         ready_needs_config: args.source.ready_needs_config(),
         response_dynamic_metadata: args.response_dynamic_metadata,
         allow_limit_override: args.allow_limit_override,
+        decision_log: None,
     }
 }
 

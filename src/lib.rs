@@ -43,6 +43,8 @@ mod pem;
 pub mod proto;
 #[doc(hidden)]
 pub mod quota;
+#[doc(hidden)]
+pub mod replay;
 mod rules;
 #[doc(hidden)]
 pub mod server;

@@ -34,6 +34,9 @@ fn main() -> ExitCode {
         Command::Admin(args) => {
             block_on(tokio::runtime::Builder::new_current_thread(), admin(args))
         }
+        Command::Replay(args) => {
+            block_on(tokio::runtime::Builder::new_current_thread(), replay(args))
+        }
         // `serve` starts on a single-threaded runtime that is also its first gRPC serving
         // thread; the server adds the others, one runtime each (`server/workers.rs` says why).
         Command::Serve(args) => {
@@ -134,6 +137,16 @@ async fn admin(args: sluice::admin::client::AdminArgs) -> ExitCode {
 
 /// `sluice check PATH`: every error on its own line (`file:line: path: message`) on stdout and
 /// exit 1, or a short summary and exit 0.
+async fn replay(args: sluice::settings::ReplayArgs) -> ExitCode {
+    match sluice::replay::cli::run(&args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sluice replay: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn check(args: &CheckArgs) -> ExitCode {
     let opts = args.load.options();
     match load_path(&args.path, &opts) {

@@ -256,6 +256,8 @@ pub enum ServerError {
     },
     #[error("admin API: {0}")]
     Admin(String),
+    #[error("{0}")]
+    DecisionLog(String),
     #[error("not supported: {0}")]
     Unsupported(&'static str),
     #[error("cannot build gRPC reflection: {0}")]

@@ -69,6 +69,15 @@ impl Supervised {
             if let Some(t) = tracing {
                 t.shutdown().await;
             }
+            // And the decision log's last lines are on disk (its writer is a thread: waited
+            // for off the runtime).
+            if let Some(log) = limiter.options().decision_log.clone() {
+                let flushed =
+                    tokio::task::spawn_blocking(move || log.flush(Duration::from_secs(2))).await;
+                if !matches!(flushed, Ok(true)) {
+                    tracing::warn!("the decision log's last lines may not be on disk");
+                }
+            }
             result
         })
     }

@@ -340,7 +340,10 @@ impl RateLimiter {
             &request.domain,
             request.descriptors.len(),
         );
-        let result = self.decide(&request, span.context(), deadline).await;
+        let mut at = Decided::default();
+        let result = self
+            .decide(&request, span.context(), deadline, &mut at)
+            .await;
         let outcome = match &result {
             Ok(r) if r.overall_code == Code::OverLimit as i32 => RequestOutcome::OverLimit,
             Ok(_) => RequestOutcome::Ok,
@@ -352,7 +355,37 @@ impl RateLimiter {
             Ok(r) => Ok(r.overall_code == Code::OverLimit as i32),
             Err(e) => Err(e),
         });
+        if let (Some(log), Ok(response)) = (&self.options.decision_log, &result) {
+            self.log_decision(log, request, response, at);
+        }
         result
+    }
+
+    /// The decided request to the decision log (sampled by consumer; never waits).
+    fn log_decision(
+        &self,
+        log: &crate::decision_log::DecisionLog,
+        request: RateLimitRequest,
+        response: &RateLimitResponse,
+        at: Decided,
+    ) {
+        if !log.wants(&request) {
+            return;
+        }
+        let over: Vec<bool> = response
+            .statuses
+            .iter()
+            .map(|s| s.code == Code::OverLimit as i32)
+            .collect();
+        let ok = response.overall_code != Code::OverLimit as i32;
+        let t = if at.at_us > 0 {
+            at.at_us
+        } else {
+            self.now_us()
+        };
+        let mut line = crate::decision_log::line::Line::of(request, t, ok, &over);
+        line.fallback = at.fallback;
+        log.record(line);
     }
 
     /// validate -> plan -> store -> respond, with the store call wrapped in its span and
@@ -362,6 +395,7 @@ impl RateLimiter {
         request: &RateLimitRequest,
         cx: Option<&Context>,
         deadline: Option<tokio::time::Instant>,
+        at: &mut Decided,
     ) -> Result<RateLimitResponse, RequestError> {
         validate(request, &self.options.caps)?;
         if self.has_no_config() {
@@ -392,8 +426,12 @@ impl RateLimiter {
             Err(e) => Err(e),
         });
         match result {
-            Ok(decision) => Ok(self.answer(request, &plan, Verdict::Decided(&decision))),
+            Ok(decision) => {
+                at.at_us = decision.at_us;
+                Ok(self.answer(request, &plan, Verdict::Decided(&decision)))
+            }
             Err(e) => {
+                at.fallback = true;
                 self.store_errors.log(&e, self.options.failure_mode);
                 match self.options.failure_mode {
                     Some(mode) => Ok(self.answer(request, &plan, Verdict::StoreFailed(mode))),
@@ -402,6 +440,15 @@ impl RateLimiter {
             }
         }
     }
+}
+
+/// How a request was decided, for the decision log.
+#[derive(Debug, Clone, Copy, Default)]
+struct Decided {
+    /// The store's own time of the decision (0: not known; the service clock is taken).
+    at_us: u64,
+    /// Answered by `FAILURE_MODE`, the store having failed.
+    fallback: bool,
 }
 
 #[cfg(test)]

@@ -35,6 +35,8 @@ pub struct ServiceOptions {
     /// `ALLOW_LIMIT_OVERRIDE`: whether Envoy's per-descriptor `limit` replaces the configured
     /// limit in a domain without its own `allow_limit_override:`.
     pub allow_limit_override: bool,
+    /// `DECISION_LOG`: where decided requests are offered (off: `None`).
+    pub decision_log: Option<crate::decision_log::DecisionLog>,
 }
 
 /// Bounds on one request, checked before any rule or store work, so no request a client
@@ -98,6 +100,7 @@ impl Default for ServiceOptions {
             ready_needs_config: false,
             response_dynamic_metadata: false,
             allow_limit_override: true,
+            decision_log: None,
         }
     }
 }

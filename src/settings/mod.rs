@@ -16,12 +16,14 @@ use std::time::Duration;
 
 mod admin;
 mod check;
+mod decision_log;
 mod global;
 mod http2;
 mod json;
 mod observe;
 mod parse;
 mod redis;
+mod replay;
 mod rlqs;
 mod runtime;
 pub mod stats;
@@ -30,6 +32,7 @@ pub mod xds;
 
 pub use admin::AdminServeArgs;
 pub use check::{CheckArgs, LoadFlags};
+pub use decision_log::{parse_bytes, DecisionLogArgs};
 pub use global::GlobalArgs;
 pub use observe::{
     parse_exporter_protocol, parse_header_name, parse_ratio, HeadersDraft, ObserveArgs,
@@ -37,6 +40,7 @@ pub use observe::{
 pub(crate) use parse::{key_value_list, parse_max_counters, resolve};
 pub use parse::{parse_duration, parse_go_bool, Secret};
 pub use redis::{normalize_redis_urls, parse_failure_mode, RedisArgs};
+pub use replay::ReplayArgs;
 pub use runtime::{ignore_empty_env, RuntimeArgs};
 pub use tls::TlsArgs;
 
@@ -119,6 +123,9 @@ pub enum Command {
     Check(CheckArgs),
     /// Call a running sluice's admin API: inspect, reset, override limits.
     Admin(crate::admin::client::AdminArgs),
+    /// Replay a decision log (DECISION_LOG) against a config, or two side by side, on the
+    /// embedded store with a virtual clock: who would have been admitted and denied.
+    Replay(ReplayArgs),
 }
 
 /// Logging, shared by every command.
@@ -447,6 +454,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub admin: AdminServeArgs,
+
+    #[command(flatten)]
+    pub decision_log: DecisionLogArgs,
 }
 
 /// Why `serve` cannot start from these settings.

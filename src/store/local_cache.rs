@@ -319,6 +319,7 @@ impl<S: CounterStore> LocalDenyCache<S> {
             };
         }
         Some(Decision {
+            at_us: 0,
             admitted: false,
             outcomes,
             local: true,
@@ -494,6 +495,7 @@ mod tests {
         assert_eq!(
             local,
             Decision {
+                at_us: 0,
                 admitted: false,
                 outcomes: vec![Outcome {
                     allowed: false,

@@ -175,11 +175,12 @@ impl MemoryStore {
         // Microseconds, as the algorithms and the Redis script count time; read under the locks.
         let now = u64::try_from(self.clock.now().as_micros()).unwrap_or(u64::MAX);
 
-        let (decision, evicted) = if has_duplicates(&fps) {
+        let (mut decision, evicted) = if has_duplicates(&fps) {
             decide_on_copies(checks, &fps, &slot, &mut guards, now)
         } else {
             decide_in_place(checks, &fps, &slot, &mut guards, now)
         };
+        decision.at_us = now;
         if evicted > 0 {
             self.evictions.add(evicted);
         }
@@ -485,6 +486,7 @@ fn write_last(
 /// The store's answer: one atomic step.
 fn decided(admitted: bool, outcomes: Vec<Outcome>, leases: Vec<LeaseEffect>) -> Decision {
     Decision {
+        at_us: 0,
         admitted,
         outcomes,
         local: false,

@@ -238,6 +238,10 @@ pub struct Decision {
     /// Atomic steps the backend took: one script call per Cluster slot group, 1 on memory or
     /// standalone Redis, 0 when answered locally (for the trace span).
     pub steps: usize,
+    /// When the store decided, on its clock (Unix µs): the memory store's reading, under its
+    /// locks (the decision log records it, so a replay decides at the same instant); 0 where
+    /// the store keeps its own time (Redis) or nothing was decided.
+    pub at_us: u64,
     /// What each check did to its lease entries (see [`LeaseEffect`]): one per check when the
     /// request has an `in_flight` limit or a reservation, else empty (no allocation).
     pub leases: Vec<LeaseEffect>,

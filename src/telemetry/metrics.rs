@@ -122,6 +122,8 @@ pub struct Metrics {
     global: super::global_metrics::GlobalMetrics,
     /// Slots and reservations held, leases expired, releases without an entry.
     pub leases: std::sync::Arc<super::leases::LeaseMetrics>,
+    /// The decision log's lines written and dropped (`DECISION_LOG`; 0 while it is off).
+    decision_log: crate::decision_log::Counters,
 }
 
 /// `FAILURE_MODE=local`'s series, read from the stack's [`crate::store::LocalTallies`] when
@@ -293,6 +295,7 @@ impl Metrics {
             slices: super::slice_metrics::SliceMetrics::register(&r)?,
             global: super::global_metrics::GlobalMetrics::register(&r)?,
             leases: std::sync::Arc::new(super::leases::LeaseMetrics::register(&r.0)?),
+            decision_log: decision_log_counters(&r)?,
             descriptor_series: Default::default(),
             registry: r.0,
         })
@@ -442,7 +445,32 @@ impl Metrics {
     }
 }
 
+/// `sluice_decision_log_*`: lines written, lines dropped by reason.
+fn decision_log_counters(
+    r: &super::registrar::Registrar,
+) -> Result<crate::decision_log::Counters, MetricsError> {
+    let dropped = r.counter_vec(
+        "sluice_decision_log_dropped_total",
+        "Decision log lines dropped: its queue was full (the request went on undelayed), or \
+         the file could not be written (disk full).",
+        ("reason", &["queue_full", "write_error"]),
+    )?;
+    Ok(crate::decision_log::Counters {
+        lines: r.add(IntCounter::new(
+            "sluice_decision_log_lines_total",
+            "Decided requests written to the decision log (DECISION_LOG).",
+        ))?,
+        dropped_queue: dropped.with_label_values(&["queue_full"]),
+        dropped_write: dropped.with_label_values(&["write_error"]),
+    })
+}
+
 impl Metrics {
+    /// The decision log's counters (registered here, fed by its writer).
+    pub fn decision_log_counters(&self) -> crate::decision_log::Counters {
+        self.decision_log.clone()
+    }
+
     /// Every metric family as it stands now (the store gauges as last rendered).
     pub fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
         self.registry.gather()

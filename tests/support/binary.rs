@@ -25,7 +25,7 @@ pub fn bin() -> String {
 const CAP: Duration = Duration::from_secs(90);
 
 /// Variables of the test's own environment that would change what the child does.
-const STRAY_ENV: [&str; 16] = [
+const STRAY_ENV: [&str; 17] = [
     "RUST_LOG",
     "SLUICE_CONFIG",
     "REDIS_URL",
@@ -42,6 +42,7 @@ const STRAY_ENV: [&str; 16] = [
     "REGION",
     "GLOBAL_UNREACHABLE",
     "GLOBAL_UNREACHABLE_SHARE",
+    "DECISION_LOG",
 ];
 
 /// `sluice serve --config <config>` on `127.0.0.1`, both ports 0, text logs at info, the test's

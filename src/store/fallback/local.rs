@@ -84,6 +84,7 @@ impl Shared {
             Ok(d) => d,
             // The memory store does not fail; if it ever did, deny rather than admit blind.
             Err(_) => Decision {
+                at_us: 0,
                 admitted: false,
                 outcomes: vec![
                     crate::store::Outcome {

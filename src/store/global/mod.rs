@@ -524,6 +524,7 @@ impl CounterStore for Arc<GlobalGrants> {
                 outcomes.push(self.grant(c).await?);
             }
             Ok(Decision {
+                at_us: 0,
                 admitted: outcomes.iter().all(|o| o.allowed),
                 outcomes,
                 local: false,

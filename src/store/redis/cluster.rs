@@ -112,6 +112,7 @@ impl Cluster {
             };
             let admitted = codec::decode(&r?, call.layout(), only, into)?;
             return Ok(Decision {
+                at_us: 0,
                 admitted,
                 outcomes,
                 local: false,
@@ -436,6 +437,7 @@ impl Spanning {
             }
         }
         Ok(Decision {
+            at_us: 0,
             admitted: self.admitted,
             outcomes: self.outcomes,
             local: false,

@@ -124,6 +124,7 @@ impl Standalone {
         };
         let admitted = codec::decode(&r?, layout, &all, into)?;
         Ok(Decision {
+            at_us: 0,
             admitted,
             outcomes,
             local: false,
