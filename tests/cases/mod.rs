@@ -56,6 +56,7 @@ mod cluster_local;
 mod compat;
 mod counting;
 mod dashboards;
+mod decision_log;
 mod demand;
 mod differential;
 mod envoy;
