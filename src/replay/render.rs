@@ -188,31 +188,42 @@ fn config_chart(
         right,
         y0 + 16.0
     );
-    let mut y = base + 34.0;
-    if let Some(l) = c.limits.first().filter(|_| top > 0) {
+    let y = match c.limits.first().filter(|_| top > 0) {
+        Some(l) => stopped(s, l, base + 34.0, (left, right, row)),
+        None => base + 34.0,
+    };
+    y + row
+}
+
+/// The consumers `l` would stop most, as bars; the `y` below them.
+fn stopped(
+    s: &mut String,
+    l: &super::report::LimitReport,
+    mut y: f64,
+    (left, right, row): (f64, f64, f64),
+) -> f64 {
+    let _ = writeln!(
+        s,
+        r#"<text x="{left}" y="{y}" font-weight="bold">who {} would stop</text>"#,
+        esc(&l.limit)
+    );
+    let most = l.top.first().map_or(1, |t| t.denied.max(1)) as f64;
+    for t in &l.top {
+        y += row;
+        let bar = (right - left - 360.0) * t.denied as f64 / most;
         let _ = writeln!(
             s,
-            r#"<text x="{left}" y="{y}" font-weight="bold">who {} would stop</text>"#,
-            esc(&l.limit)
+            r##"<text x="{left}" y="{y}">{}</text><rect x="{:.1}" y="{:.1}" width="{bar:.1}" height="{:.1}" fill="#d33c3c"/><text x="{:.1}" y="{y}">{} of {}</text>"##,
+            esc(&shorten(&t.consumer, 48)),
+            left + 300.0,
+            y - 11.0,
+            row - 5.0,
+            left + 306.0 + bar,
+            t.denied,
+            t.requests
         );
-        let most = l.top.first().map_or(1, |t| t.denied.max(1)) as f64;
-        for t in &l.top {
-            y += row;
-            let bar = (right - left - 360.0) * t.denied as f64 / most;
-            let _ = writeln!(
-                s,
-                r##"<text x="{left}" y="{y}">{}</text><rect x="{:.1}" y="{:.1}" width="{bar:.1}" height="{:.1}" fill="#d33c3c"/><text x="{:.1}" y="{y}">{} of {}</text>"##,
-                esc(&shorten(&t.consumer, 48)),
-                left + 300.0,
-                y - 11.0,
-                row - 5.0,
-                left + 306.0 + bar,
-                t.denied,
-                t.requests
-            );
-        }
     }
-    y + row
+    y
 }
 
 fn shorten(s: &str, max: usize) -> String {

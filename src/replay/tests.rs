@@ -59,12 +59,10 @@ fn request(rng: &mut Rng) -> RateLimitRequest {
     }
 }
 
-/// The service on a memory store (its clock moved by the test), logging every decision; the
-/// log is then replayed against the same config: every answer is the logged one.
-#[tokio::test]
-async fn the_enforced_config_replayed_gives_back_every_logged_answer() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("d.log");
+/// The service on a memory store (its clock moved by the test) logging every decision of 20 000
+/// random requests into `dir`: the lines, and (admitted, denied).
+async fn live_log(dir: &std::path::Path) -> (Vec<Line>, u64, u64) {
+    let path = dir.join("d.log");
     let log = DecisionLog::start(
         Settings {
             path: path.clone(),
@@ -107,6 +105,14 @@ async fn the_enforced_config_replayed_gives_back_every_logged_answer() {
     assert!(log.flush(Duration::from_secs(10)));
     let lines = read_logs(&[path]).unwrap();
     assert_eq!(lines.len(), 20_000);
+    (lines, admitted, denied)
+}
+
+/// The log of `live_log` replayed against the same config: every answer is the logged one.
+#[tokio::test]
+async fn the_enforced_config_replayed_gives_back_every_logged_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (lines, admitted, denied) = live_log(dir.path()).await;
     let mut seen = 0;
     let report = replay(
         "same",

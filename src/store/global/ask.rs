@@ -194,16 +194,7 @@ impl GlobalGrants {
             // Over its share: nothing, not even `need` (the others' units).
             want = want.min(left);
         }
-        tracing::debug!(
-            want,
-            wanted,
-            have = pool.have,
-            home_left = k.home_left,
-            fair = ?fair,
-            per_ks,
-            board = %self.board_text(check),
-            "refill sized"
-        );
+        self.trace_sized(check, (want, wanted, pool.have, k.home_left), fair);
         Want {
             want,
             short: want < wanted,
@@ -248,6 +239,24 @@ impl GlobalGrants {
 }
 
 impl GlobalGrants {
+    /// A refill's size and the board it was sized on, at debug (`sluice::store::global::ask`).
+    fn trace_sized(
+        &self,
+        check: &LimitCheck,
+        (want, wanted, have, home_left): (u64, u64, u64, u64),
+        fair: Option<(u64, usize)>,
+    ) {
+        tracing::debug!(
+            want,
+            wanted,
+            have,
+            home_left,
+            fair = ?fair,
+            board = %self.board_text(check),
+            "refill sized"
+        );
+    }
+
     /// The board a refill is sized on, for the debug log: `region:granted/per_ks/short@age_ms`.
     fn board_text(&self, check: &LimitCheck) -> String {
         let Some((start, _)) = check.window else {

@@ -114,11 +114,10 @@ impl GlobalGrants {
         let end_ms = window.map_or(u64::MAX, |(_, end)| end / 1000);
         let mut looked = tokio::time::Instant::now();
         let mut looks = Looks::default();
-        let mut fast = FastWatch::new(&self.fast_watches);
+        let mut fast = FastWatch::new(&self.tallies.fast_watches);
         loop {
-            // Every 100 ms while home is nearly dry (`moved.rs`; for at most
-            // [`MAX_FAST_WATCHES`] pools at once), else every second (a look at this replica's
-            // memory: a pool that comes near dry is looked at within a second); the ordinary
+            // Every 100 ms while home is nearly dry (`moved.rs`; [`MAX_FAST_WATCHES`] pools at
+            // most), else every second (a look at this replica's memory); the ordinary
             // give-back every `POOL_IDLE_MS` and a little more.
             let tick = if fast.hold(self.near_dry(key, window_ms)) {
                 TRIM_TICK_MS

@@ -142,8 +142,6 @@ pub struct GlobalGrants {
     /// This replica's refills under way (from before their lease to their fill): the pools
     /// are given back home once they have landed.
     refilling: std::sync::atomic::AtomicUsize,
-    /// Pools this replica watches at the near-dry tick now (`drain.rs`, capped).
-    fast_watches: std::sync::atomic::AtomicUsize,
     /// Where refills and drains run: the runtime this was built on, never the serving thread
     /// of the request that started them (it ends at shutdown, cancelling what runs on it).
     background: crate::store::Background,
@@ -176,7 +174,6 @@ impl GlobalGrants {
             tallies: Arc::default(),
             stopping: std::sync::atomic::AtomicBool::new(false),
             refilling: std::sync::atomic::AtomicUsize::new(0),
-            fast_watches: std::sync::atomic::AtomicUsize::new(0),
             background: crate::store::Background::here(),
             share: std::sync::OnceLock::new(),
             reporting: std::sync::OnceLock::new(),

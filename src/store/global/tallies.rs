@@ -34,6 +34,8 @@ pub struct GlobalTallies {
     pub cut_since_ms: AtomicU64,
     /// The region this replica serves (`REGION`), the metrics' `region` label.
     pub region: std::sync::OnceLock<String>,
+    /// Pools watched at the near-dry tick now (`drain.rs`: capped).
+    pub fast_watches: std::sync::atomic::AtomicUsize,
 }
 
 impl GlobalTallies {
