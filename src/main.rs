@@ -135,8 +135,7 @@ async fn admin(args: sluice::admin::client::AdminArgs) -> ExitCode {
     }
 }
 
-/// `sluice check PATH`: every error on its own line (`file:line: path: message`) on stdout and
-/// exit 1, or a short summary and exit 0.
+/// `sluice replay`: the report on stdout, or the error on stderr and exit 1.
 async fn replay(args: sluice::settings::ReplayArgs) -> ExitCode {
     match sluice::replay::cli::run(&args).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -147,6 +146,8 @@ async fn replay(args: sluice::settings::ReplayArgs) -> ExitCode {
     }
 }
 
+/// `sluice check PATH`: every error on its own line (`file:line: path: message`) on stdout and
+/// exit 1, or a short summary and exit 0.
 fn check(args: &CheckArgs) -> ExitCode {
     let opts = args.load.options();
     match load_path(&args.path, &opts) {

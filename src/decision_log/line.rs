@@ -18,6 +18,10 @@ pub struct Line {
     /// When the store decided it (Unix microseconds; the memory store's own reading, so a
     /// replay on its clock decides at the same instant).
     pub t: u64,
+    /// The memory store's count of decisions, which orders decisions of one instant (0: not
+    /// known).
+    #[serde(default, skip_serializing_if = "is_zero64")]
+    pub seq: u64,
     pub domain: String,
     /// The request's `hits_addend` (0: one hit).
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -49,6 +53,10 @@ pub struct Descriptor {
 }
 
 fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+fn is_zero64(n: &u64) -> bool {
     *n == 0
 }
 
@@ -90,6 +98,7 @@ impl Line {
     pub fn of(request: RateLimitRequest, t: u64, ok: bool, over: &[bool]) -> Self {
         Self {
             t,
+            seq: 0,
             domain: request.domain,
             hits: request.hits_addend,
             descriptors: request

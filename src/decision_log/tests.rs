@@ -8,6 +8,7 @@ fn counters() -> Counters {
         lines: c("lines"),
         dropped_queue: c("dropped_queue"),
         dropped_write: c("dropped_write"),
+        dropped_large: c("dropped_large"),
     }
 }
 
@@ -53,7 +54,7 @@ fn lines_reach_the_file_in_order_with_the_named_values_redacted() {
     let c = counters();
     let s = Settings {
         redact: "user".into(),
-        salt: b"pepper".to_vec(),
+        salt: b"pepper, a long one".to_vec(),
         ..settings(path.clone())
     };
     let log = DecisionLog::start(s, c.clone()).unwrap();
@@ -61,7 +62,7 @@ fn lines_reach_the_file_in_order_with_the_named_values_redacted() {
         log.record(line(i));
     }
     assert!(log.flush(Duration::from_secs(10)));
-    let back = read_lines(&path).unwrap();
+    let (back, _) = read_lines(&path).unwrap();
     assert_eq!(back.len(), 100);
     assert_eq!(c.lines.get(), 100);
     for (i, l) in back.iter().enumerate() {
@@ -87,7 +88,7 @@ fn the_log_is_rotated_and_never_holds_more_than_its_cap() {
     let dir = tempdir();
     let path = dir.path().join("d.log");
     let s = Settings {
-        max_bytes: 30_000,
+        max_bytes: 3 * MIN_FILE_BYTES,
         files: 3,
         // Room for every line: none dropped at the queue.
         queue: 8_192,
@@ -102,22 +103,25 @@ fn the_log_is_rotated_and_never_holds_more_than_its_cap() {
     assert_eq!((c.lines.get(), c.dropped_queue.get()), (5_000, 0));
     let files = Files {
         path: path.clone(),
-        per_file: 10_000,
+        per_file: MIN_FILE_BYTES,
         files: 3,
     };
     let mut total = 0;
     for n in 0..3 {
         let bytes = std::fs::metadata(files.nth(n)).unwrap().len();
-        assert!(bytes <= 10_000, "{n}: {bytes}");
+        assert!(bytes <= MIN_FILE_BYTES, "{n}: {bytes}");
         total += bytes;
     }
-    assert!(total <= 30_000 && total > 20_000, "{total}");
+    assert!(
+        total <= 3 * MIN_FILE_BYTES && total > 2 * MIN_FILE_BYTES,
+        "{total}"
+    );
     assert!(!files.nth(3).exists(), "the oldest goes");
     // The newest lines are in the file written now, whole, in order.
-    let newest = read_lines(&path).unwrap();
+    let (newest, _) = read_lines(&path).unwrap();
     assert_eq!(newest.last().map(|l| l.t), Some(1_000 + 4_999));
     assert!(newest.windows(2).all(|w| w[0].t + 1 == w[1].t));
-    let older = read_lines(&files.nth(1)).unwrap();
+    let (older, _) = read_lines(&files.nth(1)).unwrap();
     assert_eq!(older.last().map(|l| l.t + 1), newest.first().map(|l| l.t));
 }
 
@@ -143,6 +147,8 @@ fn a_full_queue_drops_the_line_at_once_and_counts_it() {
         tx,
         counters: c.clone(),
         sample_below: u64::MAX,
+        sampling: Default::default(),
+        queued: Default::default(),
     };
     for i in 0..5 {
         log.record(line(i));
@@ -156,6 +162,8 @@ fn sampling_keeps_a_consumer_whole() {
         tx: sync_channel(1).0,
         counters: counters(),
         sample_below: u64::MAX / 4,
+        sampling: Default::default(),
+        queued: Default::default(),
     };
     let kept: Vec<bool> = (0..400)
         .map(|i| log.wants(&request(&format!("u{i}"))))
@@ -177,15 +185,101 @@ fn a_log_file_that_cannot_be_opened_is_a_start_error_naming_it() {
 }
 
 #[test]
-fn a_line_that_does_not_parse_names_its_file_and_line() {
+fn lines_that_do_not_parse_are_skipped_counted_and_named() {
     let dir = tempdir();
     let path = dir.path().join("bad.log");
     let good = serde_json::to_string(&line(1)).unwrap();
-    std::fs::write(&path, format!("{good}\n{{\"t\":1}}\n")).unwrap();
+    // A torn last line (a crash mid-write) and a line of something else: skipped, named.
+    std::fs::write(
+        &path,
+        format!("{good}\n{{\"t\":1}}\n{good}\n{{\"t\":2,\"dom"),
+    )
+    .unwrap();
+    let (lines, skipped) = read_lines(&path).unwrap();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(skipped.lines, 2);
+    let first = skipped.first.unwrap();
+    assert!(first.contains("bad.log:2:"), "{first}");
+    // Nothing that parses: an error naming the first line.
+    std::fs::write(&path, "{\"t\":1}\n").unwrap();
     let e = read_lines(&path).unwrap_err();
-    assert!(e.contains("bad.log:2:"), "{e}");
+    assert!(e.contains("bad.log:1:"), "{e}");
 }
 
 fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
+}
+
+#[test]
+fn settings_that_break_a_bound_are_start_errors() {
+    let dir = tempdir();
+    let small = Settings {
+        max_bytes: 100 * 1024,
+        files: 5,
+        ..settings(dir.path().join("a.log"))
+    };
+    let e = DecisionLog::start(small, counters()).err().unwrap();
+    assert!(e.contains("DECISION_LOG_FILES"), "{e}");
+    let unsalted = Settings {
+        redact: "user".into(),
+        salt: b"short".to_vec(),
+        ..settings(dir.path().join("b.log"))
+    };
+    let e = DecisionLog::start(unsalted.clone(), counters())
+        .err()
+        .unwrap();
+    assert!(e.contains("DECISION_LOG_REDACT_SALT"), "{e}");
+    assert!(
+        !format!("{unsalted:?}").contains("short"),
+        "no salt in Debug"
+    );
+}
+
+#[test]
+fn a_line_larger_than_a_file_and_a_queue_full_of_bytes_are_dropped_and_counted() {
+    let dir = tempdir();
+    let path = dir.path().join("d.log");
+    let c = counters();
+    let s = Settings {
+        max_bytes: 2 * MIN_FILE_BYTES,
+        files: 2,
+        ..settings(path.clone())
+    };
+    let log = DecisionLog::start(s, c.clone()).unwrap();
+    log.record(line(1));
+    log.record(Line::of(request(&"x".repeat(70_000)), 2, true, &[]));
+    log.record(line(3));
+    assert!(log.flush(Duration::from_secs(10)));
+    assert_eq!((c.lines.get(), c.dropped_large.get()), (2, 1));
+    assert!(std::fs::metadata(&path).unwrap().len() < MIN_FILE_BYTES);
+    // A queue holding its bytes' worth: the next line is dropped at once.
+    let (tx, _rx) = sync_channel(1000);
+    let full = DecisionLog {
+        tx,
+        counters: c.clone(),
+        sample_below: u64::MAX,
+        sampling: Default::default(),
+        queued: Arc::new(AtomicU64::new(QUEUE_BYTES)),
+    };
+    full.record(line(4));
+    assert_eq!(c.dropped_queue.get(), 1);
+    assert_eq!(
+        full.queued.load(Ordering::Relaxed),
+        QUEUE_BYTES,
+        "given back"
+    );
+}
+
+#[test]
+fn a_torn_last_line_is_ended_before_the_next_is_written() {
+    let dir = tempdir();
+    let path = dir.path().join("d.log");
+    std::fs::write(&path, "{\"t\":1,\"dom").unwrap();
+    let log = DecisionLog::start(settings(path.clone()), counters()).unwrap();
+    log.record(line(7));
+    assert!(log.flush(Duration::from_secs(10)));
+    let (lines, skipped) = read_lines(&path).unwrap();
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0].t, 1_007);
+    assert_eq!(skipped.lines, 1, "the torn line alone is lost");
 }

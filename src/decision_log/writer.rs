@@ -10,10 +10,12 @@ use super::line::Line;
 use super::redact::Redact;
 use super::Counters;
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// A quiet log is on disk within this long (its buffer flushed).
 const FLUSH_AFTER: Duration = Duration::from_secs(1);
@@ -22,7 +24,8 @@ const BATCH: usize = 64 * 1024;
 
 /// What the request path (and shutdown) sends the writer.
 pub(super) enum Msg {
-    Line(Box<Line>),
+    /// A line, and the bytes it was counted for in the queue (`DecisionLog::record`).
+    Line(Box<Line>, u64),
     /// Write out everything before this, then answer.
     Flush(SyncSender<()>),
 }
@@ -52,6 +55,10 @@ pub(super) struct Writer {
     files: Files,
     redact: Redact,
     counters: Counters,
+    /// Bytes of the lines waiting in the queue (given back as each is taken).
+    queued: Arc<AtomicU64>,
+    /// When the oldest line of the batch came (it is written within [`FLUSH_AFTER`]).
+    oldest: Option<Instant>,
     /// `None` after a write failed: opened again for the next batch.
     file: Option<File>,
     /// Bytes in the file written now, this batch included.
@@ -63,12 +70,19 @@ pub(super) struct Writer {
 
 impl Writer {
     /// Opens (appends to) the log file: an error here is the service's start error.
-    pub fn open(files: Files, redact: Redact, counters: Counters) -> std::io::Result<Self> {
+    pub fn open(
+        files: Files,
+        redact: Redact,
+        counters: Counters,
+        queued: Arc<AtomicU64>,
+    ) -> std::io::Result<Self> {
         let (file, size) = open(&files.path)?;
         Ok(Self {
             files,
             redact,
             counters,
+            queued,
+            oldest: None,
             file: Some(file),
             size,
             batch: Vec::with_capacity(BATCH),
@@ -76,11 +90,21 @@ impl Writer {
         })
     }
 
-    /// Until every sender is gone: lines written in batches, flushed when the queue is quiet.
+    /// Until every sender is gone: lines written in batches, each line within [`FLUSH_AFTER`]
+    /// of its coming.
     pub fn run(mut self, rx: &Receiver<Msg>) {
         loop {
-            match rx.recv_timeout(FLUSH_AFTER) {
-                Ok(Msg::Line(line)) => self.add(*line),
+            let wait = self
+                .oldest
+                .map_or(FLUSH_AFTER, |t| FLUSH_AFTER.saturating_sub(t.elapsed()));
+            match rx.recv_timeout(wait) {
+                Ok(Msg::Line(line, bytes)) => {
+                    self.queued.fetch_sub(bytes, Ordering::Relaxed);
+                    self.add(*line);
+                    if self.oldest.is_some_and(|t| t.elapsed() >= FLUSH_AFTER) {
+                        self.flush();
+                    }
+                }
                 Ok(Msg::Flush(done)) => {
                     self.flush();
                     let _ = done.send(());
@@ -109,6 +133,11 @@ impl Writer {
         }
         self.batch.push(b'\n');
         let len = (self.batch.len() - start) as u64;
+        if len > self.files.per_file {
+            // No file may hold it: dropped, so the cap holds whatever a caller sends.
+            self.batch.truncate(start);
+            return self.counters.dropped_large.inc();
+        }
         if self.size > 0 && self.size + len > self.files.per_file {
             // The batch before this line goes to the file it belongs to.
             let line = self.batch.split_off(start);
@@ -118,6 +147,7 @@ impl Writer {
         }
         self.size += len;
         self.pending += 1;
+        self.oldest.get_or_insert_with(Instant::now);
         if self.batch.len() >= BATCH {
             self.flush();
         }
@@ -125,6 +155,7 @@ impl Writer {
 
     /// The batch to the file; its lines counted written, or dropped if the write failed.
     fn flush(&mut self) {
+        self.oldest = None;
         if self.batch.is_empty() {
             return;
         }
@@ -137,7 +168,17 @@ impl Writer {
                 Err(_) => return self.drop_batch(),
             }
         }
-        let written = self.file.as_mut().map(|f| f.write_all(&self.batch));
+        let written = self.file.as_mut().map(|f| {
+            let before = f.metadata().map(|m| m.len());
+            let r = f.write_all(&self.batch);
+            if r.is_err() {
+                // No torn line left behind: the file back to its last whole line.
+                if let Ok(len) = before {
+                    let _ = f.set_len(len);
+                }
+            }
+            r
+        });
         match written {
             Some(Ok(())) => {
                 self.counters.lines.inc_by(self.pending);
@@ -166,13 +207,20 @@ impl Writer {
     fn rotate(&mut self) {
         self.file = None;
         let f = &self.files;
-        if f.files <= 1 {
-            // One file: it starts again empty.
-            let _ = std::fs::remove_file(&f.path);
+        let moved = if f.files <= 1 {
+            false
         } else {
             let _ = std::fs::remove_file(f.nth(f.files - 1));
-            for n in (0..f.files - 1).rev() {
+            for n in (1..f.files - 1).rev() {
                 let _ = std::fs::rename(f.nth(n), f.nth(n + 1));
+            }
+            std::fs::rename(&f.path, f.nth(1)).is_ok()
+        };
+        if !moved {
+            // One file, or it could not be moved aside (a directory not writable): it starts
+            // again empty, so the cap holds.
+            if let Ok(file) = OpenOptions::new().write(true).open(&f.path) {
+                let _ = file.set_len(0);
             }
         }
         self.size = 0;
@@ -183,8 +231,23 @@ impl Writer {
     }
 }
 
+/// The file to append to, and its size; a last line left torn (a crash mid-write) is ended,
+/// so the next line starts on a line of its own.
 fn open(path: &Path) -> std::io::Result<(File, u64)> {
-    let file = OpenOptions::new().create(true).append(true).open(path)?;
-    let size = file.metadata()?.len();
+    let mut file = OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .open(path)?;
+    let mut size = file.metadata()?.len();
+    if size > 0 && file.metadata()?.is_file() {
+        let mut last = [0u8];
+        file.seek(SeekFrom::Start(size - 1))?;
+        file.read_exact(&mut last)?;
+        if last[0] != b'\n' {
+            file.write_all(b"\n")?;
+            size += 1;
+        }
+    }
     Ok((file, size))
 }

@@ -29,7 +29,14 @@ pub async fn run(args: &ReplayArgs) -> Result<(), String> {
         })?;
         rules.push((path, r));
     }
-    let lines = read_logs(&args.logs)?;
+    let (lines, skipped) = read_logs(&args.logs)?;
+    if let Some(first) = &skipped.first {
+        // A log cut by a full disk or a crash: the rest replays, and the report says so.
+        eprintln!(
+            "sluice replay: {} line(s) skipped that are not decision log lines; the first: {first}",
+            skipped.lines
+        );
+    }
     let mut report = Report {
         lines: lines.len() as u64,
         first_us: lines.first().map_or(0, |l| l.t),

@@ -53,14 +53,21 @@ impl Clock for VirtualClock {
 }
 
 /// The lines of one or more log files (rotated ones too, in any order), sorted by when they
-/// were decided (stable: lines of one instant keep the log's order).
-pub fn read_logs(paths: &[std::path::PathBuf]) -> Result<Vec<Line>, String> {
-    let mut all = Vec::new();
+/// were decided (the memory store's count of decisions orders those of one instant).
+pub fn read_logs(
+    paths: &[std::path::PathBuf],
+) -> Result<(Vec<Line>, crate::decision_log::Skipped), String> {
+    let (mut all, mut skipped) = (Vec::new(), crate::decision_log::Skipped::default());
     for p in paths {
-        all.extend(crate::decision_log::read_lines(p)?);
+        let (lines, s) = crate::decision_log::read_lines(p)?;
+        all.extend(lines);
+        skipped.lines += s.lines;
+        if skipped.first.is_none() {
+            skipped.first = s.first;
+        }
     }
-    all.sort_by_key(|l| l.t);
-    Ok(all)
+    all.sort_by_key(|l| (l.t, l.seq));
+    Ok((all, skipped))
 }
 
 /// Replays `lines` against `rules` (named `name` in the report), calling `progress` with the

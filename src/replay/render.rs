@@ -170,7 +170,10 @@ fn config_chart(
         r##"<polyline points="{}" fill="none" stroke="#222" stroke-dasharray="4 2"/>"##,
         logged.join(" ")
     );
-    let end_us = c.start_us + c.bucket_us * c.timeline.len() as u64;
+    let end_us = c
+        .bucket_us
+        .saturating_mul(c.timeline.len() as u64)
+        .saturating_add(c.start_us);
     let _ = writeln!(
         s,
         r##"<line x1="{left}" y1="{base}" x2="{right}" y2="{base}" stroke="#222"/><text x="{left}" y="{:.1}">{}</text><text x="{right}" y="{:.1}" text-anchor="end">{}</text><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
@@ -235,12 +238,21 @@ fn shorten(s: &str, max: usize) -> String {
     out
 }
 
-/// Text safe inside SVG (consumer values are whatever callers sent).
+/// Text safe inside SVG (consumer values are whatever callers sent): markup escaped, and the
+/// control characters XML does not allow replaced.
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            c if c.is_control() => out.push('\u{fffd}'),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// `2026-12-07 01:02:03 UTC` from Unix µs.

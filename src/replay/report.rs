@@ -61,7 +61,7 @@ pub struct LimitReport {
     pub top: Vec<Consumer>,
 }
 
-/// A consumer under a limit: a descriptor's entries.
+/// A consumer under a limit: a descriptor's entries, as JSON (`[["user","alice"]]`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Consumer {
     pub consumer: String,
@@ -95,9 +95,9 @@ pub(super) struct Builder {
 
 impl Builder {
     pub fn new(name: &str, lines: &[Line], top: usize) -> Self {
-        let start_us = lines.first().map_or(0, |l| l.t);
-        let end_us = lines.last().map_or(0, |l| l.t);
-        let bucket_us = ((end_us - start_us) / BUCKETS as u64).max(1) + 1;
+        let start_us = lines.iter().map(|l| l.t).min().unwrap_or(0);
+        let end_us = lines.iter().map(|l| l.t).max().unwrap_or(0);
+        let bucket_us = (end_us.saturating_sub(start_us) / BUCKETS as u64).saturating_add(1);
         Self {
             out: ConfigReport {
                 config: name.to_string(),
@@ -124,7 +124,7 @@ impl Builder {
     pub fn add(&mut self, line: &Line, response: &RateLimitResponse) {
         let ok = response.overall_code != Code::OverLimit as i32;
         count(&mut self.out.requests, ok);
-        let bucket = usize::try_from((line.t - self.out.start_us) / self.out.bucket_us)
+        let bucket = usize::try_from(line.t.saturating_sub(self.out.start_us) / self.out.bucket_us)
             .unwrap_or(BUCKETS - 1)
             .min(BUCKETS - 1);
         let b = &mut self.out.timeline[bucket];
@@ -167,10 +167,12 @@ impl Builder {
             count(&mut t.descriptors, !over);
             t.logged_denied += u64::from(logged_over);
             t.newly_denied += u64::from(over && !logged_over && !line.fallback);
-            let consumer: Vec<String> = d.entries.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            // The entries as JSON: no value can pass for two entries, nor carry a control
+            // character to the operator's terminal.
+            let consumer = serde_json::to_string(&d.entries).unwrap_or_default();
             let c = t
                 .consumers
-                .entry(consumer.join(","))
+                .entry(consumer)
                 .or_insert_with_key(|k| Consumer {
                     consumer: k.clone(),
                     denied: 0,

@@ -378,13 +378,14 @@ impl RateLimiter {
             .map(|s| s.code == Code::OverLimit as i32)
             .collect();
         let ok = response.overall_code != Code::OverLimit as i32;
-        let t = if at.at_us > 0 {
-            at.at_us
-        } else {
-            self.now_us()
+        let (t, seq, fallback) = match at.at {
+            crate::store::DecidedAt::Store { us, seq } => (us, seq, false),
+            crate::store::DecidedAt::Fallback => (self.now_us(), 0, true),
+            crate::store::DecidedAt::Unknown => (self.now_us(), 0, at.fallback),
         };
         let mut line = crate::decision_log::line::Line::of(request, t, ok, &over);
-        line.fallback = at.fallback;
+        line.seq = seq;
+        line.fallback = fallback;
         log.record(line);
     }
 
@@ -427,7 +428,7 @@ impl RateLimiter {
         });
         match result {
             Ok(decision) => {
-                at.at_us = decision.at_us;
+                at.at = decision.at;
                 Ok(self.answer(request, &plan, Verdict::Decided(&decision)))
             }
             Err(e) => {
@@ -445,8 +446,8 @@ impl RateLimiter {
 /// How a request was decided, for the decision log.
 #[derive(Debug, Clone, Copy, Default)]
 struct Decided {
-    /// The store's own time of the decision (0: not known; the service clock is taken).
-    at_us: u64,
+    /// When, as the store says (not known: the service clock is taken).
+    at: crate::store::DecidedAt,
     /// Answered by `FAILURE_MODE`, the store having failed.
     fallback: bool,
 }

@@ -319,7 +319,7 @@ impl<S: CounterStore> LocalDenyCache<S> {
             };
         }
         Some(Decision {
-            at_us: 0,
+            at: crate::store::DecidedAt::Unknown,
             admitted: false,
             outcomes,
             local: true,
@@ -495,7 +495,7 @@ mod tests {
         assert_eq!(
             local,
             Decision {
-                at_us: 0,
+                at: crate::store::DecidedAt::Unknown,
                 admitted: false,
                 outcomes: vec![Outcome {
                     allowed: false,

@@ -64,6 +64,8 @@ pub struct MemoryStore {
     size_blind: bool,
     /// Prefixes reset through the admin API (see `resets.rs`).
     resets: resets::Resets,
+    /// Decisions made, counted under the counters' locks (`DecidedAt::Store`).
+    decided: std::sync::atomic::AtomicU64,
 }
 
 impl MemoryStore {
@@ -89,6 +91,7 @@ impl MemoryStore {
             evictions: Tally::default(),
             size_blind: false,
             resets: resets::Resets::default(),
+            decided: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -180,7 +183,10 @@ impl MemoryStore {
         } else {
             decide_in_place(checks, &fps, &slot, &mut guards, now)
         };
-        decision.at_us = now;
+        let seq = 1 + self
+            .decided
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        decision.at = super::DecidedAt::Store { us: now, seq };
         if evicted > 0 {
             self.evictions.add(evicted);
         }
@@ -486,7 +492,7 @@ fn write_last(
 /// The store's answer: one atomic step.
 fn decided(admitted: bool, outcomes: Vec<Outcome>, leases: Vec<LeaseEffect>) -> Decision {
     Decision {
-        at_us: 0,
+        at: crate::store::DecidedAt::Unknown,
         admitted,
         outcomes,
         local: false,

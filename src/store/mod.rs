@@ -238,13 +238,27 @@ pub struct Decision {
     /// Atomic steps the backend took: one script call per Cluster slot group, 1 on memory or
     /// standalone Redis, 0 when answered locally (for the trace span).
     pub steps: usize,
-    /// When the store decided, on its clock (Unix µs): the memory store's reading, under its
-    /// locks (the decision log records it, so a replay decides at the same instant); 0 where
-    /// the store keeps its own time (Redis) or nothing was decided.
-    pub at_us: u64,
+    /// When and by what it was decided, for the decision log (`decision_log`).
+    pub at: DecidedAt,
     /// What each check did to its lease entries (see [`LeaseEffect`]): one per check when the
     /// request has an `in_flight` limit or a reservation, else empty (no allocation).
     pub leases: Vec<LeaseEffect>,
+}
+
+/// When a decision was made, as the decision log records it: a replay decides each request at
+/// that instant and in that order, and leaves out what the store never decided.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DecidedAt {
+    /// The store keeps its own time (Redis), or nothing was decided: the service's time is
+    /// logged.
+    #[default]
+    Unknown,
+    /// The memory store: its clock's reading (Unix µs) and its count of decisions, both taken
+    /// under the locks of the counters it decided (so `seq` orders decisions of one counter
+    /// made in the same microsecond).
+    Store { us: u64, seq: u64 },
+    /// `FAILURE_MODE=local`'s own store answered: the store was down or slow.
+    Fallback,
 }
 
 /// Why a store could not decide.

@@ -451,9 +451,9 @@ fn decision_log_counters(
 ) -> Result<crate::decision_log::Counters, MetricsError> {
     let dropped = r.counter_vec(
         "sluice_decision_log_dropped_total",
-        "Decision log lines dropped: its queue was full (the request went on undelayed), or \
-         the file could not be written (disk full).",
-        ("reason", &["queue_full", "write_error"]),
+        "Decision log lines dropped: its queue was full (the request went on undelayed), the \
+         file could not be written (disk full), or the line was larger than a file may be.",
+        ("reason", &["queue_full", "write_error", "too_large"]),
     )?;
     Ok(crate::decision_log::Counters {
         lines: r.add(IntCounter::new(
@@ -462,6 +462,7 @@ fn decision_log_counters(
         ))?,
         dropped_queue: dropped.with_label_values(&["queue_full"]),
         dropped_write: dropped.with_label_values(&["write_error"]),
+        dropped_large: dropped.with_label_values(&["too_large"]),
     })
 }
 

@@ -729,7 +729,7 @@ impl CounterStore for OneAtATime {
                     outcomes: vec![refused; checks.len()],
                     local: false,
                     steps: 1,
-                    at_us: 0,
+                    at: sluice::store::DecidedAt::Unknown,
                     leases: Vec::new(),
                 });
             }

@@ -84,7 +84,7 @@ impl Shared {
             Ok(d) => d,
             // The memory store does not fail; if it ever did, deny rather than admit blind.
             Err(_) => Decision {
-                at_us: 0,
+                at: crate::store::DecidedAt::Unknown,
                 admitted: false,
                 outcomes: vec![
                     crate::store::Outcome {
@@ -118,6 +118,7 @@ impl Shared {
             }
         }
         d.steps = 0;
+        d.at = crate::store::DecidedAt::Fallback;
         self.tallies.decided(checks, d.admitted);
         self.started_local(d.admitted);
         d

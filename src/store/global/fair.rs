@@ -8,9 +8,11 @@
 //! demand, or got less than it asked). The report is one script call that writes it and
 //! answers every region's: the board a replica sizes its next refill on comes back with the
 //! report it sends after each refill; a replica whose board was not read in the window, or
-//! not in the last second, reads it before its refill (one more home call, at most one a
-//! second: a board read as the window began lists none of the regions that had not reported
-//! yet, and a refill sized on it seconds later would take their shares). A refill is then
+//! not in the last 5 s, or not in the last second and lists no other region holding or taking
+//! units, reads it before its refill (one more home call, at most one a second: a board read
+//! as the window began lists none of the regions that had not reported yet, and a refill
+//! sized on it seconds later would take their shares); one older than a second that lists
+//! another region is read again beside the refill, not before it. A refill is then
 //! capped at this region's max-min share of the window, less what it was granted (fairness
 //! only lowers a refill; the quarter rule of `ask.rs` holds too while the board lists no other
 //! region holding or taking units in the window):
@@ -36,15 +38,15 @@
 use super::regions::{Demand, RegionReport};
 use crate::store::CounterKey;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// A report older than this (ms) says nothing of the region's demand any more: it counts for
 /// what it was granted only.
 pub const FRESH_MS: u64 = 10_000;
-/// A board older than this (ms) is read again before a refill is sized on it. The others'
-/// reports move within a second (each refill of theirs reports): a board read at a window's
-/// start, before the others' first refills reported, lists none of them, and a refill sized
-/// on it seconds later would take their shares (a quarter of home's rest, not its own share).
+/// A board older than this (ms) is read again: before a refill is sized on it when it lists no
+/// other region holding or taking units (a board read at a window's start, before the others'
+/// first refills reported, lists none of them, and a refill sized on it seconds later would
+/// take their shares: a quarter of home's rest, not its own share), else beside the refill.
 pub const BOARD_REREAD_MS: u64 = 1_000;
 /// A region over its share finds its pool dry this long (ms) before it asks again.
 pub const FAIR_RETRY_MS: u64 = 250;
@@ -154,26 +156,51 @@ impl super::GlobalGrants {
     /// refills refresh theirs, not this one's; a refill right after this replica's last one
     /// has its report's answer). A read that fails is tried again after half of
     /// [`FRESH_MS`], not at every refill (each would pay the home timeout while cut off).
-    pub(super) async fn board_for(&self, check: &crate::store::LimitCheck) {
-        let Some(r) = self.reporting.get() else {
-            return;
-        };
+    pub(super) async fn board_for(self: &Arc<Self>, check: &crate::store::LimitCheck) {
         let Some((start, _)) = check.window else {
             return;
         };
         let w = super::window_ms(check.window);
-        let now = self.now_ms();
-        if !self.boards.try_read(&check.key, w, start / 1000, now) {
-            return;
+        match self
+            .boards
+            .try_read(&check.key, w, start / 1000, self.now_ms())
+        {
+            Read::No => {}
+            Read::Now => self.read_board(&check.key, w).await,
+            Read::Behind => {
+                let (me, key) = (Arc::clone(self), check.key.clone());
+                self.background
+                    .spawn(async move { me.read_board(&key, w).await });
+            }
         }
-        match r.board.read(&check.key, w).await {
+    }
+
+    /// The other regions' reports read at home into this replica's board.
+    async fn read_board(&self, key: &CounterKey, w: u64) {
+        let Some(r) = self.reporting.get() else {
+            return;
+        };
+        let now = self.now_ms();
+        match r.board.read(key, w).await {
             Ok(mut all) => {
                 all.retain(|o| o.region != r.region);
-                self.boards.put(&check.key, w, all, now);
+                self.boards.put(key, w, all, now);
             }
             Err(e) => tracing::debug!(error = %e, "cannot read the regions' reports at home"),
         }
     }
+}
+
+/// Whether a refill reads the board first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    No,
+    /// Before it is sized: none yet, from before the window, older than half of [`FRESH_MS`],
+    /// or older than [`BOARD_REREAD_MS`] listing no other region holding or taking units.
+    Now,
+    /// Older than [`BOARD_REREAD_MS`] and listing another region holding or taking units:
+    /// read beside the refill (sized on the board as it is; its shares already cap it).
+    Behind,
 }
 
 /// The other regions' reports as one replica last read them.
@@ -209,20 +236,28 @@ impl Boards {
         b.read_ms = now_ms.max(1);
     }
 
-    /// Whether to read the board at home now (and, if so, the attempt is noted).
-    fn try_read(&self, key: &CounterKey, window_ms: u64, start_ms: u64, now_ms: u64) -> bool {
+    /// Whether to read the board at home (and, if so, the attempt is noted).
+    fn try_read(&self, key: &CounterKey, window_ms: u64, start_ms: u64, now_ms: u64) -> Read {
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let b = Self::slot(&mut map, key, window_ms);
-        let fresh = b.read_ms > 0
-            && b.read_ms >= start_ms
-            && now_ms.saturating_sub(b.read_ms) <= BOARD_REREAD_MS;
-        // A read that failed since the last one that answered: not again for a while.
-        let failed = b.tried_ms > b.read_ms && now_ms.saturating_sub(b.tried_ms) < FRESH_MS / 2;
-        if fresh || failed {
-            return false;
+        let age = now_ms.saturating_sub(b.read_ms);
+        let this_window = b.read_ms > 0 && b.read_ms >= start_ms;
+        // A read that failed (or is out) since the last one that answered: not again for a
+        // while.
+        let tried = b.tried_ms > b.read_ms && now_ms.saturating_sub(b.tried_ms) < FRESH_MS / 2;
+        if (this_window && age <= BOARD_REREAD_MS) || tried {
+            return Read::No;
         }
         b.tried_ms = now_ms.max(1);
-        true
+        let busy = b.reports.iter().any(|r| {
+            now_ms.saturating_sub(r.at_unix_ms) <= FRESH_MS
+                && (r.pool > 0 || r.demand.per_ks > 0 || r.demand.short)
+        });
+        if this_window && age <= FRESH_MS / 2 && busy {
+            Read::Behind
+        } else {
+            Read::Now
+        }
     }
 
     /// The reports, if read in the window (it starts at `start_ms`) at most [`FRESH_MS`] ago.
@@ -339,18 +374,31 @@ mod tests {
         .key;
         let (w, start) = (60_000, 60_000);
         // None yet: read; read as the window began (and answered): not again within a second.
-        assert!(boards.try_read(&key, w, start, start + 10));
+        assert_eq!(boards.try_read(&key, w, start, start + 10), Read::Now);
         boards.put(&key, w, Vec::new(), start + 20);
-        assert!(!boards.try_read(&key, w, start, start + 20 + BOARD_REREAD_MS));
-        // Three seconds later, when the others have reported: read again.
-        assert!(boards.try_read(&key, w, start, start + 3_000));
+        let t = start + 20 + BOARD_REREAD_MS;
+        assert_eq!(boards.try_read(&key, w, start, t), Read::No);
+        // Three seconds later, listing nobody: read again before the refill is sized.
+        assert_eq!(boards.try_read(&key, w, start, start + 3_000), Read::Now);
         // That read failed (no answer put): not again until half of FRESH_MS has passed.
-        assert!(!boards.try_read(&key, w, start, start + 3_000 + BOARD_REREAD_MS + 1));
-        assert!(!boards.try_read(&key, w, start, start + 3_000 + FRESH_MS / 2 - 1));
-        assert!(boards.try_read(&key, w, start, start + 3_000 + FRESH_MS / 2));
-        // A board read before the window began (a refill ahead's report) is read again.
-        boards.put(&key, w, Vec::new(), start + 9_000);
-        assert!(boards.try_read(&key, w, start + 60_000, start + 60_001));
+        let t = start + 3_000 + BOARD_REREAD_MS + 1;
+        assert_eq!(boards.try_read(&key, w, start, t), Read::No);
+        let t = start + 3_000 + FRESH_MS / 2 - 1;
+        assert_eq!(boards.try_read(&key, w, start, t), Read::No);
+        let t = start + 3_000 + FRESH_MS / 2;
+        assert_eq!(boards.try_read(&key, w, start, t), Read::Now);
+        // A board listing another region taking units, two seconds old: read beside the refill.
+        let busy = report(10, 20, 5_000, false, start + 9_000);
+        boards.put(&key, w, vec![busy], start + 9_000);
+        assert_eq!(
+            boards.try_read(&key, w, start, start + 11_000),
+            Read::Behind
+        );
+        // A board read before the window began (a refill ahead's report) is read again first.
+        assert_eq!(
+            boards.try_read(&key, w, start + 60_000, start + 60_001),
+            Read::Now
+        );
     }
 
     #[test]

@@ -521,7 +521,7 @@ impl CounterStore for Arc<GlobalGrants> {
                 outcomes.push(self.grant(c).await?);
             }
             Ok(Decision {
-                at_us: 0,
+                at: crate::store::DecidedAt::Unknown,
                 admitted: outcomes.iter().all(|o| o.allowed),
                 outcomes,
                 local: false,

@@ -112,7 +112,7 @@ impl Cluster {
             };
             let admitted = codec::decode(&r?, call.layout(), only, into)?;
             return Ok(Decision {
-                at_us: 0,
+                at: crate::store::DecidedAt::Unknown,
                 admitted,
                 outcomes,
                 local: false,
@@ -437,7 +437,7 @@ impl Spanning {
             }
         }
         Ok(Decision {
-            at_us: 0,
+            at: crate::store::DecidedAt::Unknown,
             admitted: self.admitted,
             outcomes: self.outcomes,
             local: false,

@@ -124,7 +124,7 @@ impl Standalone {
         };
         let admitted = codec::decode(&r?, layout, &all, into)?;
         Ok(Decision {
-            at_us: 0,
+            at: crate::store::DecidedAt::Unknown,
             admitted,
             outcomes,
             local: false,

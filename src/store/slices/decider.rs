@@ -81,7 +81,7 @@ impl SlicedDecider {
         deadline: Option<tokio::time::Instant>,
     ) -> Decision {
         let denied = || Decision {
-            at_us: 0,
+            at: crate::store::DecidedAt::Unknown,
             admitted: false,
             outcomes: checks
                 .iter()
@@ -189,7 +189,7 @@ impl SlicedDecider {
         let charge = charged(checks, &allowed, admitted);
         self.untake_all(checks, &taken, |i| !charge[i]);
         Decision {
-            at_us: 0,
+            at: crate::store::DecidedAt::Unknown,
             admitted,
             outcomes,
             local: false,
