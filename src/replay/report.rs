@@ -79,6 +79,25 @@ pub struct Report {
     pub configs: Vec<ConfigReport>,
 }
 
+impl ConfigReport {
+    /// Nothing replayed yet; a timeline of [`BUCKETS`] from `start_us`.
+    pub fn empty(config: &str, start_us: u64, bucket_us: u64) -> Self {
+        Self {
+            config: config.to_string(),
+            requests: Totals::default(),
+            logged: Totals::default(),
+            newly_denied: 0,
+            newly_admitted: 0,
+            invalid: 0,
+            fallback: 0,
+            limits: Vec::new(),
+            start_us,
+            bucket_us,
+            timeline: vec![(0, 0, 0); BUCKETS],
+        }
+    }
+}
+
 #[derive(Default)]
 struct LimitTally {
     descriptors: Totals,
@@ -99,19 +118,7 @@ impl Builder {
         let end_us = lines.iter().map(|l| l.t).max().unwrap_or(0);
         let bucket_us = (end_us.saturating_sub(start_us) / BUCKETS as u64).saturating_add(1);
         Self {
-            out: ConfigReport {
-                config: name.to_string(),
-                requests: Totals::default(),
-                logged: Totals::default(),
-                newly_denied: 0,
-                newly_admitted: 0,
-                invalid: 0,
-                fallback: 0,
-                limits: Vec::new(),
-                start_us,
-                bucket_us,
-                timeline: vec![(0, 0, 0); BUCKETS],
-            },
+            out: ConfigReport::empty(name, start_us, bucket_us),
             limits: HashMap::new(),
             top,
         }

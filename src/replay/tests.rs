@@ -189,30 +189,20 @@ async fn the_enforced_config_replayed_gives_back_every_logged_answer() {
 
 #[test]
 fn consumer_values_are_escaped_in_the_picture() {
-    let mut c = ConfigReport {
-        config: "a<b>.yaml".into(),
-        requests: Totals::default(),
-        logged: Totals::default(),
+    let mut c = ConfigReport::empty("a<b>.yaml", 0, 1);
+    c.limits = vec![LimitReport {
+        limit: "l".into(),
+        descriptors: Totals::default(),
+        logged_denied: 0,
         newly_denied: 0,
-        newly_admitted: 0,
-        invalid: 0,
-        fallback: 0,
-        limits: vec![LimitReport {
-            limit: "l".into(),
-            descriptors: Totals::default(),
+        top: vec![Consumer {
+            consumer: "user=\"><script>\u{1b}[2J\u{0}".into(),
+            denied: 3,
             logged_denied: 0,
-            newly_denied: 0,
-            top: vec![Consumer {
-                consumer: "user=\"><script>\u{1b}[2J\u{0}".into(),
-                denied: 3,
-                logged_denied: 0,
-                requests: 4,
-            }],
+            requests: 4,
         }],
-        start_us: 0,
-        bucket_us: 1,
-        timeline: vec![(1, 1, 0)],
-    };
+    }];
+    c.timeline[0] = (1, 1, 0);
     c.timeline.push((0, 2, 1));
     let s = svg(&Report {
         lines: 3,
