@@ -134,8 +134,10 @@ impl Writer {
         self.batch.push(b'\n');
         let len = (self.batch.len() - start) as u64;
         if len > self.files.per_file {
-            // No file may hold it: dropped, so the cap holds whatever a caller sends.
+            // No file may hold it: dropped, so the cap holds whatever a caller sends (and the
+            // batch's room it took given back).
             self.batch.truncate(start);
+            self.batch.shrink_to(BATCH);
             return self.counters.dropped_large.inc();
         }
         if self.size > 0 && self.size + len > self.files.per_file {
@@ -232,22 +234,43 @@ impl Writer {
 }
 
 /// The file to append to, and its size; a last line left torn (a crash mid-write) is ended,
-/// so the next line starts on a line of its own.
+/// so the next line starts on a line of its own (best effort: a file that cannot be read, or
+/// a disk too full for the newline, is opened all the same).
 fn open(path: &Path) -> std::io::Result<(File, u64)> {
-    let mut file = OpenOptions::new()
+    // Read and append first: opening a named pipe for writing alone waits for a reader (a
+    // start that never ends); a file that may not be read is opened to append only.
+    let file = OpenOptions::new()
         .create(true)
         .read(true)
         .append(true)
-        .open(path)?;
+        .open(path)
+        .or_else(|_| OpenOptions::new().create(true).append(true).open(path))?;
     let mut size = file.metadata()?.len();
-    if size > 0 && file.metadata()?.is_file() {
-        let mut last = [0u8];
-        file.seek(SeekFrom::Start(size - 1))?;
-        file.read_exact(&mut last)?;
-        if last[0] != b'\n' {
-            file.write_all(b"\n")?;
+    if size > 0 && file.metadata()?.is_file() && ends_torn(path, size) {
+        let mut f = &file;
+        if f.write_all(b"\n").is_ok() {
             size += 1;
         }
     }
     Ok((file, size))
+}
+
+/// Whether the file's last byte is not a newline (a line cut short).
+fn ends_torn(path: &Path, size: u64) -> bool {
+    let mut last = [0u8];
+    let read = File::open(path).and_then(|mut f| {
+        f.seek(SeekFrom::Start(size - 1))?;
+        f.read_exact(&mut last)
+    });
+    read.is_ok() && last[0] != b'\n'
+}
+
+/// Rotated files numbered past the ones kept (left by a run with more `DECISION_LOG_FILES`)
+/// are deleted, so the cap holds for what is on disk.
+pub(super) fn remove_stale(files: &Files) {
+    for n in files.files..files.files.saturating_add(1000) {
+        if std::fs::remove_file(files.nth(n)).is_err() {
+            break;
+        }
+    }
 }

@@ -31,7 +31,7 @@ pub async fn run(args: &ReplayArgs) -> Result<(), String> {
     }
     let (lines, skipped) = read_logs(&args.logs)?;
     if let Some(first) = &skipped.first {
-        // A log cut by a full disk or a crash: the rest replays, and the report says so.
+        // A log cut by a full disk or a crash: the rest replays, and stderr says so.
         eprintln!(
             "sluice replay: {} line(s) skipped that are not decision log lines; the first: {first}",
             skipped.lines

@@ -66,6 +66,9 @@ pub fn read_logs(
             skipped.first = s.first;
         }
     }
+    if let (true, Some(first)) = (all.is_empty(), &skipped.first) {
+        return Err(first.clone());
+    }
     all.sort_by_key(|l| (l.t, l.seq));
     Ok((all, skipped))
 }

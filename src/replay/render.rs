@@ -248,7 +248,9 @@ fn esc(s: &str) -> String {
             '<' => out.push_str("&lt;"),
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
-            c if c.is_control() => out.push('\u{fffd}'),
+            c if c.is_control() || matches!(c, '\u{fffe}' | '\u{ffff}') => {
+                out.push('\u{fffd}');
+            }
             c => out.push(c),
         }
     }

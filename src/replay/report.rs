@@ -174,9 +174,9 @@ impl Builder {
             count(&mut t.descriptors, !over);
             t.logged_denied += u64::from(logged_over);
             t.newly_denied += u64::from(over && !logged_over && !line.fallback);
-            // The entries as JSON: no value can pass for two entries, nor carry a control
-            // character to the operator's terminal.
-            let consumer = serde_json::to_string(&d.entries).unwrap_or_default();
+            // The entries as JSON (no value can pass for two entries), with no control or
+            // direction character left to act on the operator's terminal.
+            let consumer = printable(&serde_json::to_string(&d.entries).unwrap_or_default());
             let c = t
                 .consumers
                 .entry(consumer)
@@ -220,6 +220,21 @@ impl Builder {
         self.out.limits = limits;
         self.out
     }
+}
+
+/// `s` with every control character (C0, DEL, C1) and every bidirectional formatting
+/// character written as `\u{…}`.
+pub(super) fn printable(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        let bidi = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if c.is_control() || bidi {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn count(t: &mut Totals, ok: bool) {

@@ -220,3 +220,16 @@ fn consumer_values_are_escaped_in_the_picture() {
         "no control characters"
     );
 }
+
+#[test]
+fn consumers_carry_no_control_or_direction_character_to_the_terminal() {
+    let shown = super::report::printable("[[\"user\",\"a\\u001b\u{9b}2J\u{202e}b\u{7f}\"]]");
+    assert!(
+        !shown.chars().any(|c| c.is_control() || c == '\u{202e}'),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("\\u{9b}") && shown.contains("\\u{202e}"),
+        "{shown}"
+    );
+}

@@ -25,8 +25,8 @@ pub struct DecisionLogArgs {
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub decision_log_files: u32,
 
-    /// The share of consumers logged, 0 to 1 (by a hash of the request's descriptors: a
-    /// consumer's requests are all logged or none).
+    /// The share of requests logged, 0 to 1, by a hash (keyed by this process) of the
+    /// request's domain and entries: requests with the same entries are all logged or none.
     #[arg(long, env = "DECISION_LOG_SAMPLE", default_value = "1", value_parser = super::parse_ratio)]
     pub decision_log_sample: f64,
 
@@ -35,15 +35,15 @@ pub struct DecisionLogArgs {
     #[arg(long, env = "DECISION_LOG_REDACT", default_value = "")]
     pub decision_log_redact: String,
 
-    /// The key of the redaction digests (keep it secret: with it, a guessed value can be
-    /// checked against a digest).
+    /// The key of the redaction digests, at least 16 bytes, required with
+    /// DECISION_LOG_REDACT (keep it secret: with it, a guessed value can be checked).
     #[arg(long, env = "DECISION_LOG_REDACT_SALT", hide_env_values = true)]
     pub decision_log_redact_salt: Option<Secret>,
 
     /// Lines waiting for the writer at most; when full, lines are dropped and counted
     /// (`sluice_decision_log_dropped_total{reason="queue_full"}`), never a request delayed.
     #[arg(long, env = "DECISION_LOG_QUEUE", default_value_t = 65_536,
-          value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub decision_log_queue: u32,
 }
 

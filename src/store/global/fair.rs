@@ -157,7 +157,7 @@ impl super::GlobalGrants {
     /// has its report's answer). A read that fails is tried again after half of
     /// [`FRESH_MS`], not at every refill (each would pay the home timeout while cut off).
     pub(super) async fn board_for(self: &Arc<Self>, check: &crate::store::LimitCheck) {
-        let Some((start, _)) = check.window else {
+        let (Some((start, _)), Some(_)) = (check.window, self.reporting.get()) else {
             return;
         };
         let w = super::window_ms(check.window);
@@ -232,6 +232,9 @@ impl Boards {
     pub fn put(&self, key: &CounterKey, window_ms: u64, others: Vec<RegionReport>, now_ms: u64) {
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let b = Self::slot(&mut map, key, window_ms);
+        if now_ms < b.read_ms {
+            return; // a read that started before the board it would replace
+        }
         b.reports = others;
         b.read_ms = now_ms.max(1);
     }

@@ -158,8 +158,12 @@ impl SlicedDecider {
             })
             .collect();
         let (mut steps, mut leases) = (0, Vec::new());
+        // When the store below decided (the decision log's instant); a fallback's answer in
+        // either part marks the whole.
+        let mut at = crate::store::DecidedAt::Unknown;
         if let Some(d) = below {
             steps = d.steps;
+            at = d.at;
             if !d.leases.is_empty() {
                 leases = vec![crate::store::LeaseEffect::default(); n];
             }
@@ -174,6 +178,9 @@ impl SlicedDecider {
         }
         if let Some(d) = at_home {
             steps += d.steps;
+            if d.at == crate::store::DecidedAt::Fallback {
+                at = d.at;
+            }
             for (k, &i) in home_idx.iter().enumerate() {
                 if let Some(o) = d.outcomes.get(k) {
                     outcomes[i] = *o;
@@ -189,7 +196,7 @@ impl SlicedDecider {
         let charge = charged(checks, &allowed, admitted);
         self.untake_all(checks, &taken, |i| !charge[i]);
         Decision {
-            at: crate::store::DecidedAt::Unknown,
+            at,
             admitted,
             outcomes,
             local: false,
