@@ -213,11 +213,12 @@ fn stopped(
     let most = l.top.first().map_or(1, |t| t.denied.max(1)) as f64;
     for t in &l.top {
         y += row;
-        let bar = (right - left - 360.0) * t.denied as f64 / most;
+        // The label's column is 300 px (40 characters at 12 px), the count's 100 px.
+        let bar = (right - left - 420.0) * t.denied as f64 / most;
         let _ = writeln!(
             s,
             r##"<text x="{left}" y="{y}">{}</text><rect x="{:.1}" y="{:.1}" width="{bar:.1}" height="{:.1}" fill="#d33c3c"/><text x="{:.1}" y="{y}">{} of {}</text>"##,
-            esc(&shorten(&t.consumer, 48)),
+            esc(&shorten(&t.consumer, 40)),
             left + 300.0,
             y - 11.0,
             row - 5.0,
