@@ -446,6 +446,7 @@ def facts_default(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> Non
     C.expect("ADMIN_TOKENS_FILE" not in env, "default: no admin tokens")
     C.expect("GLOBAL_REDIS_URL" not in env and "REGION" not in env, "default: no home store, no region")
     C.expect("GLOBAL_UNREACHABLE" not in env, "default: no home store, no partition setting")
+    C.expect("DECISION_LOG" not in env, "default: no decision log")
     ports = [p["name"] for p in one(docs, "Service", FULLNAME)["spec"]["ports"]]
     C.equal(ports, ["grpc", "http"], "default: the admin port is not in the Service")
 
@@ -581,6 +582,32 @@ def facts_multi_region(values: dict[str, Any], docs: Any, env: dict[str, Any]) -
             "GLOBAL_UNREACHABLE_SHARE")
 
 
+def facts_decision_log(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
+    log = values["decisionLog"]
+    C.equal(env_value(env, "DECISION_LOG"), log["path"], "DECISION_LOG")
+    C.equal(env_value(env, "DECISION_LOG_MAX_BYTES"), log["maxBytes"], "DECISION_LOG_MAX_BYTES")
+    C.equal(env_value(env, "DECISION_LOG_FILES"), str(log["files"]), "DECISION_LOG_FILES")
+    C.equal(env_value(env, "DECISION_LOG_SAMPLE"), log["sample"], "DECISION_LOG_SAMPLE")
+    C.equal(env_value(env, "DECISION_LOG_QUEUE"), str(log["queue"]), "DECISION_LOG_QUEUE")
+    C.equal(env_value(env, "DECISION_LOG_REDACT"), log["redact"], "DECISION_LOG_REDACT")
+    C.equal(env.get("DECISION_LOG_REDACT_SALT", {}).get("valueFrom", {}).get("secretKeyRef"),
+            {"name": log["redactSaltSecret"], "key": log["redactSaltSecretKey"]}, "DECISION_LOG_REDACT_SALT secretKeyRef")
+    pod = one(docs, "Deployment", FULLNAME)["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    C.equal(mounts.get("decision-log", {}).get("mountPath"), "/var/log/sluice", "the log's directory is mounted")
+    vols = {v["name"]: v for v in pod["volumes"]}
+    # 256M and a tenth, in bytes (K, M, G are powers of 1024, as sluice reads them).
+    C.equal(vols.get("decision-log", {}).get("emptyDir"), {"sizeLimit": str(256 * 2**20 * 11 // 10)},
+            "an emptyDir of the cap plus a tenth")
+
+
+def facts_decision_log_claim(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
+    C.expect("DECISION_LOG_REDACT" not in env and "DECISION_LOG_REDACT_SALT" not in env, "no redaction unless asked")
+    pod = one(docs, "Deployment", FULLNAME)["spec"]["template"]["spec"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    C.equal(vols.get("decision-log", {}).get("persistentVolumeClaim"), {"claimName": "decisions"}, "the claim")
+
+
 VALUE_SETS: list[tuple[str, dict[str, Any], Callable[..., None]]] = [
     ("default", {}, facts_default),
     ("memory", {
@@ -646,6 +673,13 @@ VALUE_SETS: list[tuple[str, dict[str, Any], Callable[..., None]]] = [
         "store": {"type": "redis", "redis": dict(SECRET)},
         "redis": {"enabled": True},
     }, facts_eval_redis),
+    ("decision log, redacted", {
+        "decisionLog": {"enabled": True, "path": "/var/log/sluice/decisions.jsonl", "maxBytes": "256M", "files": 4, "sample": "0.25", "queue": 10000,
+                        "redact": "api_key,user", "redactSaltSecret": "sluice-log-salt", "redactSaltSecretKey": "k"},
+    }, facts_decision_log),
+    ("decision log on a claim", {
+        "decisionLog": {"enabled": True, "path": "/data/log/d.jsonl", "existingClaim": "decisions"},
+    }, facts_decision_log_claim),
 ]
 
 def facts_istio(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
@@ -686,6 +720,12 @@ BAD_VALUES: list[tuple[str, dict[str, Any], list[str]]] = [
      ["/multiRegion/unreachableShare"]),
     ("a share above the limit", {"multiRegion": {"unreachable": "share", "unreachableShare": "1.5"}},
      ["/multiRegion/unreachableShare"]),
+    ("a home store without a region", {"multiRegion": {"home": {"url": "home:6379"}}}, ["/multiRegion/region"]),
+    ("a region that is not a name", {"multiRegion": {"region": "eu west"}}, ["/multiRegion/region"]),
+    ("a redacted log without its salt", {"decisionLog": {"enabled": True, "redact": "*"}},
+     ["/decisionLog/redactSaltSecret"]),
+    ("a relative log path", {"decisionLog": {"enabled": True, "path": "d.jsonl"}}, ["/decisionLog/path"]),
+    ("a log sample above 1", {"decisionLog": {"sample": "1.5"}}, ["/decisionLog/sample"]),
 ]
 
 # Values the templates must refuse (cross-field rules the schema cannot express).

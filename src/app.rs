@@ -262,7 +262,6 @@ fn with_home(
     if let Some(g) = &stack.global {
         let _ = g.tallies.region.set(args.global.region.clone());
         g.report_to(regions, args.global.region.clone());
-        g.resets_from(home_admin);
         if let Some(share) = share {
             g.share_when_cut_off(share);
         }
@@ -272,10 +271,10 @@ fn with_home(
 
 fn service_options(args: &ServeArgs) -> ServiceOptions {
     ServiceOptions {
-        global_shadow_mode: args.shadow_mode,
-        global_quota_mode: args.quota_mode,
+        global_shadow_mode: args.decide.shadow_mode,
+        global_quota_mode: args.decide.quota_mode,
         counting: args.load.counting,
-        stop_increment_when_over: args.stop_cache_key_increment_when_overlimit,
+        stop_increment_when_over: args.decide.stop_cache_key_increment_when_overlimit,
         failure_mode: args.failure_mode,
         near_limit_ratio: args.observe.near_limit_ratio,
         headers: args.observe.headers(),
@@ -287,7 +286,7 @@ fn service_options(args: &ServeArgs) -> ServiceOptions {
         },
         ready_needs_config: args.source.ready_needs_config(),
         response_dynamic_metadata: args.response_dynamic_metadata,
-        allow_limit_override: args.allow_limit_override,
+        allow_limit_override: args.decide.allow_limit_override,
         decision_log: None,
     }
 }

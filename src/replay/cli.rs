@@ -53,8 +53,13 @@ pub async fn run(args: &ReplayArgs) -> Result<(), String> {
                 let _ = std::io::stderr().flush();
             }
         };
+        let d = &args.decide;
         let options = ServiceOptions {
             counting: args.load.counting,
+            global_shadow_mode: d.shadow_mode,
+            global_quota_mode: d.quota_mode,
+            stop_increment_when_over: d.stop_cache_key_increment_when_overlimit,
+            allow_limit_override: d.allow_limit_override,
             ..ServiceOptions::default()
         };
         let c = replay(&name, r, options, &lines, args.top, &mut progress).await?;

@@ -106,11 +106,34 @@ impl GlobalArgs {
         }
     }
 
+    /// `REGION`, required with a home store: the regions' reports at home are keyed by it, so
+    /// two regions left unnamed (or named alike) would read as one, each overwriting the
+    /// other's report and the fair shares sized on them. At most 63 letters, digits, `.`, `_`
+    /// or `-` (it names a metric label and a log field too).
+    pub fn region(&self) -> Result<&str, SettingsError> {
+        let r = self.region.as_str();
+        if r.is_empty() {
+            return Err(SettingsError::Redis(
+                "GLOBAL_REDIS_URL is set but REGION is empty: name this region (each region \
+                 its own name, every replica of a region the same; e.g. REGION=eu-west)"
+                    .into(),
+            ));
+        }
+        let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+        if r.len() > 63 || !r.chars().all(ok) {
+            return Err(SettingsError::Redis(format!(
+                "REGION {r:?}: at most 63 letters, digits, '.', '_' or '-'"
+            )));
+        }
+        Ok(r)
+    }
+
     /// The home store's settings (the main store's, at GLOBAL_REDIS_URL), or `None`.
     pub fn settings(&self, main: &RedisArgs) -> Result<Option<RedisSettings>, SettingsError> {
         if !self.is_set() {
             return Ok(None);
         }
+        self.region()?;
         let args = RedisArgs {
             redis_url: self.global_redis_url.clone(),
             redis_type: self.global_redis_type,

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 mod admin;
 mod check;
+mod decide;
 mod decision_log;
 mod global;
 mod http2;
@@ -32,6 +33,7 @@ pub mod xds;
 
 pub use admin::AdminServeArgs;
 pub use check::{CheckArgs, LoadFlags};
+pub use decide::DecideFlags;
 pub use decision_log::{parse_bytes, DecisionLogArgs};
 pub use global::GlobalArgs;
 pub use observe::{
@@ -235,44 +237,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub stats: stats::StatsArgs,
 
-    /// Decide and count as usual but always answer OK.
-    #[arg(
-        long,
-        env = "SHADOW_MODE",
-        default_value = "false",
-        value_parser = parse_go_bool,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true"
-    )]
-    pub shadow_mode: bool,
-
-    /// Treat every limit as `quota_mode: true` (envoyproxy's global quota mode): a request is
-    /// over limit only when all of its limits are.
-    #[arg(
-        long,
-        env = "QUOTA_MODE",
-        default_value = "false",
-        value_parser = parse_go_bool,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true"
-    )]
-    pub quota_mode: bool,
-
-    /// envoyproxy counting only: if one of a request's keys would exceed its limit, charge only
-    /// the keys that would (and nothing if one is in the local over-limit cache), as
-    /// envoyproxy/ratelimit's setting of the same name; sluice decides it atomically.
-    #[arg(
-        long,
-        env = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
-        default_value = "false",
-        value_parser = parse_go_bool,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true"
-    )]
-    pub stop_cache_key_increment_when_overlimit: bool,
+    #[command(flatten)]
+    pub decide: DecideFlags,
 
     /// Fill the response's `dynamic_metadata` as envoyproxy does: the domain, the descriptors
     /// and the config `metadata` of the descriptors that passed.
@@ -286,22 +252,6 @@ pub struct ServeArgs {
         default_missing_value = "true"
     )]
     pub response_dynamic_metadata: bool,
-
-    /// Honour Envoy's per-descriptor `limit` (the `limit` of a rate-limit action, from dynamic
-    /// metadata): it replaces the node's configured limits, never the resource limits above
-    /// it. Whoever can build the override chooses that limit: turn it off unless only your
-    /// proxies reach sluice and only your control plane sets it. A domain's
-    /// `allow_limit_override:` wins over this.
-    #[arg(
-        long,
-        env = "ALLOW_LIMIT_OVERRIDE",
-        default_value = "true",
-        value_parser = parse_go_bool,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true"
-    )]
-    pub allow_limit_override: bool,
 
     /// Most descriptors one request may carry; a request over it gets INVALID_ARGUMENT before
     /// any store work (Envoy sends one per matching rate-limit action: a handful).

@@ -1,6 +1,6 @@
 //! `sluice replay`: a decision log against one config, or two side by side.
 
-use super::LoadFlags;
+use super::{DecideFlags, LoadFlags};
 use clap::{ArgGroup, Args};
 use std::path::PathBuf;
 
@@ -33,6 +33,12 @@ pub struct ReplayArgs {
 
     #[command(flatten)]
     pub load: LoadFlags,
+
+    /// `SHADOW_MODE`, `QUOTA_MODE`, `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` and
+    /// `ALLOW_LIMIT_OVERRIDE`, as the service that wrote the log ran with: a replay in its
+    /// environment decides as it did.
+    #[command(flatten)]
+    pub decide: DecideFlags,
 }
 
 impl ReplayArgs {

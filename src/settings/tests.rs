@@ -211,7 +211,7 @@ fn defaults_match_envoyproxy() {
     assert_eq!(s.host, "0.0.0.0");
     assert_eq!(s.port, 8080);
     assert_eq!(s.config, None);
-    assert!(!s.shadow_mode);
+    assert!(!s.decide.shadow_mode);
     assert!(!s.load.runtime_ignoredotfiles);
     assert_eq!(s.shutdown_grace, Duration::from_secs(15));
     assert_eq!(
@@ -258,8 +258,8 @@ fn runtime_layout_and_values() {
     assert_eq!(cli.log.log_level, LogLevel::Debug);
     assert_eq!(cli.log.log_format, LogFormat::Json);
     let s = serve_args(cli);
-    assert!(s.shadow_mode);
-    assert!(s.quota_mode);
+    assert!(s.decide.shadow_mode);
+    assert!(s.decide.quota_mode);
     assert!(s.load.runtime_ignoredotfiles);
     assert!(s.load_options().ignore_dotfiles);
     assert_eq!(s.shutdown_grace, Duration::from_millis(500));
@@ -307,7 +307,7 @@ fn serve_subcommand_takes_the_same_flags() {
     );
     assert_eq!(s.grpc_port, 0);
     assert_eq!(s.port, 0);
-    assert!(s.shadow_mode);
+    assert!(s.decide.shadow_mode);
     assert_eq!(s.shutdown_grace, Duration::from_secs(90));
 }
 

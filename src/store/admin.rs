@@ -170,13 +170,31 @@ pub trait CounterAdmin: Send + Sync + std::fmt::Debug {
         now_ms: u64,
     ) -> BoxFuture<'a, Result<Option<StoredOverride>, StoreError>>;
 
-    /// Keeps a record of a reset for the regions (a home store's; others keep none).
+    /// Keeps a record of a reset for the regions (a home store's; others keep none), and
+    /// returns its sequence number (0: none kept).
     fn record_reset<'a>(
         &'a self,
         _domain: &'a str,
         _prefix: &'a [(String, String)],
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async { Ok(()) })
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async { Ok(0) })
+    }
+
+    /// [`CounterAdmin::reset`] at a home store, leaving beside each counter it resets a fence
+    /// at `fence` (kept at its highest, as long as the counter's window): a refund of units a
+    /// region's pool drained is refused there unless the pool was cleared for a reset record
+    /// at or past the fence ([`CounterStore::refund_fenced`](crate::store::CounterStore)), so
+    /// units charged on the count the reset forgot never come off the fresh count, however
+    /// late their refund lands (`store/global/admin.rs`). A store that is never a home store
+    /// (the embedded one) resets as [`CounterAdmin::reset`] does.
+    fn reset_fenced<'a>(
+        &'a self,
+        domain: &'a str,
+        prefix: &'a [(String, String)],
+        domain_tag: bool,
+        _fence: u64,
+    ) -> BoxFuture<'a, Result<ResetCount, StoreError>> {
+        self.reset(domain, prefix, domain_tag)
     }
 
     /// The resets recorded, oldest first (at most [`MAX_RESET_RECORDS`]).

@@ -379,9 +379,34 @@ pub trait CounterStore: Send + Sync + std::fmt::Debug {
     /// store that grants global limits' slices fills the next window's pool ahead
     /// (`store/global`), in the background. Nothing elsewhere.
     fn ahead_of_window(&self, _check: &LimitCheck) {}
+
+    /// A home store's refund of units a region's pool drained (`check` gives them back),
+    /// applied only if no reset fenced its counter past `cleared`, the last reset record the
+    /// pool was cleared for ([`admin::CounterAdmin::reset_fenced`]): the fence is read in the
+    /// call that applies the refund, so a refund drained before a reset never comes off the
+    /// fresh count. `Ok(false)`: refused (the units were on the count the reset forgot). A
+    /// store that is never a home store (the embedded one) has no fences and applies it.
+    fn refund_fenced<'a>(
+        &'a self,
+        check: &'a LimitCheck,
+        _cleared: u64,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            self.decide(std::slice::from_ref(check)).await?;
+            Ok(true)
+        })
+    }
 }
 
 impl<S: CounterStore + ?Sized> CounterStore for Arc<S> {
+    fn refund_fenced<'a>(
+        &'a self,
+        check: &'a LimitCheck,
+        cleared: u64,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        (**self).refund_fenced(check, cleared)
+    }
+
     fn decide<'a>(
         &'a self,
         checks: &'a [LimitCheck],

@@ -144,6 +144,24 @@ async fn a_live_log_replayed_gives_back_every_answer_and_a_lower_limit_names_who
     let picture = std::fs::read_to_string(&plot).expect("the picture");
     assert!(picture.starts_with("<svg") && picture.contains("per-consumer"));
 
+    // Replayed as a service in shadow mode (`--shadow-mode`, or SHADOW_MODE in its
+    // environment) decides it: every request answered OK, the logged denials newly admitted.
+    let json = replay(&[
+        "--log",
+        &log_arg,
+        "--config",
+        &config,
+        "--json",
+        "--shadow-mode",
+    ])
+    .await
+    .expect("replay in shadow mode");
+    let r: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    let shadow = &r["configs"][0];
+    assert_eq!(shadow["requests"]["admitted"].as_u64(), Some(ok + over));
+    assert_eq!(shadow["requests"]["denied"].as_u64(), Some(0));
+    assert_eq!(shadow["newly_admitted"].as_u64(), Some(over), "{shadow}");
+
     // The table names the configs and the limits.
     let table = replay(&["--log", &log_arg, "--config", &lower])
         .await

@@ -356,7 +356,8 @@ async fn without_a_home_store_a_global_limit_does_not_load() {
 
 /// A partition setting that does not add up stops the start with the setting named: `share`
 /// without a share, a share with `deny` (the operator would believe in a behaviour they do not
-/// get), a share of 0 or above the whole limit, an unknown mode.
+/// get), a share of 0 or above the whole limit, an unknown mode; and a home store without a
+/// REGION, or with one that is not a name.
 #[tokio::test]
 async fn a_partition_setting_that_does_not_add_up_stops_the_start() {
     let (_dir, path) = write_config(&config(100));
@@ -364,17 +365,40 @@ async fn a_partition_setting_that_does_not_add_up_stops_the_start() {
         (
             Some("share"),
             None,
+            Some("a"),
             "GLOBAL_UNREACHABLE=share needs GLOBAL_UNREACHABLE_SHARE",
         ),
-        (None, Some("0.5"), "GLOBAL_UNREACHABLE is deny"),
-        (Some("share"), Some("1.5"), "GLOBAL_UNREACHABLE_SHARE"),
-        (Some("share"), Some("0"), "GLOBAL_UNREACHABLE_SHARE"),
-        (Some("share"), Some("0.0000001"), "GLOBAL_UNREACHABLE_SHARE"),
-        (Some("maybe"), None, "GLOBAL_UNREACHABLE"),
+        (None, Some("0.5"), Some("a"), "GLOBAL_UNREACHABLE is deny"),
+        (
+            Some("share"),
+            Some("1.5"),
+            Some("a"),
+            "GLOBAL_UNREACHABLE_SHARE",
+        ),
+        (
+            Some("share"),
+            Some("0"),
+            Some("a"),
+            "GLOBAL_UNREACHABLE_SHARE",
+        ),
+        (
+            Some("share"),
+            Some("0.0000001"),
+            Some("a"),
+            "GLOBAL_UNREACHABLE_SHARE",
+        ),
+        (Some("maybe"), None, Some("a"), "GLOBAL_UNREACHABLE"),
+        // Two regions left unnamed would read as one at home.
+        (None, None, None, "REGION is empty"),
+        (None, None, Some("eu west"), "REGION \"eu west\""),
     ];
-    for (mode, share, says) in cases {
+    for (mode, share, region, says) in cases {
         let mut c = serve(&path);
         c.env("GLOBAL_REDIS_URL", "127.0.0.1:1").kill_on_drop(true);
+        c.env_remove("REGION");
+        if let Some(r) = region {
+            c.env("REGION", r);
+        }
         if let Some(m) = mode {
             c.env("GLOBAL_UNREACHABLE", m);
         }

@@ -21,7 +21,7 @@ fn key(value: &str) -> CounterKey {
 }
 
 /// What an operation did and left, without the pool's clock.
-fn seen(st: &PoolState) -> (u64, u64, u64, bool, u64, bool, u64) {
+fn seen(st: &PoolState) -> (u64, u64, u64, bool, u64, bool, u64, u64) {
     (
         st.ok,
         st.have,
@@ -30,6 +30,7 @@ fn seen(st: &PoolState) -> (u64, u64, u64, bool, u64, bool, u64) {
         st.last_fill,
         st.dry_until > st.now,
         st.owed,
+        st.cleared,
     )
 }
 
@@ -264,6 +265,9 @@ async fn a_reset_clears_the_pool_once_keeps_the_refills_lease_and_lets_it_land()
             (90, 0, 0, 0, true),
             "{cleared:?}"
         );
+        // A refund home of what the pool holds from now on shows the record it was cleared
+        // for (`store/global/admin.rs`: home refuses one from before its reset).
+        assert_eq!(cleared.cleared, 5, "{cleared:?}");
         // A slice given back from before the reset adds nothing; the refill under way lands.
         assert_eq!(run(PoolOp::Give(10)).await.expect("give").left(), 0);
         let landed = run(fill(40, 7)).await.expect("fill");
@@ -276,7 +280,15 @@ async fn a_reset_clears_the_pool_once_keeps_the_refills_lease_and_lets_it_land()
         assert_eq!((older.ok, older.left()), (0, 40), "{older:?}");
         run(PoolOp::Take(10)).await.expect("take");
         let next = run(PoolOp::Clear(6)).await.expect("the next record");
-        assert_eq!((next.ok, next.left(), next.taken), (30, 0, 0), "{next:?}");
+        assert_eq!(
+            (next.ok, next.left(), next.taken, next.cleared),
+            (30, 0, 0, 6),
+            "{next:?}"
+        );
+        assert_eq!(
+            older.cleared, 5,
+            "an older record leaves the pool's clear as it was"
+        );
         // The window's share was credited once already: a reset does not give it again.
         let again = PoolOp::Credit {
             share: 20,

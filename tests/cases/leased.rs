@@ -685,7 +685,13 @@ async fn through_an_outage_a_replica_spends_its_slice_and_no_more() {
         let mut errors = 0;
         for _ in 0..20 {
             match decider.decide_by(vec![check(now, 1, 40)], None).await {
-                Ok(d) => admitted += u32::from(d.admitted),
+                Ok(d) => {
+                    admitted += u32::from(d.admitted);
+                    // A denial for want of a refill is the failure mode's answer: the decision
+                    // log marks it so, and a replay never compares it.
+                    let fallback = d.at == sluice::store::DecidedAt::Fallback;
+                    assert_eq!(fallback, !d.admitted, "{d:?}");
+                }
                 Err(_) => errors += 1,
             }
         }

@@ -69,6 +69,7 @@ mod global;
 mod global_admin;
 mod global_boundary;
 mod global_fair;
+mod global_fence;
 mod global_model;
 mod global_moved;
 mod global_moved_model;

@@ -183,3 +183,16 @@ httpGet:
   port: http
 {{- end }}
 {{- end }}
+
+{{/*
+The decision log's emptyDir size: decisionLog.maxBytes (bytes, or K, M, G: powers of 1024, as
+DECISION_LOG_MAX_BYTES reads them) plus a tenth, for the file being rotated.
+*/}}
+{{- define "sluice.decisionLogSize" -}}
+{{- $s := upper (toString .) -}}
+{{- $digits := regexFind "^[0-9]+" $s -}}
+{{- $unit := trimPrefix $digits $s -}}
+{{- $m := 1 -}}
+{{- if eq $unit "K" }}{{ $m = 1024 }}{{ else if eq $unit "M" }}{{ $m = 1048576 }}{{ else if eq $unit "G" }}{{ $m = 1073741824 }}{{ end -}}
+{{- div (mul ($digits | int64) $m 11) 10 -}}
+{{- end }}

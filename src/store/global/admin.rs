@@ -38,12 +38,18 @@ impl CounterAdmin for GlobalAdmin {
         domain_tag: bool,
     ) -> BoxFuture<'a, Result<ResetCount, StoreError>> {
         Box::pin(async move {
-            // Recorded before home's reset as well as after: a give-back home while the reset
-            // runs finds the first record and is forgiven, not refunded onto the fresh count;
-            // the second clears what the pools were refilled with from the old count meanwhile.
-            self.home.record_reset(domain, prefix).await?;
+            // Recorded before home's reset (every replica empties its pools early) and after
+            // (what the pools were refilled with from the old count meanwhile is dropped).
+            // Home's reset fences each counter it resets at the first record's successor: a
+            // give-back from a pool not cleared for the second record is refused at home, in
+            // the same call that would apply it, so a refund drained before the reset never
+            // lands on the fresh count, however late it arrives.
+            let first = self.home.record_reset(domain, prefix).await?;
             let here = self.region.reset(domain, prefix, domain_tag).await?;
-            let home = self.home.reset(domain, prefix, domain_tag).await?;
+            let home = self
+                .home
+                .reset_fenced(domain, prefix, domain_tag, first.saturating_add(1))
+                .await?;
             self.home.record_reset(domain, prefix).await?;
             Ok(ResetCount {
                 counters: here.counters.saturating_add(home.counters),
@@ -103,33 +109,6 @@ impl CounterAdmin for GlobalAdmin {
 }
 
 impl GlobalGrants {
-    /// Reads the resets recorded at `home` before any refund (`reset_pending`).
-    pub fn resets_from(&self, home: Arc<dyn CounterAdmin>) {
-        let _ = self.resets_from.set(home);
-    }
-
-    /// Whether home recorded a reset of `key` that this replica has not applied yet: units
-    /// it drained from a pool or slice were then charged on the count the reset dropped, and
-    /// a refund would come off the fresh count (the regions could admit past the limit). One
-    /// read at home per refund (refunds are rare: idle pools, replicas stopping); unread, the
-    /// refund goes ahead.
-    pub(super) async fn reset_pending(&self, key: &CounterKey) -> bool {
-        let Some(home) = self.resets_from.get() else {
-            return false;
-        };
-        let Ok(records) = home.resets().await else {
-            return false;
-        };
-        // Pending until applied (its clears done), not merely seen.
-        let applied = *self
-            .resets_applied
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        records
-            .iter()
-            .any(|r| applied.is_some_and(|s| r.seq > s) && r.covers(&key.domain, &key.entries))
-    }
-
     /// The records this replica has not applied yet, oldest first. The first call only notes
     /// where the records stand: resets from before this replica started reset nothing of its.
     pub fn unseen_resets(&self, records: Vec<ResetRecord>) -> Vec<ResetRecord> {
@@ -137,24 +116,10 @@ impl GlobalGrants {
         let mut seen = self.resets_seen.lock().unwrap_or_else(|e| e.into_inner());
         let Some(last) = *seen else {
             *seen = Some(latest);
-            *self
-                .resets_applied
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(latest);
             return Vec::new();
         };
         *seen = Some(latest.max(last));
         records.into_iter().filter(|r| r.seq > last).collect()
-    }
-
-    /// Records up to `seq` are applied (their clears done): give-backs of what they cover are
-    /// refunded again.
-    pub fn resets_applied(&self, seq: u64) {
-        let mut applied = self
-            .resets_applied
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        *applied = Some(applied.map_or(seq, |a| a.max(seq)));
     }
 
     /// Clears the region's pools of the counters `reset` covers that this replica knows: their
@@ -211,7 +176,7 @@ impl GlobalGrants {
             let Ok(st) = self.pool.run(&key, window_ms(window), all, ttl).await else {
                 continue;
             };
-            if st.ok > 0 && self.refund(&key, window, st.ok).await {
+            if st.ok > 0 && self.refund(&key, window, (st.ok, st.cleared)).await {
                 back += st.ok;
                 let demand = self.demand_of(&key, window_ms(window));
                 self.report(&key, window, &Self::emptied(&st), demand);

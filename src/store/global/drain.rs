@@ -179,7 +179,7 @@ impl GlobalGrants {
                 continue; // in use: look again later
             }
             self.seen(&st);
-            if self.refund(key, window, st.ok).await {
+            if self.refund(key, window, (st.ok, st.cleared)).await {
                 self.report(key, window, &Self::emptied(&st), Demand::IDLE);
             }
             return;
@@ -209,26 +209,40 @@ impl GlobalGrants {
         self.give_back_moved(key, window, window_ms).await
     }
 
-    /// Units drained from a pool go back home. A refund that fails may still have been
-    /// applied (its reply lost): its units are counted stranded, the most it can have lost, and
-    /// never put back in the pool (home may have them again: that would be over the limit).
+    /// Units drained from a pool go back home, unless home reset the counter since the pool
+    /// was last cleared (`cleared`, the pool's last reset record: the units were on the count
+    /// the reset forgot, and are forgiven, checked at home in the refund's own call). A refund
+    /// that fails may still have been applied (its reply lost): its units are counted
+    /// stranded, the most it can have lost, and never put back in the pool (home may have them
+    /// again: that would be over the limit).
     pub(super) async fn refund(
         &self,
         key: &CounterKey,
         window: Option<(u64, u64)>,
-        units: u64,
+        (units, cleared): (u64, u64),
     ) -> bool {
-        if self.reset_pending(key).await {
-            return true; // charged before a reset home has done: forgiven, never refunded
-        }
         let back = grant_check(key, window, units, true);
-        if self.home.decide(std::slice::from_ref(&back)).await.is_ok() {
-            self.tallies.returned.add(units);
-            self.tallies.home_answered(true, self.now_ms());
-            return true;
+        match self.home.refund_fenced(&back, cleared).await {
+            Ok(true) => {
+                self.tallies.returned.add(units);
+                self.tallies.home_answered(true, self.now_ms());
+                true
+            }
+            Ok(false) => {
+                self.tallies.home_answered(true, self.now_ms());
+                tracing::debug!(
+                    domain = %key.domain,
+                    units,
+                    cleared,
+                    "a give-back home refused: home reset the counter since the pool was cleared"
+                );
+                true
+            }
+            Err(_) => {
+                self.tallies.stranded.add(units);
+                false
+            }
         }
-        self.tallies.stranded.add(units);
-        false
     }
 
     /// A replica that stops (SIGTERM), once its slices are back in the pools: every pool of a
@@ -273,7 +287,7 @@ impl GlobalGrants {
                         Ok(st) if st.ok > 0 => st,
                         _ => return,
                     };
-                    if self.refund(&key, window, st.ok).await {
+                    if self.refund(&key, window, (st.ok, st.cleared)).await {
                         total.fetch_add(st.ok, Relaxed);
                         self.report(&key, window, &Self::emptied(&st), Demand::IDLE);
                     }

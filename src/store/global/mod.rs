@@ -153,11 +153,6 @@ pub struct GlobalGrants {
     boards: fair::Boards,
     /// The last home reset record this replica applied (`admin.rs`; `None`: not read yet).
     resets_seen: Mutex<Option<u64>>,
-    /// The last record whose clears are done (give-backs of what it covers are forgiven
-    /// until then).
-    resets_applied: Mutex<Option<u64>>,
-    /// Where the reset records are read before a refund (`admin.rs`, `reset_pending`).
-    resets_from: std::sync::OnceLock<Arc<dyn crate::store::admin::CounterAdmin>>,
 }
 
 impl GlobalGrants {
@@ -179,8 +174,6 @@ impl GlobalGrants {
             reporting: std::sync::OnceLock::new(),
             boards: fair::Boards::default(),
             resets_seen: Mutex::new(None),
-            resets_applied: Mutex::new(None),
-            resets_from: std::sync::OnceLock::new(),
         })
     }
 

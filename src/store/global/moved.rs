@@ -150,7 +150,7 @@ impl GlobalGrants {
             return false;
         }
         self.seen(&st);
-        if self.refund(key, window, st.ok).await {
+        if self.refund(key, window, (st.ok, st.cleared)).await {
             self.tallies.moved.add(st.ok);
             self.report(key, window, &Self::emptied(&st), Demand::IDLE);
         }
@@ -221,7 +221,7 @@ impl GlobalGrants {
             short: false,
         };
         self.report(key, window, &st, demand);
-        if self.refund(key, window, st.ok).await {
+        if self.refund(key, window, (st.ok, st.cleared)).await {
             self.tallies.moved.add(st.ok);
         }
     }

@@ -69,6 +69,9 @@ pub struct PoolState {
     pub owed: u64,
     /// When a replica last took from the pool (the pool's clock, ms).
     pub last_take: u64,
+    /// The last home reset record the pool was cleared for (0: none): its units were all
+    /// granted after that clear, which a refund of them shows home (`drain.rs`, `refund`).
+    pub cleared: u64,
 }
 
 impl PoolState {
@@ -165,6 +168,7 @@ impl MemoryPool {
             last_fill: f.last_fill,
             owed: f.owed,
             last_take: f.last,
+            cleared: f.cleared,
         })
     }
 }

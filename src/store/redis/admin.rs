@@ -68,6 +68,30 @@ return before
     )
 });
 
+static FENCE_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+-- A home store's reset of one page of keys (one slot): KEYS the keys it removes; ARGV[1] the
+-- fence, ARGV[1 + i] '1' if KEYS[i] counts (a window's count, a bucket's state). Beside each
+-- counting key, '<key>#reset' is raised to the fence (never lowered), for as long as the key
+-- had to live and a minute more (a month without a TTL): a pool's refund of that window is
+-- refused there (decide.lua, 'f'). Then every key is unlinked.
+local fence = tonumber(ARGV[1])
+for i, k in ipairs(KEYS) do
+  if ARGV[i + 1] == '1' then
+    local ttl = redis.call('PTTL', k)
+    if ttl < 0 then ttl = 2678400000 end
+    local f = k .. '#reset'
+    if (tonumber(redis.call('GET', f)) or 0) < fence then
+      redis.call('SET', f, fence, 'PX', ttl + 60000)
+    end
+  end
+end
+return redis.call('UNLINK', unpack(KEYS))
+",
+    )
+});
+
 /// The admin side of a [`super::RedisStore`], on its connections.
 pub struct RedisAdmin {
     pub(super) common: Arc<Common>,
@@ -145,11 +169,14 @@ impl RedisAdmin {
         .map(|_| ())
     }
 
+    /// Resets the counters below `prefix`; with a `fence`, a home store's reset, leaving a fence
+    /// beside each counting key it removes ([`CounterAdmin::reset_fenced`]).
     async fn reset_now(
         &self,
         domain: &str,
         prefix: &[(String, String)],
         domain_tag: bool,
+        fence: Option<u64>,
     ) -> Result<ResetCount, StoreError> {
         let (literal, tag) = reset_literal(&self.common.prefix, domain, prefix, domain_tag)?;
         let pattern = reset_pattern(&literal, prefix.len(), domain_tag);
@@ -160,7 +187,7 @@ impl RedisAdmin {
         // names here. A counter has one key that counts (its current window, or its state);
         // a lease limit's entry sets beside it are not counted again.
         let mut counters = self
-            .reset_pages(keys::tag_slot(&tag), &pattern, literal.len(), true)
+            .reset_pages(keys::tag_slot(&tag), (&pattern, literal.len()), true, fence)
             .await?;
         if !domain_tag {
             // The counters below a leased resource have hash tags of their own
@@ -170,7 +197,9 @@ impl RedisAdmin {
             let end = if prefix.len() > 1 { "[|}]*" } else { "|*" };
             let pattern = format!("{}{end}", glob_escape(&own));
             for slot in self.master_slots().await? {
-                counters += self.reset_pages(slot, &pattern, own.len(), false).await?;
+                counters += self
+                    .reset_pages(slot, (&pattern, own.len()), false, fence)
+                    .await?;
             }
         }
         // Again after the scans: a denial cached while they ran is dropped too.
@@ -190,39 +219,58 @@ impl RedisAdmin {
     async fn reset_pages(
         &self,
         slot: u16,
-        pattern: &str,
-        literal: usize,
+        (pattern, literal): (&str, usize),
         one_slot: bool,
+        fence: Option<u64>,
     ) -> Result<u64, StoreError> {
         let (mut cursor, mut counters) = (0u64, 0u64);
         loop {
             let (next, found): (u64, Vec<String>) = self
                 .call(async |c| scan(c, slot, cursor, pattern).await)
                 .await?;
-            let doomed: Vec<&String> = found
+            let doomed: Vec<(&String, bool)> = found
                 .iter()
-                .filter(|k| match counter_of(k, literal) {
-                    Some(counts) => {
-                        counters += u64::from(counts);
-                        true
-                    }
-                    None => false,
+                .filter_map(|k| {
+                    let counts = counter_of(k, literal)?;
+                    counters += u64::from(counts);
+                    Some((k, counts))
                 })
                 .collect();
-            let batches: Vec<Vec<&String>> = match (doomed.is_empty(), one_slot) {
+            let batches: Vec<Vec<(&String, bool)>> = match (doomed.is_empty(), one_slot) {
                 (true, _) => Vec::new(),
                 (false, true) => vec![doomed],
                 (false, false) => doomed.into_iter().map(|k| vec![k]).collect(),
             };
             for batch in batches {
-                self.call(async |c| redis::cmd("UNLINK").arg(&batch).query_async::<u64>(c).await)
-                    .await?;
+                self.unlink(&batch, fence).await?;
             }
             if next == 0 {
                 return Ok(counters);
             }
             cursor = next;
         }
+    }
+
+    /// `UNLINK`s one slot's `keys`; with a `fence`, after raising the fence beside each that
+    /// counts, in the same call (`FENCE_SCRIPT`).
+    async fn unlink(&self, keys: &[(&String, bool)], fence: Option<u64>) -> Result<(), StoreError> {
+        let names: Vec<&String> = keys.iter().map(|(k, _)| *k).collect();
+        let Some(fence) = fence else {
+            return self
+                .call(async |c| redis::cmd("UNLINK").arg(&names).query_async::<u64>(c).await)
+                .await
+                .map(|_| ());
+        };
+        self.call(async |c| {
+            let mut inv = FENCE_SCRIPT.prepare_invoke();
+            inv.arg(fence);
+            for (k, counts) in keys {
+                inv.key(k.as_str()).arg(u8::from(*counts));
+            }
+            inv.invoke_async::<u64>(c).await
+        })
+        .await
+        .map(|_| ())
     }
 
     /// One slot of each master (`CLUSTER SLOTS`), where a scan of the whole keyspace goes; on
@@ -402,7 +450,7 @@ impl CounterAdmin for RedisAdmin {
         &'a self,
         domain: &'a str,
         prefix: &'a [(String, String)],
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
             let record = ResetRecord {
                 seq: 0,
@@ -422,7 +470,6 @@ impl CounterAdmin for RedisAdmin {
                     .await
             })
             .await
-            .map(|_| ())
         })
     }
 
@@ -457,7 +504,17 @@ impl CounterAdmin for RedisAdmin {
         prefix: &'a [(String, String)],
         domain_tag: bool,
     ) -> BoxFuture<'a, Result<ResetCount, StoreError>> {
-        Box::pin(self.reset_now(domain, prefix, domain_tag))
+        Box::pin(self.reset_now(domain, prefix, domain_tag, None))
+    }
+
+    fn reset_fenced<'a>(
+        &'a self,
+        domain: &'a str,
+        prefix: &'a [(String, String)],
+        domain_tag: bool,
+        fence: u64,
+    ) -> BoxFuture<'a, Result<ResetCount, StoreError>> {
+        Box::pin(self.reset_now(domain, prefix, domain_tag, Some(fence)))
     }
 
     fn overrides(&self) -> BoxFuture<'_, Result<(u64, Vec<StoredOverride>), StoreError>> {
@@ -603,5 +660,8 @@ mod tests {
         );
         assert_eq!(c("{d|tenant=acme}:fw:10:minute#pool:1764547200000"), None);
         assert_eq!(c("{d|tenant=acme}:fw:10:minute#short:1764547200000"), None);
+        // A home reset's fences stay through the next reset (which only raises them).
+        assert_eq!(c("{d|tenant=acme}:fw:10:minute:29409120#reset"), None);
+        assert_eq!(c("{d|tenant=acme}:tb:10:minute:b9#reset"), None);
     }
 }

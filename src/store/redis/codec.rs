@@ -109,7 +109,10 @@ impl Call {
     pub(super) fn width(&self) -> usize {
         if self.is_undo() || self.reply == Reply::Unlease {
             1
-        } else if matches!(self.reply, Reply::Answer | Reply::Guarded { .. }) {
+        } else if matches!(
+            self.reply,
+            Reply::Answer | Reply::Guarded { .. } | Reply::Fenced { .. }
+        ) {
             3 + self.lease_width()
         } else {
             5 + self.lease_width()
@@ -259,7 +262,22 @@ pub(super) fn encode_guarded(
     call
 }
 
-/// Whether a guarded call's reply says its guard was already set (applied before).
+/// A home store's refund (`check` gives units back), refused by the script if a reset fenced
+/// the counter's window past `cleared` ([`Reply::Fenced`]).
+pub(super) fn encode_fenced(
+    check: &LimitCheck,
+    cleared: u64,
+    key_of: impl Fn(&CounterKey) -> String,
+) -> Call {
+    let mut call = encode(std::slice::from_ref(check), &[0], true, key_of);
+    call.plain = false;
+    call.counting = 0;
+    call.reply = Reply::Fenced { cleared };
+    call
+}
+
+/// Whether a guarded call's reply says its guard was already set (applied before), or a
+/// fenced one that it was refused.
 pub(super) fn already_applied(values: &[i64]) -> bool {
     values == [-1]
 }

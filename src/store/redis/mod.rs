@@ -321,6 +321,31 @@ impl CounterStore for RedisStore {
     fn probe(&self) -> BoxFuture<'_, bool> {
         Box::pin(self.ping())
     }
+
+    fn refund_fenced<'a>(
+        &'a self,
+        check: &'a LimitCheck,
+        cleared: u64,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let prefix = &self.common.prefix;
+            let call = codec::encode_fenced(check, cleared, |k| keys::counter_key(prefix, k));
+            let run = async {
+                let mut conn = match &self.backend {
+                    Backend::Standalone(s) => s.connection().await?,
+                    Backend::Cluster(c) => c.connection().await?,
+                };
+                let calls = [&call];
+                let batch = codec::Batch::General(&calls);
+                let inv = batch.invocation(&self.common.script, &self.common.time.arg());
+                batch::invoke(&mut conn, &inv, self.common.timeout).await
+            };
+            let r = run.await;
+            let slot = keys::tag_slot(&keys::hash_tag(&check.key));
+            self.common.record_health(Some(slot), &r);
+            Ok(!codec::already_applied(&r?))
+        })
+    }
 }
 
 impl super::WriteBack for RedisStore {

@@ -16,10 +16,10 @@
 --          as the caller saw them (a refill landed since: no trim)
 -- ARGV[5]  how long the pool outlives this call, in ms (PEXPIRE)
 --
--- Reply: {ok, have, taken, dry_until, now, locked, fill, owed, last}: ok is 1/0 (drain, trim,
+-- Reply: {ok, have, taken, dry_until, now, locked, fill, owed, last, cleared}: ok is 1/0 (drain, trim,
 -- credit, clear: the units drained, added, dropped); locked is 1 while a refill's lease runs; fill is
 -- the last refill's size; owed the units added on credit not yet charged at home; last the
--- last take's time. Times are the Redis server's
+-- last take's time; cleared the last reset record the pool was cleared for. Times are the Redis server's
 -- (TIME), in ms.
 
 local h = KEYS[1]
@@ -125,8 +125,8 @@ elseif op == 'clear' then
 end
 redis.call('PEXPIRE', h, ARGV[5])
 local locked = 0
-local l = redis.call('HMGET', h, 'lock', 'lock_until', 'fill')
+local l = redis.call('HMGET', h, 'lock', 'lock_until', 'fill', 'cleared')
 if l[1] and tonumber(l[2]) and tonumber(l[2]) > now then
   locked = 1
 end
-return {ok, have, taken, dry, now, locked, tonumber(l[3]) or 0, owed, last}
+return {ok, have, taken, dry, now, locked, tonumber(l[3]) or 0, owed, last, tonumber(l[4]) or 0}

@@ -81,6 +81,7 @@ impl RegionPool for RedisPool {
                 last_fill: u(6),
                 owed: u(7),
                 last_take: u(8),
+                cleared: u(9),
             })
         })
     }

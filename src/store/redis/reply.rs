@@ -17,6 +17,9 @@ pub(super) enum Reply {
     /// write-back of usage decided locally, `FAILURE_MODE=local`, retried without charging
     /// twice). The script returns `{-1}` when the guard was already set.
     Guarded { ttl_ms: u64 },
+    /// "f<cleared>": as `Answer`, for a home store's refund of units a region's pool drained
+    /// (one limit): refused, `{-1}`, if a reset fenced the counter's window past `cleared`.
+    Fenced { cleared: u64 },
     /// "u": takes back what a committed Cluster slot's `in_flight` takes and reservations
     /// changed (a request another slot then denied); one value per limit, 1 if taken back.
     Unlease,
@@ -33,6 +36,7 @@ impl Reply {
                 format!("x{}{}", u8::from(admitted), u8::from(over))
             }
             Reply::Guarded { ttl_ms } => format!("g{}", ttl_ms.max(1)),
+            Reply::Fenced { cleared } => format!("f{cleared}"),
             Reply::Unlease => "u".into(),
         }
     }

@@ -74,14 +74,14 @@ impl SlicedDecider {
     /// A global limit's checks that no slice decides, on the home store within the request's
     /// deadline. Home not answering (a partition, a slow link, no home store) denies them: a
     /// request never gets past a global limit because home is away, whatever the failure mode
-    /// says of the regional store.
+    /// says of the regional store (a fallback's answer, as the decision log marks it).
     async fn at_home(
         &self,
         checks: &[LimitCheck],
         deadline: Option<tokio::time::Instant>,
     ) -> Decision {
         let denied = || Decision {
-            at: crate::store::DecidedAt::Unknown,
+            at: crate::store::DecidedAt::Fallback,
             admitted: false,
             outcomes: checks
                 .iter()
@@ -161,9 +161,14 @@ impl SlicedDecider {
         // When the store below decided (the decision log's instant); a fallback's answer in
         // either part marks the whole.
         let mut at = crate::store::DecidedAt::Unknown;
+        if taken.iter().flatten().any(|t| t.outage) {
+            at = crate::store::DecidedAt::Fallback;
+        }
         if let Some(d) = below {
             steps = d.steps;
-            at = d.at;
+            if at != crate::store::DecidedAt::Fallback {
+                at = d.at;
+            }
             if !d.leases.is_empty() {
                 leases = vec![crate::store::LeaseEffect::default(); n];
             }

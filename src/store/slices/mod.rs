@@ -319,7 +319,10 @@ impl Slices {
             return Take::Down;
         }
         let s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
-        Take::Done(s.taken(entry, false))
+        Take::Done(Taken {
+            outage: true,
+            ..s.taken(entry, false)
+        })
     }
 
     pub(super) fn now_us(&self) -> u64 {
@@ -520,6 +523,9 @@ pub(super) struct Taken {
     /// When the answer's limit resets, and (denied) when to retry, in Unix µs.
     reset_at: u64,
     retry_at: u64,
+    /// Denied because the store did not answer a refill (`FAILURE_MODE=local`): a fallback's
+    /// answer, as the decision log marks it (never compared by a replay).
+    outage: bool,
 }
 
 /// How a check fared against its slice: decided, or sent down as an ordinary check (its

@@ -62,6 +62,7 @@ impl Slice {
             window_end: self.window.1,
             reset_at,
             retry_at,
+            outage: false,
         }
     }
 

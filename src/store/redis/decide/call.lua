@@ -53,6 +53,20 @@ if undo then
   return out
 end
 
+if fence then
+  -- A home store's refund (head.lua): the fence sits beside the charged window's key (a
+  -- token bucket's own key), where a reset left it (store/redis/admin.rs).
+  local key, period, meta = KEYS[1], tonumber(ARGV[6]), tonumber(ARGV[8])
+  local at = key
+  if meta % 4 == 0 then
+    pinned_of(key, meta)
+    at = window_key(key, CAL[key] or PIN[key] or (now - now % period), period)
+  end
+  if (tonumber(call('GET', at .. '#reset')) or 0) > fence then
+    return {-1}
+  end
+end
+
 -- Runs the algorithm of check i (0-based offset b into ARGV) on view v, as a recording charge
 -- (the re-run of a request of which only some checks are charged).
 local function record_on(key, v, b, meta)

@@ -25,7 +25,10 @@
 --           (FAILURE_MODE=local: usage a replica decided while the store could not answer,
 --           retried after a lost reply). The LAST key of KEYS is then its guard, not a limit:
 --           the call sets it for <ttl ms> and, if it was set already, changes nothing and
---           returns {-1}
+--           returns {-1}; "f<cleared>" as "0", for a home store's refund of units a region's
+--           pool drained (one request, one limit): if the charged window's counter (its key,
+--           "#reset") was fenced by a reset past <cleared>, the pool's last clear, nothing
+--           changes and the call returns {-1} (store/global/admin.rs)
 -- ARGV[3]   the number of requests R; then, per request, its number of limits n followed by
 --           K arguments per limit (K = 4, or 5 in an undo call):
 --   limit      requests admitted per period (0 blocks everything)
@@ -133,10 +136,18 @@ end
 local call, find, sub, floor, max, min, fmt =
   redis.call, string.find, string.sub, math.floor, math.max, math.min, string.format
 
-if sub(ARGV[2], 1, 1) == 'g' then
+local kind = sub(ARGV[2], 1, 1)
+if kind == 'g' then
   if not call('SET', KEYS[#KEYS], '1', 'NX', 'PX', tonumber(sub(ARGV[2], 2))) then
     return {-1}
   end
+  ARGV[2] = '0'
+end
+-- "f<cleared>" (a home store's refund of a region's pool, one request of one limit): as "0",
+-- unless a reset fenced the charged window's counter past <cleared> (call.lua): then {-1}.
+local fence = nil
+if kind == 'f' then
+  fence = tonumber(sub(ARGV[2], 2))
   ARGV[2] = '0'
 end
 -- Where a recorded count saturates (2^50; hits are at most 2^40): every sum stays exact.
