@@ -606,6 +606,10 @@ def facts_decision_log_claim(values: dict[str, Any], docs: Any, env: dict[str, A
     pod = one(docs, "Deployment", FULLNAME)["spec"]["template"]["spec"]
     vols = {v["name"]: v for v in pod["volumes"]}
     C.equal(vols.get("decision-log", {}).get("persistentVolumeClaim"), {"claimName": "decisions"}, "the claim")
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    C.equal(mounts.get("decision-log", {}).get("subPathExpr"), "$(POD_NAME)", "a directory per pod on the claim")
+    C.equal(env.get("POD_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath"), "metadata.name",
+            "POD_NAME from the pod's name")
 
 
 VALUE_SETS: list[tuple[str, dict[str, Any], Callable[..., None]]] = [
@@ -726,6 +730,8 @@ BAD_VALUES: list[tuple[str, dict[str, Any], list[str]]] = [
      ["/decisionLog/redactSaltSecret"]),
     ("a relative log path", {"decisionLog": {"enabled": True, "path": "d.jsonl"}}, ["/decisionLog/path"]),
     ("a log sample above 1", {"decisionLog": {"sample": "1.5"}}, ["/decisionLog/sample"]),
+    ("a log file at the root", {"decisionLog": {"enabled": True, "path": "/d.jsonl"}}, ["/decisionLog/path"]),
+    ("a log cap with a unit sluice does not read", {"decisionLog": {"maxBytes": "1T"}}, ["/decisionLog/maxBytes"]),
 ]
 
 # Values the templates must refuse (cross-field rules the schema cannot express).
@@ -734,6 +740,7 @@ BAD_RENDER: list[tuple[str, dict[str, Any], str]] = [
     ("termination grace not above drain delay + drain", {"terminationGracePeriodSeconds": 20}, "shutdownDrainDelaySeconds"),
     ("one domain in two files", {"config": {"a": {"domain": "example"}}}, 'domain "example" is defined twice'),
     ("admin exposed without tokens", {"admin": {"expose": True}}, "admin.expose needs admin.tokensSecret"),
+    ("log files under 64K", {"decisionLog": {"enabled": True, "maxBytes": "200K", "files": 5}}, "at least 64K"),
 ]
 
 

@@ -247,6 +247,8 @@ fn with_home(
         cut_off_share = ?share,
         "global limits: home store"
     );
+    // The bare store, no layer around it: its refunds are fenced (`refund_fenced`), which a
+    // layer forwarding only `decide` would quietly undo.
     let home = crate::store::redis::RedisStore::new(&home)?;
     let regions = Arc::new(home.regions());
     // Overrides live at home and resets reach it: every region applies the same
@@ -254,7 +256,7 @@ fn with_home(
     let home_admin: Arc<dyn crate::store::admin::CounterAdmin> = Arc::new(home.admin());
     let admin = crate::store::global::GlobalAdmin {
         region: Arc::clone(&stack.admin),
-        home: Arc::clone(&home_admin),
+        home: home_admin,
     };
     let stack = stack
         .with_admin(Arc::new(admin))

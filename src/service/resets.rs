@@ -39,6 +39,7 @@ impl RateLimiter {
                     pooled,
                     "a reset at home: this replica's slices and its region's pools emptied"
                 );
+                global.resets_applied(reset.seq);
             }
         });
         true

@@ -21,6 +21,7 @@ pub struct GlobalMetrics {
     returned: IntCounterVec,
     moved: IntCounterVec,
     stranded: IntCounterVec,
+    forgiven: IntCounterVec,
     shared: IntCounterVec,
     settled: IntCounterVec,
     cut_off: CounterVec,
@@ -72,6 +73,12 @@ impl GlobalMetrics {
                  pool and the slices (a refill, take or give-back whose store call failed: the \
                  most it can have lost).",
             )?,
+            forgiven: counter(
+                "sluice_global_forgiven_total",
+                "Units given back home that home refused: drained from a pool not cleared since \
+                 an operator reset of their counter (they were on the count the reset forgot; \
+                 the budget of that window is that much smaller, never over).",
+            )?,
             shared: counter(
                 "sluice_global_shared_total",
                 "Units the region's pools added on credit while cut off from the home store \
@@ -109,6 +116,7 @@ impl GlobalMetrics {
         catch_up(&self.returned.with_label_values(&l), t.returned.get());
         catch_up(&self.moved.with_label_values(&l), t.moved.get());
         catch_up(&self.stranded.with_label_values(&l), t.stranded.get());
+        catch_up(&self.forgiven.with_label_values(&l), t.forgiven.get());
         catch_up(&self.shared.with_label_values(&l), t.shared.get());
         catch_up(&self.settled.with_label_values(&l), t.settled.get());
         let now_ms = std::time::SystemTime::now()

@@ -412,7 +412,13 @@ async fn run_seed(seed: u64, share: Option<Share>) -> Result<Stats, String> {
         for d in futures_util::future::join_all(calls).await {
             // A store error is an answer too (the stack's failure mode decides it): only an
             // admission counts.
-            if d.is_ok_and(|d| d.admitted) {
+            let Ok(d) = d else { continue };
+            // Marked a fallback's answer (the decision log never compares it): only a denial
+            // for want of home, in a window where a link was cut or a replica dropped.
+            if d.at == sluice::store::DecidedAt::Fallback && (d.admitted || !seen.disturbed) {
+                return Err(format!("seed {seed}, step {step}: marked fallback: {d:?}"));
+            }
+            if d.admitted {
                 seen.admitted += 1;
             }
         }

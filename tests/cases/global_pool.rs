@@ -296,5 +296,13 @@ async fn a_reset_clears_the_pool_once_keeps_the_refills_lease_and_lets_it_land()
             dry_ms: 0,
         };
         assert_eq!(run(again).await.expect("credit").ok, 0);
+        // A replica that applied record 9 creates a pool: it starts cleared for 9 (its units
+        // are all granted after that reset, and home takes them back); one it finds is kept.
+        pool.stamp(9);
+        let fresh = pool.run(&k, 60_000, PoolOp::Take(0), 600_000).await;
+        assert_eq!(fresh.expect("a new pool").cleared, 9);
+        assert_eq!(run(PoolOp::Take(0)).await.expect("look").cleared, 6);
+        assert_eq!(run(PoolOp::Clear(9)).await.expect("clear").cleared, 9);
+        assert_eq!(run(PoolOp::Clear(9)).await.expect("again").ok, 0);
     }
 }

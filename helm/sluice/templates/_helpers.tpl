@@ -185,14 +185,21 @@ httpGet:
 {{- end }}
 
 {{/*
-The decision log's emptyDir size: decisionLog.maxBytes (bytes, or K, M, G: powers of 1024, as
-DECISION_LOG_MAX_BYTES reads them) plus a tenth, for the file being rotated.
+decisionLog.maxBytes in bytes (a number, or K, M, G: powers of 1024, as DECISION_LOG_MAX_BYTES
+reads them).
 */}}
-{{- define "sluice.decisionLogSize" -}}
+{{- define "sluice.decisionLogBytes" -}}
 {{- $s := upper (toString .) -}}
 {{- $digits := regexFind "^[0-9]+" $s -}}
 {{- $unit := trimPrefix $digits $s -}}
 {{- $m := 1 -}}
 {{- if eq $unit "K" }}{{ $m = 1024 }}{{ else if eq $unit "M" }}{{ $m = 1048576 }}{{ else if eq $unit "G" }}{{ $m = 1073741824 }}{{ end -}}
-{{- div (mul ($digits | int64) $m 11) 10 -}}
+{{- mul ($digits | int64) $m -}}
+{{- end }}
+
+{{/*
+The decision log's emptyDir size: its cap plus a tenth, for the file being rotated.
+*/}}
+{{- define "sluice.decisionLogSize" -}}
+{{- div (mul (include "sluice.decisionLogBytes" . | int64) 11) 10 -}}
 {{- end }}

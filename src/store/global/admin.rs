@@ -41,15 +41,18 @@ impl CounterAdmin for GlobalAdmin {
             // Recorded before home's reset (every replica empties its pools early) and after
             // (what the pools were refilled with from the old count meanwhile is dropped).
             // Home's reset fences each counter it resets at the first record's successor: a
-            // give-back from a pool not cleared for the second record is refused at home, in
-            // the same call that would apply it, so a refund drained before the reset never
-            // lands on the fresh count, however late it arrives.
+            // give-back from a pool not cleared for a later record is refused at home, in the
+            // same call that would apply it, so units drained before the reset never come off
+            // the fresh count (a refill charged just before the reset that lands after the
+            // second clear is the one exception, docs/semantics.md). Home first: a region
+            // whose store is home's too (one Redis) would otherwise lose the counters to the
+            // unfenced regional reset before home's could fence them.
             let first = self.home.record_reset(domain, prefix).await?;
-            let here = self.region.reset(domain, prefix, domain_tag).await?;
             let home = self
                 .home
                 .reset_fenced(domain, prefix, domain_tag, first.saturating_add(1))
                 .await?;
+            let here = self.region.reset(domain, prefix, domain_tag).await?;
             self.home.record_reset(domain, prefix).await?;
             Ok(ResetCount {
                 counters: here.counters.saturating_add(home.counters),
@@ -116,10 +119,18 @@ impl GlobalGrants {
         let mut seen = self.resets_seen.lock().unwrap_or_else(|e| e.into_inner());
         let Some(last) = *seen else {
             *seen = Some(latest);
+            // Resets from before this replica started: nothing of its to clear.
+            self.pool.stamp(latest);
             return Vec::new();
         };
         *seen = Some(latest.max(last));
         records.into_iter().filter(|r| r.seq > last).collect()
+    }
+
+    /// Records up to `seq` are applied (their clears done): the pools this replica creates from
+    /// now on start cleared for `seq` ([`super::RegionPool::stamp`]).
+    pub fn resets_applied(&self, seq: u64) {
+        self.pool.stamp(seq);
     }
 
     /// Clears the region's pools of the counters `reset` covers that this replica knows: their
@@ -176,8 +187,14 @@ impl GlobalGrants {
             let Ok(st) = self.pool.run(&key, window_ms(window), all, ttl).await else {
                 continue;
             };
-            if st.ok > 0 && self.refund(&key, window, (st.ok, st.cleared)).await {
+            if st.ok == 0 {
+                continue;
+            }
+            let refund = self.refund(&key, window, (st.ok, st.cleared)).await;
+            if refund == super::Refund::Back {
                 back += st.ok;
+            }
+            if refund != super::Refund::Failed {
                 let demand = self.demand_of(&key, window_ms(window));
                 self.report(&key, window, &Self::emptied(&st), demand);
             }

@@ -6,7 +6,7 @@
 
 use super::moved::{Looks, MOVED_TICK_MS, TRIM_TICK_MS};
 use super::regions::Demand;
-use super::{grant_check, window_ms, GlobalGrants, PoolOp, POOL_IDLE_MS, REFILL_LEASE_MS};
+use super::{grant_check, window_ms, GlobalGrants, PoolOp, Refund, POOL_IDLE_MS, REFILL_LEASE_MS};
 use crate::store::{CounterKey, CounterStore};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -179,7 +179,7 @@ impl GlobalGrants {
                 continue; // in use: look again later
             }
             self.seen(&st);
-            if self.refund(key, window, (st.ok, st.cleared)).await {
+            if self.refund(key, window, (st.ok, st.cleared)).await != Refund::Failed {
                 self.report(key, window, &Self::emptied(&st), Demand::IDLE);
             }
             return;
@@ -220,15 +220,16 @@ impl GlobalGrants {
         key: &CounterKey,
         window: Option<(u64, u64)>,
         (units, cleared): (u64, u64),
-    ) -> bool {
+    ) -> Refund {
         let back = grant_check(key, window, units, true);
         match self.home.refund_fenced(&back, cleared).await {
             Ok(true) => {
                 self.tallies.returned.add(units);
                 self.tallies.home_answered(true, self.now_ms());
-                true
+                Refund::Back
             }
             Ok(false) => {
+                self.tallies.forgiven.add(units);
                 self.tallies.home_answered(true, self.now_ms());
                 tracing::debug!(
                     domain = %key.domain,
@@ -236,11 +237,11 @@ impl GlobalGrants {
                     cleared,
                     "a give-back home refused: home reset the counter since the pool was cleared"
                 );
-                true
+                Refund::Forgiven
             }
             Err(_) => {
                 self.tallies.stranded.add(units);
-                false
+                Refund::Failed
             }
         }
     }
@@ -287,8 +288,11 @@ impl GlobalGrants {
                         Ok(st) if st.ok > 0 => st,
                         _ => return,
                     };
-                    if self.refund(&key, window, (st.ok, st.cleared)).await {
+                    let back = self.refund(&key, window, (st.ok, st.cleared)).await;
+                    if back == Refund::Back {
                         total.fetch_add(st.ok, Relaxed);
+                    }
+                    if back != Refund::Failed {
                         self.report(&key, window, &Self::emptied(&st), Demand::IDLE);
                     }
                 }

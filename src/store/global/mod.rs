@@ -43,7 +43,7 @@ mod share;
 mod tallies;
 
 pub use admin::GlobalAdmin;
-pub use pool::{MemoryPool, PoolOp, PoolState, RegionPool};
+pub use pool::{MemoryPool, PoolOp, PoolState, RegionPool, Stamp};
 pub use regions::Demand;
 pub use regions::{MemoryBoard, RegionBoard, RegionReport, MAX_REGIONS};
 pub use share::Share;
@@ -227,8 +227,9 @@ impl GlobalGrants {
         u64::try_from(self.clock.now().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// A grant of `check.hits` for a slice (or, `check.refund`, a slice given back).
-    async fn grant(self: &Arc<Self>, check: &LimitCheck) -> Result<Outcome, StoreError> {
+    /// A grant of `check.hits` for a slice (or, `check.refund`, a slice given back), and
+    /// whether it was denied because home did not answer (cut off, nothing on credit).
+    async fn grant(self: &Arc<Self>, check: &LimitCheck) -> Result<(Outcome, bool), StoreError> {
         let window = check.window;
         let window_ms = window_ms(window);
         let ttl = Self::ttl_ms(window, self.now_ms());
@@ -243,7 +244,7 @@ impl GlobalGrants {
             self.seen(&st);
             let _ = self.known(key, window);
             self.drain_later(key, window, window_ms);
-            return Ok(outcome(true, st.left(), window, self.now_ms()));
+            return Ok((outcome(true, st.left(), window, self.now_ms()), false));
         }
         let mut st = self.take(key, window_ms, n, ttl).await?;
         self.seen(&st);
@@ -270,11 +271,14 @@ impl GlobalGrants {
                 } else {
                     k.home_left
                 };
-                return Ok(outcome(
-                    true,
-                    st.left().saturating_add(home_left),
-                    window,
-                    self.now_ms(),
+                return Ok((
+                    outcome(
+                        true,
+                        st.left().saturating_add(home_left),
+                        window,
+                        self.now_ms(),
+                    ),
+                    false,
                 ));
             }
             if refills == 3 || st.dry_until > st.now {
@@ -286,12 +290,12 @@ impl GlobalGrants {
                 // Home did not answer: cut off, the region denies what its pool cannot give
                 // (never a limit of its own; docs/semantics.md, "Global limits"). With
                 // `share`, the refill left the window's share on credit in the pool.
-                break;
+                return Ok((outcome(false, st.left(), window, self.now_ms()), true));
             }
             st = self.take(key, window_ms, n, ttl).await?;
             self.seen(&st);
         }
-        Ok(outcome(false, st.left(), window, self.now_ms()))
+        Ok((outcome(false, st.left(), window, self.now_ms()), false))
     }
 
     /// Takes `n` units from the pool for a slice. A take that fails may still have been done
@@ -510,11 +514,18 @@ impl CounterStore for Arc<GlobalGrants> {
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(async move {
             let mut outcomes = Vec::with_capacity(checks.len());
+            let mut cut_off = false;
             for c in checks {
-                outcomes.push(self.grant(c).await?);
+                let (o, cut) = self.grant(c).await?;
+                cut_off |= cut;
+                outcomes.push(o);
             }
             Ok(Decision {
-                at: crate::store::DecidedAt::Unknown,
+                // Denied for want of home (`GLOBAL_UNREACHABLE=deny`): a fallback's answer.
+                at: match cut_off {
+                    true => crate::store::DecidedAt::Fallback,
+                    false => crate::store::DecidedAt::Unknown,
+                },
                 admitted: outcomes.iter().all(|o| o.allowed),
                 outcomes,
                 local: false,
@@ -554,6 +565,18 @@ fn outcome(allowed: bool, remaining: u64, window: Option<(u64, u64)>, now_ms: u6
 /// the slices' grant, one level up.
 fn grant_check(key: &CounterKey, window: Option<(u64, u64)>, hits: u64, back: bool) -> LimitCheck {
     super::slices::charge_check(key, window, hits, back)
+}
+
+/// How a give-back home ended (`drain.rs`, `refund`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Refund {
+    /// Home took the units back.
+    Back,
+    /// Home refused them: its counter was reset since the pool was cleared (they were on the
+    /// count the reset forgot).
+    Forgiven,
+    /// Home did not answer: counted stranded (it may have taken them).
+    Failed,
 }
 
 /// Counts a refill as landed when it ends, however it ends.

@@ -18,7 +18,7 @@
 //! ordinary give-back takes over).
 
 use super::regions::Demand;
-use super::{window_ms, CounterKey, GlobalGrants, PoolOp, PoolState};
+use super::{window_ms, CounterKey, GlobalGrants, PoolOp, PoolState, Refund};
 use std::sync::Arc;
 
 /// A pool no replica took from for this long (ms) goes home when another region is short.
@@ -150,8 +150,11 @@ impl GlobalGrants {
             return false;
         }
         self.seen(&st);
-        if self.refund(key, window, (st.ok, st.cleared)).await {
+        let back = self.refund(key, window, (st.ok, st.cleared)).await;
+        if back == Refund::Back {
             self.tallies.moved.add(st.ok);
+        }
+        if back != Refund::Failed {
             self.report(key, window, &Self::emptied(&st), Demand::IDLE);
         }
         true
@@ -221,7 +224,7 @@ impl GlobalGrants {
             short: false,
         };
         self.report(key, window, &st, demand);
-        if self.refund(key, window, (st.ok, st.cleared)).await {
+        if self.refund(key, window, (st.ok, st.cleared)).await == Refund::Back {
             self.tallies.moved.add(st.ok);
         }
     }

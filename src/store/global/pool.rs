@@ -84,7 +84,8 @@ impl PoolState {
 /// Where a region's pools live.
 pub trait RegionPool: Send + Sync + std::fmt::Debug {
     /// Applies `op` to `key`'s pool for the window starting at `window_ms`; the pool lives
-    /// `ttl_ms` past this call.
+    /// `ttl_ms` past this call. A pool this call creates starts cleared for the last reset
+    /// record this replica applied ([`RegionPool::stamp`]).
     fn run<'a>(
         &'a self,
         key: &'a CounterKey,
@@ -92,6 +93,26 @@ pub trait RegionPool: Send + Sync + std::fmt::Debug {
         op: PoolOp,
         ttl_ms: u64,
     ) -> BoxFuture<'a, Result<PoolState, StoreError>>;
+
+    /// This replica has applied home's reset records up to `seq` (its pools cleared): a pool it
+    /// creates from now on holds only units granted after those resets, and starts cleared
+    /// for `seq`, so home takes back what it gives back ([`PoolState::cleared`]; without it, a
+    /// pool first filled after a reset would have every give-back of that window refused).
+    fn stamp(&self, seq: u64);
+}
+
+/// The last reset record a replica applied, for the pools it creates (never lowered).
+#[derive(Debug, Default)]
+pub struct Stamp(std::sync::atomic::AtomicU64);
+
+impl Stamp {
+    pub fn set(&self, seq: u64) {
+        self.0.fetch_max(seq, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// A pool's fields (the Redis hash's, in memory).
@@ -116,6 +137,7 @@ pub struct MemoryPool {
     clock: Arc<dyn Clock>,
     map: Mutex<HashMap<(CounterKey, u64), Fields>>,
     max: usize,
+    stamp: Stamp,
 }
 
 impl MemoryPool {
@@ -124,6 +146,7 @@ impl MemoryPool {
             clock,
             map: Mutex::new(HashMap::new()),
             max: max.max(1),
+            stamp: Stamp::default(),
         }
     }
 
@@ -153,6 +176,7 @@ impl MemoryPool {
         if f.expires == 0 || f.expires <= now {
             *f = Fields {
                 last: now,
+                cleared: self.stamp.get(),
                 ..Fields::default()
             };
         }
@@ -270,5 +294,9 @@ impl RegionPool for MemoryPool {
                 )
             })
         })
+    }
+
+    fn stamp(&self, seq: u64) {
+        self.stamp.set(seq);
     }
 }

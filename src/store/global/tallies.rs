@@ -21,6 +21,9 @@ pub struct GlobalTallies {
     pub moved: Tally,
     /// Units left unspent in pools whose window ended.
     pub stranded: Tally,
+    /// Units a give-back home returned that home refused: drained from a pool not cleared
+    /// since a reset of their counter (`admin.rs`: on the count the reset forgot).
+    pub forgiven: Tally,
     /// Units added to this region's pools on credit while cut off from home
     /// (`GLOBAL_UNREACHABLE=share`), and units of credit charged at home once it answered.
     pub shared: Tally,

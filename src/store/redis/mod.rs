@@ -243,6 +243,7 @@ impl RedisStore {
     pub fn pool(&self) -> RedisPool {
         RedisPool {
             board: self.board(),
+            stamp: crate::store::global::Stamp::default(),
         }
     }
 
@@ -330,21 +331,34 @@ impl CounterStore for RedisStore {
         Box::pin(async move {
             let prefix = &self.common.prefix;
             let call = codec::encode_fenced(check, cleared, |k| keys::counter_key(prefix, k));
-            let run = async {
-                let mut conn = match &self.backend {
-                    Backend::Standalone(s) => s.connection().await?,
-                    Backend::Cluster(c) => c.connection().await?,
-                };
-                let calls = [&call];
-                let batch = codec::Batch::General(&calls);
-                let inv = batch.invocation(&self.common.script, &self.common.time.arg());
-                batch::invoke(&mut conn, &inv, self.common.timeout).await
-            };
-            let r = run.await;
-            let slot = keys::tag_slot(&keys::hash_tag(&check.key));
-            self.common.record_health(Some(slot), &r);
-            Ok(!codec::already_applied(&r?))
+            let values = self.call_alone(&call, &check.key).await?;
+            Ok(!codec::already_applied(&values))
         })
+    }
+}
+
+impl RedisStore {
+    /// One script call of its own (not batched with requests), on the connection of `key`'s
+    /// slot; its outcome goes to the store's health signal.
+    async fn call_alone(
+        &self,
+        call: &codec::Call,
+        key: &CounterKey,
+    ) -> Result<Vec<i64>, StoreError> {
+        let run = async {
+            let mut conn = match &self.backend {
+                Backend::Standalone(s) => s.connection().await?,
+                Backend::Cluster(c) => c.connection().await?,
+            };
+            let calls = [call];
+            let batch = codec::Batch::General(&calls);
+            let inv = batch.invocation(&self.common.script, &self.common.time.arg());
+            batch::invoke(&mut conn, &inv, self.common.timeout).await
+        };
+        let r = run.await;
+        let slot = keys::tag_slot(&keys::hash_tag(key));
+        self.common.record_health(Some(slot), &r);
+        r
     }
 }
 
@@ -367,21 +381,8 @@ impl super::WriteBack for RedisStore {
             let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
             let call =
                 codec::encode_guarded(checks, guard, ttl_ms, |k| keys::counter_key(prefix, k));
-            let run = async {
-                let mut conn = match &self.backend {
-                    Backend::Standalone(s) => s.connection().await?,
-                    Backend::Cluster(c) => c.connection().await?,
-                };
-                let calls = [&call];
-                let batch = codec::Batch::General(&calls);
-                let inv = batch.invocation(&self.common.script, &self.common.time.arg());
-                batch::invoke(&mut conn, &inv, self.common.timeout).await
-            };
-            let r = run.await;
-            let slot = keys::tag_slot(&keys::hash_tag(&first.key));
-            self.common.record_health(Some(slot), &r);
             // Either the limits' answers or {-1} (applied before): both mean it is recorded.
-            let values = r?;
+            let values = self.call_alone(&call, &first.key).await?;
             if codec::already_applied(&values) {
                 tracing::debug!(token, "write-back already applied");
             }

@@ -15,6 +15,8 @@
 --          drain: ms without a take that make the pool idle; trim: the units granted the pool
 --          as the caller saw them (a refill landed since: no trim)
 -- ARGV[5]  how long the pool outlives this call, in ms (PEXPIRE)
+-- ARGV[6]  the last reset record the calling replica applied: a pool this call creates starts
+--          cleared for it (its units are all granted after those resets)
 --
 -- Reply: {ok, have, taken, dry_until, now, locked, fill, owed, last, cleared}: ok is 1/0 (drain, trim,
 -- credit, clear: the units drained, added, dropped); locked is 1 while a refill's lease runs; fill is
@@ -33,7 +35,7 @@ local debt = redis.call('HMGET', h, 'owed', 'credited')
 local owed, credited = tonumber(debt[1]) or 0, tonumber(debt[2]) or 0
 if have == nil then
   have = 0
-  redis.call('HSET', h, 'have', 0, 'taken', 0, 'last', now)
+  redis.call('HSET', h, 'have', 0, 'taken', 0, 'last', now, 'cleared', ARGV[6] or 0)
 end
 local op = ARGV[1]
 local n = tonumber(ARGV[2])

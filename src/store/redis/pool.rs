@@ -26,6 +26,7 @@ pub fn pool_key(prefix: &str, key: &CounterKey, window_ms: u64) -> String {
 #[derive(Debug)]
 pub struct RedisPool {
     pub(super) board: RedisBoard,
+    pub(super) stamp: crate::store::global::Stamp,
 }
 
 impl RegionPool for RedisPool {
@@ -65,7 +66,8 @@ impl RegionPool for RedisPool {
                         .arg(n)
                         .arg(token)
                         .arg(extra)
-                        .arg(ttl_ms.max(1));
+                        .arg(ttl_ms.max(1))
+                        .arg(self.stamp.get());
                     inv.invoke_async(c).await
                 })
                 .await?;
@@ -84,5 +86,9 @@ impl RegionPool for RedisPool {
                 cleared: u(9),
             })
         })
+    }
+
+    fn stamp(&self, seq: u64) {
+        self.stamp.set(seq);
     }
 }

@@ -158,17 +158,9 @@ impl SlicedDecider {
             })
             .collect();
         let (mut steps, mut leases) = (0, Vec::new());
-        // When the store below decided (the decision log's instant); a fallback's answer in
-        // either part marks the whole.
-        let mut at = crate::store::DecidedAt::Unknown;
-        if taken.iter().flatten().any(|t| t.outage) {
-            at = crate::store::DecidedAt::Fallback;
-        }
+        let at = decided_at(checks, &taken, below.as_ref(), at_home.as_ref());
         if let Some(d) = below {
             steps = d.steps;
-            if at != crate::store::DecidedAt::Fallback {
-                at = d.at;
-            }
             if !d.leases.is_empty() {
                 leases = vec![crate::store::LeaseEffect::default(); n];
             }
@@ -183,9 +175,6 @@ impl SlicedDecider {
         }
         if let Some(d) = at_home {
             steps += d.steps;
-            if d.at == crate::store::DecidedAt::Fallback {
-                at = d.at;
-            }
             for (k, &i) in home_idx.iter().enumerate() {
                 if let Some(o) = d.outcomes.get(k) {
                     outcomes[i] = *o;
@@ -222,4 +211,24 @@ impl Decider for SlicedDecider {
         }
         Box::pin(self.decide_sliced(checks, deadline))
     }
+}
+
+/// When the request was decided, for the decision log: the store below's instant, or a
+/// fallback's mark if a limit that can deny was answered for want of the store (a slice
+/// denied without a refill, a global limit home did not answer).
+fn decided_at(
+    checks: &[LimitCheck],
+    taken: &[Option<Taken>],
+    below: Option<&Decision>,
+    at_home: Option<&Decision>,
+) -> crate::store::DecidedAt {
+    use crate::store::DecidedAt::{Fallback, Unknown};
+    let outage = checks
+        .iter()
+        .zip(taken)
+        .any(|(c, t)| !c.shadow && t.as_ref().is_some_and(|t| t.outage));
+    if outage || at_home.is_some_and(|d| d.at == Fallback) {
+        return Fallback;
+    }
+    below.map_or(Unknown, |d| d.at)
 }

@@ -87,6 +87,9 @@ struct Slice {
     since_us: u64,
     /// The store had nothing left at the last grant: no refill until `retry_us`.
     dry_until_us: u64,
+    /// That dry spell is a global limit's region cut off from home (its grant denied for want
+    /// of home): the denials it gives are a fallback's, as the decision log marks them.
+    cut_off: bool,
     /// A token bucket's: when it would be full again, as of the last grant (its `reset`).
     full_at_us: u64,
     /// Where the slice's refill is.

@@ -15,6 +15,7 @@ impl Slice {
             spent: 0,
             since_us: now,
             dry_until_us: 0,
+            cut_off: false,
             full_at_us: now,
             refill: Refill::Idle,
             touched_us: now,

@@ -2,7 +2,7 @@
 //! request's deadline) for the one refill in flight, and the refill itself (a grant from the
 //! store, or for a global limit from the region's pool: `store/global`).
 
-use super::{grant_check, slice_window, Entry, Refill, Slice, Slices, Take, UNPINNED};
+use super::{grant_check, slice_window, Entry, Refill, Slice, Slices, Take, Taken, UNPINNED};
 use crate::store::{CounterKey, CounterStore, LimitCheck};
 use std::sync::Arc;
 use std::time::Duration;
@@ -119,7 +119,10 @@ impl Slices {
                 // fits what it had left still asks).
                 let had = s.left.saturating_add(s.store_left);
                 if now < s.dry_until_us && check.hits > had {
-                    return Take::Done(s.taken(&entry, false));
+                    return Take::Done(Taken {
+                        outage: s.cut_off,
+                        ..s.taken(&entry, false)
+                    });
                 }
                 if s.refill == Refill::Failed {
                     s.refill = Refill::Idle;
@@ -233,6 +236,7 @@ impl Slices {
             s.store_left = u64::from(o.remaining);
             let reset_us = u64::try_from(o.reset.as_micros()).unwrap_or(u64::MAX);
             s.full_at_us = now.saturating_add(reset_us);
+            s.cut_off = !o.allowed && d.at == crate::store::DecidedAt::Fallback;
             if o.allowed {
                 self.tallies.granted.add(ask);
                 s.left += ask;
