@@ -191,10 +191,10 @@ impl GlobalGrants {
                 continue;
             }
             let refund = self.refund(&key, window, (st.ok, st.cleared)).await;
-            if refund == super::Refund::Back {
+            if refund == super::refund::Refund::Back {
                 back += st.ok;
             }
-            if refund != super::Refund::Failed {
+            if refund != super::refund::Refund::Failed {
                 let demand = self.demand_of(&key, window_ms(window));
                 self.report(&key, window, &Self::emptied(&st), demand);
             }

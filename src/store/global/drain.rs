@@ -5,8 +5,9 @@
 //! at home, where the other regions' refills find them.
 
 use super::moved::{Looks, MOVED_TICK_MS, TRIM_TICK_MS};
+use super::refund::Refund;
 use super::regions::Demand;
-use super::{grant_check, window_ms, GlobalGrants, PoolOp, Refund, POOL_IDLE_MS, REFILL_LEASE_MS};
+use super::{window_ms, GlobalGrants, PoolOp, POOL_IDLE_MS, REFILL_LEASE_MS};
 use crate::store::{CounterKey, CounterStore};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -207,43 +208,6 @@ impl GlobalGrants {
         }
         looks.1 = Some(now);
         self.give_back_moved(key, window, window_ms).await
-    }
-
-    /// Units drained from a pool go back home, unless home reset the counter since the pool
-    /// was last cleared (`cleared`, the pool's last reset record: the units were on the count
-    /// the reset forgot, and are forgiven, checked at home in the refund's own call). A refund
-    /// that fails may still have been applied (its reply lost): its units are counted
-    /// stranded, the most it can have lost, and never put back in the pool (home may have them
-    /// again: that would be over the limit).
-    pub(super) async fn refund(
-        &self,
-        key: &CounterKey,
-        window: Option<(u64, u64)>,
-        (units, cleared): (u64, u64),
-    ) -> Refund {
-        let back = grant_check(key, window, units, true);
-        match self.home.refund_fenced(&back, cleared).await {
-            Ok(true) => {
-                self.tallies.returned.add(units);
-                self.tallies.home_answered(true, self.now_ms());
-                Refund::Back
-            }
-            Ok(false) => {
-                self.tallies.forgiven.add(units);
-                self.tallies.home_answered(true, self.now_ms());
-                tracing::debug!(
-                    domain = %key.domain,
-                    units,
-                    cleared,
-                    "a give-back home refused: home reset the counter since the pool was cleared"
-                );
-                Refund::Forgiven
-            }
-            Err(_) => {
-                self.tallies.stranded.add(units);
-                Refund::Failed
-            }
-        }
     }
 
     /// A replica that stops (SIGTERM), once its slices are back in the pools: every pool of a

@@ -38,14 +38,14 @@ mod drain;
 mod fair;
 mod moved;
 mod pool;
+mod refund;
 mod regions;
 mod share;
 mod tallies;
 
 pub use admin::GlobalAdmin;
 pub use pool::{MemoryPool, PoolOp, PoolState, RegionPool, Stamp};
-pub use regions::Demand;
-pub use regions::{MemoryBoard, RegionBoard, RegionReport, MAX_REGIONS};
+pub use regions::{Demand, MemoryBoard, RegionBoard, RegionReport, MAX_REGIONS};
 pub use share::Share;
 pub use tallies::GlobalTallies;
 
@@ -520,12 +520,9 @@ impl CounterStore for Arc<GlobalGrants> {
                 cut_off |= cut;
                 outcomes.push(o);
             }
+            use crate::store::DecidedAt::{Fallback, Unknown};
             Ok(Decision {
-                // Denied for want of home (`GLOBAL_UNREACHABLE=deny`): a fallback's answer.
-                at: match cut_off {
-                    true => crate::store::DecidedAt::Fallback,
-                    false => crate::store::DecidedAt::Unknown,
-                },
+                at: if cut_off { Fallback } else { Unknown }, // denied for want of home
                 admitted: outcomes.iter().all(|o| o.allowed),
                 outcomes,
                 local: false,
@@ -565,18 +562,6 @@ fn outcome(allowed: bool, remaining: u64, window: Option<(u64, u64)>, now_ms: u6
 /// the slices' grant, one level up.
 fn grant_check(key: &CounterKey, window: Option<(u64, u64)>, hits: u64, back: bool) -> LimitCheck {
     super::slices::charge_check(key, window, hits, back)
-}
-
-/// How a give-back home ended (`drain.rs`, `refund`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Refund {
-    /// Home took the units back.
-    Back,
-    /// Home refused them: its counter was reset since the pool was cleared (they were on the
-    /// count the reset forgot).
-    Forgiven,
-    /// Home did not answer: counted stranded (it may have taken them).
-    Failed,
 }
 
 /// Counts a refill as landed when it ends, however it ends.

@@ -17,8 +17,9 @@
 //! [`MOVED_TICK_MS`] only while the pool is idle (at most seven per idle spell: after 2 s the
 //! ordinary give-back takes over).
 
+use super::refund::Refund;
 use super::regions::Demand;
-use super::{window_ms, CounterKey, GlobalGrants, PoolOp, PoolState, Refund};
+use super::{window_ms, CounterKey, GlobalGrants, PoolOp, PoolState};
 use std::sync::Arc;
 
 /// A pool no replica took from for this long (ms) goes home when another region is short.

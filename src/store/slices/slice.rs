@@ -63,7 +63,8 @@ impl Slice {
             window_end: self.window.1,
             reset_at,
             retry_at,
-            outage: false,
+            // Denied while the last grant was refused for want of home (a region cut off).
+            outage: !allowed && self.cut_off,
         }
     }
 

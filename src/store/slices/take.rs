@@ -2,7 +2,7 @@
 //! request's deadline) for the one refill in flight, and the refill itself (a grant from the
 //! store, or for a global limit from the region's pool: `store/global`).
 
-use super::{grant_check, slice_window, Entry, Refill, Slice, Slices, Take, Taken, UNPINNED};
+use super::{grant_check, slice_window, Entry, Refill, Slice, Slices, Take, UNPINNED};
 use crate::store::{CounterKey, CounterStore, LimitCheck};
 use std::sync::Arc;
 use std::time::Duration;
@@ -119,10 +119,7 @@ impl Slices {
                 // fits what it had left still asks).
                 let had = s.left.saturating_add(s.store_left);
                 if now < s.dry_until_us && check.hits > had {
-                    return Take::Done(Taken {
-                        outage: s.cut_off,
-                        ..s.taken(&entry, false)
-                    });
+                    return Take::Done(s.taken(&entry, false));
                 }
                 if s.refill == Refill::Failed {
                     s.refill = Refill::Idle;
