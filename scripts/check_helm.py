@@ -607,9 +607,12 @@ def facts_decision_log_claim(values: dict[str, Any], docs: Any, env: dict[str, A
     vols = {v["name"]: v for v in pod["volumes"]}
     C.equal(vols.get("decision-log", {}).get("persistentVolumeClaim"), {"claimName": "decisions"}, "the claim")
     mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
-    C.equal(mounts.get("decision-log", {}).get("subPathExpr"), "$(POD_NAME)", "a directory per pod on the claim")
+    C.equal(mounts.get("decision-log", {}).get("mountPath"), "/data/log", "the claim at the path's directory")
     C.equal(env.get("POD_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath"), "metadata.name",
             "POD_NAME from the pod's name")
+    names = [e["name"] for e in pod["containers"][0]["env"]]
+    C.expect(names.index("POD_NAME") < names.index("DECISION_LOG"), "POD_NAME before the DECISION_LOG that names it")
+    C.equal(env_value(env, "DECISION_LOG"), "/data/log/$(POD_NAME)-d.jsonl", "one log per pod on the claim")
 
 
 VALUE_SETS: list[tuple[str, dict[str, Any], Callable[..., None]]] = [
@@ -741,6 +744,7 @@ BAD_RENDER: list[tuple[str, dict[str, Any], str]] = [
     ("one domain in two files", {"config": {"a": {"domain": "example"}}}, 'domain "example" is defined twice'),
     ("admin exposed without tokens", {"admin": {"expose": True}}, "admin.expose needs admin.tokensSecret"),
     ("log files under 64K", {"decisionLog": {"enabled": True, "maxBytes": "200K", "files": 5}}, "at least 64K"),
+    ("log files under 64K, in bytes", {"decisionLog": {"enabled": True, "maxBytes": "0100000", "files": 2}}, "at least 64K"),
 ]
 
 

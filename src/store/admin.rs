@@ -126,9 +126,34 @@ pub struct ResetRecord {
     pub seq: u64,
     pub domain: String,
     pub prefix: Vec<(String, String)>,
+    /// The first of a reset's two records (written before home's reset; the second, after
+    /// it, closes it). Records from before this field read as closed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub opens: bool,
 }
 
 impl ResetRecord {
+    /// The highest record a replica that applied records up to `applied` may stamp the pools
+    /// it creates with ([`crate::store::global::RegionPool::stamp`]): below every reset still
+    /// under way (a first record with no later second record of the same prefix), whose home
+    /// reset may not have fenced its counters yet: a pool stamped past it could refund units
+    /// of the count that reset is about to forget.
+    pub fn stamp_below_open(records: &[ResetRecord], applied: u64) -> u64 {
+        let open = records
+            .iter()
+            .filter(|r| r.opens)
+            .filter(|r| {
+                !records.iter().any(|c| {
+                    !c.opens && c.seq > r.seq && c.domain == r.domain && c.prefix == r.prefix
+                })
+            })
+            .map(|r| r.seq)
+            .min();
+        match open {
+            Some(seq) => applied.min(seq.saturating_sub(1)),
+            None => applied,
+        }
+    }
     /// Whether `domain`'s counter keyed by `entries` is among those this reset reset.
     pub fn covers(&self, domain: &str, entries: &[(String, String)]) -> bool {
         self.domain == domain && entries.starts_with(&self.prefix)
@@ -170,12 +195,13 @@ pub trait CounterAdmin: Send + Sync + std::fmt::Debug {
         now_ms: u64,
     ) -> BoxFuture<'a, Result<Option<StoredOverride>, StoreError>>;
 
-    /// Keeps a record of a reset for the regions (a home store's; others keep none), and
-    /// returns its sequence number (0: none kept).
+    /// Keeps a record of a reset for the regions (a home store's; others keep none), the
+    /// first of its two (`opens`) or the second, and returns its sequence number (0: none).
     fn record_reset<'a>(
         &'a self,
         _domain: &'a str,
         _prefix: &'a [(String, String)],
+        _opens: bool,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async { Ok(0) })
     }

@@ -194,7 +194,7 @@ reads them).
 {{- $unit := trimPrefix $digits $s -}}
 {{- $m := 1 -}}
 {{- if eq $unit "K" }}{{ $m = 1024 }}{{ else if eq $unit "M" }}{{ $m = 1048576 }}{{ else if eq $unit "G" }}{{ $m = 1073741824 }}{{ end -}}
-{{- mul ($digits | int64) $m -}}
+{{- mul (atoi $digits) $m -}}
 {{- end }}
 
 {{/*

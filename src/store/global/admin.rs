@@ -47,13 +47,13 @@ impl CounterAdmin for GlobalAdmin {
             // second clear is the one exception, docs/semantics.md). Home first: a region
             // whose store is home's too (one Redis) would otherwise lose the counters to the
             // unfenced regional reset before home's could fence them.
-            let first = self.home.record_reset(domain, prefix).await?;
+            let first = self.home.record_reset(domain, prefix, true).await?;
             let home = self
                 .home
                 .reset_fenced(domain, prefix, domain_tag, first.saturating_add(1))
                 .await?;
             let here = self.region.reset(domain, prefix, domain_tag).await?;
-            self.home.record_reset(domain, prefix).await?;
+            self.home.record_reset(domain, prefix, false).await?;
             Ok(ResetCount {
                 counters: here.counters.saturating_add(home.counters),
                 counted: here.counted && home.counted,
@@ -114,23 +114,29 @@ impl CounterAdmin for GlobalAdmin {
 impl GlobalGrants {
     /// The records this replica has not applied yet, oldest first. The first call only notes
     /// where the records stand: resets from before this replica started reset nothing of its.
+    /// Each call also notes below which record the pools it creates may be stamped (under
+    /// every reset still under way: [`ResetRecord::stamp_below_open`]).
     pub fn unseen_resets(&self, records: Vec<ResetRecord>) -> Vec<ResetRecord> {
         let latest = records.iter().map(|r| r.seq).max().unwrap_or(0);
+        let cap = ResetRecord::stamp_below_open(&records, u64::MAX);
         let mut seen = self.resets_seen.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(last) = *seen else {
-            *seen = Some(latest);
+        let Some((last, _)) = *seen else {
+            *seen = Some((latest, cap));
             // Resets from before this replica started: nothing of its to clear.
-            self.pool.stamp(latest);
+            self.pool.stamp(latest.min(cap));
             return Vec::new();
         };
-        *seen = Some(latest.max(last));
+        *seen = Some((latest.max(last), cap));
         records.into_iter().filter(|r| r.seq > last).collect()
     }
 
     /// Records up to `seq` are applied (their clears done): the pools this replica creates from
-    /// now on start cleared for `seq` ([`super::RegionPool::stamp`]).
+    /// now on start cleared for `seq`, or just below a reset still under way
+    /// ([`super::RegionPool::stamp`]).
     pub fn resets_applied(&self, seq: u64) {
-        self.pool.stamp(seq);
+        let seen = *self.resets_seen.lock().unwrap_or_else(|e| e.into_inner());
+        let cap = seen.map_or(0, |(_, cap)| cap);
+        self.pool.stamp(seq.min(cap));
     }
 
     /// Clears the region's pools of the counters `reset` covers that this replica knows: their
@@ -207,6 +213,64 @@ impl GlobalGrants {
 mod tests {
     use super::*;
     use crate::store::admin::{NoReset, OverrideLimit};
+
+    fn record(seq: u64, domain: &str, opens: bool) -> ResetRecord {
+        ResetRecord {
+            seq,
+            domain: domain.into(),
+            prefix: vec![("tenant".into(), "acme".into())],
+            opens,
+        }
+    }
+
+    /// A reset still under way (its first record, no second yet) caps the stamp of the pools a
+    /// replica creates: below it, whatever later records (of other resets) it has applied, so a
+    /// pool refilled from the count that reset is about to forget never refunds past its fence.
+    #[tokio::test]
+    async fn pools_created_while_a_reset_runs_are_stamped_below_it() {
+        use super::super::{MemoryPool, PoolOp, RegionPool};
+        let clock: Arc<dyn crate::clock::Clock> = Arc::new(crate::clock::ManualClock::new(
+            std::time::Duration::from_secs(1),
+        ));
+        let pool = Arc::new(MemoryPool::new(Arc::clone(&clock), 10));
+        let home = Arc::new(crate::store::fake::FakeStore::new(Arc::clone(&clock)));
+        let grants = GlobalGrants::new(Arc::clone(&pool) as _, home, clock);
+        // a: reset and closed (1, 2); b: under way (3); c: reset and closed since (4, 5).
+        let mut records = vec![
+            record(1, "a", true),
+            record(2, "a", false),
+            record(3, "b", true),
+            record(4, "c", true),
+            record(5, "c", false),
+        ];
+        assert_eq!(ResetRecord::stamp_below_open(&records, 5), 2);
+        assert_eq!(ResetRecord::stamp_below_open(&records, 1), 1);
+        // Started while b's reset runs: records to 5 count as applied, pools stamped 2.
+        assert!(grants.unseen_resets(records.clone()).is_empty());
+        let key = |v: &str| {
+            crate::store::LimitCheck::for_tests(
+                "d",
+                v,
+                crate::config::Limit::fixed(10, crate::config::Unit::Minute),
+                1,
+            )
+            .key
+        };
+        let look = PoolOp::Take(0);
+        let st = pool.run(&key("x"), 0, look, 60_000).await.expect("pool");
+        assert_eq!(st.cleared, 2);
+        // b's second record: applied, pools now stamped 6.
+        records.push(record(6, "b", false));
+        let fresh = grants.unseen_resets(records.clone());
+        assert_eq!(fresh.iter().map(|r| r.seq).collect::<Vec<_>>(), [6]);
+        grants.resets_applied(6);
+        let st = pool.run(&key("y"), 0, look, 60_000).await.expect("pool");
+        assert_eq!(st.cleared, 6);
+        // A record from before the field (no `opens`) reads as closed.
+        let old: ResetRecord =
+            serde_json::from_str(r#"{"domain":"d","prefix":[]}"#).expect("an old record");
+        assert!(!old.opens);
+    }
 
     fn set(id: &str, limit: u32) -> StoredOverride {
         StoredOverride {

@@ -151,8 +151,8 @@ pub struct GlobalGrants {
     reporting: std::sync::OnceLock<regions::Reporting>,
     /// The other regions' reports, as the last report home answered them (`fair.rs`).
     boards: fair::Boards,
-    /// The last home reset record this replica applied (`admin.rs`; `None`: not read yet).
-    resets_seen: Mutex<Option<u64>>,
+    /// The last home reset record seen, and the stamp cap (`admin.rs`; `None`: not read yet).
+    resets_seen: Mutex<Option<(u64, u64)>>,
 }
 
 impl GlobalGrants {

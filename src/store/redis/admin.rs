@@ -429,12 +429,14 @@ impl CounterAdmin for RedisAdmin {
         &'a self,
         domain: &'a str,
         prefix: &'a [(String, String)],
+        opens: bool,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
             let record = ResetRecord {
                 seq: 0,
                 domain: domain.to_string(),
                 prefix: prefix.to_vec(),
+                opens,
             };
             let json = serde_json::to_string(&record)
                 .map_err(|e| StoreError::Permanent(format!("a reset record: {e}")))?;

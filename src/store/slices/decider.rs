@@ -158,7 +158,9 @@ impl SlicedDecider {
             })
             .collect();
         let (mut steps, mut leases) = (0, Vec::new());
-        let at = decided_at(checks, &taken, below.as_ref(), at_home.as_ref());
+        use crate::store::DecidedAt::{Fallback, Unknown};
+        let below_at = below.as_ref().map_or(Unknown, |d| d.at);
+        let home_away = at_home.as_ref().is_some_and(|d| d.at == Fallback);
         if let Some(d) = below {
             steps = d.steps;
             if !d.leases.is_empty() {
@@ -186,6 +188,11 @@ impl SlicedDecider {
             admission.add(c, o.allowed);
         }
         let admitted = admission.admitted();
+        let at = match admitted {
+            // Admitted: no denial of a fallback's in the answer.
+            true => below_at,
+            false => decided_at(checks, &taken, below_at, (home_idx, home_away)),
+        };
         let allowed: Vec<bool> = outcomes.iter().map(|o| o.allowed).collect();
         let charge = charged(checks, &allowed, admitted);
         self.untake_all(checks, &taken, |i| !charge[i]);
@@ -213,22 +220,22 @@ impl Decider for SlicedDecider {
     }
 }
 
-/// When the request was decided, for the decision log: the store below's instant, or a
-/// fallback's mark if a limit that can deny was answered for want of the store (a slice
-/// denied without a refill, a global limit home did not answer).
+/// When a denied request was decided, for the decision log: the store below's instant
+/// (`below`), or a fallback's mark if a limit that can deny was answered for want of the
+/// store (a slice denied without a refill, or dry with its region cut off from home; a global
+/// limit home did not answer: `home_away`).
 fn decided_at(
     checks: &[LimitCheck],
     taken: &[Option<Taken>],
-    below: Option<&Decision>,
-    at_home: Option<&Decision>,
+    below: crate::store::DecidedAt,
+    (home_idx, home_away): (&[usize], bool),
 ) -> crate::store::DecidedAt {
-    use crate::store::DecidedAt::{Fallback, Unknown};
     let outage = checks
         .iter()
         .zip(taken)
         .any(|(c, t)| !c.shadow && t.as_ref().is_some_and(|t| t.outage));
-    if outage || at_home.is_some_and(|d| d.at == Fallback) {
-        return Fallback;
+    if outage || (home_away && home_idx.iter().any(|&i| !checks[i].shadow)) {
+        return crate::store::DecidedAt::Fallback;
     }
-    below.map_or(Unknown, |d| d.at)
+    below
 }

@@ -63,8 +63,16 @@ impl Slice {
             window_end: self.window.1,
             reset_at,
             retry_at,
-            // Denied while the last grant was refused for want of home (a region cut off).
-            outage: !allowed && self.cut_off,
+            outage: false,
+        }
+    }
+
+    /// Denied while dry: a fallback's answer if the dry spell is its region cut off from home
+    /// (the last grant refused for want of home), else the store's.
+    pub(super) fn dry_taken(&self, entry: &Arc<Entry>) -> Taken {
+        Taken {
+            outage: self.cut_off,
+            ..self.taken(entry, false)
         }
     }
 

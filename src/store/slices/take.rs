@@ -119,7 +119,7 @@ impl Slices {
                 // fits what it had left still asks).
                 let had = s.left.saturating_add(s.store_left);
                 if now < s.dry_until_us && check.hits > had {
-                    return Take::Done(s.taken(&entry, false));
+                    return Take::Done(s.dry_taken(&entry));
                 }
                 if s.refill == Refill::Failed {
                     s.refill = Refill::Idle;
