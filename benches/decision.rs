@@ -40,6 +40,7 @@ fn counter(consumer: u64) -> CounterKey {
         overridden: false,
         domain_tag: false,
         own_tag: false,
+        candidate: false,
     }
 }
 
@@ -93,6 +94,7 @@ fn benches(c: &mut Criterion) {
                     lease: None,
                     leased: false,
                     slice: None,
+                    candidate: false,
                 },
                 LimitCheck {
                     key: counter(n),
@@ -107,6 +109,7 @@ fn benches(c: &mut Criterion) {
                     lease: None,
                     leased: false,
                     slice: None,
+                    candidate: false,
                 },
             ];
             rt.block_on(store.decide(black_box(&checks)))

@@ -137,7 +137,9 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, SettingsError> {
         decision_log: args.decision_log.settings(),
     })
     .map_err(SettingsError::Start)?;
+    let candidate_reload = load_candidates(args, &parts.limiter)?;
     let mut config = ServerConfig::new(parts);
+    config.candidate_reload = candidate_reload;
     config.grpc_addr = grpc_addr;
     config.http_addr = http_addr;
     config.grpc_tls = grpc_tls;
@@ -147,6 +149,7 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, SettingsError> {
         path: path.clone(),
         options: args.load_options(),
         interval,
+        candidate: false,
     });
     config.shutdown_grace = args.shutdown_grace;
     config.drain_delay = args.shutdown_drain_delay;
@@ -174,6 +177,40 @@ pub fn server_config(args: &ServeArgs) -> Result<ServerConfig, SettingsError> {
     config.debug_addr = Some(resolve("debug", &args.debug_host, args.debug_port)?);
     config.admin = args.admin.listen()?;
     Ok(config)
+}
+
+/// `CANDIDATE_CONFIG`: the candidate rules, loaded into `limiter` (an error names file, line
+/// and rule, and stops the start as the config's do), and how to reload them.
+fn load_candidates(
+    args: &ServeArgs,
+    limiter: &RateLimiter,
+) -> Result<Option<(ReloadSettings, u64)>, SettingsError> {
+    let Some(path) = &args.candidate_config else {
+        return Ok(None);
+    };
+    // A candidate's `leased:` or `global:` is tried as a plain counter on the region's store.
+    let options = LoadOptions {
+        global_store: true,
+        ..args.load_options()
+    };
+    let digest = crate::config::fingerprint(path, &options);
+    let rules = load_rules(path, &options)?;
+    tracing::info!(
+        source = %path.display(),
+        domains = rules.domains.len(),
+        "candidate limits loaded: decided beside the config, never changing an answer"
+    );
+    limiter.replace_candidates(rules);
+    let interval = args.runtime.config_reload_interval;
+    Ok((!interval.is_zero()).then(|| {
+        let settings = ReloadSettings {
+            path: path.clone(),
+            options,
+            interval,
+            candidate: true,
+        };
+        (settings, digest)
+    }))
 }
 
 fn load_rules(path: &Path, opts: &LoadOptions) -> Result<RuleSet, SettingsError> {

@@ -32,6 +32,8 @@ mod algorithm;
 #[doc(hidden)]
 pub mod app;
 #[doc(hidden)]
+pub mod candidates;
+#[doc(hidden)]
 pub mod clock;
 #[doc(hidden)]
 pub mod config;

@@ -35,6 +35,7 @@ fn check(domain: &Arc<str>, consumer: usize) -> LimitCheck {
             overridden: false,
             domain_tag: false,
             own_tag: false,
+            candidate: false,
         },
         hits: 1,
         refund: false,
@@ -47,6 +48,7 @@ fn check(domain: &Arc<str>, consumer: usize) -> LimitCheck {
         lease: None,
         leased: false,
         slice: None,
+        candidate: false,
     }
 }
 

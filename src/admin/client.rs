@@ -4,6 +4,7 @@
 //! ```text
 //! sluice admin inspect api tenant=acme user=bob
 //! sluice admin top api
+//! sluice admin candidates api --top 5
 //! sluice admin reset api tenant=acme --reason "ticket 4411"
 //! sluice admin override set api tenant=acme --limit 50 --ttl 1h --reason "launch"
 //! sluice admin override delete api tenant=acme
@@ -77,6 +78,16 @@ pub enum Call {
         page_size: u32,
         #[arg(long, default_value = "")]
         page_token: String,
+    },
+    /// What each candidate limit (CANDIDATE_CONFIG) would have done, beside the enforced
+    /// config: would-admit and would-deny counts, disagreements, the consumers it would stop.
+    Candidates {
+        /// The domain (all domains when omitted).
+        #[arg(default_value = "")]
+        domain: String,
+        /// Consumers per limit (at most 32).
+        #[arg(long, default_value_t = 10)]
+        top: u32,
     },
     /// Reset every counter at or below a descriptor prefix (`tenant=acme`: acme and its
     /// consumers).
@@ -258,6 +269,13 @@ impl AdminArgs {
                 };
                 to_json(&c.top(self.request(m, token)?).await?.into_inner())
             }
+            Call::Candidates { domain, top } => {
+                let m = pb::CandidatesRequest {
+                    domain: domain.clone(),
+                    top: *top,
+                };
+                to_json(&c.candidates(self.request(m, token)?).await?.into_inner())
+            }
             Call::Reset {
                 domain,
                 prefix,
@@ -371,6 +389,7 @@ macro_rules! named {
 named!(
     InspectResponse,
     TopResponse,
+    CandidatesResponse,
     ResetResponse,
     Override,
     DeleteOverrideResponse,

@@ -313,4 +313,46 @@ impl Admin for AdminService {
             overrides: live.iter().map(convert::to_pb).collect(),
         }))
     }
+
+    async fn candidates(
+        &self,
+        request: Request<pb::CandidatesRequest>,
+    ) -> Result<Response<pb::CandidatesResponse>, Status> {
+        self.authorize(&request, Need::Read)?;
+        let r = request.into_inner();
+        let c = self.limiter.candidates();
+        let top = match r.top {
+            0 => 10,
+            n => (n as usize).min(crate::candidates::sketch::CAPACITY),
+        };
+        let limits = c
+            .report(&r.domain, top)
+            .into_iter()
+            .map(|l| pb::CandidateLimit {
+                domain: l.domain,
+                key: l.key,
+                name: l.name,
+                limit: l.limit,
+                would_admit: l.would_admit,
+                would_deny: l.would_deny,
+                denied_where_admitted: l.denied_where_admitted,
+                admitted_where_denied: l.admitted_where_denied,
+                top: l
+                    .top
+                    .into_iter()
+                    .map(|s| pb::Stopped {
+                        consumer: s.consumer,
+                        denied: s.denied,
+                        max_error: s.max_error,
+                    })
+                    .collect(),
+            });
+        Ok(Response::new(pb::CandidatesResponse {
+            enabled: c.rules().is_some(),
+            since: c.since(),
+            limits: limits.collect(),
+            lost: c.lost(),
+            overflow: c.overflow(),
+        }))
+    }
 }

@@ -18,6 +18,7 @@ pub(super) struct Background {
     pub(super) xds: Option<xds::XdsSettings>,
     pub(super) reload: Option<reload::ReloadSettings>,
     pub(super) loaded_fingerprint: u64,
+    pub(super) candidate_reload: Option<(reload::ReloadSettings, u64)>,
 }
 
 impl Background {
@@ -48,6 +49,14 @@ impl Background {
             );
             let watch = reload::watch(Arc::clone(limiter), r, self.loaded_fingerprint);
             tasks.push(tokio::spawn(watch));
+        }
+        if let Some((r, loaded)) = self.candidate_reload {
+            tracing::info!(
+                source = %r.path.display(),
+                interval = ?r.interval,
+                "watching the candidate config for changes"
+            );
+            tasks.push(tokio::spawn(reload::watch(Arc::clone(limiter), r, loaded)));
         }
         tasks
     }

@@ -74,6 +74,9 @@ pub struct ServerConfig {
     /// Digest ([`crate::config::fingerprint`]) of the config tree taken just before `rules`
     /// were read, so reload sees any change made after that read.
     pub loaded_fingerprint: u64,
+    /// Live reload of the candidate config (`CANDIDATE_CONFIG`) and the digest of what it was
+    /// loaded from.
+    pub candidate_reload: Option<(reload::ReloadSettings, u64)>,
     /// TLS (and mTLS) on the gRPC port; `None` serves plaintext. The HTTP admin port is always
     /// plaintext.
     pub grpc_tls: Option<tls::TlsSettings>,
@@ -212,6 +215,7 @@ impl ServerConfig {
             health_interval: DEFAULT_HEALTH_INTERVAL,
             reload: None,
             loaded_fingerprint: 0,
+            candidate_reload: None,
             grpc_tls: None,
             grpc_threads: workers::default_threads(),
             quota: crate::quota::QuotaSettings::default(),

@@ -159,6 +159,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
         xds: config.xds,
         reload: config.reload,
         loaded_fingerprint: config.loaded_fingerprint,
+        candidate_reload: config.candidate_reload,
     }
     .spawn(&limiter);
     background.extend([health_watch, admin::start_poll(&limiter).await]);

@@ -22,6 +22,8 @@ pub struct ReloadSettings {
     pub options: LoadOptions,
     /// Time between two looks (`CONFIG_RELOAD_INTERVAL`).
     pub interval: Duration,
+    /// Which config it is: the enforced one, or the candidate one (`CANDIDATE_CONFIG`).
+    pub candidate: bool,
 }
 
 /// Watches `settings.path` until aborted. `loaded` is the digest of what the running rules were
@@ -52,6 +54,21 @@ pub(crate) async fn watch(limiter: Arc<RateLimiter>, settings: ReloadSettings, m
         };
         loaded = digest;
         match result {
+            Ok(rules) if settings.candidate => {
+                tracing::info!(
+                    source = %settings.path.display(),
+                    domains = rules.domains.len(),
+                    "candidate config reloaded; its counts start over"
+                );
+                limiter.replace_candidates(rules);
+            }
+            Err(errors) if settings.candidate => {
+                tracing::error!(
+                    source = %settings.path.display(),
+                    errors = %errors,
+                    "candidate config reload failed; the previous candidates stay in force"
+                );
+            }
             Ok(rules) => {
                 super::log_config_loaded(&rules, Some(&settings.path), limiter.options().counting);
                 limiter.replace_rules(rules);

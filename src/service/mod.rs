@@ -6,6 +6,7 @@
 //! spans around it live in `telemetry::spans`. Errors become gRPC or HTTP statuses at the edges
 //! (`server::grpc`, `server::http`), not here.
 
+mod beside;
 mod dynamic_metadata;
 pub mod early;
 mod error;
@@ -82,6 +83,8 @@ pub struct RateLimiter {
     /// Set by [`RateLimiter::awaiting_config`], cleared by the first
     /// [`RateLimiter::replace_rules`]: meanwhile requests get [`RequestError::NoConfig`].
     awaiting_config: AtomicBool,
+    /// The candidate limits (`CANDIDATE_CONFIG`) and what they would have done.
+    candidates: crate::candidates::Candidates,
 }
 
 impl RateLimiter {
@@ -134,7 +137,18 @@ impl RateLimiter {
                 ..ConfigStatus::default()
             }),
             awaiting_config: AtomicBool::new(awaiting),
+            candidates: crate::candidates::Candidates::default(),
         }
+    }
+
+    /// The candidate limits and their counts.
+    pub fn candidates(&self) -> &crate::candidates::Candidates {
+        &self.candidates
+    }
+
+    /// Swaps in a new candidate config (`CANDIDATE_CONFIG`); its counts start over.
+    pub fn replace_candidates(&self, rules: RuleSet) {
+        self.candidates.replace(rules, self.now_ms() / 1000);
     }
 
     /// Gives this replica's unspent slices back to the store (it stops): the other replicas
@@ -194,11 +208,15 @@ impl RateLimiter {
 
     /// The Prometheus text exposition, with the store gauges read now.
     pub fn render_metrics(&self) -> String {
-        self.telemetry.metrics.render(
+        let mut out = self.telemetry.metrics.render(
             &self.signals,
             self.telemetry.offenders.dropped(),
             self.telemetry.clock.now(),
-        )
+        );
+        if self.candidates.rules().is_some() {
+            self.candidates.render_metrics(&mut out);
+        }
+        out
     }
 
     /// Records a config reload that failed (`error` says why); the rules in force stay.
@@ -408,7 +426,10 @@ impl RateLimiter {
         if self.overrides.is_active() {
             self.overrides.apply(&mut plan, self.now_ms());
         }
-        if plan.limits.is_empty() {
+        let beside = self.candidates.rules().and_then(|rules| {
+            beside::plan_beside(&rules, request, &self.options, || self.now_us())
+        });
+        if plan.limits.is_empty() && beside.is_none() {
             return Ok(self.answer(request, &plan, Verdict::NoChecks));
         }
         let started = Instant::now();
@@ -418,7 +439,12 @@ impl RateLimiter {
             self.signals.backend,
             plan.limits.len(),
         );
-        let result = self.decider.decide_by(plan.checks(), deadline).await;
+        let mut checks = plan.checks();
+        let enforced = checks.len();
+        if let Some(b) = &beside {
+            checks.extend(b.checks());
+        }
+        let result = self.decider.decide_by(checks, deadline).await;
         self.telemetry
             .metrics
             .store_call(started.elapsed(), result.as_ref().err());
@@ -427,9 +453,20 @@ impl RateLimiter {
             Err(e) => Err(e),
         });
         match result {
-            Ok(decision) => {
+            Ok(mut decision) => {
                 at.at = decision.at;
-                Ok(self.answer(request, &plan, Verdict::Decided(&decision)))
+                let tried = decision
+                    .outcomes
+                    .split_off(enforced.min(decision.outcomes.len()));
+                decision.leases.truncate(enforced);
+                let response = match enforced {
+                    0 => self.answer(request, &plan, Verdict::NoChecks),
+                    _ => self.answer(request, &plan, Verdict::Decided(&decision)),
+                };
+                if let Some(b) = &beside {
+                    self.count_beside(b, &tried, &decision, &response, &request.domain);
+                }
+                Ok(response)
             }
             Err(e) => {
                 at.fallback = true;
@@ -440,6 +477,24 @@ impl RateLimiter {
                 }
             }
         }
+    }
+
+    /// What the request's candidate limits would have done, beside what was answered.
+    fn count_beside(
+        &self,
+        beside: &beside::Beside,
+        tried: &[crate::store::Outcome],
+        decision: &crate::store::Decision,
+        response: &RateLimitResponse,
+        domain: &str,
+    ) {
+        if decision.beside_lost {
+            self.candidates.record_lost();
+            return;
+        }
+        let admitted = response.overall_code != Code::OverLimit as i32;
+        self.candidates
+            .record(&beside.seen(tried, domain), admitted);
     }
 }
 

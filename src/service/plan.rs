@@ -477,6 +477,7 @@ fn counter_key(
         overridden: c.overridden,
         domain_tag: charge.domain.domain_tag,
         own_tag: c.own_tag && !charge.domain.domain_tag,
+        candidate: false,
     }
 }
 
@@ -521,6 +522,7 @@ fn check_for(
             lease: lease.cloned(),
             leased: true,
             slice: None,
+            candidate: false,
         }
     } else if let Some(l) = reserving {
         // A reservation: the request-time call charges its hits (the estimate) all or
@@ -548,6 +550,7 @@ fn check_for(
             }),
             leased: true,
             slice: None,
+            candidate: false,
         }
     } else {
         LimitCheck {
@@ -563,6 +566,7 @@ fn check_for(
             lease: None,
             leased: c.reservations.is_some(),
             slice: c.leased,
+            candidate: false,
         }
     }
 }

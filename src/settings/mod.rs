@@ -225,6 +225,12 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_CONFIG")]
     pub config: Option<PathBuf>,
 
+    /// Candidate limits: a config file or directory in the same YAML, decided beside the
+    /// enforced config on every request it matches and never changing an answer (`sluice
+    /// admin candidates`, `/metrics`). Reloaded like the config; off when unset.
+    #[arg(long, env = "CANDIDATE_CONFIG")]
+    pub candidate_config: Option<PathBuf>,
+
     #[command(flatten)]
     pub runtime: RuntimeArgs,
 

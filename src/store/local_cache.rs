@@ -169,9 +169,12 @@ pub fn entry_bytes(key: &CounterKey) -> usize {
 /// request id: another request's stream-done call can free a slot or give a reservation back
 /// at any moment (and must reach the store itself).
 ///
-/// Nor does a check under an admin override: its limit is not the one its key names.
+/// Nor does a check under an admin override: its limit is not the one its key names. Nor a
+/// candidate limit's (`CANDIDATE_CONFIG`): it never answers a request, and is decided by the
+/// store whenever the request it rides with is.
 fn eligible(c: &LimitCheck) -> bool {
-    !c.shadow
+    !c.candidate
+        && !c.shadow
         && !c.refund
         && !c.quota
         && c.hits > 0
@@ -324,6 +327,7 @@ impl<S: CounterStore> LocalDenyCache<S> {
             outcomes,
             local: true,
             steps: 0,
+            beside_lost: false,
             leases: Vec::new(),
         })
     }
@@ -389,10 +393,14 @@ impl<S: CounterStore> CounterStore for LocalDenyCache<S> {
             };
             // Recording checks not answered here are still charged (envoyproxy charges every
             // key not in its over-limit cache), unless the request stops charging when a key
-            // is over (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT): then nothing is.
-            let stop = checks.iter().any(|c| c.stop_over);
+            // is over (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT): then nothing is. Candidate
+            // checks are a request of their own: the store decides them whatever this answer.
+            let stop = checks.iter().any(|c| c.stop_over && !c.candidate);
             let rest: Vec<usize> = (0..checks.len())
-                .filter(|&i| !stop && checks[i].record && local.outcomes[i].allowed)
+                .filter(|&i| {
+                    let c = &checks[i];
+                    c.candidate || (!stop && c.record && local.outcomes[i].allowed)
+                })
                 .collect();
             if rest.is_empty() {
                 #[cfg(any(test, feature = "test-util"))]
@@ -409,6 +417,7 @@ impl<S: CounterStore> CounterStore for LocalDenyCache<S> {
             for (&i, o) in rest.iter().zip(&decision.outcomes) {
                 local.outcomes[i] = *o;
             }
+            local.beside_lost = decision.beside_lost;
             local.local = false;
             local.steps = decision.steps;
             Ok(local)
@@ -505,6 +514,7 @@ mod tests {
                 }],
                 local: true,
                 steps: 0,
+                beside_lost: false,
                 leases: Vec::new(),
             }
         );
@@ -793,6 +803,7 @@ mod tests {
             overridden: false,
             domain_tag: false,
             own_tag: false,
+            candidate: false,
         };
         assert_eq!(entry_bytes(&k), 3 + 2 + 3 + 1 + ENTRY_OVERHEAD);
     }

@@ -497,6 +497,7 @@ fn decided(admitted: bool, outcomes: Vec<Outcome>, leases: Vec<LeaseEffect>) -> 
         outcomes,
         local: false,
         steps: 1,
+        beside_lost: false,
         leases,
     }
 }

@@ -59,6 +59,9 @@ pub struct CounterKey {
     /// limit below a leased resource is decided apart from the resource (`store/slices`), so it
     /// spreads over a Cluster's slots instead of sharing the resource's.
     pub own_tag: bool,
+    /// A candidate limit's counter (`CANDIDATE_CONFIG`): kept apart from every enforced
+    /// counter, so trying a limit never touches what is enforced.
+    pub candidate: bool,
 }
 
 /// One limit to decide for one request.
@@ -103,6 +106,10 @@ pub struct LimitCheck {
     /// The limit's `leased` terms: decided from this replica's slice of the window when the
     /// stack has slices (`slices.rs`), else as any check.
     pub slice: Option<crate::config::Leasing>,
+    /// A candidate limit's check (`CANDIDATE_CONFIG`): decided in the same store call as the
+    /// request's enforced checks but as a request of its own ([`Admission`] and [`charged`]
+    /// take the candidate checks apart), so it never changes the answer.
+    pub candidate: bool,
 }
 
 /// A request's own entry on an `in_flight` limit or a rate limit with `reservations`.
@@ -181,8 +188,33 @@ impl LimitCheck {
 /// - with `stop_over`, if some recording check would exceed its limit, only those are (and
 ///   recording refunds, which give quota back whatever the others say, and `in_flight` frees).
 pub fn charged(checks: &[LimitCheck], allowed: &[bool], admitted: bool) -> Vec<bool> {
-    let stop = checks.iter().any(|c| c.stop_over)
-        && checks.iter().zip(allowed).any(|(c, &ok)| c.record && !ok);
+    if !checks.iter().any(|c| c.candidate) {
+        return charged_group(checks, allowed, admitted, |_| true);
+    }
+    // The candidate checks are a request of their own: admitted by their own verdicts, and
+    // charged by the same rule, apart from the enforced ones.
+    let beside = Admission::candidates(checks, allowed).admitted();
+    let enforced = charged_group(checks, allowed, admitted, |c| !c.candidate);
+    let candidate = charged_group(checks, allowed, beside, |c| c.candidate);
+    checks
+        .iter()
+        .zip(enforced.into_iter().zip(candidate))
+        .map(|(c, (e, k))| if c.candidate { k } else { e })
+        .collect()
+}
+
+/// [`charged`] over the checks `ours` selects (the others' entries are meaningless).
+fn charged_group(
+    checks: &[LimitCheck],
+    allowed: &[bool],
+    admitted: bool,
+    ours: impl Fn(&LimitCheck) -> bool,
+) -> Vec<bool> {
+    let stop = checks.iter().any(|c| ours(c) && c.stop_over)
+        && checks
+            .iter()
+            .zip(allowed)
+            .any(|(c, &ok)| ours(c) && c.record && !ok);
     checks
         .iter()
         .zip(allowed)
@@ -211,6 +243,25 @@ pub struct Admission {
 
 impl Admission {
     pub fn add(&mut self, check: &LimitCheck, allowed: bool) {
+        if check.candidate {
+            return;
+        }
+        self.add_any(check, allowed);
+    }
+
+    /// The candidate checks' own admission (`CANDIDATE_CONFIG`): the verdict the request
+    /// would get if they were the config in force.
+    pub fn candidates(checks: &[LimitCheck], allowed: &[bool]) -> Self {
+        let mut a = Admission::default();
+        for (c, &ok) in checks.iter().zip(allowed) {
+            if c.candidate {
+                a.add_any(c, ok);
+            }
+        }
+        a
+    }
+
+    fn add_any(&mut self, check: &LimitCheck, allowed: bool) {
         if check.shadow || check.refund {
             return;
         }
@@ -243,6 +294,10 @@ pub struct Decision {
     /// What each check did to its lease entries (see [`LeaseEffect`]): one per check when the
     /// request has an `in_flight` limit or a reservation, else empty (no allocation).
     pub leases: Vec<LeaseEffect>,
+    /// The candidate checks (`CANDIDATE_CONFIG`) were not decided: their call failed apart
+    /// from the enforced ones' (a Cluster request whose candidates live in another slot).
+    /// Their outcomes mean nothing; the enforced answer stands.
+    pub beside_lost: bool,
 }
 
 /// When a decision was made, as the decision log records it: a replay decides each request at
@@ -344,6 +399,7 @@ impl LimitCheck {
                 overridden: false,
                 domain_tag: false,
                 own_tag: false,
+                candidate: false,
             },
             hits,
             refund: false,
@@ -356,6 +412,7 @@ impl LimitCheck {
             lease: None,
             leased: false,
             slice: None,
+            candidate: false,
         }
     }
 }

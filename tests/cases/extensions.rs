@@ -243,6 +243,7 @@ async fn memory_and_redis_decide_identically_for_every_algorithm() {
                 overridden: false,
                 domain_tag: false,
                 own_tag: false,
+                candidate: false,
             };
             let checks = vec![
                 LimitCheck {
@@ -258,6 +259,7 @@ async fn memory_and_redis_decide_identically_for_every_algorithm() {
                     lease: None,
                     leased: false,
                     slice: None,
+                    candidate: false,
                 },
                 LimitCheck {
                     key: key(
@@ -278,6 +280,7 @@ async fn memory_and_redis_decide_identically_for_every_algorithm() {
                     lease: None,
                     leased: false,
                     slice: None,
+                    candidate: false,
                 },
             ];
             let mut m = memory.decide(&checks).await.expect("memory decides");
@@ -336,6 +339,7 @@ async fn measure_redis_memory_per_counter() {
                 overridden: false,
                 domain_tag: false,
                 own_tag: false,
+                candidate: false,
             },
             hits: 1,
             record: false,
@@ -345,6 +349,7 @@ async fn measure_redis_memory_per_counter() {
             lease: None,
             leased: false,
             slice: None,
+            candidate: false,
             refund: false,
             shadow: false,
             quota: false,

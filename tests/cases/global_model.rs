@@ -736,6 +736,7 @@ impl CounterStore for OneAtATime {
                     local: false,
                     steps: 1,
                     at: sluice::store::DecidedAt::Unknown,
+                    beside_lost: false,
                     leases: Vec::new(),
                 });
             }

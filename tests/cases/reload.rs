@@ -92,6 +92,7 @@ async fn serve(dir: &Path, store: Option<Arc<dyn CounterStore>>) -> server::Runn
             path: dir.to_path_buf(),
             options: OPTIONS,
             interval: Duration::from_millis(20),
+            candidate: false,
         }),
         loaded_fingerprint: digest,
         ..ServerConfig::from_ingredients(Ingredients { store, ..base })

@@ -97,6 +97,7 @@ impl Shared {
                 ],
                 local: false,
                 steps: 0,
+                beside_lost: false,
                 leases: Vec::new(),
             },
         };

@@ -89,6 +89,7 @@ impl Shared {
             lease: None,
             leased: false,
             slice: None,
+            candidate: false,
         };
         let token = format!("{}-{}", self.id, send.token);
         let now_us = self.now_us();
@@ -159,6 +160,7 @@ impl Shared {
                 lease: None,
                 leased: false,
                 slice: None,
+                candidate: false,
             };
             if self.skip_store(std::slice::from_ref(&like)) {
                 continue;

@@ -527,6 +527,7 @@ impl CounterStore for Arc<GlobalGrants> {
                 outcomes,
                 local: false,
                 steps: 1,
+                beside_lost: false,
                 leases: Vec::new(),
             })
         })

@@ -60,10 +60,26 @@ pub(super) const BATCH_QUEUE: usize = 16_384;
 /// every limit is a sliding_log (a request with more limits goes alone).
 pub(super) const MAX_BATCH_KEYS: usize = 64;
 
-/// A decision waiting for the batcher.
+/// A decision waiting for the batcher: a request's call and, when candidate limits
+/// (`CANDIDATE_CONFIG`) ride with it, theirs beside it, decided as a request of its own in the
+/// same EVALSHA.
 pub(super) struct Job {
     pub(super) call: Call,
-    pub(super) reply: tokio::sync::oneshot::Sender<Result<Vec<i64>, StoreError>>,
+    pub(super) beside: Option<Call>,
+    pub(super) reply: tokio::sync::oneshot::Sender<Result<Replies, StoreError>>,
+}
+
+/// A job's replies: its call's, and its candidates' call's if it has one.
+pub(super) type Replies = (Vec<i64>, Option<Vec<i64>>);
+
+impl Job {
+    fn keys(&self) -> usize {
+        self.call.keys.len() + self.beside.as_ref().map_or(0, |b| b.keys.len())
+    }
+
+    fn records(&self) -> bool {
+        self.call.records() || self.beside.as_ref().is_some_and(Call::records)
+    }
 }
 
 /// Standalone Redis: sends concurrent decisions together. It keeps at most `in_flight` script
@@ -92,12 +108,12 @@ pub(super) async fn batcher(
         let Ok(permit) = permits.clone().acquire_owned().await else {
             return;
         };
-        let mut keys = first.call.keys.len();
+        let mut keys = first.keys();
         let mut jobs = vec![first];
         while keys < MAX_BATCH_KEYS {
             match rx.try_recv() {
-                Ok(j) if keys + j.call.keys.len() <= MAX_BATCH_KEYS => {
-                    keys += j.call.keys.len();
+                Ok(j) if keys + j.keys() <= MAX_BATCH_KEYS => {
+                    keys += j.keys();
                     jobs.push(j);
                 }
                 Ok(j) => {
@@ -110,7 +126,7 @@ pub(super) async fn batcher(
         // A caller that gave up while queued (Envoy's deadline) is not decided: its request
         // would be charged with nobody told. Usage it records is: Envoy reports the tokens a
         // response used and cancels the call at its timeout, but the tokens are spent.
-        jobs.retain(|j| !j.reply.is_closed() || j.call.records());
+        jobs.retain(|j| !j.reply.is_closed() || j.records());
         if jobs.is_empty() {
             continue;
         }
@@ -118,15 +134,24 @@ pub(super) async fn batcher(
         tokio::spawn(async move {
             let result = match single_connection(&pool).await {
                 Ok(conn) => {
-                    let calls: Vec<&Call> = jobs.iter().map(|j| &j.call).collect();
+                    let calls: Vec<&Call> = jobs
+                        .iter()
+                        .flat_map(|j| std::iter::once(&j.call).chain(j.beside.as_ref()))
+                        .collect();
                     run_batch(&script, conn, &now, &calls, timeout).await
                 }
                 Err(e) => Err(e),
             };
             match result {
                 Ok(replies) => {
-                    for (job, reply) in jobs.into_iter().zip(replies) {
-                        let _ = job.reply.send(Ok(reply));
+                    let mut replies = replies.into_iter();
+                    for job in jobs {
+                        let own = replies.next().unwrap_or_default();
+                        let beside = job
+                            .beside
+                            .as_ref()
+                            .map(|_| replies.next().unwrap_or_default());
+                        let _ = job.reply.send(Ok((own, beside)));
                     }
                 }
                 Err(e) => {

@@ -72,6 +72,9 @@ impl Cluster {
         common: &Arc<Common>,
         checks: &[LimitCheck],
     ) -> Result<Decision, StoreError> {
+        if checks.iter().any(|c| c.candidate) && checks.iter().any(|c| !c.candidate) {
+            return self.decide_beside(common, checks).await;
+        }
         if !checks.iter().any(|c| c.record && c.hits > 0) {
             return self.decide_all(common, checks).await;
         }
@@ -117,6 +120,7 @@ impl Cluster {
                 outcomes,
                 local: false,
                 steps: 1,
+                beside_lost: false,
                 leases,
             });
         }
@@ -164,7 +168,7 @@ fn slot_of(c: &LimitCheck) -> u16 {
 }
 
 /// The slot a group of [`groups`] is called on (`None` for no check at all).
-fn group_slot(checks: &[LimitCheck], group: &[usize]) -> Option<u16> {
+pub(super) fn group_slot(checks: &[LimitCheck], group: &[usize]) -> Option<u16> {
     group.first().and_then(|&i| checks.get(i)).map(slot_of)
 }
 
@@ -442,6 +446,7 @@ impl Spanning {
             outcomes: self.outcomes,
             local: false,
             steps: self.steps,
+            beside_lost: false,
             leases: self.leases,
         })
     }

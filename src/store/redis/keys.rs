@@ -95,6 +95,11 @@ pub fn counter_key(prefix: &str, key: &CounterKey) -> String {
     if key.overridden {
         out.push_str(":o");
     }
+    // A candidate limit's counter (`CANDIDATE_CONFIG`): never an enforced counter's key, in
+    // the enforced counter's slot (so one call decides both on a Cluster).
+    if key.candidate {
+        out.push_str(":k");
+    }
     out
 }
 
@@ -167,6 +172,7 @@ mod tests {
             overridden: o,
             domain_tag: false,
             own_tag: false,
+            candidate: false,
         }
     }
 
@@ -244,27 +250,30 @@ mod tests {
             ],
             prop::sample::select(Algorithm::ALL.to_vec()),
             0u32..3,
-            (any::<bool>(), any::<bool>(), any::<bool>()),
+            (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()),
         )
             .prop_map(
-                |(d, entries, rpu, period, algorithm, burst, (o, domain_tag, own))| CounterKey {
-                    domain: Arc::from(d.as_str()),
-                    entries: entries.into(),
-                    limit: Limit {
-                        requests_per_unit: rpu,
-                        period,
-                        algorithm,
-                        // Only token_bucket carries a burst (the loader sets 0 elsewhere).
-                        burst: if algorithm == Algorithm::TokenBucket {
-                            burst
-                        } else {
-                            0
+                |(d, entries, rpu, period, algorithm, burst, (o, domain_tag, own, cand))| {
+                    CounterKey {
+                        domain: Arc::from(d.as_str()),
+                        entries: entries.into(),
+                        limit: Limit {
+                            requests_per_unit: rpu,
+                            period,
+                            algorithm,
+                            // Only token_bucket carries a burst (the loader sets 0 elsewhere).
+                            burst: if algorithm == Algorithm::TokenBucket {
+                                burst
+                            } else {
+                                0
+                            },
                         },
-                    },
-                    overridden: o,
-                    domain_tag,
-                    // The plan never sets both (`hash_tag: domain` wins).
-                    own_tag: own && !domain_tag,
+                        overridden: o,
+                        domain_tag,
+                        // The plan never sets both (`hash_tag: domain` wins).
+                        own_tag: own && !domain_tag,
+                        candidate: cand,
+                    }
                 },
             )
     }

@@ -8,6 +8,7 @@
 
 mod admin;
 mod batch;
+mod beside;
 mod board;
 mod cluster;
 mod codec;

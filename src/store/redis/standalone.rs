@@ -79,7 +79,8 @@ impl Standalone {
         single_connection(&self.pool).await
     }
 
-    /// The whole request in one call, through the batcher.
+    /// The whole request in one call, through the batcher; its candidate checks
+    /// (`CANDIDATE_CONFIG`), if any, beside it in the same EVALSHA as a request of their own.
     pub(super) async fn decide(
         &self,
         common: &Common,
@@ -97,14 +98,25 @@ impl Standalone {
             ));
             tx
         });
-        let all: Vec<usize> = (0..checks.len()).collect();
+        // A request of candidate checks alone has nothing enforced: it is admitted, and its
+        // candidates go as the one call.
+        let (own, beside, enforced) = match super::beside::split(checks) {
+            (own, beside) if own.is_empty() => (beside, Vec::new(), false),
+            (own, beside) => (own, beside, true),
+        };
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let call = common.call_for(checks, &all, true);
+        let call = common.call_for(checks, &own, true);
         let layout = call.layout();
+        let beside_call = (!beside.is_empty()).then(|| common.call_for(checks, &beside, true));
+        let beside_layout = beside_call.as_ref().map(|c| c.layout());
         let r = async {
-            tx.send(Job { call, reply })
-                .await
-                .map_err(|_| StoreError::Permanent("the Redis batcher stopped".into()))?;
+            tx.send(Job {
+                call,
+                beside: beside_call,
+                reply,
+            })
+            .await
+            .map_err(|_| StoreError::Permanent("the Redis batcher stopped".into()))?;
             answer
                 .await
                 .map_err(|_| StoreError::Permanent("the Redis batcher dropped a call".into()))?
@@ -117,18 +129,28 @@ impl Standalone {
             ))),
         };
         common.record_health(None, &r);
+        let (values, beside_values) = r?;
         let (mut outcomes, mut leases) = (vec![DENIED; checks.len()], Vec::new());
         let into = codec::Fold {
             outcomes: &mut outcomes,
             leases: &mut leases,
         };
-        let admitted = codec::decode(&r?, layout, &all, into)?;
+        let admitted = codec::decode(&values, layout, &own, into)? || !enforced;
+        if let (Some(v), Some(layout)) = (beside_values, beside_layout) {
+            let mut no_leases = Vec::new();
+            let into = codec::Fold {
+                outcomes: &mut outcomes,
+                leases: &mut no_leases,
+            };
+            codec::decode(&v, layout, &beside, into)?;
+        }
         Ok(Decision {
             at: crate::store::DecidedAt::Unknown,
             admitted,
             outcomes,
             local: false,
             steps: 1,
+            beside_lost: false,
             leases,
         })
     }

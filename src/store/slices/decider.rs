@@ -46,7 +46,11 @@ impl SlicedDecider {
         // Sent down: every check not decided from a slice; only the recording ones when the
         // slices deny the request (they are charged whatever the verdict). A global limit's go
         // to its home store, in a call of their own (ordinary checks on the one global counter).
-        let sent = |i: &usize| taken[*i].is_none() && (!denied || checks[*i].record);
+        // Candidate checks (`CANDIDATE_CONFIG`) are a request of their own: always sent.
+        let sent = |i: &usize| {
+            let c = &checks[*i];
+            taken[*i].is_none() && (!denied || c.record || c.candidate)
+        };
         let (home_idx, idx): (Vec<usize>, Vec<usize>) = (0..n)
             .filter(sent)
             .partition(|&i| global_elsewhere(&checks[i]));
@@ -94,6 +98,7 @@ impl SlicedDecider {
                 .collect(),
             local: false,
             steps: 0,
+            beside_lost: false,
             leases: Vec::new(),
         };
         let Some(home) = self.slices.home() else {
@@ -160,6 +165,7 @@ impl SlicedDecider {
         let (mut steps, mut leases) = (0, Vec::new());
         use crate::store::DecidedAt::{Fallback, Unknown};
         let below_at = below.as_ref().map_or(Unknown, |d| d.at);
+        let beside_lost = below.as_ref().is_some_and(|d| d.beside_lost);
         let home_away = at_home.as_ref().is_some_and(|d| d.at == Fallback);
         if let Some(d) = below {
             steps = d.steps;
@@ -202,6 +208,7 @@ impl SlicedDecider {
             outcomes,
             local: false,
             steps,
+            beside_lost,
             leases,
         }
     }

@@ -512,6 +512,7 @@ pub(crate) fn charge_check(
         lease: None,
         leased: true,
         slice: None,
+        candidate: false,
     }
 }
 
