@@ -278,9 +278,10 @@ impl Candidates {
 
 /// A limit as the reports write it: `50/minute`, `10/30s token_bucket`.
 pub fn describe(l: &Limit) -> String {
+    let period = l.period.to_string().to_ascii_lowercase();
     match l.algorithm {
-        crate::config::Algorithm::FixedWindow => format!("{}/{}", l.requests_per_unit, l.period),
-        a => format!("{}/{} {}", l.requests_per_unit, l.period, a.name()),
+        crate::config::Algorithm::FixedWindow => format!("{}/{period}", l.requests_per_unit),
+        a => format!("{}/{period} {}", l.requests_per_unit, a.name()),
     }
 }
 

@@ -52,6 +52,7 @@ mod admin_audit;
 mod admin_cli;
 mod bench;
 mod calendar;
+mod candidates;
 mod cluster_local;
 mod compat;
 mod counting;
