@@ -8,7 +8,7 @@
 use crate::support::binary::{bin, serve, SluiceProcess};
 use crate::support::envoy::{self, Backend, EnvoyProcess};
 use crate::support::redis::start_redis;
-use crate::support::{certs, http};
+use crate::support::{certs, eventually, http, one};
 use sluice::config::{Limit, Unit};
 use sluice::store::{CounterStore, LimitCheck};
 use std::collections::BTreeMap;
@@ -309,4 +309,118 @@ async fn enforced_100_and_candidate_50_through_envoy_on_memory() {
 async fn enforced_100_and_candidate_50_through_envoy_on_redis() {
     let redis = start_redis(&[]).await;
     through_envoy(&[("REDIS_URL", redis.url().as_str())]).await;
+}
+
+/// `sluice admin candidates d` on `s`, as JSON.
+async fn candidates_of(s: &SluiceProcess, domain: &str) -> serde_json::Value {
+    let mut cmd = std::process::Command::new(bin());
+    cmd.args([
+        "admin",
+        "--url",
+        &s.admin_url(),
+        "--token",
+        "ops-token-0123456789",
+    ])
+    .args(["candidates", domain])
+    .env_remove("SLUICE_ADMIN_TOKEN");
+    let out = tokio::task::spawn_blocking(move || cmd.output().expect("run sluice admin"))
+        .await
+        .expect("join");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// (name, would admit, would deny) of each reported limit.
+fn rows(v: &serde_json::Value) -> Vec<(String, u64, u64)> {
+    let n = |x: &serde_json::Value| x.as_str().map_or(0, |s| s.parse().unwrap_or(0));
+    v["limits"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|l| {
+                    let name = l["name"].as_str().unwrap_or_default().to_string();
+                    (name, n(&l["wouldAdmit"]), n(&l["wouldDeny"]))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+const ENFORCED: &str =
+    "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10}\n";
+
+fn candidate_yaml(name: &str, limit: u32) -> String {
+    format!(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{name: {name}, unit: hour, requests_per_unit: {limit}}}\n"
+    )
+}
+
+/// A candidate config with an error stops the start, naming file and line; a good one is
+/// reloaded like the config (its counts start over); a bad reload keeps the candidates in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_config_reloads_and_a_bad_one_is_named_and_kept_out() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = certs::write(dir.path(), "rules.yaml", ENFORCED);
+    let tokens = certs::write(dir.path(), "tokens", "ops read ops-token-0123456789\n");
+    let bad_dir = dir.path().join("bad");
+    std::fs::create_dir(&bad_dir).expect("mkdir");
+    let bad = certs::write(
+        &bad_dir,
+        "c.yaml",
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+    );
+    let mut cmd = serve(&config);
+    cmd.env("CANDIDATE_CONFIG", &bad_dir);
+    let out = cmd.output().await.expect("run sluice");
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{text}");
+    let at = format!("{}:4:", bad.display());
+    assert!(
+        text.contains(&at) && text.contains("fortnight"),
+        "{at} in:\n{text}"
+    );
+
+    let cand_dir = dir.path().join("candidates");
+    std::fs::create_dir(&cand_dir).expect("mkdir");
+    certs::write(&cand_dir, "c.yaml", &candidate_yaml("two", 2));
+    let mut cmd = serve(&config);
+    cmd.env("CANDIDATE_CONFIG", &cand_dir)
+        .env("ADMIN_TOKENS_FILE", &tokens)
+        .env("CONFIG_RELOAD_INTERVAL", "20ms");
+    let s = SluiceProcess::spawn(cmd).await;
+    let mut c =
+        sluice::proto::rate_limit_service_client::RateLimitServiceClient::connect(s.grpc_url())
+            .await
+            .expect("connect");
+    let mut send = async |n: usize| {
+        for _ in 0..n {
+            let r = c
+                .should_rate_limit(one("d", &[("k", "v")]))
+                .await
+                .expect("decide");
+            assert_eq!(
+                r.into_inner().overall_code,
+                1,
+                "the enforced 10/minute admits"
+            );
+        }
+    };
+    send(3).await;
+    assert_eq!(rows(&candidates_of(&s, "d").await), [("two".into(), 2, 1)]);
+    // A new candidate: reloaded, counted from zero, on its own counter.
+    certs::write(&cand_dir, "c.yaml", &candidate_yaml("one", 1));
+    eventually("the new candidate is in force", || async {
+        rows(&candidates_of(&s, "d").await).is_empty()
+    })
+    .await;
+    send(2).await;
+    assert_eq!(rows(&candidates_of(&s, "d").await), [("one".into(), 1, 1)]);
+    // A bad one: logged, and the candidate in force stays, counts and all.
+    certs::write(&cand_dir, "c.yaml", "domain: d\ndescriptors: [oops\n");
+    eventually("the bad candidate reload is logged", || async {
+        s.log().contains("candidate config reload failed")
+    })
+    .await;
+    send(1).await;
+    assert_eq!(rows(&candidates_of(&s, "d").await), [("one".into(), 1, 2)]);
 }

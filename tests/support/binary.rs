@@ -25,7 +25,7 @@ pub fn bin() -> String {
 const CAP: Duration = Duration::from_secs(90);
 
 /// Variables of the test's own environment that would change what the child does.
-const STRAY_ENV: [&str; 17] = [
+const STRAY_ENV: [&str; 18] = [
     "RUST_LOG",
     "SLUICE_CONFIG",
     "REDIS_URL",
@@ -43,6 +43,7 @@ const STRAY_ENV: [&str; 17] = [
     "GLOBAL_UNREACHABLE",
     "GLOBAL_UNREACHABLE_SHARE",
     "DECISION_LOG",
+    "CANDIDATE_CONFIG",
 ];
 
 /// `sluice serve --config <config>` on `127.0.0.1`, both ports 0, text logs at info, the test's
