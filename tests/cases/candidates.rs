@@ -423,4 +423,24 @@ async fn a_candidate_config_reloads_and_a_bad_one_is_named_and_kept_out() {
     .await;
     send(1).await;
     assert_eq!(rows(&candidates_of(&s, "d").await), [("one".into(), 1, 2)]);
+    // grpcurl, through the admin listener's reflection, reads the same.
+    let addr = s.admin_url().trim_start_matches("http://").to_string();
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        crate::support::grpcurl(&[
+            "-plaintext",
+            "-H",
+            "authorization: Bearer ops-token-0123456789",
+            "-d",
+            r#"{"domain":"d","top":1}"#,
+            &addr,
+            "sluice.admin.v1.Admin/Candidates",
+        ])
+    })
+    .await
+    .expect("join");
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(rows(&v), [("one".into(), 1, 2)]);
+    assert_eq!(v["limits"][0]["top"][0]["consumer"], "k=v");
+    assert_eq!(v["limits"][0]["top"][0]["denied"], "2");
 }

@@ -159,6 +159,12 @@ async fn every_dashboard_and_alert_query_parses_and_names_live_series() {
         ..ServiceOptions::default()
     };
     let s = TestServer::start_stack(CONFIG, options, stack, clock.clone()).await;
+    // A candidate limit on the tenant (CANDIDATE_CONFIG), so its series exist.
+    if let Some(r) = s.running.as_ref() {
+        r.limiter().replace_candidates(crate::support::rules(
+            "domain: dash\ndescriptors:\n  - key: tenant\n    rate_limit: {name: c, unit: minute, requests_per_unit: 3}\n",
+        ));
+    }
     let tenant = one("dash", &[("tenant", "acme")]);
     let codes: Vec<Code> = {
         let mut v = Vec::new();
@@ -264,6 +270,9 @@ async fn every_dashboard_and_alert_query_parses_and_names_live_series() {
         "sluice_admin_writes_total",
         "sluice_admin_counters_reset_total",
         "sluice_admin_refused_total",
+        "sluice_candidate_decisions_total",
+        "sluice_candidate_disagreements_total",
+        "sluice_candidate_untracked_total",
     ] {
         assert!(
             used.contains(name),
@@ -273,6 +282,7 @@ async fn every_dashboard_and_alert_query_parses_and_names_live_series() {
     let text = serde_json::to_string(&dashboard).expect("json");
     assert!(text.contains("Top offenders"), "a top offenders panel");
     assert!(text.contains("Rate Limit Quota Service"), "an RLQS row");
+    assert!(text.contains("Candidate limits"), "a candidate limits row");
 }
 
 /// The checker itself: a bad expression fails to parse, and a made-up metric is reported.
