@@ -353,6 +353,7 @@ impl Admin for AdminService {
             limits: limits.collect(),
             lost: c.lost(),
             overflow: c.overflow(),
+            over_budget: c.over_budget(),
         }))
     }
 }

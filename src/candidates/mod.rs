@@ -16,7 +16,7 @@ use crate::config::{Limit, RuleSet};
 use sketch::{Sketch, Stopped};
 use std::collections::HashMap;
 use std::fmt::Write;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
@@ -86,15 +86,19 @@ pub struct LimitReport {
     pub top: Vec<Stopped>,
 }
 
+/// Tallies by a hash of (domain, stat key, name, limit); a bucket holds the few that collide.
+type TallyMap = HashMap<u64, Vec<(LimitId, Arc<Tally>)>>;
+
 /// The candidate config in force and its counts.
 #[derive(Debug, Default)]
 pub struct Candidates {
     rules: RwLock<Option<Arc<RuleSet>>>,
-    tallies: RwLock<HashMap<u64, Vec<(LimitId, Arc<Tally>)>>>,
+    tallies: RwLock<TallyMap>,
     hasher: std::collections::hash_map::RandomState,
     tracked: AtomicU64,
     overflow: AtomicU64,
     lost: AtomicU64,
+    budget: AtomicU64,
     /// Unix seconds the counts started (the candidate config's load).
     since: AtomicU64,
 }
@@ -115,6 +119,7 @@ impl Candidates {
         self.tracked.store(0, Ordering::Relaxed);
         self.overflow.store(0, Ordering::Relaxed);
         self.lost.store(0, Ordering::Relaxed);
+        self.budget.store(0, Ordering::Relaxed);
         self.since.store(now_s, Ordering::Relaxed);
         *self.rules.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(rules));
     }
@@ -132,6 +137,16 @@ impl Candidates {
     /// Decisions of candidate limits past [`MAX_CANDIDATE_LIMITS`], not counted per limit.
     pub fn overflow(&self) -> u64 {
         self.overflow.load(Ordering::Relaxed)
+    }
+
+    /// Candidate limits a request matched past the per-request budget (not decided).
+    pub fn record_over_budget(&self, n: usize) {
+        self.budget.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Candidate limits not decided for want of the per-request budget.
+    pub fn over_budget(&self) -> u64 {
+        self.budget.load(Ordering::Relaxed)
     }
 
     /// A request's candidate checks were not decided.
@@ -166,10 +181,8 @@ impl Candidates {
     }
 
     fn tally(&self, s: &Seen<'_>) -> Option<Arc<Tally>> {
-        let mut h = self.hasher.build_hasher();
-        (s.domain, s.key, s.name, s.limit).hash(&mut h);
-        let h = h.finish();
-        let found = |m: &HashMap<u64, Vec<(LimitId, Arc<Tally>)>>| {
+        let h = self.hasher.hash_one((s.domain, s.key, s.name, s.limit));
+        let found = |m: &TallyMap| {
             m.get(&h)
                 .and_then(|v| v.iter().find(|(id, _)| id.matches(s)))
                 .map(|(_, t)| Arc::clone(t))
@@ -266,12 +279,15 @@ impl Candidates {
         let _ = write!(
             out,
             "# HELP sluice_candidate_untracked_total Candidate decisions not counted per limit: \
-             lost (their store call failed), overflow (past {MAX_CANDIDATE_LIMITS} limits).\n\
+             lost (their store call failed), overflow (past {MAX_CANDIDATE_LIMITS} limits), \
+             budget (a request's candidate limits past the per-request budget).\n\
              # TYPE sluice_candidate_untracked_total counter\n\
              sluice_candidate_untracked_total{{reason=\"lost\"}} {}\n\
-             sluice_candidate_untracked_total{{reason=\"overflow\"}} {}\n",
+             sluice_candidate_untracked_total{{reason=\"overflow\"}} {}\n\
+             sluice_candidate_untracked_total{{reason=\"budget\"}} {}\n",
             self.lost(),
-            self.overflow()
+            self.overflow(),
+            self.over_budget()
         );
     }
 }

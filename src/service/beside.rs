@@ -14,6 +14,12 @@ use crate::proto::RateLimitRequest;
 use crate::store::{LimitCheck, Outcome};
 use std::borrow::Cow;
 
+/// Candidate checks one request carries at most: the budget on the work candidates add to a
+/// store call (each is a counter read and written in the request's script call, as an enforced
+/// limit is). A request matching more candidate limits than this has the first ones decided
+/// and the rest counted as untracked (`reason="budget"`).
+pub(super) const MAX_CANDIDATE_CHECKS: usize = 8;
+
 /// The candidate checks of one request.
 #[derive(Debug)]
 pub(super) struct Beside {
@@ -21,6 +27,8 @@ pub(super) struct Beside {
     /// Per candidate check sent: its limit in `plan` and the stat key of the first descriptor
     /// it serves.
     kept: Vec<(usize, usize)>,
+    /// Candidate limits matched past [`MAX_CANDIDATE_CHECKS`].
+    pub(super) over_budget: usize,
 }
 
 /// The candidate checks `rules` give `request`, if any: `now_us` gives calendar windows.
@@ -62,7 +70,14 @@ pub(super) fn plan_beside(
             Some((j, d))
         })
         .collect();
-    (!kept.is_empty()).then_some(Beside { plan, kept })
+    let over_budget = kept.len().saturating_sub(MAX_CANDIDATE_CHECKS);
+    let mut kept = kept;
+    kept.truncate(MAX_CANDIDATE_CHECKS);
+    (!kept.is_empty()).then_some(Beside {
+        plan,
+        kept,
+        over_budget,
+    })
 }
 
 impl Beside {

@@ -488,6 +488,9 @@ impl RateLimiter {
         response: &RateLimitResponse,
         domain: &str,
     ) {
+        if beside.over_budget > 0 {
+            self.candidates.record_over_budget(beside.over_budget);
+        }
         if decision.beside_lost {
             self.candidates.record_lost();
             return;

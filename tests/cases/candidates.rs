@@ -90,7 +90,7 @@ test_with_all_stores!(
             verdicts(&store, &[enforced("e", 10), tight.clone(), loose.clone()]).await,
             (true, vec![true, false, true])
         );
-        let d = store.decide(&[loose.clone()]).await.expect("decide");
+        let d = store.decide(std::slice::from_ref(&loose)).await.expect("decide");
         assert_eq!(d.outcomes[0].remaining, 8, "10 - 1 - this one");
         assert!(d.admitted, "candidates alone never deny");
         // A request whose candidate lives on another slot than its enforced check (another
