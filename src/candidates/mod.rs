@@ -112,8 +112,13 @@ impl Candidates {
             .clone()
     }
 
-    /// A new candidate config: the counts start over.
-    pub fn replace(&self, rules: RuleSet, now_s: u64) {
+    /// A new candidate config: the counts start over. Its `detailed_metric` and
+    /// `value_to_metric` are turned off: a candidate's tally and series are named by the config
+    /// alone, never by values a caller sends (which would make their number the caller's).
+    pub fn replace(&self, mut rules: RuleSet, now_s: u64) {
+        for d in rules.domains.values_mut() {
+            no_values_in_names(&mut d.root);
+        }
         let mut tallies = self.tallies.write().unwrap_or_else(PoisonError::into_inner);
         tallies.clear();
         self.tracked.store(0, Ordering::Relaxed);
@@ -189,6 +194,9 @@ impl Candidates {
         };
         if let Some(t) = found(&self.tallies.read().unwrap_or_else(PoisonError::into_inner)) {
             return Some(t);
+        }
+        if self.tracked.load(Ordering::Relaxed) >= MAX_CANDIDATE_LIMITS as u64 {
+            return None;
         }
         let mut m = self.tallies.write().unwrap_or_else(PoisonError::into_inner);
         if let Some(t) = found(&m) {
@@ -279,7 +287,7 @@ impl Candidates {
         let _ = write!(
             out,
             "# HELP sluice_candidate_untracked_total Candidate decisions not counted per limit: \
-             lost (their store call failed), overflow (past {MAX_CANDIDATE_LIMITS} limits), \
+             lost (their store call failed or did not answer in time), overflow (past {MAX_CANDIDATE_LIMITS} limits), \
              budget (a request's candidate limits past the per-request budget).\n\
              # TYPE sluice_candidate_untracked_total counter\n\
              sluice_candidate_untracked_total{{reason=\"lost\"}} {}\n\
@@ -297,6 +305,15 @@ pub fn describe(l: &Limit) -> String {
     let period = l.period.to_string().to_ascii_lowercase();
     match l.algorithm {
         crate::config::Algorithm::FixedWindow => format!("{}/{period}", l.requests_per_unit),
+        // Two buckets of one rate differ by their burst alone: so do their labels.
+        a @ crate::config::Algorithm::TokenBucket => {
+            format!(
+                "{}/{period} {} burst {}",
+                l.requests_per_unit,
+                a.name(),
+                l.burst
+            )
+        }
         a => format!("{}/{period} {}", l.requests_per_unit, a.name()),
     }
 }
@@ -305,6 +322,10 @@ pub fn describe(l: &Limit) -> String {
 fn consumer(entries: &[(String, String)]) -> String {
     let mut s = String::new();
     for (i, (k, v)) in entries.iter().enumerate() {
+        // The sketch keeps 256 bytes of it: no more is built.
+        if s.len() > sketch::MAX_CONSUMER_BYTES {
+            break;
+        }
         if i > 0 {
             s.push_str(", ");
         }
@@ -332,3 +353,16 @@ fn escape(v: &str) -> String {
 
 #[cfg(test)]
 mod tests;
+
+/// Turns off `detailed_metric` and `value_to_metric` on every node of `level` and below.
+fn no_values_in_names(level: &mut crate::config::Level) {
+    let nodes = level.exact.values_mut().flat_map(|m| m.values_mut());
+    for n in nodes
+        .chain(level.wildcards.iter_mut())
+        .chain(level.bare.values_mut())
+    {
+        n.detailed_metric = false;
+        n.value_to_metric = false;
+        no_values_in_names(&mut n.children);
+    }
+}

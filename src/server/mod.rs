@@ -141,8 +141,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServerError> {
     let debug_addr = listeners.debug.as_ref().map(|(_, a)| *a);
     // Everything that can fail is built before a task is spawned.
     let transcoder = http::Transcoder::new()?;
-    let threads = config.grpc_threads;
-    let json = config.json_policy();
+    let (threads, json) = (config.grpc_threads, config.json_policy());
     let tls = config.grpc_tls.as_ref();
     let mut grpc = GrpcServing::prepare(listeners.grpc, grpc_addr, tls, threads)?;
     let Parts { limiter, tracing } = config.parts;

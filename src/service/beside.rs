@@ -8,17 +8,28 @@
 
 use super::plan::{plan, Plan, Resolution};
 use super::ServiceOptions;
-use crate::candidates::Seen;
+use crate::candidates::{Candidates, Seen};
 use crate::config::RuleSet;
 use crate::proto::RateLimitRequest;
-use crate::store::{LimitCheck, Outcome};
+use crate::store::{Decider, LimitCheck, Outcome};
 use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
 
 /// Candidate checks one request carries at most: the budget on the work candidates add to a
 /// store call (each is a counter read and written in the request's script call, as an enforced
 /// limit is). A request matching more candidate limits than this has the first ones decided
 /// and the rest counted as untracked (`reason="budget"`).
 pub(super) const MAX_CANDIDATE_CHECKS: usize = 8;
+
+/// Candidate calls made apart from the answer ([`Apart`]) running at once, at most: past it a
+/// request's candidates are not decided (counted `reason="lost"`), so a slow store never piles
+/// up tasks.
+pub(super) const MAX_APART_CALLS: usize = 256;
+
+/// How long a call apart may take before its candidates count as lost.
+const APART_BUDGET: Duration = Duration::from_secs(1);
 
 /// The candidate checks of one request.
 #[derive(Debug)]
@@ -61,7 +72,8 @@ pub(super) fn plan_beside(
         .limits
         .iter()
         .enumerate()
-        .filter(|(_, l)| l.check.lease.is_none() && !l.check.leased)
+        // A refund (Envoy's `is_negative_hits`, a stream's usage given back) is no decision.
+        .filter(|(_, l)| l.check.lease.is_none() && !l.check.leased && !l.check.refund)
         .filter_map(|(j, _)| {
             let d = plan.descriptors.iter().position(|d| match &d.resolution {
                 Resolution::Limited(ix) => ix.contains(&j),
@@ -113,5 +125,43 @@ impl Beside {
                 }
             })
             .collect()
+    }
+}
+
+/// A request's candidate checks whose enforced answer made no store call to ride in: a request
+/// only candidates match, one the deny cache or leased slices answered, or any request under
+/// `FAILURE_MODE=local` (whose local decisions and write-backs are for enforced limits alone).
+/// They are decided in a call of their own on a spawned task, so the answer neither waits on
+/// it nor depends on it: a failure, a call past [`APART_BUDGET`] or past [`MAX_APART_CALLS`]
+/// only counts them lost.
+pub(super) struct Apart {
+    pub(super) decider: Arc<dyn Decider>,
+    pub(super) candidates: Arc<Candidates>,
+    pub(super) running: Arc<Semaphore>,
+}
+
+impl Apart {
+    /// Decides `beside` for a request of `domain` the enforced config answered (`admitted`).
+    pub(super) fn spawn(self, beside: Beside, domain: &str, admitted: bool) {
+        if beside.over_budget > 0 {
+            self.candidates.record_over_budget(beside.over_budget);
+        }
+        let Ok(permit) = Arc::clone(&self.running).try_acquire_owned() else {
+            self.candidates.record_lost();
+            return;
+        };
+        let domain = domain.to_owned();
+        tokio::spawn(async move {
+            let checks: Vec<LimitCheck> = beside.checks().collect();
+            let call = self.decider.decide_by(checks, None);
+            match tokio::time::timeout(APART_BUDGET, call).await {
+                Ok(Ok(d)) if !d.beside_lost && d.outcomes.len() == beside.kept.len() => {
+                    self.candidates
+                        .record(&beside.seen(&d.outcomes, &domain), admitted);
+                }
+                _ => self.candidates.record_lost(),
+            }
+            drop(permit);
+        });
     }
 }

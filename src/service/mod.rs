@@ -84,7 +84,9 @@ pub struct RateLimiter {
     /// [`RateLimiter::replace_rules`]: meanwhile requests get [`RequestError::NoConfig`].
     awaiting_config: AtomicBool,
     /// The candidate limits (`CANDIDATE_CONFIG`) and what they would have done.
-    candidates: crate::candidates::Candidates,
+    candidates: Arc<crate::candidates::Candidates>,
+    /// Candidate calls made apart from the answer ([`beside::Apart`]) and still running.
+    apart: Arc<tokio::sync::Semaphore>,
 }
 
 impl RateLimiter {
@@ -137,7 +139,8 @@ impl RateLimiter {
                 ..ConfigStatus::default()
             }),
             awaiting_config: AtomicBool::new(awaiting),
-            candidates: crate::candidates::Candidates::default(),
+            candidates: Arc::default(),
+            apart: Arc::new(tokio::sync::Semaphore::new(beside::MAX_APART_CALLS)),
         }
     }
 
@@ -429,8 +432,12 @@ impl RateLimiter {
         let beside = self.candidates.rules().and_then(|rules| {
             beside::plan_beside(&rules, request, &self.options, || self.now_us())
         });
-        if plan.limits.is_empty() && beside.is_none() {
-            return Ok(self.answer(request, &plan, Verdict::NoChecks));
+        if plan.limits.is_empty() {
+            let response = self.answer(request, &plan, Verdict::NoChecks);
+            if let Some(b) = beside {
+                self.decide_apart(b, &request.domain, true);
+            }
+            return Ok(response);
         }
         let started = Instant::now();
         let span = StoreSpan::start(
@@ -459,16 +466,21 @@ impl RateLimiter {
                     .outcomes
                     .split_off(enforced.min(decision.outcomes.len()));
                 decision.leases.truncate(enforced);
-                let response = match enforced {
-                    0 => self.answer(request, &plan, Verdict::NoChecks),
-                    _ => self.answer(request, &plan, Verdict::Decided(&decision)),
-                };
-                if let Some(b) = &beside {
-                    self.count_beside(b, &tried, &decision, &response, &request.domain);
+                let response = self.answer(request, &plan, Verdict::Decided(&decision));
+                let admitted = response.overall_code != Code::OverLimit as i32;
+                match beside {
+                    Some(b) if decision.beside_apart => {
+                        self.decide_apart(b, &request.domain, admitted)
+                    }
+                    Some(b) => self.count_beside(&b, &tried, &decision, admitted, &request.domain),
+                    None => {}
                 }
                 Ok(response)
             }
             Err(e) => {
+                if beside.is_some() {
+                    self.candidates.record_lost();
+                }
                 at.fallback = true;
                 self.store_errors.log(&e, self.options.failure_mode);
                 match self.options.failure_mode {
@@ -479,13 +491,14 @@ impl RateLimiter {
         }
     }
 
-    /// What the request's candidate limits would have done, beside what was answered.
+    /// What the request's candidate limits would have done, beside what was answered
+    /// (`admitted`: whether the enforced config admitted it).
     fn count_beside(
         &self,
         beside: &beside::Beside,
         tried: &[crate::store::Outcome],
         decision: &crate::store::Decision,
-        response: &RateLimitResponse,
+        admitted: bool,
         domain: &str,
     ) {
         if beside.over_budget > 0 {
@@ -495,9 +508,19 @@ impl RateLimiter {
             self.candidates.record_lost();
             return;
         }
-        let admitted = response.overall_code != Code::OverLimit as i32;
         self.candidates
             .record(&beside.seen(tried, domain), admitted);
+    }
+
+    /// Decides the request's candidate checks in a call of their own, spawned: the answer is
+    /// given without waiting on it (see [`beside::Apart`]).
+    fn decide_apart(&self, beside: beside::Beside, domain: &str, admitted: bool) {
+        beside::Apart {
+            decider: Arc::clone(&self.decider),
+            candidates: Arc::clone(&self.candidates),
+            running: Arc::clone(&self.apart),
+        }
+        .spawn(beside, domain, admitted);
     }
 }
 

@@ -328,6 +328,7 @@ impl<S: CounterStore> LocalDenyCache<S> {
             local: true,
             steps: 0,
             beside_lost: false,
+            beside_apart: false,
             leases: Vec::new(),
         })
     }
@@ -394,19 +395,23 @@ impl<S: CounterStore> CounterStore for LocalDenyCache<S> {
             // Recording checks not answered here are still charged (envoyproxy charges every
             // key not in its over-limit cache), unless the request stops charging when a key
             // is over (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT): then nothing is. Candidate
-            // checks are a request of their own: the store decides them whatever this answer.
+            // checks ride in that call if there is one; never does a call happen for them
+            // alone (the service decides them apart, off the answer path).
             let stop = checks.iter().any(|c| c.stop_over && !c.candidate);
-            let rest: Vec<usize> = (0..checks.len())
+            let mut rest: Vec<usize> = (0..checks.len())
                 .filter(|&i| {
                     let c = &checks[i];
-                    c.candidate || (!stop && c.record && local.outcomes[i].allowed)
+                    !c.candidate && !stop && c.record && local.outcomes[i].allowed
                 })
                 .collect();
             if rest.is_empty() {
                 #[cfg(any(test, feature = "test-util"))]
                 self.local_denials.fetch_add(1, Ordering::Relaxed);
+                local.outcomes.truncate(super::enforced_len(checks));
+                local.beside_apart = checks.iter().any(|c| c.candidate);
                 return Ok(local);
             }
+            rest.extend((0..checks.len()).filter(|&i| checks[i].candidate));
             let sub: Vec<LimitCheck> = rest.iter().map(|&i| checks[i].clone()).collect();
             let decision = self
                 .inner
@@ -515,6 +520,7 @@ mod tests {
                 local: true,
                 steps: 0,
                 beside_lost: false,
+                beside_apart: false,
                 leases: Vec::new(),
             }
         );

@@ -498,6 +498,7 @@ fn decided(admitted: bool, outcomes: Vec<Outcome>, leases: Vec<LeaseEffect>) -> 
         local: false,
         steps: 1,
         beside_lost: false,
+        beside_apart: false,
         leases,
     }
 }

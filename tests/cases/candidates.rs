@@ -25,11 +25,21 @@ fn candidate(value: &str, limit: u32) -> LimitCheck {
     c
 }
 
-/// (admitted, each check's verdict) of one decision.
+/// (admitted, each check's verdict) of one decision. Candidates the store leaves apart (a
+/// Cluster's in another slot than the request's) are decided after it in a call of their own,
+/// as the service does.
 async fn verdicts(store: &Arc<dyn CounterStore>, checks: &[LimitCheck]) -> (bool, Vec<bool>) {
     let d = store.decide(checks).await.expect("decide");
     assert!(!d.beside_lost, "candidates decided");
-    (d.admitted, d.outcomes.iter().map(|o| o.allowed).collect())
+    let mut seen: Vec<bool> = d.outcomes.iter().map(|o| o.allowed).collect();
+    if d.beside_apart {
+        let enforced = sluice::store::enforced_len(checks);
+        assert_eq!(seen.len(), enforced, "no outcome for a candidate left apart");
+        let apart = store.decide(&checks[enforced..]).await.expect("decide");
+        seen.extend(apart.outcomes.iter().map(|o| o.allowed));
+    }
+    assert_eq!(seen.len(), checks.len());
+    (d.admitted, seen)
 }
 
 test_with_all_stores!(
@@ -90,7 +100,10 @@ test_with_all_stores!(
             verdicts(&store, &[enforced("e", 10), tight.clone(), loose.clone()]).await,
             (true, vec![true, false, true])
         );
-        let d = store.decide(std::slice::from_ref(&loose)).await.expect("decide");
+        let d = store
+            .decide(std::slice::from_ref(&loose))
+            .await
+            .expect("decide");
         assert_eq!(d.outcomes[0].remaining, 8, "10 - 1 - this one");
         assert!(d.admitted, "candidates alone never deny");
         // A request whose candidate lives on another slot than its enforced check (another
@@ -191,6 +204,12 @@ async fn through_envoy(envs: &[(&str, &str)]) {
                 r
             })
             .collect();
+        // The counts so far (an earlier attempt's, cut by a minute's edge): this attempt's
+        // must add exactly the model's to them.
+        let base = totals(
+            &eventually_json(&s.admin_url()).await,
+            &metric_deny(&s).await,
+        );
         let mut sent = Vec::with_capacity(plan.len());
         for tenant in plan {
             let before = minute_now();
@@ -209,15 +228,45 @@ async fn through_envoy(envs: &[(&str, &str)]) {
         let (answers, want) = model(&sent, 100, 50);
         let got: Vec<bool> = sent.iter().map(|s| s.ok).collect();
         assert_eq!(got, answers, "every answer is the enforced config's");
-        check_counts(&s, &names, &want).await;
+        check_counts(&s, &names, &want, base).await;
         return;
     }
     panic!("three runs each met a minute's edge");
 }
 
-/// The admin API's and /metrics' counts equal the model's (summed over the tenants of this run;
-/// earlier runs' tenants are counted too, so the check is on the difference they leave).
-async fn check_counts(s: &SluiceProcess, names: &[&'static str; 3], want: &Model) {
+/// The candidate's counts in an admin report (would admit, would deny, denied where admitted,
+/// admitted where denied) and its deny series in `/metrics`; zeros before its first request.
+fn totals(report: &serde_json::Value, deny_series: &Option<u64>) -> [u64; 5] {
+    let api = report["limits"]
+        .as_array()
+        .and_then(|l| l.iter().find(|l| l["name"] == "api-50"));
+    let count = |f: &str| {
+        api.and_then(|a| a[f].as_str())
+            .map_or(0, |v| v.parse::<u64>().expect("a count"))
+    };
+    [
+        count("wouldAdmit"),
+        count("wouldDeny"),
+        count("deniedWhereAdmitted"),
+        count("admittedWhereDenied"),
+        deny_series.unwrap_or(0),
+    ]
+}
+
+/// The value of the candidate's `verdict="deny"` series in `/metrics`, if it has one yet.
+async fn metric_deny(s: &SluiceProcess) -> Option<u64> {
+    let metrics = http(s.http, "GET", "/metrics", "").await.1;
+    let line = metrics.lines().find(|l| {
+        l.starts_with("sluice_candidate_decisions_total{")
+            && l.contains("name=\"api-50\"")
+            && l.contains("verdict=\"deny\"")
+    })?;
+    Some(line.rsplit(' ').next()?.parse().expect("a count"))
+}
+
+/// The admin API's and /metrics' counts are `base` plus the model's exactly (summed over this
+/// attempt's tenants), and the top consumers are this attempt's tenants over 50.
+async fn check_counts(s: &SluiceProcess, names: &[&'static str; 3], want: &Model, base: [u64; 5]) {
     let url = s.admin_url();
     let report = eventually_json(&url).await;
     let limits = report["limits"].as_array().expect("limits");
@@ -251,33 +300,20 @@ async fn check_counts(s: &SluiceProcess, names: &[&'static str; 3], want: &Model
             n => assert_eq!(top.get(&consumer), Some(&n), "{name}: {top:?}"),
         }
     }
-    let count = |f: &str| api[f].as_str().map_or(0, |v| v.parse::<u64>().unwrap_or(0));
-    // Only this run's tenants were sent since the candidate config was loaded, unless an
-    // earlier run was cut by a minute's edge: then its requests are in the counts too.
-    let earlier = (count("wouldAdmit") + count("wouldDeny")) - (sums[1] + sums[2]);
-    if earlier == 0 {
-        assert_eq!(
-            [
-                count("wouldAdmit"),
-                count("wouldDeny"),
-                count("deniedWhereAdmitted"),
-                count("admittedWhereDenied")
-            ],
-            [sums[1], sums[2], sums[3], sums[4]],
-            "{api}"
-        );
-        assert_eq!(sums[2], 80 + 20, "heavy 130 - 50, mid 70 - 50");
-        let metrics = http(s.http, "GET", "/metrics", "").await.1;
-        let line = metrics
-            .lines()
-            .find(|l| {
-                l.starts_with("sluice_candidate_decisions_total{")
-                    && l.contains("name=\"api-50\"")
-                    && l.contains("verdict=\"deny\"")
-            })
-            .unwrap_or_else(|| panic!("no candidate series:\n{metrics}"));
-        assert!(line.ends_with(&format!(" {}", sums[2])), "{line}");
-    }
+    assert_eq!(sums[2], 80 + 20, "heavy 130 - 50, mid 70 - 50");
+    let now = totals(&report, &metric_deny(s).await);
+    let added: Vec<i128> = now
+        .iter()
+        .zip(base)
+        .map(|(&n, b)| i128::from(n) - i128::from(b))
+        .collect();
+    let want: Vec<i128> = [sums[1], sums[2], sums[3], sums[4], sums[2]]
+        .map(i128::from)
+        .to_vec();
+    assert_eq!(
+        added, want,
+        "admin counts then the deny series, past {base:?}: {api}"
+    );
 }
 
 async fn eventually_json(url: &str) -> serde_json::Value {
@@ -443,4 +479,114 @@ async fn a_candidate_config_reloads_and_a_bad_one_is_named_and_kept_out() {
     assert_eq!(rows(&v), [("one".into(), 1, 2)]);
     assert_eq!(v["limits"][0]["top"][0]["consumer"], "k=v");
     assert_eq!(v["limits"][0]["top"][0]["denied"], "2");
+}
+
+const APART_ENFORCED: &str = "domain: apart
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: free
+";
+
+const APART_CANDIDATES: &str = "domain: apart
+descriptors:
+  - key: tenant
+    rate_limit: {name: t, unit: minute, requests_per_unit: 5}
+  - key: free
+    rate_limit: {name: f, unit: minute, requests_per_unit: 1}
+";
+
+/// (would admit, would deny, admitted where denied) of candidate `name` in domain `apart`.
+fn apart_counts(limiter: &sluice::service::RateLimiter, name: &str) -> (u64, u64, u64) {
+    let report = limiter.candidates().report("apart", 0);
+    report
+        .iter()
+        .find(|r| r.name == name)
+        .map_or((0, 0, 0), |r| {
+            (r.would_admit, r.would_deny, r.admitted_where_denied)
+        })
+}
+
+/// `request`'s answer from `s`, which must not wait on a call held at the store's gate: a
+/// bound only a hang reaches (it turns one into a failure), never a latency asserted.
+async fn answered(
+    s: &crate::support::TestServer,
+    request: sluice::proto::RateLimitRequest,
+) -> sluice::proto::rate_limit_response::Code {
+    let r = tokio::time::timeout(std::time::Duration::from_secs(60), s.call(request))
+        .await
+        .expect("answered without waiting on the candidates' held call");
+    crate::support::code(&r)
+}
+
+/// Candidates whose request makes no store call for them to ride in (a request only
+/// candidates match, one the deny cache answers) are decided in a call of their own, after
+/// the answer: the answer neither waits on that call (held at the store's gate here) nor
+/// fails with it (a failed call only counts them lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn candidates_apart_never_hold_or_change_the_answer() {
+    use crate::support::{code, rules, TestServer, T0};
+    use sluice::clock::ManualClock;
+    use sluice::proto::rate_limit_response::Code;
+    use sluice::service::ServiceOptions;
+    use sluice::store::fake::FakeStore;
+    use sluice::store::local_cache::LocalDenyCache;
+    use sluice::store::{DenialFinality, StoreError, StoreSignals, StoreStack};
+
+    let clock = ManualClock::new(T0);
+    let fake = Arc::new(FakeStore::gated(Arc::new(clock.clone())));
+    let cache = Arc::new(LocalDenyCache::new(
+        Arc::clone(&fake),
+        1 << 20,
+        Arc::new(clock.clone()),
+        DenialFinality::Always,
+    ));
+    let stack = StoreStack::new(cache, StoreSignals::new("test"));
+    let options = ServiceOptions::default();
+    let s = TestServer::start_stack(APART_ENFORCED, options, stack, clock.clone()).await;
+    let limiter = Arc::clone(s.running.as_ref().expect("running").limiter());
+    limiter.replace_candidates(rules(APART_CANDIDATES));
+
+    // Only a candidate matches `free`: answered at once, its call held at the gate.
+    assert_eq!(answered(&s, one("apart", &[("free", "x")])).await, Code::Ok);
+    fake.wait_calls(1).await;
+    assert_eq!(apart_counts(&limiter, "f"), (0, 0, 0), "not decided yet");
+    fake.open(1);
+    eventually("the held candidate call counted", || {
+        let l = Arc::clone(&limiter);
+        async move { apart_counts(&l, "f") == (1, 0, 0) }
+    })
+    .await;
+
+    // The tenant, enforced 1 a minute: the first two through the store (candidates riding),
+    // the third denied by the deny cache with its candidates' call held at the gate.
+    let tenant = one("apart", &[("tenant", "acme")]);
+    let mut codes = Vec::new();
+    for _ in 0..2 {
+        fake.open(1);
+        codes.push(code(&s.call(tenant.clone()).await));
+    }
+    assert_eq!(fake.calls(), 3, "one call each, candidates riding in it");
+    codes.push(answered(&s, tenant.clone()).await);
+    assert_eq!(codes, [Code::Ok, Code::OverLimit, Code::OverLimit]);
+    fake.wait_calls(4).await;
+    assert_eq!(apart_counts(&limiter, "t"), (2, 0, 1));
+    // That call fails: the answer was given; the candidates are lost, nothing else.
+    fake.fail_with(Some(StoreError::Transient("down".into())));
+    fake.open(1);
+    eventually("the failed call counted lost", || {
+        let l = Arc::clone(&limiter);
+        async move { l.candidates().lost() == 1 }
+    })
+    .await;
+    assert_eq!(apart_counts(&limiter, "t"), (2, 0, 1));
+
+    // With the store down, a request only candidates match is still answered OK at once.
+    fake.open(1);
+    assert_eq!(answered(&s, one("apart", &[("free", "y")])).await, Code::Ok);
+    eventually("lost again", || {
+        let l = Arc::clone(&limiter);
+        async move { l.candidates().lost() == 2 }
+    })
+    .await;
 }

@@ -737,6 +737,7 @@ impl CounterStore for OneAtATime {
                     steps: 1,
                     at: sluice::store::DecidedAt::Unknown,
                     beside_lost: false,
+                    beside_apart: false,
                     leases: Vec::new(),
                 });
             }

@@ -98,6 +98,7 @@ impl Shared {
                 local: false,
                 steps: 0,
                 beside_lost: false,
+                beside_apart: false,
                 leases: Vec::new(),
             },
         };

@@ -443,6 +443,39 @@ impl Decider for LocalFallback {
         checks: Vec<LimitCheck>,
         deadline: Option<Instant>,
     ) -> BoxFuture<'_, Result<Decision, StoreError>> {
+        // Candidate checks (`CANDIDATE_CONFIG`) never enter what follows: no candidate is
+        // decided locally, written back, or suspects a slot. Alone (the service's call apart),
+        // they go to the store within the budget; beside enforced ones, they are left out for
+        // the service to decide apart.
+        let enforced = crate::store::enforced_len(&checks);
+        if enforced == 0 {
+            let (inner, budget) = (Arc::clone(&self.shared.inner), self.shared.settings.budget);
+            return Box::pin(async move {
+                match tokio::time::timeout(budget, inner.decide(&checks)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(StoreError::Transient("candidate checks: no answer".into())),
+                }
+            });
+        }
+        let apart = enforced < checks.len();
+        let mut checks = checks;
+        checks.truncate(enforced);
+        let decided = self.decide_enforced(checks, deadline);
+        Box::pin(async move {
+            let mut d = decided.await?;
+            d.beside_apart = apart;
+            Ok(d)
+        })
+    }
+}
+
+impl LocalFallback {
+    /// [`Decider::decide_by`] for a request's enforced checks.
+    fn decide_enforced(
+        &self,
+        checks: Vec<LimitCheck>,
+        deadline: Option<Instant>,
+    ) -> BoxFuture<'_, Result<Decision, StoreError>> {
         Box::pin(async move {
             let s = &self.shared;
             if s.skip_store(&checks) {

@@ -525,10 +525,8 @@ impl CounterStore for Arc<GlobalGrants> {
                 at: if cut_off { Fallback } else { Unknown }, // denied for want of home
                 admitted: outcomes.iter().all(|o| o.allowed),
                 outcomes,
-                local: false,
                 steps: 1,
-                beside_lost: false,
-                leases: Vec::new(),
+                ..Decision::default()
             })
         })
     }

@@ -76,10 +76,6 @@ impl Job {
     fn keys(&self) -> usize {
         self.call.keys.len() + self.beside.as_ref().map_or(0, |b| b.keys.len())
     }
-
-    fn records(&self) -> bool {
-        self.call.records() || self.beside.as_ref().is_some_and(Call::records)
-    }
 }
 
 /// Standalone Redis: sends concurrent decisions together. It keeps at most `in_flight` script
@@ -125,8 +121,15 @@ pub(super) async fn batcher(
         }
         // A caller that gave up while queued (Envoy's deadline) is not decided: its request
         // would be charged with nobody told. Usage it records is: Envoy reports the tokens a
-        // response used and cancels the call at its timeout, but the tokens are spent.
-        jobs.retain(|j| !j.reply.is_closed() || j.records());
+        // response used and cancels the call at its timeout, but the tokens are spent. Its
+        // candidates never are: nobody would count what they decided.
+        jobs.retain_mut(|j| {
+            if !j.reply.is_closed() {
+                return true;
+            }
+            j.beside = None;
+            j.call.records()
+        });
         if jobs.is_empty() {
             continue;
         }

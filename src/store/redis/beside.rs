@@ -4,8 +4,8 @@
 //! can never change the enforced answer. Standalone Redis sends both in the request's EVALSHA
 //! (`standalone.rs`); on a Cluster both go in one call when every key of the request is in one
 //! slot (a candidate on the same descriptor as the enforced limit shares its hash tag), else
-//! the candidates are decided in calls of their own, concurrently, and a failure of theirs
-//! only marks them lost ([`Decision::beside_lost`]).
+//! the enforced checks go alone and the candidates are left to the service, which decides
+//! them in a call of their own after the answer ([`Decision::beside_apart`]).
 
 use super::batch::run_batch;
 use super::cluster::{group_slot, groups, Cluster};
@@ -26,50 +26,28 @@ impl Cluster {
         checks: &[LimitCheck],
     ) -> Result<Decision, StoreError> {
         let (own, beside) = split(checks);
-        // A request that records usage takes the path that outlives its caller (`decide`).
-        let records = checks.iter().any(|c| c.record && c.hits > 0);
-        if groups(checks).len() == 1 && !records {
-            return self.one_call(common, checks, (&own, &beside)).await;
-        }
-        let sub = |idx: &[usize]| idx.iter().map(|&i| checks[i].clone()).collect::<Vec<_>>();
-        let (own_checks, beside_checks) = (sub(&own), sub(&beside));
-        // Boxed: `decide` leads back here (never for these halves, which are one kind each).
-        let (enforced, candidates) = tokio::join!(
-            Box::pin(self.decide(common, &own_checks)),
-            Box::pin(self.decide(common, &beside_checks))
-        );
-        let mut enforced = enforced.map_err(|e| e.widened(&own, checks.len()))?;
-        let (outcomes, leases) = (
-            std::mem::take(&mut enforced.outcomes),
-            std::mem::take(&mut enforced.leases),
-        );
-        let mut d = Decision {
-            outcomes: vec![DENIED; checks.len()],
-            ..enforced
-        };
-        for (o, &i) in outcomes.into_iter().zip(&own) {
-            d.outcomes[i] = o;
-        }
-        if !leases.is_empty() {
-            d.leases = vec![crate::store::LeaseEffect::default(); checks.len()];
-            for (l, &i) in leases.into_iter().zip(&own) {
-                d.leases[i] = l;
+        if groups(checks).len() == 1 {
+            if !checks.iter().any(|c| c.record && c.hits > 0) {
+                return self.one_call(common, checks, (&own, &beside)).await;
             }
+            // Recorded usage must reach Redis even if the caller gives up: its own task, as
+            // `decide` runs such a request.
+            let (me, common, owned) = (Arc::clone(self), Arc::clone(common), checks.to_vec());
+            let task = common.runtime.clone().spawn(async move {
+                me.one_call(&common, &owned, (&own, &beside)).await
+            });
+            return task.await.unwrap_or_else(|e| {
+                Err(StoreError::Permanent(format!("decision task failed: {e}")))
+            });
         }
-        match candidates {
-            Ok(c) => {
-                d.steps += c.steps;
-                for (k, &i) in beside.iter().enumerate() {
-                    if let Some(o) = c.outcomes.get(k) {
-                        d.outcomes[i] = *o;
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "candidate limits not decided");
-                d.beside_lost = true;
-            }
-        }
+        // Apart: the enforced checks alone, the candidates left for the service to decide in
+        // a call of their own after the answer (never holding it).
+        let own_checks: Vec<LimitCheck> = own.iter().map(|&i| checks[i].clone()).collect();
+        // Boxed: `decide` leads back here (never for these checks, all enforced).
+        let mut d = Box::pin(self.decide(common, &own_checks))
+            .await
+            .map_err(|e| e.widened(&own, checks.len()))?;
+        d.beside_apart = true;
         Ok(d)
     }
 
@@ -97,16 +75,17 @@ impl Cluster {
         common.record_health(group_slot(checks, own), &r);
         let replies = r?;
         let (mut outcomes, mut leases) = (vec![DENIED; checks.len()], Vec::new());
-        let mut admitted = false;
+        let (mut admitted, mut beside_lost) = (false, false);
         for (n, ((call, idx), values)) in calls.iter().zip([own, beside]).zip(&replies).enumerate()
         {
             let into = codec::Fold {
                 outcomes: &mut outcomes,
                 leases: &mut leases,
             };
-            let ok = codec::decode(values, call.layout(), idx, into)?;
-            if n == 0 {
-                admitted = ok;
+            match (n, codec::decode(values, call.layout(), idx, into)) {
+                (0, r) => admitted = r?,
+                // A candidates' reply that cannot be read loses them, never the answer.
+                (_, r) => beside_lost = r.is_err(),
             }
         }
         Ok(Decision {
@@ -115,7 +94,8 @@ impl Cluster {
             outcomes,
             local: false,
             steps: 1,
-            beside_lost: false,
+            beside_lost,
+            beside_apart: false,
             leases,
         })
     }

@@ -121,6 +121,7 @@ impl Cluster {
                 local: false,
                 steps: 1,
                 beside_lost: false,
+                beside_apart: false,
                 leases,
             });
         }
@@ -447,6 +448,7 @@ impl Spanning {
             local: false,
             steps: self.steps,
             beside_lost: false,
+            beside_apart: false,
             leases: self.leases,
         })
     }

@@ -136,13 +136,15 @@ impl Standalone {
             leases: &mut leases,
         };
         let admitted = codec::decode(&values, layout, &own, into)? || !enforced;
+        let mut beside_lost = false;
         if let (Some(v), Some(layout)) = (beside_values, beside_layout) {
             let mut no_leases = Vec::new();
             let into = codec::Fold {
                 outcomes: &mut outcomes,
                 leases: &mut no_leases,
             };
-            codec::decode(&v, layout, &beside, into)?;
+            // A candidates' reply that cannot be read loses them, never the answer.
+            beside_lost = codec::decode(&v, layout, &beside, into).is_err();
         }
         Ok(Decision {
             at: crate::store::DecidedAt::Unknown,
@@ -150,7 +152,8 @@ impl Standalone {
             outcomes,
             local: false,
             steps: 1,
-            beside_lost: false,
+            beside_lost,
+            beside_apart: false,
             leases,
         })
     }

@@ -46,14 +46,19 @@ impl SlicedDecider {
         // Sent down: every check not decided from a slice; only the recording ones when the
         // slices deny the request (they are charged whatever the verdict). A global limit's go
         // to its home store, in a call of their own (ordinary checks on the one global counter).
-        // Candidate checks (`CANDIDATE_CONFIG`) are a request of their own: always sent.
+        // Candidate checks (`CANDIDATE_CONFIG`) ride in the regional store's call if there is
+        // one; never is a call made for them alone (the service decides them apart).
         let sent = |i: &usize| {
             let c = &checks[*i];
-            taken[*i].is_none() && (!denied || c.record || c.candidate)
+            !c.candidate && taken[*i].is_none() && (!denied || c.record)
         };
-        let (home_idx, idx): (Vec<usize>, Vec<usize>) = (0..n)
+        let (home_idx, mut idx): (Vec<usize>, Vec<usize>) = (0..n)
             .filter(sent)
             .partition(|&i| global_elsewhere(&checks[i]));
+        let beside_apart = idx.is_empty() && checks.iter().any(|c| c.candidate);
+        if !idx.is_empty() {
+            idx.extend((0..n).filter(|&i| checks[i].candidate));
+        }
         let at_home = if home_idx.is_empty() {
             None
         } else {
@@ -72,7 +77,12 @@ impl SlicedDecider {
                 }
             }
         };
-        Ok(self.assemble(&checks, taken, (&idx, below), (&home_idx, at_home), now))
+        let mut d = self.assemble(&checks, taken, (&idx, below), (&home_idx, at_home), now);
+        if beside_apart {
+            d.outcomes.truncate(crate::store::enforced_len(&checks));
+            d.beside_apart = true;
+        }
+        Ok(d)
     }
 
     /// A global limit's checks that no slice decides, on the home store within the request's
@@ -99,6 +109,7 @@ impl SlicedDecider {
             local: false,
             steps: 0,
             beside_lost: false,
+            beside_apart: false,
             leases: Vec::new(),
         };
         let Some(home) = self.slices.home() else {
@@ -209,6 +220,7 @@ impl SlicedDecider {
             local: false,
             steps,
             beside_lost,
+            beside_apart: false,
             leases,
         }
     }
