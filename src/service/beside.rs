@@ -40,6 +40,51 @@ pub(super) struct Beside {
     kept: Vec<(usize, usize)>,
     /// Candidate limits matched past [`MAX_CANDIDATE_CHECKS`].
     pub(super) over_budget: usize,
+    /// Per kept candidate: the enforced count it is judged on instead of a counter of its own
+    /// ([`Beside::judge_on`]), and once the enforced decision is known, its verdict.
+    on: Vec<Option<On>>,
+}
+
+/// A candidate judged on an enforced check's count: a fixed window no looser than the enforced
+/// one, on the same counter's descriptor and window, both recording every hit (envoyproxy
+/// counting). Both counters would hold the same count, so the enforced one's, read from its
+/// outcome, is the candidate's: no key of its own, no work in the store (the common case of
+/// trying a lower limit costs nothing there).
+#[derive(Debug, Clone, Copy)]
+struct On {
+    /// The enforced check's index in the request.
+    enforced: usize,
+    enforced_limit: u64,
+    limit: u64,
+    /// Its verdict, once judged; `None` before, or when the enforced outcome was not the
+    /// store's count (a fallback's).
+    verdict: Option<bool>,
+}
+
+/// Whether candidate `c` can be judged on enforced check `e`'s count (see [`On`]).
+fn same_count(c: &LimitCheck, e: &LimitCheck) -> bool {
+    use crate::config::Algorithm::FixedWindow;
+    let (ck, ek) = (&c.key, &e.key);
+    let plain = |x: &LimitCheck| {
+        x.record
+            && !x.stop_over
+            && !x.refund
+            && x.hits > 0
+            && x.lease.is_none()
+            && !x.leased
+            && x.slice.is_none()
+            && x.admin_limit.is_none()
+            && !x.key.overridden
+            && x.key.limit.algorithm == FixedWindow
+    };
+    plain(c)
+        && plain(e)
+        && ck.domain == ek.domain
+        && ck.entries == ek.entries
+        && ck.limit.period == ek.limit.period
+        && ck.limit.requests_per_unit <= ek.limit.requests_per_unit
+        && c.hits == e.hits
+        && c.window == e.window
 }
 
 /// The candidate checks `rules` give `request`, if any: `now_us` gives calendar windows.
@@ -86,6 +131,7 @@ pub(super) fn plan_beside(
     let mut kept = kept;
     kept.truncate(MAX_CANDIDATE_CHECKS);
     (!kept.is_empty()).then_some(Beside {
+        on: vec![None; kept.len()],
         plan,
         kept,
         over_budget,
@@ -93,36 +139,99 @@ pub(super) fn plan_beside(
 }
 
 impl Beside {
-    /// The checks to decide beside the enforced ones (in [`Beside::seen`]'s order).
-    pub(super) fn checks(&self) -> impl Iterator<Item = LimitCheck> + '_ {
-        self.kept.iter().map(|&(j, _)| {
-            let l = &self.plan.limits[j];
-            let mut c = l.check.clone();
-            c.candidate = true;
-            c.key.candidate = true;
-            // The rule's own shadow_mode, not the global SHADOW_MODE: what is tried is the
-            // candidate as it would be enforced.
-            c.shadow = l.shadow;
-            c
-        })
+    /// Marks the candidates that can be judged on one of the request's `enforced` checks'
+    /// count ([`On`]): they are not sent to the store.
+    pub(super) fn judge_on(&mut self, enforced: &[LimitCheck]) {
+        // A request that stops charging when a key is over leaves some recording checks
+        // undecided when the deny cache answers it: no count to read there.
+        if enforced.iter().any(|e| e.stop_over) {
+            return;
+        }
+        for (k, &(j, _)) in self.kept.iter().enumerate() {
+            let c = &self.plan.limits[j].check;
+            let mut found = enforced
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| same_count(c, e));
+            // One enforced check on that counter, no more (two would be charged in turn).
+            if let (Some((i, e)), None) = (found.next(), found.next()) {
+                let same_key = enforced.iter().filter(|x| x.key == e.key).count() == 1;
+                self.on[k] = same_key.then_some(On {
+                    enforced: i,
+                    enforced_limit: u64::from(e.key.limit.requests_per_unit),
+                    limit: u64::from(c.key.limit.requests_per_unit),
+                    verdict: None,
+                });
+            }
+        }
     }
 
-    /// What each candidate limit did, from the outcomes of [`Beside::checks`].
-    pub(super) fn seen<'a>(&'a self, outcomes: &[Outcome], domain: &'a str) -> Vec<Seen<'a>> {
+    /// Judges the candidates of [`Beside::judge_on`] on the enforced outcomes (`fallback`: they
+    /// are not the store's counts, and judge nothing).
+    pub(super) fn judge(&mut self, enforced: &[Outcome], fallback: bool) {
+        for on in self.on.iter_mut().flatten() {
+            on.verdict = match enforced.get(on.enforced) {
+                // Recorded: admitted when the count after is within the limit, and then
+                // `remaining` is the limit less that count; denied, the count is past the
+                // enforced limit, no lower than the candidate's.
+                Some(o) if !fallback => Some(
+                    o.allowed
+                        && on.enforced_limit.saturating_sub(u64::from(o.remaining)) <= on.limit,
+                ),
+                _ => None,
+            };
+        }
+    }
+
+    /// Whether some candidate needs the store (is not judged on an enforced count).
+    pub(super) fn needs_call(&self) -> bool {
+        self.on.iter().any(Option::is_none)
+    }
+
+    /// The checks to decide beside the enforced ones (in [`Beside::seen`]'s order).
+    pub(super) fn checks(&self) -> impl Iterator<Item = LimitCheck> + '_ {
         self.kept
             .iter()
-            .zip(outcomes)
-            .map(|(&(j, d), o)| {
+            .zip(&self.on)
+            .filter(|(_, on)| on.is_none())
+            .map(|(&(j, _), _)| {
                 let l = &self.plan.limits[j];
-                Seen {
+                let mut c = l.check.clone();
+                c.candidate = true;
+                c.key.candidate = true;
+                // The rule's own shadow_mode, not the global SHADOW_MODE: what is tried is the
+                // candidate as it would be enforced.
+                c.shadow = l.shadow;
+                c
+            })
+    }
+
+    /// What each candidate limit did, from the outcomes of [`Beside::checks`] and the
+    /// verdicts [`Beside::judge`] gave; `None` if some candidate has neither.
+    pub(super) fn seen<'a>(
+        &'a self,
+        outcomes: &[Outcome],
+        domain: &'a str,
+    ) -> Option<Vec<Seen<'a>>> {
+        let mut sent = outcomes.iter();
+        self.kept
+            .iter()
+            .zip(&self.on)
+            .map(|(&(j, d), on)| {
+                let allowed = match on {
+                    Some(on) => on.verdict?,
+                    None => sent.next()?.allowed,
+                };
+                let l = &self.plan.limits[j];
+                Some(Seen {
                     domain,
                     key: &self.plan.descriptors[d].stat_key,
                     name: &l.name,
                     limit: &l.check.key.limit,
                     entries: &l.check.key.entries,
                     hits: l.check.hits,
-                    allowed: o.allowed,
-                }
+                    allowed,
+                })
             })
             .collect()
     }
@@ -155,10 +264,10 @@ impl Apart {
             let checks: Vec<LimitCheck> = beside.checks().collect();
             let call = self.decider.decide_by(checks, None);
             match tokio::time::timeout(APART_BUDGET, call).await {
-                Ok(Ok(d)) if !d.beside_lost && d.outcomes.len() == beside.kept.len() => {
-                    self.candidates
-                        .record(&beside.seen(&d.outcomes, &domain), admitted);
-                }
+                Ok(Ok(d)) if !d.beside_lost => match beside.seen(&d.outcomes, &domain) {
+                    Some(seen) => self.candidates.record(&seen, admitted),
+                    None => self.candidates.record_lost(),
+                },
                 _ => self.candidates.record_lost(),
             }
             drop(permit);

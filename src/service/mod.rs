@@ -429,7 +429,7 @@ impl RateLimiter {
         if self.overrides.is_active() {
             self.overrides.apply(&mut plan, self.now_ms());
         }
-        let beside = self.candidates.rules().and_then(|rules| {
+        let mut beside = self.candidates.rules().and_then(|rules| {
             beside::plan_beside(&rules, request, &self.options, || self.now_us())
         });
         if plan.limits.is_empty() {
@@ -448,7 +448,8 @@ impl RateLimiter {
         );
         let mut checks = plan.checks();
         let enforced = checks.len();
-        if let Some(b) = &beside {
+        if let Some(b) = &mut beside {
+            b.judge_on(&checks);
             checks.extend(b.checks());
         }
         let result = self.decider.decide_by(checks, deadline).await;
@@ -468,12 +469,15 @@ impl RateLimiter {
                 decision.leases.truncate(enforced);
                 let response = self.answer(request, &plan, Verdict::Decided(&decision));
                 let admitted = response.overall_code != Code::OverLimit as i32;
-                match beside {
-                    Some(b) if decision.beside_apart => {
-                        self.decide_apart(b, &request.domain, admitted)
+                if let Some(mut b) = beside {
+                    let fallback = decision.at == crate::store::DecidedAt::Fallback;
+                    b.judge(&decision.outcomes, fallback);
+                    match decision.beside_apart && b.needs_call() {
+                        true => self.decide_apart(b, &request.domain, admitted),
+                        false => {
+                            self.count_beside(&b, &tried, &decision, admitted, &request.domain)
+                        }
                     }
-                    Some(b) => self.count_beside(&b, &tried, &decision, admitted, &request.domain),
-                    None => {}
                 }
                 Ok(response)
             }
@@ -504,12 +508,10 @@ impl RateLimiter {
         if beside.over_budget > 0 {
             self.candidates.record_over_budget(beside.over_budget);
         }
-        if decision.beside_lost {
-            self.candidates.record_lost();
-            return;
+        match beside.seen(tried, domain) {
+            Some(seen) if !decision.beside_lost => self.candidates.record(&seen, admitted),
+            _ => self.candidates.record_lost(),
         }
-        self.candidates
-            .record(&beside.seen(tried, domain), admitted);
     }
 
     /// Decides the request's candidate checks in a call of their own, spawned: the answer is

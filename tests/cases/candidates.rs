@@ -34,7 +34,11 @@ async fn verdicts(store: &Arc<dyn CounterStore>, checks: &[LimitCheck]) -> (bool
     let mut seen: Vec<bool> = d.outcomes.iter().map(|o| o.allowed).collect();
     if d.beside_apart {
         let enforced = sluice::store::enforced_len(checks);
-        assert_eq!(seen.len(), enforced, "no outcome for a candidate left apart");
+        assert_eq!(
+            seen.len(),
+            enforced,
+            "no outcome for a candidate left apart"
+        );
         let apart = store.decide(&checks[enforced..]).await.expect("decide");
         seen.extend(apart.outcomes.iter().map(|o| o.allowed));
     }
@@ -345,6 +349,11 @@ async fn enforced_100_and_candidate_50_through_envoy_on_memory() {
 async fn enforced_100_and_candidate_50_through_envoy_on_redis() {
     let redis = start_redis(&[]).await;
     through_envoy(&[("REDIS_URL", redis.url().as_str())]).await;
+    // The candidate lowers the enforced limit on its descriptor and window, both recording
+    // every hit: judged on the enforced count, it has no counter of its own in Redis.
+    let keys = redis.keys_with_ttl();
+    assert!(keys.iter().any(|(k, _)| k.contains(":100:")), "{keys:?}");
+    assert!(!keys.iter().any(|(k, _)| k.ends_with(":k")), "{keys:?}");
 }
 
 /// `sluice admin candidates d` on `s`, as JSON.

@@ -33,9 +33,10 @@ impl Cluster {
             // Recorded usage must reach Redis even if the caller gives up: its own task, as
             // `decide` runs such a request.
             let (me, common, owned) = (Arc::clone(self), Arc::clone(common), checks.to_vec());
-            let task = common.runtime.clone().spawn(async move {
-                me.one_call(&common, &owned, (&own, &beside)).await
-            });
+            let task = common
+                .runtime
+                .clone()
+                .spawn(async move { me.one_call(&common, &owned, (&own, &beside)).await });
             return task.await.unwrap_or_else(|e| {
                 Err(StoreError::Permanent(format!("decision task failed: {e}")))
             });
