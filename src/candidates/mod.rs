@@ -99,6 +99,8 @@ pub struct Candidates {
     overflow: AtomicU64,
     lost: AtomicU64,
     budget: AtomicU64,
+    /// Candidate configs put in force, and reloads refused (the previous one kept).
+    loads: [AtomicU64; 2],
     /// Unix seconds the counts started (the candidate config's load).
     since: AtomicU64,
 }
@@ -126,6 +128,7 @@ impl Candidates {
         self.lost.store(0, Ordering::Relaxed);
         self.budget.store(0, Ordering::Relaxed);
         self.since.store(now_s, Ordering::Relaxed);
+        self.loads[0].fetch_add(1, Ordering::Relaxed);
         *self.rules.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(rules));
     }
 
@@ -152,6 +155,11 @@ impl Candidates {
     /// Candidate limits not decided for want of the per-request budget.
     pub fn over_budget(&self) -> u64 {
         self.budget.load(Ordering::Relaxed)
+    }
+
+    /// A candidate config reload was refused: the one in force stays, its counts go on.
+    pub fn record_failed_load(&self) {
+        self.loads[1].fetch_add(1, Ordering::Relaxed);
     }
 
     /// A request's candidate checks were not decided.
@@ -296,6 +304,17 @@ impl Candidates {
             self.lost(),
             self.overflow(),
             self.over_budget()
+        );
+        let _ = write!(
+            out,
+            "# HELP sluice_candidate_config_loads_total Candidate configs (CANDIDATE_CONFIG) put \
+             in force (success; their counts start over) and reloads refused (failure; the \
+             candidates in force stay).\n\
+             # TYPE sluice_candidate_config_loads_total counter\n\
+             sluice_candidate_config_loads_total{{result=\"success\"}} {}\n\
+             sluice_candidate_config_loads_total{{result=\"failure\"}} {}\n",
+            self.loads[0].load(Ordering::Relaxed),
+            self.loads[1].load(Ordering::Relaxed)
         );
     }
 }

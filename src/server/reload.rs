@@ -68,6 +68,7 @@ pub(crate) async fn watch(limiter: Arc<RateLimiter>, settings: ReloadSettings, m
                     errors = %errors,
                     "candidate config reload failed; the previous candidates stay in force"
                 );
+                limiter.candidates().record_failed_load();
             }
             Ok(rules) => {
                 super::log_config_loaded(&rules, Some(&settings.path), limiter.options().counting);

@@ -469,15 +469,8 @@ impl RateLimiter {
                 decision.leases.truncate(enforced);
                 let response = self.answer(request, &plan, Verdict::Decided(&decision));
                 let admitted = response.overall_code != Code::OverLimit as i32;
-                if let Some(mut b) = beside {
-                    let fallback = decision.at == crate::store::DecidedAt::Fallback;
-                    b.judge(&decision.outcomes, fallback);
-                    match decision.beside_apart && b.needs_call() {
-                        true => self.decide_apart(b, &request.domain, admitted),
-                        false => {
-                            self.count_beside(&b, &tried, &decision, admitted, &request.domain)
-                        }
-                    }
+                if let Some(b) = beside {
+                    self.count_beside(b, &tried, &decision, admitted, &request.domain);
                 }
                 Ok(response)
             }
@@ -497,14 +490,20 @@ impl RateLimiter {
 
     /// What the request's candidate limits would have done, beside what was answered
     /// (`admitted`: whether the enforced config admitted it).
+    /// Those the store left apart are decided in a call of their own ([`beside::Apart`]).
     fn count_beside(
         &self,
-        beside: &beside::Beside,
+        mut beside: beside::Beside,
         tried: &[crate::store::Outcome],
         decision: &crate::store::Decision,
         admitted: bool,
         domain: &str,
     ) {
+        let fallback = decision.at == crate::store::DecidedAt::Fallback;
+        beside.judge(&decision.outcomes, fallback);
+        if decision.beside_apart && beside.needs_call() {
+            return self.decide_apart(beside, domain, admitted);
+        }
         if beside.over_budget > 0 {
             self.candidates.record_over_budget(beside.over_budget);
         }

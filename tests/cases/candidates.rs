@@ -453,7 +453,8 @@ async fn a_candidate_config_reloads_and_a_bad_one_is_named_and_kept_out() {
     send(3).await;
     assert_eq!(rows(&candidates_of(&s, "d").await), [("two".into(), 2, 1)]);
     // A new candidate: reloaded, counted from zero, on its own counter.
-    certs::write(&cand_dir, "c.yaml", &candidate_yaml("one", 1));
+    // Atomic replaces: a half-written file read would count a refused load.
+    certs::replace_atomically(&cand_dir.join("c.yaml"), &candidate_yaml("one", 1));
     eventually("the new candidate is in force", || async {
         rows(&candidates_of(&s, "d").await).is_empty()
     })
@@ -461,13 +462,18 @@ async fn a_candidate_config_reloads_and_a_bad_one_is_named_and_kept_out() {
     send(2).await;
     assert_eq!(rows(&candidates_of(&s, "d").await), [("one".into(), 1, 1)]);
     // A bad one: logged, and the candidate in force stays, counts and all.
-    certs::write(&cand_dir, "c.yaml", "domain: d\ndescriptors: [oops\n");
+    certs::replace_atomically(&cand_dir.join("c.yaml"), "domain: d\ndescriptors: [oops\n");
     eventually("the bad candidate reload is logged", || async {
         s.log().contains("candidate config reload failed")
     })
     .await;
     send(1).await;
     assert_eq!(rows(&candidates_of(&s, "d").await), [("one".into(), 1, 2)]);
+    let metrics = http(s.http, "GET", "/metrics", "").await.1;
+    for (result, n) in [("success", 2), ("failure", 1)] {
+        let line = format!("sluice_candidate_config_loads_total{{result=\"{result}\"}} {n}");
+        assert!(metrics.lines().any(|l| l == line), "{line}:\n{metrics}");
+    }
     // grpcurl, through the admin listener's reflection, reads the same.
     let addr = s.admin_url().trim_start_matches("http://").to_string();
     let (ok, out, err) = tokio::task::spawn_blocking(move || {

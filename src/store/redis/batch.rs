@@ -73,6 +73,18 @@ pub(super) struct Job {
 pub(super) type Replies = (Vec<i64>, Option<Vec<i64>>);
 
 impl Job {
+    /// Whether to send it: a caller that gave up while queued (Envoy's deadline) is not
+    /// decided, its request would be charged with nobody told. Usage it records is: Envoy
+    /// reports the tokens a response used and cancels the call at its timeout, but the tokens
+    /// are spent. Its candidates never are: nobody would count what they decided.
+    fn still_wanted(&mut self) -> bool {
+        if !self.reply.is_closed() {
+            return true;
+        }
+        self.beside = None;
+        self.call.records()
+    }
+
     fn keys(&self) -> usize {
         self.call.keys.len() + self.beside.as_ref().map_or(0, |b| b.keys.len())
     }
@@ -119,17 +131,7 @@ pub(super) async fn batcher(
                 Err(_) => break,
             }
         }
-        // A caller that gave up while queued (Envoy's deadline) is not decided: its request
-        // would be charged with nobody told. Usage it records is: Envoy reports the tokens a
-        // response used and cancels the call at its timeout, but the tokens are spent. Its
-        // candidates never are: nobody would count what they decided.
-        jobs.retain_mut(|j| {
-            if !j.reply.is_closed() {
-                return true;
-            }
-            j.beside = None;
-            j.call.records()
-        });
+        jobs.retain_mut(Job::still_wanted);
         if jobs.is_empty() {
             continue;
         }

@@ -217,11 +217,10 @@ impl SlicedDecider {
             at,
             admitted,
             outcomes,
-            local: false,
             steps,
             beside_lost,
-            beside_apart: false,
             leases,
+            ..Decision::default()
         }
     }
 }
