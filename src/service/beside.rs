@@ -14,7 +14,6 @@ use crate::proto::RateLimitRequest;
 use crate::store::{Decider, LimitCheck, Outcome};
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::Semaphore;
 
 /// Candidate checks one request carries at most: the budget on the work candidates add to a
@@ -27,9 +26,6 @@ pub(super) const MAX_CANDIDATE_CHECKS: usize = 8;
 /// request's candidates are not decided (counted `reason="lost"`), so a slow store never piles
 /// up tasks.
 pub(super) const MAX_APART_CALLS: usize = 256;
-
-/// How long a call apart may take before its candidates count as lost.
-const APART_BUDGET: Duration = Duration::from_secs(1);
 
 /// The candidate checks of one request.
 #[derive(Debug)]
@@ -46,45 +42,61 @@ pub(super) struct Beside {
 }
 
 /// A candidate judged on an enforced check's count: a fixed window no looser than the enforced
-/// one, on the same counter's descriptor and window, both recording every hit (envoyproxy
-/// counting). Both counters would hold the same count, so the enforced one's, read from its
-/// outcome, is the candidate's: no key of its own, no work in the store (the common case of
-/// trying a lower limit costs nothing there).
+/// one (as configured), on the same descriptor and window, both recording every hit
+/// (envoyproxy counting). Both counters would hold the same count, so the enforced one's, read
+/// from its outcome, is the candidate's: no key of its own, no work in the store (the common
+/// case of trying a lower limit costs nothing there).
 #[derive(Debug, Clone, Copy)]
 struct On {
-    /// The enforced check's index in the request.
-    enforced: usize,
+    /// The enforced check's index in the request; `None`: the request leaves the enforced
+    /// count unknowable for this candidate (Envoy's `limit` override moved its hits to another
+    /// counter, two checks on one counter, a lease or a slice): counted lost, never on a
+    /// counter of its own, which would then hold only some of the hits.
+    enforced: Option<usize>,
+    /// The limit the enforced check was decided against (an admin override's, if any).
     enforced_limit: u64,
     limit: u64,
-    /// Its verdict, once judged; `None` before, or when the enforced outcome was not the
-    /// store's count (a fallback's).
+    /// Its verdict, once judged; `None` before, or when the enforced outcome does not tell.
     verdict: Option<bool>,
 }
 
-/// Whether candidate `c` can be judged on enforced check `e`'s count (see [`On`]).
-fn same_count(c: &LimitCheck, e: &LimitCheck) -> bool {
+/// How candidate `c` is judged among the request's `enforced` checks: `None` on a counter of
+/// its own (no enforced check keeps its descriptor's count in its window, or it is looser than
+/// the enforced limit, or not a recording fixed window), else [`On`].
+fn judged_on(c: &LimitCheck, enforced: &[LimitCheck]) -> Option<On> {
     use crate::config::Algorithm::FixedWindow;
-    let (ck, ek) = (&c.key, &e.key);
-    let plain = |x: &LimitCheck| {
-        x.record
-            && !x.stop_over
-            && !x.refund
-            && x.hits > 0
-            && x.lease.is_none()
-            && !x.leased
-            && x.slice.is_none()
-            && x.admin_limit.is_none()
-            && !x.key.overridden
-            && x.key.limit.algorithm == FixedWindow
-    };
-    plain(c)
-        && plain(e)
-        && ck.domain == ek.domain
-        && ck.entries == ek.entries
-        && ck.limit.period == ek.limit.period
-        && ck.limit.requests_per_unit <= ek.limit.requests_per_unit
-        && c.hits == e.hits
-        && c.window == e.window
+    let fixed = |x: &LimitCheck| x.key.limit.algorithm == FixedWindow;
+    if !(c.record && !c.stop_over && !c.refund && c.hits > 0 && fixed(c)) {
+        return None;
+    }
+    let (mut mine, mut unknowable) = (None, false);
+    for (i, e) in enforced.iter().enumerate() {
+        if e.key.domain != c.key.domain || e.key.entries != c.key.entries {
+            continue;
+        }
+        if e.key.overridden {
+            unknowable = true;
+            continue;
+        }
+        if !fixed(e) || e.key.limit.period != c.key.limit.period {
+            continue;
+        }
+        let plain = e.record && !e.stop_over && !e.refund && e.hits == c.hits;
+        let own = e.lease.is_none() && !e.leased && e.slice.is_none() && e.window == c.window;
+        unknowable |= mine.is_some() || !plain || !own;
+        mine = Some((i, e));
+    }
+    let (i, e) = mine?;
+    let configured = e.key.limit.requests_per_unit;
+    if !unknowable && c.key.limit.requests_per_unit > configured {
+        return None;
+    }
+    Some(On {
+        enforced: (!unknowable).then_some(i),
+        enforced_limit: u64::from(e.admin_limit.unwrap_or(configured)),
+        limit: u64::from(c.key.limit.requests_per_unit),
+        verdict: None,
+    })
 }
 
 /// The candidate checks `rules` give `request`, if any: `now_us` gives calendar windows.
@@ -148,21 +160,7 @@ impl Beside {
             return;
         }
         for (k, &(j, _)) in self.kept.iter().enumerate() {
-            let c = &self.plan.limits[j].check;
-            let mut found = enforced
-                .iter()
-                .enumerate()
-                .filter(|(_, e)| same_count(c, e));
-            // One enforced check on that counter, no more (two would be charged in turn).
-            if let (Some((i, e)), None) = (found.next(), found.next()) {
-                let same_key = enforced.iter().filter(|x| x.key == e.key).count() == 1;
-                self.on[k] = same_key.then_some(On {
-                    enforced: i,
-                    enforced_limit: u64::from(e.key.limit.requests_per_unit),
-                    limit: u64::from(c.key.limit.requests_per_unit),
-                    verdict: None,
-                });
-            }
+            self.on[k] = judged_on(&self.plan.limits[j].check, enforced);
         }
     }
 
@@ -170,17 +168,24 @@ impl Beside {
     /// are not the store's counts, and judge nothing).
     pub(super) fn judge(&mut self, enforced: &[Outcome], fallback: bool) {
         for on in self.on.iter_mut().flatten() {
-            on.verdict = match enforced.get(on.enforced) {
-                // Recorded: admitted when the count after is within the limit, and then
-                // `remaining` is the limit less that count; denied, the count is past the
-                // enforced limit, no lower than the candidate's.
-                Some(o) if !fallback => Some(
-                    o.allowed
-                        && on.enforced_limit.saturating_sub(u64::from(o.remaining)) <= on.limit,
-                ),
-                _ => None,
-            };
+            let o = on
+                .enforced
+                .and_then(|i| enforced.get(i))
+                .filter(|_| !fallback);
+            on.verdict = o.and_then(|o| match o.allowed {
+                // Recorded and admitted: the count after is the limit less `remaining`.
+                true => Some(on.enforced_limit.saturating_sub(u64::from(o.remaining)) <= on.limit),
+                // Denied: the count is past the enforced limit; past the candidate's if that
+                // is no higher (an admin override may have made it lower: then unknown).
+                false => (on.enforced_limit >= on.limit).then_some(false),
+            });
         }
+    }
+
+    /// Whether the candidates can all be counted: none judged on an enforced count is left
+    /// without a verdict.
+    pub(super) fn judged(&self) -> bool {
+        self.on.iter().flatten().all(|on| on.verdict.is_some())
     }
 
     /// Whether some candidate needs the store (is not judged on an enforced count).
@@ -241,8 +246,8 @@ impl Beside {
 /// only candidates match, one the deny cache or leased slices answered, or any request under
 /// `FAILURE_MODE=local` (whose local decisions and write-backs are for enforced limits alone).
 /// They are decided in a call of their own on a spawned task, so the answer neither waits on
-/// it nor depends on it: a failure, a call past [`APART_BUDGET`] or past [`MAX_APART_CALLS`]
-/// only counts them lost.
+/// it nor depends on it: a failure, or a call past [`MAX_APART_CALLS`], only counts them
+/// lost.
 pub(super) struct Apart {
     pub(super) decider: Arc<dyn Decider>,
     pub(super) candidates: Arc<Candidates>,
@@ -262,9 +267,10 @@ impl Apart {
         let domain = domain.to_owned();
         tokio::spawn(async move {
             let checks: Vec<LimitCheck> = beside.checks().collect();
-            let call = self.decider.decide_by(checks, None);
-            match tokio::time::timeout(APART_BUDGET, call).await {
-                Ok(Ok(d)) if !d.beside_lost => match beside.seen(&d.outcomes, &domain) {
+            // Bounded by the store's own timeout (`REDIS_TIMEOUT`; under `FAILURE_MODE=local`
+            // its budget), as any call.
+            match self.decider.decide_by(checks, None).await {
+                Ok(d) if !d.beside_lost => match beside.seen(&d.outcomes, &domain) {
                     Some(seen) => self.candidates.record(&seen, admitted),
                     None => self.candidates.record_lost(),
                 },

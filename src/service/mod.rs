@@ -475,7 +475,8 @@ impl RateLimiter {
                 Ok(response)
             }
             Err(e) => {
-                if beside.is_some() {
+                if let Some(b) = &beside {
+                    self.candidates.record_over_budget(b.over_budget);
                     self.candidates.record_lost();
                 }
                 at.fallback = true;
@@ -501,11 +502,14 @@ impl RateLimiter {
     ) {
         let fallback = decision.at == crate::store::DecidedAt::Fallback;
         beside.judge(&decision.outcomes, fallback);
-        if decision.beside_apart && beside.needs_call() {
+        if decision.beside_apart && beside.needs_call() && beside.judged() {
             return self.decide_apart(beside, domain, admitted);
         }
         if beside.over_budget > 0 {
             self.candidates.record_over_budget(beside.over_budget);
+        }
+        if decision.beside_apart && beside.needs_call() {
+            return self.candidates.record_lost();
         }
         match beside.seen(tried, domain) {
             Some(seen) if !decision.beside_lost => self.candidates.record(&seen, admitted),

@@ -377,6 +377,15 @@ impl<S: CounterStore + 'static> CounterStore for CircuitBreaker<S> {
         checks: &'a [LimitCheck],
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(async move {
+            // A call of candidate checks alone (`CANDIDATE_CONFIG`, decided apart from the
+            // answer; candidates come last, so a first one means all): never a trial, never
+            // counted, so trying a limit cannot open the breaker on the enforced calls.
+            if checks.first().is_some_and(|c| c.candidate) {
+                if !matches!(self.lock().state, State::Closed { .. }) {
+                    return Err(self.reject());
+                }
+                return self.inner.decide(checks).await;
+            }
             let (generation, trial) = match self.admit() {
                 Permit::Reject => return Err(self.reject()),
                 Permit::Normal(g) => (g, false),

@@ -423,6 +423,11 @@ impl<S: CounterStore> CounterStore for LocalDenyCache<S> {
                 local.outcomes[i] = *o;
             }
             local.beside_lost = decision.beside_lost;
+            // Candidates the store left apart have no outcome: none is left in their place.
+            if decision.beside_apart {
+                local.outcomes.truncate(super::enforced_len(checks));
+                local.beside_apart = true;
+            }
             local.local = false;
             local.steps = decision.steps;
             Ok(local)

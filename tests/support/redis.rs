@@ -1136,7 +1136,7 @@ fn redis_cli_once(connection: &[&str], args: &[&str]) -> Result<String, String> 
 /// A connection to the plaintext server on `port`, bounded so a broken setup cannot hang.
 fn connect(port: u16) -> redis::RedisResult<redis::Connection> {
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
-    let conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+    let conn = client.get_connection_with_timeout(Duration::from_secs(10))?;
     conn.set_read_timeout(Some(Duration::from_secs(10)))?;
     conn.set_write_timeout(Some(Duration::from_secs(10)))?;
     Ok(conn)

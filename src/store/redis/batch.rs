@@ -66,6 +66,8 @@ pub(super) const MAX_BATCH_KEYS: usize = 64;
 pub(super) struct Job {
     pub(super) call: Call,
     pub(super) beside: Option<Call>,
+    /// `call` holds candidate checks alone (a call the service made apart from an answer).
+    pub(super) candidates_only: bool,
     pub(super) reply: tokio::sync::oneshot::Sender<Result<Replies, StoreError>>,
 }
 
@@ -82,7 +84,7 @@ impl Job {
             return true;
         }
         self.beside = None;
-        self.call.records()
+        !self.candidates_only && self.call.records()
     }
 
     fn keys(&self) -> usize {

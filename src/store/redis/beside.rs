@@ -90,14 +90,12 @@ impl Cluster {
             }
         }
         Ok(Decision {
-            at: crate::store::DecidedAt::Unknown,
             admitted,
             outcomes,
-            local: false,
             steps: 1,
             beside_lost,
-            beside_apart: false,
             leases,
+            ..Decision::default()
         })
     }
 }

@@ -113,6 +113,7 @@ impl Standalone {
             tx.send(Job {
                 call,
                 beside: beside_call,
+                candidates_only: !enforced,
                 reply,
             })
             .await
@@ -147,14 +148,12 @@ impl Standalone {
             beside_lost = codec::decode(&v, layout, &beside, into).is_err();
         }
         Ok(Decision {
-            at: crate::store::DecidedAt::Unknown,
             admitted,
             outcomes,
-            local: false,
             steps: 1,
             beside_lost,
-            beside_apart: false,
             leases,
+            ..Decision::default()
         })
     }
 }

@@ -78,7 +78,8 @@ impl SlicedDecider {
             }
         };
         let mut d = self.assemble(&checks, taken, (&idx, below), (&home_idx, at_home), now);
-        if beside_apart {
+        // Candidates left apart, here or below, have no outcome: none is left in their place.
+        if beside_apart || d.beside_apart {
             d.outcomes.truncate(crate::store::enforced_len(&checks));
             d.beside_apart = true;
         }
@@ -173,13 +174,12 @@ impl SlicedDecider {
                 },
             })
             .collect();
-        let (mut steps, mut leases) = (0, Vec::new());
+        let (mut steps, mut leases, mut beside) = (0, Vec::new(), (false, false));
         use crate::store::DecidedAt::{Fallback, Unknown};
         let below_at = below.as_ref().map_or(Unknown, |d| d.at);
-        let beside_lost = below.as_ref().is_some_and(|d| d.beside_lost);
         let home_away = at_home.as_ref().is_some_and(|d| d.at == Fallback);
         if let Some(d) = below {
-            steps = d.steps;
+            (steps, beside) = (d.steps, (d.beside_lost, d.beside_apart));
             if !d.leases.is_empty() {
                 leases = vec![crate::store::LeaseEffect::default(); n];
             }
@@ -218,7 +218,8 @@ impl SlicedDecider {
             admitted,
             outcomes,
             steps,
-            beside_lost,
+            beside_lost: beside.0,
+            beside_apart: beside.1,
             leases,
             ..Decision::default()
         }
