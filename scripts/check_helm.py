@@ -447,6 +447,9 @@ def facts_default(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> Non
     C.expect("GLOBAL_REDIS_URL" not in env and "REGION" not in env, "default: no home store, no region")
     C.expect("GLOBAL_UNREACHABLE" not in env, "default: no home store, no partition setting")
     C.expect("DECISION_LOG" not in env, "default: no decision log")
+    C.expect("CANDIDATE_CONFIG" not in env, "default: no candidate limits")
+    C.equal([d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-candidates")], [],
+            "default: no candidates ConfigMap")
     ports = [p["name"] for p in one(docs, "Service", FULLNAME)["spec"]["ports"]]
     C.equal(ports, ["grpc", "http"], "default: the admin port is not in the Service")
 
@@ -615,6 +618,27 @@ def facts_decision_log_claim(values: dict[str, Any], docs: Any, env: dict[str, A
     C.equal(env_value(env, "DECISION_LOG"), "/data/log/$(POD_NAME)-d.jsonl", "one log per pod on the claim")
 
 
+def facts_candidates(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
+    C.equal(env_value(env, "CANDIDATE_CONFIG"), "/data/candidates", "CANDIDATE_CONFIG")
+    cm = one(docs, "ConfigMap", f"{FULLNAME}-candidates")
+    C.expect("domain: edge" in cm.get("data", {}).get("edge.yaml", ""), "the candidate file in its ConfigMap")
+    pod = one(docs, "Deployment", FULLNAME)["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    C.equal(mounts.get("candidates", {}).get("mountPath"), "/data/candidates", "the candidates mounted")
+    vols = {v["name"]: v for v in pod["volumes"]}
+    C.equal(vols.get("candidates", {}).get("configMap", {}).get("name"), f"{FULLNAME}-candidates",
+            "from their own ConfigMap")
+
+
+def facts_candidates_existing(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
+    C.equal(env_value(env, "CANDIDATE_CONFIG"), "/data/candidates", "CANDIDATE_CONFIG")
+    C.equal([d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-candidates")], [],
+            "no ConfigMap built beside an existing one")
+    pod = one(docs, "Deployment", FULLNAME)["spec"]["template"]["spec"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    C.equal(vols.get("candidates", {}).get("configMap", {}).get("name"), "my-candidates", "the existing ConfigMap")
+
+
 VALUE_SETS: list[tuple[str, dict[str, Any], Callable[..., None]]] = [
     ("default", {}, facts_default),
     ("memory", {
@@ -687,6 +711,13 @@ VALUE_SETS: list[tuple[str, dict[str, Any], Callable[..., None]]] = [
     ("decision log on a claim", {
         "decisionLog": {"enabled": True, "path": "/data/log/d.jsonl", "existingClaim": "decisions"},
     }, facts_decision_log_claim),
+    ("candidate limits", {
+        "candidates": {"config": {"edge": "domain: edge\ndescriptors:\n  - key: tenant\n"
+                                          "    rate_limit: {name: t-50, unit: minute, requests_per_unit: 50}\n"}},
+    }, facts_candidates),
+    ("candidate limits from an existing ConfigMap", {
+        "candidates": {"existingConfigMap": "my-candidates"},
+    }, facts_candidates_existing),
 ]
 
 def facts_istio(values: dict[str, Any], docs: Any, env: dict[str, Any]) -> None:
