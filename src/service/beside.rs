@@ -60,6 +60,19 @@ struct On {
     verdict: Option<bool>,
 }
 
+impl On {
+    /// The candidate's verdict on the enforced check's outcome `o`, if it tells.
+    fn verdict_on(&self, o: &Outcome) -> Option<bool> {
+        match o.allowed {
+            // Recorded and admitted: the count after is the limit less `remaining`.
+            true => Some(self.enforced_limit.saturating_sub(u64::from(o.remaining)) <= self.limit),
+            // Denied: the count is past the enforced limit; past the candidate's if that is no
+            // higher (an admin override may have made it lower: then unknown).
+            false => (self.enforced_limit >= self.limit).then_some(false),
+        }
+    }
+}
+
 /// How candidate `c` is judged among the request's `enforced` checks: `None` on a counter of
 /// its own (no enforced check keeps its descriptor's count in its window, or it is looser than
 /// the enforced limit, or not a recording fixed window), else [`On`].
@@ -81,9 +94,14 @@ fn judged_on(c: &LimitCheck, enforced: &[LimitCheck]) -> Option<On> {
         if !fixed(e) || e.key.limit.period != c.key.limit.period {
             continue;
         }
-        let plain = e.record && !e.stop_over && !e.refund && e.hits == c.hits;
-        let own = e.lease.is_none() && !e.leased && e.slice.is_none() && e.window == c.window;
-        unknowable |= mine.is_some() || !plain || !own;
+        // What the config decides (how the domain counts, a lease, a slice) is the same on
+        // every request: such an enforced counter is never read, the candidate keeps its own.
+        if !e.record || e.stop_over || e.lease.is_some() || e.leased || e.slice.is_some() {
+            return None;
+        }
+        // What this request decides (its hits, a refund, a calendar window read at an edge, a
+        // second check on the counter) makes the count unknowable for it alone.
+        unknowable |= mine.is_some() || e.refund || e.hits != c.hits || e.window != c.window;
         mine = Some((i, e));
     }
     let (i, e) = mine?;
@@ -172,13 +190,7 @@ impl Beside {
                 .enforced
                 .and_then(|i| enforced.get(i))
                 .filter(|_| !fallback);
-            on.verdict = o.and_then(|o| match o.allowed {
-                // Recorded and admitted: the count after is the limit less `remaining`.
-                true => Some(on.enforced_limit.saturating_sub(u64::from(o.remaining)) <= on.limit),
-                // Denied: the count is past the enforced limit; past the candidate's if that
-                // is no higher (an admin override may have made it lower: then unknown).
-                false => (on.enforced_limit >= on.limit).then_some(false),
-            });
+            on.verdict = o.and_then(|o| on.verdict_on(o));
         }
     }
 
@@ -278,5 +290,91 @@ impl Apart {
             }
             drop(permit);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Limit, Unit};
+
+    fn check(limit: u32, unit: Unit) -> LimitCheck {
+        let mut c = LimitCheck::for_tests("d", "v", Limit::fixed(limit, unit), 1);
+        c.record = true;
+        c
+    }
+
+    fn on(c: &LimitCheck, enforced: &[LimitCheck]) -> Option<Option<usize>> {
+        judged_on(c, enforced).map(|o| o.enforced)
+    }
+
+    #[test]
+    fn a_lower_window_on_the_same_counter_is_judged_and_nothing_else() {
+        let (c, e) = (check(50, Unit::Minute), check(100, Unit::Minute));
+        assert_eq!(on(&c, &[check(7, Unit::Second), e.clone()]), Some(Some(1)));
+        assert_eq!(
+            on(&c, std::slice::from_ref(&c)),
+            Some(Some(0)),
+            "the same limit"
+        );
+        // Its own counter: looser, another window, a charging domain, a leased limit, or no
+        // enforced limit on its descriptor.
+        assert_eq!(
+            on(&check(150, Unit::Minute), std::slice::from_ref(&e)),
+            None
+        );
+        assert_eq!(on(&c, &[check(100, Unit::Hour)]), None);
+        let mut charging = e.clone();
+        charging.record = false;
+        assert_eq!(
+            on(&c, &[charging]),
+            None,
+            "all_or_nothing counts only the admitted"
+        );
+        let mut leased = e.clone();
+        leased.leased = true;
+        assert_eq!(on(&c, &[leased]), None);
+        let mut other = e.clone();
+        other.key.entries = Arc::from(vec![("k".to_string(), "w".to_string())]);
+        assert_eq!(on(&c, &[other]), None);
+        // This request leaves the count unknowable: lost, never its own counter.
+        let mut overridden = e.clone();
+        overridden.key.overridden = true;
+        assert_eq!(on(&c, &[e.clone(), overridden]), Some(None));
+        assert_eq!(
+            on(&c, &[e.clone(), e.clone()]),
+            Some(None),
+            "two checks on it"
+        );
+        let mut more = e.clone();
+        more.hits = 3;
+        assert_eq!(on(&c, &[more]), Some(None));
+    }
+
+    #[test]
+    fn the_verdict_is_the_count_after_against_the_candidate() {
+        let outcome = |allowed, remaining| Outcome {
+            allowed,
+            remaining,
+            reset: std::time::Duration::ZERO,
+            retry_after: std::time::Duration::ZERO,
+        };
+        let verdict = |enforced_limit, o: Outcome| {
+            let on = On {
+                enforced: Some(0),
+                enforced_limit,
+                limit: 50,
+                verdict: None,
+            };
+            on.verdict_on(&o)
+        };
+        assert_eq!(verdict(100, outcome(true, 50)), Some(true), "the 50th");
+        assert_eq!(verdict(100, outcome(true, 49)), Some(false), "the 51st");
+        assert_eq!(verdict(100, outcome(false, 0)), Some(false), "past 100");
+        assert_eq!(
+            verdict(20, outcome(false, 0)),
+            None,
+            "an override of 20 denied: unknown"
+        );
     }
 }
