@@ -346,6 +346,13 @@ pub trait CounterStore: Send + Sync + std::fmt::Debug {
     /// (`store/global`), in the background. Nothing elsewhere.
     fn ahead_of_window(&self, _check: &LimitCheck) {}
 
+    /// A request found its replica's slice of `check`'s counter short and waits for a grant:
+    /// demand the grants did not meet. The store that grants global limits' slices sizes its
+    /// region's next refill on it (`store/global/ask.rs`): what the pool gave out is capped by
+    /// what it held, and a region whose demand rose past its refills would read as taking
+    /// only those. Nothing elsewhere.
+    fn wanted(&self, _check: &LimitCheck) {}
+
     /// A home store's refund of units a region's pool drained (`check` gives them back),
     /// applied only if no reset fenced its counter past `cleared`, the last reset record the
     /// pool was cleared for ([`admin::CounterAdmin::reset_fenced`]): the fence is read in the
@@ -386,6 +393,10 @@ impl<S: CounterStore + ?Sized> CounterStore for Arc<S> {
 
     fn ahead_of_window(&self, check: &LimitCheck) {
         (**self).ahead_of_window(check);
+    }
+
+    fn wanted(&self, check: &LimitCheck) {
+        (**self).wanted(check);
     }
 }
 

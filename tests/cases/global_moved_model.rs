@@ -171,6 +171,12 @@ async fn offer(
     (admitted.count() as u64, last.unwrap_or_default())
 }
 
+/// What the home counter holds (charged, by grants less refunds) at `now`.
+async fn used_at_home(home: &Arc<dyn CounterStore>, now: Duration) -> u64 {
+    let d = home.decide(&[check(now, 0)]).await.expect("home answers");
+    u64::from(LIMIT) - u64::from(d.outcomes[0].remaining)
+}
+
 /// Home (a counter per window) and the regions' board, on `clock`.
 pub(crate) fn home_and_board(clock: &ManualClock) -> (Arc<dyn CounterStore>, Arc<MemoryBoard>) {
     let store = MemoryStore::new(Arc::new(clock.clone()));
@@ -215,6 +221,10 @@ async fn demand_that_moves_is_home_within_a_reading_and_taken_up_within_two_roun
     let mut sent = Vec::new();
     // A's pool at the move, and how soon after it most of that went home.
     let mut a_at_move = 0;
+    // What home had left at the move (neither admitted nor in A's pool and slices).
+    let mut home_rest = 0;
+    // What C's refills had brought its pool two refill round trips after the move.
+    let mut c_by_take_up: Option<u64> = None;
     let mut a_home_after: Option<Duration> = None;
     let mut step = 0u64;
     loop {
@@ -225,6 +235,7 @@ async fn demand_that_moves_is_home_within_a_reading_and_taken_up_within_two_roun
         let now = T0 + into;
         if into >= MOVE && a_at_move == 0 {
             a_at_move = left(&a.pool).await;
+            home_rest = u64::from(LIMIT) - used_at_home(&home, now).await;
         }
         if into < MOVE {
             sent.push((
@@ -245,6 +256,10 @@ async fn demand_that_moves_is_home_within_a_reading_and_taken_up_within_two_roun
                 into,
                 tokio::spawn(offer(Arc::clone(&c), (now, started), 200, step)),
             ));
+            if c_by_take_up.is_none() && into >= MOVE + TAKE_UP_BOUND + STEP {
+                let got = c.replicas.iter().map(|r| r.grants.tallies.refilled.get());
+                c_by_take_up = Some(got.sum::<u64>());
+            }
             let moved: u64 = a
                 .replicas
                 .iter()
@@ -285,8 +300,9 @@ async fn demand_that_moves_is_home_within_a_reading_and_taken_up_within_two_roun
     let c_trace: Vec<u64> = c_steps.iter().take(100).map(|&(_, ok)| ok).collect();
     eprintln!(
         "A {from_a}, C {from_c} of {LIMIT}; A's pool held {a_at_move} at the move, three quarters \
-         of it home {a_home_after:?} after it; A and C at {target} {full_at:?} after it; C admitted per 10 ms step for 1 s \
-         after the move {c_trace:?}"
+         of it home {a_home_after:?} after it; A and C at {target} {full_at:?} after it; home had \
+         {home_rest} left at the move, C's refills brought {c_by_take_up:?} within {TAKE_UP_BOUND:?} of it; \
+         C admitted per 10 ms step for 1 s after the move {c_trace:?}"
     );
     let total = from_a + from_c;
     assert!(total <= u64::from(LIMIT), "{total} past {LIMIT}");
@@ -298,6 +314,15 @@ async fn demand_that_moves_is_home_within_a_reading_and_taken_up_within_two_roun
     assert!(
         after <= GIVE_BACK_BOUND,
         "three quarters of A's pool home {after:?} after the move (bound {GIVE_BACK_BOUND:?})"
+    );
+    // What home held at the move is in C's pool within two refill round trips of it (a read
+    // of the board, a refill): C's first refill is sized on the requests that wait, not on
+    // the two slices a region with no rate asks (before: 40 units a refill, home's rest three
+    // refills later). How fast C's replicas then admit it is their slices' pace.
+    let c_got = c_by_take_up.expect("the run goes past two round trips after the move");
+    assert!(
+        home_rest > 0 && c_got >= home_rest,
+        "C's refills brought {c_got} within {TAKE_UP_BOUND:?} of the move, home had {home_rest}"
     );
     let full = full_at.expect("A and C never reached what A leaves");
     assert!(

@@ -73,11 +73,30 @@ impl GlobalGrants {
         (need, begun): (u64, bool),
     ) -> Asked {
         let (key, window_ms) = (&check.key, super::window_ms(check.window));
+        let floor = check
+            .slice
+            .map_or(1, |t| u64::from(t.max_slice))
+            .saturating_mul(MIN_REFILL_SLICES);
         if begun {
             self.board_for(check).await;
+            // Requests waited since the last refill asked: the region is short, and its next
+            // refill is sized on the board as home has it when this one arrives there, half a
+            // round trip after any read before it (a region whose demand fell reports it as it
+            // gives its pool back: read only with this refill's report, after it lands, that
+            // report reached the next refill but one, a round trip later). Not instead of the
+            // read before a refill (`board_for`): a first refill sent without it (the board
+            // read beside) landed before the board, and the next was sized on none, a quarter
+            // of home (a region offered four times another's took 12 400 of 30 000).
+            if k.wanted > 0 {
+                let (me, key) = (Arc::clone(self), key.clone());
+                self.background
+                    .spawn(async move { me.read_board(&key, window_ms).await });
+            }
         }
         let sized = self.want(check, k, lock, need);
         let want = sized.want;
+        // Demand not met is counted afresh from this ask.
+        self.update(key, window_ms, |k| (k.wanted, k.wanted_ms) = (0, 0));
         let started = tokio::time::Instant::now();
         let asked = if want == 0 {
             // Over its max-min share (`fair.rs`): home's units are the other regions'. The
@@ -98,10 +117,6 @@ impl GlobalGrants {
         if short {
             self.mark_short(key, check.window); // `moved.rs`: idle pools elsewhere come home
         }
-        let floor = check
-            .slice
-            .map_or(1, |t| u64::from(t.max_slice))
-            .saturating_mul(MIN_REFILL_SLICES);
         self.update(key, window_ms, |k| {
             k.demand = super::regions::Demand {
                 per_ks: sized.per_ks,
@@ -159,6 +174,23 @@ impl GlobalGrants {
                 u64::try_from(rate).unwrap_or(u64::MAX)
             };
             (per(u128::from(POOL_AHEAD_MS)), per(1_000_000))
+        };
+        // What this replica's requests waited for since the last refill asked (over
+        // [`FAST_SPAN_MS`] at least): the pool gives out at most what it held, so a region whose
+        // demand rose past its refills (or moved to it) reads as taking only those; its waiting
+        // requests say what it asks. C, idle until demand moved to it, read its refills
+        // (40 units each) as its demand and took what home had left in three round trips,
+        // not one (`tests/cases/global_moved_model.rs`). Only with the others' shares on the
+        // board (`checked`), as the fast rate above: before they report (a window's start),
+        // only the quarter rule would cap it, and a region offered four times another's
+        // took a quarter of home at its second refill, another at its third, past its share
+        // (12 400 of a 30 000 that three regions each wanted more than a third of).
+        let demand = if checked && k.wanted > 0 {
+            let span = self.now_ms().saturating_sub(k.wanted_ms).max(FAST_SPAN_MS);
+            let unmet = u128::from(k.wanted) * u128::from(POOL_AHEAD_MS) / u128::from(span);
+            demand.max(u64::try_from(unmet).unwrap_or(u64::MAX))
+        } else {
+            demand
         };
         // Reported at home: the region's rate over the window so far, or since this
         // replica's last refill when higher (a replica's first refill in a window has no

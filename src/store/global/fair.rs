@@ -176,7 +176,7 @@ impl super::GlobalGrants {
     }
 
     /// The other regions' reports read at home into this replica's board.
-    async fn read_board(&self, key: &CounterKey, w: u64) {
+    pub(super) async fn read_board(&self, key: &CounterKey, w: u64) {
         let Some(r) = self.reporting.get() else {
             return;
         };

@@ -113,6 +113,11 @@ struct Known {
     /// this replica refilled): a pool trimmed because demand fell keeps at least this
     /// (`moved.rs`).
     floor: u64,
+    /// Units this replica's requests found their slices short of and waited for since its
+    /// last refill asked home, and when the first of them did (this replica's clock, ms):
+    /// demand the pool did not meet (`ask.rs`).
+    wanted: u64,
+    wanted_ms: u64,
 }
 
 /// What one refill got from home.
@@ -533,6 +538,17 @@ impl CounterStore for Arc<GlobalGrants> {
 
     fn probe(&self) -> BoxFuture<'_, bool> {
         self.home.probe()
+    }
+
+    fn wanted(&self, check: &LimitCheck) {
+        let now = self.now_ms();
+        let _ = self.known(&check.key, check.window);
+        self.update(&check.key, window_ms(check.window), |k| {
+            if k.wanted == 0 {
+                k.wanted_ms = now;
+            }
+            k.wanted = k.wanted.saturating_add(check.hits);
+        });
     }
 
     fn ahead_of_window(&self, check: &LimitCheck) {

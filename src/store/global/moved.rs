@@ -29,13 +29,17 @@ pub const MOVED_TICK_MS: u64 = 250;
 /// How long a region's "short" mark lives at home (ms): renewed by each short refill.
 pub const SHORT_MARK_MS: u64 = 1_000;
 /// How often a nearly dry window's pool is looked at for demand that fell (ms).
-pub const TRIM_TICK_MS: u64 = 100;
+pub const TRIM_TICK_MS: u64 = 25;
 /// The region's rate is read over at least this long (ms): over less, one slice taken or not
 /// is most of the reading.
-pub const RATE_SPAN_MS: u64 = 250;
+pub const RATE_SPAN_MS: u64 = 100;
+/// Home answered this replica this recently (ms): a trim gives back without a probe first. A
+/// partition that began since strands what the trim gave back (counted: the refund's reply
+/// is lost), never more than the limit.
+const HEARD_MS: u64 = 1_000;
 /// Looks at a pool one watcher keeps (at [`TRIM_TICK_MS`], more than the longest reading,
 /// [`POOL_AHEAD_MS`](super::POOL_AHEAD_MS)).
-const MAX_LOOKS: usize = 64;
+const MAX_LOOKS: usize = 256;
 
 /// How long the region's rate is read over before a trim: [`RATE_SPAN_MS`], or four of its
 /// largest slices (`floor` is [`MIN_REFILL_SLICES`](super::MIN_REFILL_SLICES) of them) at its
@@ -202,7 +206,9 @@ impl GlobalGrants {
         if !fell || st.left() <= keep.saturating_mul(2) || st.locked || st.owed > 0 {
             return;
         }
-        if !self.home.probe().await {
+        // Home answered this replica in the last second, or answers a probe now: a probe
+        // every time would put a round trip to home between the fall and the give-back.
+        if !self.tallies.heard_within(self.now_ms(), HEARD_MS) && !self.home.probe().await {
             return;
         }
         // Only the pool looked at: a refill that landed since is not trimmed on that look.
@@ -261,18 +267,22 @@ mod tests {
     #[test]
     fn the_rate_is_read_over_at_least_a_span_and_never_underflows() {
         let mut looks = Looks::default();
-        // No look old enough yet.
-        let span = RATE_SPAN_MS;
+        // No look old enough yet (the span is 250 ms here).
+        let span = 250;
+        assert!(RATE_SPAN_MS <= span);
         assert_eq!(looks.rate(1_000, 0, span), None);
         assert_eq!(looks.rate(1_100, 10, span), None);
         // 250 ms after the first: 50 units over 250 ms, 200 a second.
-        assert_eq!(looks.rate(1_000 + RATE_SPAN_MS, 50, span), Some(200_000));
+        assert_eq!(looks.rate(1_250, 50, span), Some(200_000));
         // The newest look at least a span old is used: 1 100 (10) to 1 400 (40), 100 a second.
         assert_eq!(looks.rate(1_400, 40, span), Some(100_000));
         // A longer span reads further back: 1 000 (0) to 1 500 (60), 120 a second.
         assert_eq!(looks.rate(1_500, 60, 500), Some(120_000));
         // Slices given back lower `taken`: a rate of nothing.
         assert_eq!(looks.rate(1_800, 5, span), Some(0));
+        // The least span: 1 500 (60) to 1 800 (5) is no rate; 1 800 (5) to 1 900 (25), 200 a
+        // second.
+        assert_eq!(looks.rate(1_900, 25, RATE_SPAN_MS), Some(200_000));
         // A pool clock gone back starts afresh.
         assert_eq!(looks.rate(500, 5, span), None);
         // Bounded, however many looks.

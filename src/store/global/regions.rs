@@ -169,6 +169,7 @@ impl GlobalGrants {
             let w = window_ms(window);
             match r.board.report(&key, w, &report, ttl).await {
                 Ok(mut all) => {
+                    me.tallies.heard(me.now_ms());
                     all.retain(|o| o.region != r.region);
                     me.boards.put(&key, w, all, me.now_ms());
                 }

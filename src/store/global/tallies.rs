@@ -39,6 +39,8 @@ pub struct GlobalTallies {
     pub region: std::sync::OnceLock<String>,
     /// Pools watched at the near-dry tick now (`drain.rs`: capped).
     pub fast_watches: std::sync::atomic::AtomicUsize,
+    /// When home last answered this replica (its clock, ms; 0: never).
+    pub heard_ms: AtomicU64,
 }
 
 impl GlobalTallies {
@@ -56,6 +58,7 @@ impl GlobalTallies {
     /// A refill home answered (`true`) or did not, at `now_ms`: ends or begins a spell.
     pub(super) fn home_answered(&self, answered: bool, now_ms: u64) {
         if answered {
+            self.heard(now_ms);
             let since = self.cut_since_ms.swap(0, Relaxed);
             if since != 0 {
                 self.cut_off_ms.add(now_ms.saturating_sub(since));
@@ -65,5 +68,16 @@ impl GlobalTallies {
                 .cut_since_ms
                 .compare_exchange(0, now_ms.max(1), Relaxed, Relaxed);
         }
+    }
+
+    /// Home answered a call of this replica at `now_ms` (a refill, a refund, a report).
+    pub(super) fn heard(&self, now_ms: u64) {
+        self.heard_ms.fetch_max(now_ms, Relaxed);
+    }
+
+    /// Home answered this replica within `ms` of `now_ms`.
+    pub(super) fn heard_within(&self, now_ms: u64, ms: u64) -> bool {
+        let at = self.heard_ms.load(Relaxed);
+        at != 0 && now_ms.saturating_sub(at) < ms
     }
 }

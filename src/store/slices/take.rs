@@ -130,6 +130,12 @@ impl Slices {
                 s.refill = Refill::Running;
                 (entry.done.subscribe(), start)
             };
+            if wait == 0 {
+                // Demand the slice could not meet: a global limit's refill is sized on it.
+                if let Some(g) = &self.global {
+                    g.wanted(check);
+                }
+            }
             if start {
                 self.refill_in_background(&entry, check, terms, check.hits);
             }
