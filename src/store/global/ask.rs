@@ -6,7 +6,11 @@
 //! rose (or moved to it from another region: `moved.rs`) takes its refills as fast as they
 //! land: once it took as many units as its last refill brought since that refill asked home
 //! (less than a second before), and the board lists another region holding or taking units,
-//! its rate is read from then, and the next refill takes what the others leave.
+//! its rate is read from then, and the next refill takes what the others leave. With the same
+//! board, a refill asks at least what the replica's requests waited for while the pool was dry
+//! (`wanted`: the pool gives out at most what it held), and a board read goes beside each
+//! refill while the pool is dry near a dry home, so the next refill sees a fall another region
+//! reported half a round trip sooner (`tests/cases/global_moved_model.rs`).
 
 use super::fair::{self, share_left};
 use super::{grant_check, Asked, GlobalGrants, Known, PoolState, MIN_REFILL_SLICES, POOL_AHEAD_MS};
@@ -87,16 +91,28 @@ impl GlobalGrants {
             // read before a refill (`board_for`): a first refill sent without it (the board
             // read beside) landed before the board, and the next was sized on none, a quarter
             // of home (a region offered four times another's took 12 400 of 30 000).
-            if k.wanted > 0 {
+            // Even right after a read before the refill (that board is half a round trip older
+            // than home when this refill arrives there); only near a dry home (where demand
+            // moving matters) or at this replica's first refill in the window: one more home
+            // call per refill there, none while the limit is far.
+            let first = k.home_left == u64::MAX;
+            if (k.wanted > 0 || k.starved) && (first || self.near_dry(key, window_ms)) {
                 let (me, key) = (Arc::clone(self), key.clone());
                 self.background
                     .spawn(async move { me.read_board(&key, window_ms).await });
             }
         }
+        // Known again after the board's round trip: the requests that waited meanwhile count.
+        let k = &self.known(key, check.window);
         let sized = self.want(check, k, lock, need);
         let want = sized.want;
-        // Demand not met is counted afresh from this ask.
-        self.update(key, window_ms, |k| (k.wanted, k.wanted_ms) = (0, 0));
+        // Demand not met is counted afresh from this ask (what came in since the snapshot
+        // `k` was taken stays, from now).
+        let now = self.now_ms();
+        self.update(key, window_ms, |kn| {
+            kn.wanted = kn.wanted.saturating_sub(k.wanted);
+            kn.wanted_ms = if kn.wanted > 0 { now } else { 0 };
+        });
         let started = tokio::time::Instant::now();
         let asked = if want == 0 {
             // Over its max-min share (`fair.rs`): home's units are the other regions'. The

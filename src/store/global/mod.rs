@@ -113,11 +113,14 @@ struct Known {
     /// this replica refilled): a pool trimmed because demand fell keeps at least this
     /// (`moved.rs`).
     floor: u64,
-    /// Units this replica's requests found their slices short of and waited for since its
-    /// last refill asked home, and when the first of them did (this replica's clock, ms):
-    /// demand the pool did not meet (`ask.rs`).
+    /// Units this replica's requests waited for while the pool was dry (a take from it failed
+    /// and no refill has landed since), each request's at most a slice's, since its last
+    /// refill asked home, and when the first of them did (this replica's clock, ms): demand
+    /// the pool did not meet (`ask.rs`).
     wanted: u64,
     wanted_ms: u64,
+    /// A take from the pool failed and no refill landed since.
+    starved: bool,
 }
 
 /// What one refill got from home.
@@ -289,6 +292,8 @@ impl GlobalGrants {
             if refills == 3 || st.dry_until > st.now {
                 break; // home had nothing left a moment ago, or enough refills
             }
+            let _ = self.known(key, window); // (a region's first take in the window)
+            self.update(key, window_ms, |k| k.starved = true);
             // The whole take: the refill judges the pool it finds against it (what it lacks
             // now would be judged against the pool's total and seem enough).
             if self.refill(check, window_ms, ttl, n).await.is_err() && !self.shares() {
@@ -477,6 +482,7 @@ impl GlobalGrants {
             self.drain_later(key, window, window_ms);
         }
         self.update(key, window_ms, |k| {
+            k.starved &= got == 0;
             k.home_left = home_left;
             k.last_refill = got;
             k.taken_at = st.taken;
@@ -541,13 +547,19 @@ impl CounterStore for Arc<GlobalGrants> {
     }
 
     fn wanted(&self, check: &LimitCheck) {
+        // Each request at most a slice (the caller chooses its hits: a huge one must not size
+        // its region's refills), and only while the pool is dry: a slice short while the pool
+        // holds units is refilled from the pool, not from home.
+        let slice = check.slice.map_or(1, |t| u64::from(t.max_slice));
         let now = self.now_ms();
-        let _ = self.known(&check.key, check.window);
         self.update(&check.key, window_ms(check.window), |k| {
+            if !k.starved {
+                return;
+            }
             if k.wanted == 0 {
                 k.wanted_ms = now;
             }
-            k.wanted = k.wanted.saturating_add(check.hits);
+            k.wanted = k.wanted.saturating_add(check.hits.min(slice));
         });
     }
 

@@ -33,9 +33,9 @@ pub const TRIM_TICK_MS: u64 = 25;
 /// The region's rate is read over at least this long (ms): over less, one slice taken or not
 /// is most of the reading.
 pub const RATE_SPAN_MS: u64 = 100;
-/// Home answered this replica this recently (ms): a trim gives back without a probe first. A
-/// partition that began since strands what the trim gave back (counted: the refund's reply
-/// is lost), never more than the limit.
+/// Home answered this replica this recently (ms), and no refill failed since: a trim gives
+/// back without a probe first. A partition that began since strands what the trim gave back
+/// (counted: the refund's reply is lost), never more than the limit.
 const HEARD_MS: u64 = 1_000;
 /// Looks at a pool one watcher keeps (at [`TRIM_TICK_MS`], more than the longest reading,
 /// [`POOL_AHEAD_MS`](super::POOL_AHEAD_MS)).
@@ -173,8 +173,9 @@ impl GlobalGrants {
     /// over [`POOL_AHEAD_MS`](super::POOL_AHEAD_MS) (and beyond twice
     /// [`MIN_REFILL_SLICES`](super::MIN_REFILL_SLICES) slices) goes home now, the pool keeping
     /// once that, whether or not the region is idle: another region's next refill finds it
-    /// there. Not while home does not answer (the pool is all the region has), nor in a
-    /// window's last second (what the window leaves is counted at its end).
+    /// there. Not while home does not answer (the pool is all the region has: a probe, unless
+    /// home answered within [`HEARD_MS`] and no refill failed since), nor in a window's last
+    /// second (what the window leaves is counted at its end).
     pub(super) async fn give_back_excess(
         self: &Arc<Self>,
         key: &CounterKey,

@@ -77,7 +77,8 @@ impl GlobalTallies {
 
     /// Home answered this replica within `ms` of `now_ms`.
     pub(super) fn heard_within(&self, now_ms: u64, ms: u64) -> bool {
+        // Not while a spell cut off runs: a refill failed since home last answered.
         let at = self.heard_ms.load(Relaxed);
-        at != 0 && now_ms.saturating_sub(at) < ms
+        self.cut_since_ms.load(Relaxed) == 0 && at != 0 && now_ms.saturating_sub(at) < ms
     }
 }

@@ -130,8 +130,9 @@ impl Slices {
                 s.refill = Refill::Running;
                 (entry.done.subscribe(), start)
             };
-            if wait == 0 {
-                // Demand the slice could not meet: a global limit's refill is sized on it.
+            if wait == 0 && terms.global {
+                // Demand the slice could not meet: a global limit's refill is sized on it
+                // while its region's pool is dry (`store/global`).
                 if let Some(g) = &self.global {
                     g.wanted(check);
                 }
