@@ -191,40 +191,12 @@ impl GlobalGrants {
             };
             (per(u128::from(POOL_AHEAD_MS)), per(1_000_000))
         };
-        // What this replica's requests waited for since the last refill asked (over
-        // [`FAST_SPAN_MS`] at least): the pool gives out at most what it held, so a region whose
-        // demand rose past its refills (or moved to it) reads as taking only those; its waiting
-        // requests say what it asks. C, idle until demand moved to it, read its refills
-        // (40 units each) as its demand and took what home had left in three round trips,
-        // not one (`tests/cases/global_moved_model.rs`). Only with the others' shares on the
-        // board (`checked`), as the fast rate above: before they report (a window's start),
-        // only the quarter rule would cap it, and a region offered four times another's
-        // took a quarter of home at its second refill, another at its third, past its share
-        // (12 400 of a 30 000 that three regions each wanted more than a third of).
-        let demand = if checked && k.wanted > 0 {
-            let span = self.now_ms().saturating_sub(k.wanted_ms).max(FAST_SPAN_MS);
-            let unmet = u128::from(k.wanted) * u128::from(POOL_AHEAD_MS) / u128::from(span);
-            demand.max(u64::try_from(unmet).unwrap_or(u64::MAX))
+        let demand = if checked {
+            demand.max(self.waited(k))
         } else {
             demand
         };
-        // Reported at home: the region's rate over the window so far, or since this
-        // replica's last refill when higher (a replica's first refill in a window has no
-        // rate of its own; a region's demand that rose is seen from its last refill).
-        // Early in a window, the rate of the window before (carried in `k.demand`) until
-        // this one has its own.
-        let per_ks = check.window.map_or(per_ks, |(start, _)| {
-            let into = pool.now.saturating_sub(start / 1000);
-            let avg = u128::from(pool.taken) * 1_000_000 / u128::from(into.max(1_000));
-            let carried = if into < POOL_AHEAD_MS {
-                k.demand.per_ks
-            } else {
-                0
-            };
-            per_ks
-                .max(u64::try_from(avg).unwrap_or(u64::MAX))
-                .max(carried)
-        });
+        let per_ks = reported(check, k, pool, per_ks);
         // A quarter of what home had left, unless a fresh board lists another region holding
         // or taking units: its
         // max-min share (`fair.rs`) then holds the others' claims, and a region whose demand
@@ -248,6 +220,25 @@ impl GlobalGrants {
             short: want < wanted,
             per_ks,
         }
+    }
+
+    /// The demand this replica's waiting requests say: what they waited for since the last
+    /// refill asked, over [`POOL_AHEAD_MS`] (read over [`FAST_SPAN_MS`] at least). The pool gives out at most what it held, so a region whose
+    /// demand rose past its refills (or moved to it) reads as taking only those; its waiting
+    /// requests say what it asks. C, idle until demand moved to it, read its refills
+    /// (40 units each) as its demand and took what home had left in three round trips,
+    /// not one (`tests/cases/global_moved_model.rs`). Only with the others' shares on the
+    /// board (`checked`), as the fast rate above: before they report (a window's start),
+    /// only the quarter rule would cap it, and a region offered four times another's
+    /// took a quarter of home at its second refill, another at its third, past its share
+    /// (12 400 of a 30 000 that three regions each wanted more than a third of).
+    fn waited(&self, k: &Known) -> u64 {
+        if k.wanted == 0 {
+            return 0;
+        }
+        let span = self.now_ms().saturating_sub(k.wanted_ms).max(FAST_SPAN_MS);
+        let unmet = u128::from(k.wanted) * u128::from(POOL_AHEAD_MS) / u128::from(span);
+        u64::try_from(unmet).unwrap_or(u64::MAX)
     }
 
     /// This region's max-min share of `check`'s window still to be granted, and how many other
@@ -338,4 +329,24 @@ pub(super) struct Want {
     pub short: bool,
     /// The region's rate, per 1 000 s (its demand, reported at home).
     pub per_ks: u64,
+}
+
+/// Reported at home: the region's rate over the window so far, or since this
+/// replica's last refill when higher (a replica's first refill in a window has no
+/// rate of its own; a region's demand that rose is seen from its last refill).
+/// Early in a window, the rate of the window before (carried in `k.demand`) until
+/// this one has its own.
+fn reported(check: &LimitCheck, k: &Known, pool: &PoolState, per_ks: u64) -> u64 {
+    check.window.map_or(per_ks, |(start, _)| {
+        let into = pool.now.saturating_sub(start / 1000);
+        let avg = u128::from(pool.taken) * 1_000_000 / u128::from(into.max(1_000));
+        let carried = if into < POOL_AHEAD_MS {
+            k.demand.per_ks
+        } else {
+            0
+        };
+        per_ks
+            .max(u64::try_from(avg).unwrap_or(u64::MAX))
+            .max(carried)
+    })
 }

@@ -36,6 +36,7 @@ mod admin;
 mod ask;
 mod drain;
 mod fair;
+mod known;
 mod moved;
 mod pool;
 mod refund;
@@ -48,6 +49,8 @@ pub use pool::{MemoryPool, PoolOp, PoolState, RegionPool, Stamp};
 pub use regions::{Demand, MemoryBoard, RegionBoard, RegionReport, MAX_REGIONS};
 pub use share::Share;
 pub use tallies::GlobalTallies;
+
+use known::{make_room, Known};
 
 use super::{BoxFuture, CounterKey, CounterStore, Decision, LimitCheck, Outcome, StoreError};
 use crate::clock::Clock;
@@ -78,50 +81,6 @@ pub const HOME_RETRY_MS: u64 = 1_000;
 pub const POOL_PATIENCE: Duration = Duration::from_secs(5);
 /// How often a replica waiting on another's refill looks at the pool again.
 const POLL: Duration = Duration::from_millis(5);
-/// Pools and demand records one replica keeps track of at most.
-const MAX_KNOWN: usize = 10_000;
-
-/// What this replica remembers of one global counter: for sizing refills and for answers.
-#[derive(Debug, Clone, Copy, Default)]
-struct Known {
-    window_ms: u64,
-    /// The window (`LimitCheck::window`, µs), for giving the pool back at SIGTERM.
-    window: Option<(u64, u64)>,
-    /// What home had left at the last refill this replica saw (u64::MAX: none yet).
-    home_left: u64,
-    /// The last refill's size, and the pool's `taken` and clock then (the region's rate).
-    last_refill: u64,
-    taken_at: u64,
-    at_ms: u64,
-    /// The pool's clock and `taken` when this replica's last refill (`last_refill`, more than
-    /// nothing) asked home (0: none): a region taking its refills as fast as they land reads
-    /// its rate from then (`ask.rs`).
-    asked_ms: u64,
-    taken_asked: u64,
-    /// This replica watches the pool for idleness (to give it back home).
-    draining: bool,
-    /// Units came into the pool while the watch ran (a give-back): once the watch ends, it
-    /// looks again (it may have seen the pool empty just before they came).
-    poked: u64,
-    /// A refill ahead runs from this replica (one at a time per counter).
-    ahead: bool,
-    /// The next window's pool was filled ahead from this replica.
-    prefilled: bool,
-    /// The region's demand at this replica's last refill (reported at home: `fair.rs`).
-    demand: regions::Demand,
-    /// The least a refill asks ([`MIN_REFILL_SLICES`] of the limit's largest slices; 0 until
-    /// this replica refilled): a pool trimmed because demand fell keeps at least this
-    /// (`moved.rs`).
-    floor: u64,
-    /// Units this replica's requests waited for while the pool was dry (a take from it failed
-    /// and no refill has landed since), each request's at most a slice's, since its last
-    /// refill asked home, and when the first of them did (this replica's clock, ms): demand
-    /// the pool did not meet (`ask.rs`).
-    wanted: u64,
-    wanted_ms: u64,
-    /// A take from the pool failed and no refill landed since.
-    starved: bool,
-}
 
 /// What one refill got from home.
 struct Asked {
@@ -188,36 +147,6 @@ impl GlobalGrants {
     /// The home store (for operators: inspect and reset reach the global counter there).
     pub fn home(&self) -> &Arc<dyn CounterStore> {
         &self.home
-    }
-
-    fn known(&self, key: &CounterKey, window: Option<(u64, u64)>) -> Known {
-        let window_ms = window_ms(window);
-        let mut map = self.known.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = (key.clone(), window_ms);
-        // Bounded: sizing falls back to the first refill's for a while.
-        make_room(&mut map, &slot, MAX_KNOWN);
-        if let Some(k) = map.get(&slot) {
-            return *k;
-        }
-        // The region's demand in the window before, until this one measures its own (`fair.rs`).
-        let demand = window
-            .and_then(|(start, end)| window_ms.checked_sub(end.checked_sub(start)? / 1000))
-            .and_then(|before| map.get(&(key.clone(), before)))
-            .map_or(regions::Demand::IDLE, |k| k.demand);
-        *map.entry(slot).or_insert(Known {
-            window_ms,
-            window,
-            home_left: u64::MAX,
-            demand,
-            ..Known::default()
-        })
-    }
-
-    fn update(&self, key: &CounterKey, window_ms: u64, f: impl FnOnce(&mut Known)) {
-        let mut map = self.known.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(k) = map.get_mut(&(key.clone(), window_ms)) {
-            f(k);
-        }
     }
 
     /// How long a pool lives past its last use: to its window's end and a minute more (a
@@ -597,18 +526,6 @@ struct Landed<'a>(&'a std::sync::atomic::AtomicUsize);
 impl Drop for Landed<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-/// Room for `slot` in a map bounded at `max` entries per counter and window: windows that
-/// passed go first, then everything.
-fn make_room<V>(map: &mut HashMap<(CounterKey, u64), V>, slot: &(CounterKey, u64), max: usize) {
-    if map.len() >= max && !map.contains_key(slot) {
-        let newest = map.keys().map(|(_, w)| *w).max().unwrap_or(0);
-        map.retain(|(_, w), _| *w >= newest);
-        if map.len() >= max {
-            map.clear();
-        }
     }
 }
 

@@ -87,7 +87,7 @@ impl Slices {
         for wait in 0..MAX_WAITS {
             let now = if wait == 0 { now } else { self.now_us() };
             let entry = self.entry(check, window, now);
-            let (mut rx, start) = {
+            let (rx, start) = {
                 let mut s = entry.slice.lock().unwrap_or_else(|p| p.into_inner());
                 if s.window != window {
                     if s.window.0 > window.0 {
@@ -141,22 +141,7 @@ impl Slices {
                 self.refill_in_background(&entry, check, terms, check.hits);
             }
             self.tallies.waited.add(1);
-            // Woken when this window's refill is done (judged by the slice's state, which a
-            // refill settles under the lock before it signals: a stale refill of an older
-            // window landing meanwhile neither wakes it early nor hides the wake-up).
-            let changed = async {
-                loop {
-                    rx.changed().await?;
-                    if entry.settled_for(window) {
-                        return Ok::<(), tokio::sync::watch::error::RecvError>(());
-                    }
-                }
-            };
-            let got = match deadline {
-                Some(d) => tokio::time::timeout_at(d, changed).await.ok(),
-                None => Some(changed.await),
-            };
-            if !matches!(got, Some(Ok(()))) {
+            if !settled(&entry, rx, window, deadline).await {
                 return self.unreachable(&entry);
             }
         }
@@ -259,4 +244,28 @@ impl Slices {
         }
         (true, window)
     }
+}
+
+/// Woken when this window's refill is done (judged by the slice's state, which a refill
+/// settles under the lock before it signals: a stale refill of an older window landing
+/// meanwhile neither wakes it early nor hides the wake-up); false past `deadline`.
+async fn settled(
+    entry: &Entry,
+    mut rx: tokio::sync::watch::Receiver<u64>,
+    window: (u64, u64),
+    deadline: Option<tokio::time::Instant>,
+) -> bool {
+    let changed = async {
+        loop {
+            rx.changed().await?;
+            if entry.settled_for(window) {
+                return Ok::<(), tokio::sync::watch::error::RecvError>(());
+            }
+        }
+    };
+    let got = match deadline {
+        Some(d) => tokio::time::timeout_at(d, changed).await.ok(),
+        None => Some(changed.await),
+    };
+    matches!(got, Some(Ok(())))
 }
