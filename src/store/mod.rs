@@ -369,6 +369,17 @@ pub trait CounterStore: Send + Sync + std::fmt::Debug {
             Ok(true)
         })
     }
+
+    /// A home store's grant of a global limit's refill (`check`), capped in the same atomic
+    /// call at the region's max-min share as the regions' reports at home have them
+    /// ([`global::FairAsk`]). `Ok(None)`: this store cannot (the caller caps on its board).
+    fn grant_fair<'a>(
+        &'a self,
+        _check: &'a LimitCheck,
+        _ask: &'a global::FairAsk,
+    ) -> BoxFuture<'a, Result<Option<global::FairGrant>, StoreError>> {
+        Box::pin(async { Ok(None) })
+    }
 }
 
 impl<S: CounterStore + ?Sized> CounterStore for Arc<S> {
@@ -378,6 +389,14 @@ impl<S: CounterStore + ?Sized> CounterStore for Arc<S> {
         cleared: u64,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         (**self).refund_fenced(check, cleared)
+    }
+
+    fn grant_fair<'a>(
+        &'a self,
+        check: &'a LimitCheck,
+        ask: &'a global::FairAsk,
+    ) -> BoxFuture<'a, Result<Option<global::FairGrant>, StoreError>> {
+        (**self).grant_fair(check, ask)
     }
 
     fn decide<'a>(

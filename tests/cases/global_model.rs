@@ -27,7 +27,8 @@ use crate::support::{Rng, T0};
 use sluice::clock::{Clock, ManualClock};
 use sluice::config::{Leasing, Limit, Period, Unit};
 use sluice::store::global::{
-    GlobalGrants, MemoryBoard, MemoryPool, PoolOp, RegionBoard, RegionPool, RegionReport, Share,
+    grant_on_board, FairAsk, FairGrant, GlobalGrants, MemoryBoard, MemoryPool, PoolOp, RegionBoard,
+    RegionPool, RegionReport, Share,
 };
 use sluice::store::memory::MemoryStore;
 use sluice::store::slices::{SlicedDecider, Slices};
@@ -134,6 +135,64 @@ impl CounterStore for Link {
 
     fn probe(&self) -> BoxFuture<'_, bool> {
         Box::pin(async move { !self.cut.load(SeqCst) })
+    }
+
+    fn grant_fair<'a>(
+        &'a self,
+        check: &'a LimitCheck,
+        ask: &'a FairAsk,
+    ) -> BoxFuture<'a, Result<Option<FairGrant>, StoreError>> {
+        Box::pin(async move {
+            for _ in 0..self.yields() {
+                tokio::task::yield_now().await;
+            }
+            if self.cut.load(SeqCst) {
+                return Err(StoreError::Transient("partitioned".into()));
+            }
+            let g = self.home.grant_fair(check, ask).await;
+            for _ in 0..self.yields() {
+                tokio::task::yield_now().await;
+            }
+            if self.cut.load(SeqCst) {
+                return Err(StoreError::Transient(
+                    "partitioned: the reply is lost".into(),
+                ));
+            }
+            g
+        })
+    }
+}
+
+/// Home capping each refill at its region's share as the reports at home have it when the
+/// refill arrives (`FairAsk`; the Redis script's, `tests/cases/global_fair_home.rs`).
+#[derive(Debug)]
+struct Capping {
+    home: Arc<dyn CounterStore>,
+    board: Arc<MemoryBoard>,
+    clock: ManualClock,
+}
+
+impl CounterStore for Capping {
+    fn decide<'a>(
+        &'a self,
+        checks: &'a [LimitCheck],
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        self.home.decide(checks)
+    }
+
+    fn probe(&self) -> BoxFuture<'_, bool> {
+        self.home.probe()
+    }
+
+    fn grant_fair<'a>(
+        &'a self,
+        check: &'a LimitCheck,
+        ask: &'a FairAsk,
+    ) -> BoxFuture<'a, Result<Option<FairGrant>, StoreError>> {
+        Box::pin(async move {
+            let now_ms = u64::try_from(self.clock.now().as_millis()).unwrap_or(u64::MAX);
+            grant_on_board(&*self.home, &self.board, check, ask, now_ms).await
+        })
     }
 }
 
@@ -282,6 +341,17 @@ async fn run_seed(seed: u64, share: Option<Share>) -> Result<Stats, String> {
         clock.clone(),
     )))));
     let board = Arc::new(MemoryBoard::default());
+    // Odd seeds: refills capped at home on the reports there (as on Redis); even ones: on
+    // each replica's board (a home that cannot cap).
+    let home: Arc<dyn CounterStore> = if seed % 2 == 1 {
+        Arc::new(Capping {
+            home,
+            board: Arc::clone(&board),
+            clock: clock.clone(),
+        })
+    } else {
+        home
+    };
     let mut regions: Vec<Region> = (0..REGIONS)
         .map(|r| {
             let pool = Arc::new(MemoryPool::new(Arc::new(clock.clone()), 1000));

@@ -70,6 +70,7 @@ mod global;
 mod global_admin;
 mod global_boundary;
 mod global_fair;
+mod global_fair_home;
 mod global_fence;
 mod global_model;
 mod global_moved;

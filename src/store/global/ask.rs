@@ -24,34 +24,73 @@ use std::time::Duration;
 const FAST_SPAN_MS: u64 = 250;
 
 impl GlobalGrants {
-    /// One refill's grant from home: `want`, or what home has left when less (a second call),
-    /// or nothing (home is dry for `ahead`).
-    pub(super) async fn ask_home(&self, check: &LimitCheck, want: u64, home_left: u64) -> Asked {
+    /// One refill's grant from home: `want` (the first of the pair, capped at home at the
+    /// region's share with `fair`; else the second, capped on this replica's board), or what
+    /// home has left when less (a second call), or nothing (home is dry for `ahead`, or the
+    /// region's share is spent for [`fair::FAIR_RETRY_MS`]).
+    pub(super) async fn ask_home(
+        &self,
+        check: &LimitCheck,
+        (uncapped, capped): (u64, u64),
+        home_left: u64,
+        fair: Option<&fair::FairAsk>,
+    ) -> Asked {
         let mut out = Asked {
             got: 0,
             dry_ms: 0,
             home_left,
             failed: None,
             asked_at: (0, 0),
+            capped: false,
         };
-        let mut ask = want;
+        let mut ask = if fair.is_some() { uncapped } else { capped };
         for _ in 0..2 {
             let mut grant = grant_check(&check.key, check.window, ask, false);
             // Judged on the admin override in force (`admin.rs`), as the request would be.
             grant.admin_limit = check.admin_limit;
-            let o = match self.home.decide(std::slice::from_ref(&grant)).await {
-                Ok(d) => match d.outcomes.first() {
-                    Some(o) => *o,
-                    None => break,
-                },
+            let answer = match fair {
+                Some(f) => self.home.grant_fair(&grant, f).await,
+                None => Ok(None),
+            };
+            let answer = match answer {
+                Ok(Some(g)) => Ok(g),
+                // A home that cannot cap (none of ours in production): this replica's board's.
+                Ok(None) => {
+                    if ask > capped {
+                        ask = capped;
+                        grant.hits = ask;
+                    }
+                    if ask == 0 {
+                        out.dry_ms = fair::FAIR_RETRY_MS;
+                        break;
+                    }
+                    self.home
+                        .decide(std::slice::from_ref(&grant))
+                        .await
+                        .map(|d| fair::FairGrant {
+                            hits: ask,
+                            outcome: d.outcomes.first().copied(),
+                        })
+                }
+                Err(e) => Err(e),
+            };
+            let g = match answer {
+                Ok(g) => g,
                 Err(e) => {
                     out.failed = Some(e);
                     break;
                 }
             };
+            out.capped |= g.hits < ask;
+            let Some(o) = g.outcome else {
+                // Over its share at home: the others' units. Dry a moment, then asks again.
+                out.capped = true;
+                out.dry_ms = fair::FAIR_RETRY_MS;
+                break;
+            };
             out.home_left = u64::from(o.remaining);
             if o.allowed {
-                out.got = ask;
+                out.got = g.hits;
                 break;
             }
             // Home has less than asked: the region takes what is left (a request too large for
@@ -61,7 +100,7 @@ impl GlobalGrants {
                 out.dry_ms = check.slice.map_or(100, |t| t.ahead.millis()).max(1);
                 break;
             }
-            ask = left;
+            ask = left.min(g.hits);
         }
         out
     }
@@ -114,7 +153,18 @@ impl GlobalGrants {
             kn.wanted_ms = if kn.wanted > 0 { now } else { 0 };
         });
         let started = tokio::time::Instant::now();
-        let asked = if want == 0 {
+        let fair_ask = self.fair_ask(check, lock);
+        let asked = if let Some(f) = &fair_ask {
+            // Capped at home, on the reports as home has them when the refill arrives: a
+            // region whose demand fell reported it (and gave its units back) meanwhile, and
+            // what it left is this refill's, not the next one's. Sent even when this
+            // replica's board says the share is spent: home's may say otherwise.
+            let mut asked = self
+                .ask_home(check, (sized.uncapped, want), k.home_left, Some(f))
+                .await;
+            asked.asked_at = (lock.now, lock.taken);
+            asked
+        } else if want == 0 {
             // Over its max-min share (`fair.rs`): home's units are the other regions'. The
             // pool is dry a moment; the report after it reads the board again.
             Asked {
@@ -123,13 +173,14 @@ impl GlobalGrants {
                 home_left: k.home_left,
                 failed: None,
                 asked_at: (0, 0),
+                capped: false,
             }
         } else {
-            let mut asked = self.ask_home(check, want, k.home_left).await;
+            let mut asked = self.ask_home(check, (want, want), k.home_left, None).await;
             asked.asked_at = (lock.now, lock.taken);
             asked
         };
-        let short = asked.failed.is_none() && (sized.short || asked.got < want);
+        let short = asked.failed.is_none() && (sized.short || asked.got < want || asked.capped);
         if short {
             self.mark_short(key, check.window); // `moved.rs`: idle pools elsewhere come home
         }
@@ -140,7 +191,7 @@ impl GlobalGrants {
             };
             k.floor = floor;
         });
-        if asked.failed.is_none() && want > 0 {
+        if asked.failed.is_none() && asked.asked_at != (0, 0) {
             // Answered refills only: the panel divides by them.
             let rtt = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
             self.tallies.refill_us.add(rtt);
@@ -209,7 +260,8 @@ impl GlobalGrants {
             k.home_left.div_ceil(4)
         };
         let wanted = demand.max(floor).max(need).max(1);
-        let mut want = wanted.min(quarter).max(need).max(1);
+        let uncapped = wanted.min(quarter).max(need).max(1);
+        let mut want = uncapped;
         if let Some((left, _)) = fair {
             // Over its share: nothing, not even `need` (the others' units).
             want = want.min(left);
@@ -217,6 +269,7 @@ impl GlobalGrants {
         self.trace_sized(check, (want, wanted, pool.have, k.home_left), fair);
         Want {
             want,
+            uncapped,
             short: want < wanted,
             per_ks,
         }
@@ -239,6 +292,18 @@ impl GlobalGrants {
         let span = self.now_ms().saturating_sub(k.wanted_ms).max(FAST_SPAN_MS);
         let unmet = u128::from(k.wanted) * u128::from(POOL_AHEAD_MS) / u128::from(span);
         u64::try_from(unmet).unwrap_or(u64::MAX)
+    }
+
+    /// What home caps this region's refill of `check` by (`fair.rs`): who asks and what it
+    /// was granted; `None` without a window that ends (a token bucket) or a board to report to.
+    fn fair_ask(&self, check: &LimitCheck, pool: &PoolState) -> Option<fair::FairAsk> {
+        let (_, end) = check.window?;
+        let r = self.reporting.get()?;
+        (end != u64::MAX).then(|| fair::FairAsk {
+            region: r.region.clone(),
+            mine: pool.have,
+            end_ms: end / 1000,
+        })
     }
 
     /// This region's max-min share of `check`'s window still to be granted, and how many other
@@ -325,6 +390,9 @@ impl GlobalGrants {
 /// One refill's size, as [`GlobalGrants::want`] decides it.
 pub(super) struct Want {
     pub want: u64,
+    /// `want` before the share on this replica's board capped it: what a refill asks when
+    /// home caps it at the share as the reports at home have it (`FairAsk`).
+    pub uncapped: u64,
     /// Held below the region's demand (by the quarter rule or its share).
     pub short: bool,
     /// The region's rate, per 1 000 s (its demand, reported at home).

@@ -35,8 +35,8 @@
 //! not capped by fairness. `REGION` names the region on the board: regions that share a name
 //! (or leave it empty) see no board of each other, and share by the quarter rule alone.
 
-use super::regions::{Demand, RegionReport};
-use crate::store::CounterKey;
+use super::regions::{Demand, MemoryBoard, RegionBoard, RegionReport};
+use crate::store::{CounterKey, CounterStore, LimitCheck, Outcome, StoreError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -138,6 +138,63 @@ pub fn share_left(limit: u64, mine: u64, others: &[RegionReport], now_ms: u64, e
         }
     }
     lo.saturating_sub(mine)
+}
+
+/// A refill's ask of home with the region's share decided there, in the grant's own call
+/// ([`CounterStore::grant_fair`]): the board a replica reads is half a round trip old when its
+/// refill arrives at home, and a region whose demand fell reports it (and gives its units back)
+/// in between; capped at home, the refill takes what that region left at once, not a refill
+/// later (`tests/cases/global_moved_model.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FairAsk {
+    /// The region asking (its own report is not another region's claim).
+    pub region: String,
+    /// What it was granted in the window so far (its pool's `have`).
+    pub mine: u64,
+    /// When the window ends (Unix ms).
+    pub end_ms: u64,
+}
+
+/// What a grant capped at home came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FairGrant {
+    /// The hits charged (allowed) or asked (denied): the ask's, capped at the share.
+    pub hits: u64,
+    /// The charge's outcome; `None`: the region's share was 0, nothing was charged.
+    pub outcome: Option<Outcome>,
+}
+
+/// [`CounterStore::grant_fair`] where the reports live in memory beside the home counter (one
+/// process, no await between reading them and the charge): the share as `board` has it at
+/// `now_ms`, then the charge of `check`'s hits capped at it.
+pub async fn grant_on_board(
+    home: &dyn CounterStore,
+    board: &MemoryBoard,
+    check: &LimitCheck,
+    ask: &FairAsk,
+    now_ms: u64,
+) -> Result<Option<FairGrant>, StoreError> {
+    let mut others = board
+        .read(&check.key, super::window_ms(check.window))
+        .await?;
+    others.retain(|r| r.region != ask.region);
+    let limit = check
+        .admin_limit
+        .unwrap_or(check.key.limit.requests_per_unit);
+    let share = share_left(u64::from(limit), ask.mine, &others, now_ms, ask.end_ms);
+    if share == 0 {
+        return Ok(Some(FairGrant {
+            hits: 0,
+            outcome: None,
+        }));
+    }
+    let mut capped = check.clone();
+    capped.hits = check.hits.min(share);
+    let d = home.decide(std::slice::from_ref(&capped)).await?;
+    Ok(Some(FairGrant {
+        hits: capped.hits,
+        outcome: d.outcomes.first().copied(),
+    }))
 }
 
 impl super::GlobalGrants {

@@ -45,6 +45,7 @@ mod share;
 mod tallies;
 
 pub use admin::GlobalAdmin;
+pub use fair::{grant_on_board, share_left, FairAsk, FairGrant, FRESH_MS};
 pub use pool::{MemoryPool, PoolOp, PoolState, RegionPool, Stamp};
 pub use regions::{Demand, MemoryBoard, RegionBoard, RegionReport, MAX_REGIONS};
 pub use share::Share;
@@ -94,6 +95,8 @@ struct Asked {
     /// The pool's clock and `taken` when the refill asked home (`ask.rs`: a refill that got
     /// units reads the region's next rate from then).
     asked_at: (u64, u64),
+    /// Home capped it at the region's share (`fair.rs`): the region is short.
+    capped: bool,
 }
 
 /// The store a global limit's slices are granted by: the region's pool, refilled from home.
@@ -328,6 +331,7 @@ impl GlobalGrants {
                 home_left: k.home_left,
                 failed: Some(e),
                 asked_at: (0, 0),
+                capped: false,
             };
             return self
                 .land(key, (check.window, window_ms, begun), ttl, token, asked)
@@ -371,6 +375,7 @@ impl GlobalGrants {
             home_left,
             failed,
             asked_at,
+            ..
         } = asked;
         let fill = if failed.is_some() {
             // Home is unreachable: the region denies what it cannot admit for a while, rather

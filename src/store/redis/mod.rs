@@ -336,6 +336,21 @@ impl CounterStore for RedisStore {
             Ok(!codec::already_applied(&values))
         })
     }
+
+    fn grant_fair<'a>(
+        &'a self,
+        check: &'a LimitCheck,
+        ask: &'a crate::store::global::FairAsk,
+    ) -> BoxFuture<'a, Result<Option<crate::store::global::FairGrant>, StoreError>> {
+        Box::pin(async move {
+            let prefix = &self.common.prefix;
+            let window_ms = check.window.map_or(0, |(start, _)| start / 1000);
+            let regions = regions_key(prefix, &check.key, window_ms);
+            let call = codec::encode_fair(check, ask, regions, |k| keys::counter_key(prefix, k));
+            let values = self.call_alone(&call, &check.key).await?;
+            codec::decode_fair(&values, &call).map(Some)
+        })
+    }
 }
 
 impl RedisStore {

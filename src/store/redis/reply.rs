@@ -2,7 +2,7 @@
 //! batcher and the Cluster path name the same modes.
 
 /// What a call asks the script to return (ARGV[2], see the top of `decide.lua`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Reply {
     /// "0": each limit's outcome.
     Answer,
@@ -20,6 +20,17 @@ pub(super) enum Reply {
     /// "f<cleared>": as `Answer`, for a home store's refund of units a region's pool drained
     /// (one limit): refused, `{-1}`, if a reset fenced the counter's window past `cleared`.
     Fenced { cleared: u64 },
+    /// "s<mine>:<end_ms>:<fresh_ms>:<ahead_ms>:<region>": as `Answer`, for a home store's
+    /// grant of a global limit's refill (one limit), its hits capped at the region's max-min
+    /// share as the regions' reports (the call's last key) have them; `{-2}` when that is 0,
+    /// else the reply is followed by the hits charged or asked.
+    Fair {
+        mine: u64,
+        end_ms: u64,
+        fresh_ms: u64,
+        ahead_ms: u64,
+        region: std::sync::Arc<str>,
+    },
     /// "u": takes back what a committed Cluster slot's `in_flight` takes and reservations
     /// changed (a request another slot then denied); one value per limit, 1 if taken back.
     Unlease,
@@ -27,16 +38,23 @@ pub(super) enum Reply {
 
 impl Reply {
     /// ARGV[2].
-    pub(super) fn arg(self) -> String {
+    pub(super) fn arg(&self) -> String {
         match self {
             Reply::Answer => "0".into(),
             Reply::Tokens => "1".into(),
             Reply::Dry => "d".into(),
             Reply::Verdict { admitted, over } => {
-                format!("x{}{}", u8::from(admitted), u8::from(over))
+                format!("x{}{}", u8::from(*admitted), u8::from(*over))
             }
-            Reply::Guarded { ttl_ms } => format!("g{}", ttl_ms.max(1)),
+            Reply::Guarded { ttl_ms } => format!("g{}", (*ttl_ms).max(1)),
             Reply::Fenced { cleared } => format!("f{cleared}"),
+            Reply::Fair {
+                mine,
+                end_ms,
+                fresh_ms,
+                ahead_ms,
+                region,
+            } => format!("s{mine}:{end_ms}:{fresh_ms}:{ahead_ms}:{region}"),
             Reply::Unlease => "u".into(),
         }
     }

@@ -452,4 +452,5 @@ for _ = 1, R do
   for j = 1, #o do result[#result + 1] = o[j] end
   p, kb = p + 1 + K * n, kb + n
 end
+if fair_hits then result[#result + 1] = fair_hits end
 return result

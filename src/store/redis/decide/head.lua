@@ -150,6 +150,74 @@ if kind == 'f' then
   fence = tonumber(sub(ARGV[2], 2))
   ARGV[2] = '0'
 end
+-- "s<mine>:<end ms>:<fresh ms>:<ahead ms>:<region>" (a home store's grant of a global limit's
+-- refill, one request of one limit; store/global/ask.rs): its hits are capped at the region's
+-- max-min share of the window as the regions' reports have them now (their hash is the LAST
+-- key, not a limit), computed as store/global/fair.rs's `share_left` computes it (keep the two
+-- in step: tests/cases/global_fair_home.rs checks them on the same boards). A share of 0
+-- returns {-2} and charges nothing; otherwise the call goes on as "0", its reply followed by
+-- the hits it charged (or, denied, asked).
+local fair_hits = nil
+if kind == 's' then
+  local f, rest = {}, sub(ARGV[2], 2)
+  for i = 1, 4 do
+    local c = find(rest, ':', 1, true)
+    f[i] = tonumber(sub(rest, 1, c - 1))
+    rest = sub(rest, c + 1)
+  end
+  local mine, end_ms, fresh_ms, ahead_ms = f[1], f[2], f[3], f[4]
+  local limit, now_ms = tonumber(ARGV[5]), floor(now / 1000)
+  -- Every other region's claim (fair.rs, `Claim::from_report`): what it was granted, and its
+  -- demand (nil: more than any share). A value that is not a report is skipped, as there.
+  local granted, demand, seen = {}, {}, 0
+  local all = call('HGETALL', KEYS[#KEYS])
+  for i = 1, #all - 1, 2 do
+    local v = {}
+    for n in string.gmatch(all[i + 1], '[^ ]+') do v[#v + 1] = tonumber(n) or -1 end
+    local ok = #v == 4 or #v >= 6
+    for j = 1, min(#v, 6) do ok = ok and v[j] >= 0 and v[j] == floor(v[j]) end
+    if ok and seen < 100 then
+      seen = seen + 1
+      if all[i] ~= rest then
+        local pool, taken, at = v[1], v[2], v[4]
+        local per_ks, short = v[5] or 0, v[6] == 1
+        local g, d = pool + taken, nil
+        local lasts = 0
+        if per_ks > 0 then lasts = floor(pool * 2000000 / per_ks) end
+        local fresh = fresh_ms
+        if not short then fresh = max(fresh_ms, lasts) end
+        if now_ms - at > fresh then
+          d = g
+        elseif not (short or (per_ks == 0 and pool > 0)) then
+          d = g + floor(per_ks * (max(end_ms - min(at, now_ms), 0) + 2 * ahead_ms) / 1000000)
+        end
+        granted[#granted + 1], demand[#granted + 1] = g, d
+      end
+    end
+  end
+  local function held(level)
+    local sum = max(mine, level)
+    for j = 1, #granted do
+      local wants = level
+      if demand[j] then wants = min(demand[j], level) end
+      sum = sum + max(granted[j], wants)
+    end
+    return sum
+  end
+  local share = 0
+  if held(0) <= limit then
+    local lo, hi = 0, limit
+    while lo < hi do
+      local mid = lo + math.ceil((hi - lo) / 2)
+      if held(mid) <= limit then lo = mid else hi = mid - 1 end
+    end
+    share = max(lo - mine, 0)
+  end
+  if share <= 0 then return {-2} end
+  fair_hits = min(tonumber(ARGV[7]), share)
+  ARGV[7] = fmt('%d', fair_hits)
+  ARGV[2] = '0'
+end
 -- Where a recorded count saturates (2^50; hits are at most 2^40): every sum stays exact.
 local MAXC = 1125899906842624
 
