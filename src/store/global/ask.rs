@@ -121,25 +121,7 @@ impl GlobalGrants {
             .map_or(1, |t| u64::from(t.max_slice))
             .saturating_mul(MIN_REFILL_SLICES);
         if begun {
-            self.board_for(check).await;
-            // Requests waited since the last refill asked: the region is short, and its next
-            // refill is sized on the board as home has it when this one arrives there, half a
-            // round trip after any read before it (a region whose demand fell reports it as it
-            // gives its pool back: read only with this refill's report, after it lands, that
-            // report reached the next refill but one, a round trip later). Not instead of the
-            // read before a refill (`board_for`): a first refill sent without it (the board
-            // read beside) landed before the board, and the next was sized on none, a quarter
-            // of home (a region offered four times another's took 12 400 of 30 000).
-            // Even right after a read before the refill (that board is half a round trip older
-            // than home when this refill arrives there); only near a dry home (where demand
-            // moving matters) or at this replica's first refill in the window: one more home
-            // call per refill there, none while the limit is far.
-            let first = k.home_left == u64::MAX;
-            if (k.wanted > 0 || k.starved) && (first || self.near_dry(key, window_ms)) {
-                let (me, key) = (Arc::clone(self), key.clone());
-                self.background
-                    .spawn(async move { me.read_board(&key, window_ms).await });
-            }
+            self.boards_before(check, k).await;
         }
         // Known again after the board's round trip: the requests that waited meanwhile count.
         let k = &self.known(key, check.window);
@@ -198,6 +180,31 @@ impl GlobalGrants {
             self.tallies.last_refill_us.store(rtt, Relaxed);
         }
         asked
+    }
+
+    /// The board a refill of `check` is sized on: read first when this replica has none fresh
+    /// (`board_for`), and beside the refill while requests wait for it.
+    async fn boards_before(self: &Arc<Self>, check: &LimitCheck, k: &Known) {
+        let (key, window_ms) = (&check.key, super::window_ms(check.window));
+        self.board_for(check).await;
+        // Requests waited since the last refill asked: the region is short, and its next
+        // refill is sized on the board as home has it when this one arrives there, half a
+        // round trip after any read before it (a region whose demand fell reports it as it
+        // gives its pool back: read only with this refill's report, after it lands, that
+        // report reached the next refill but one, a round trip later). Not instead of the
+        // read before a refill (`board_for`): a first refill sent without it (the board
+        // read beside) landed before the board, and the next was sized on none, a quarter
+        // of home (a region offered four times another's took 12 400 of 30 000).
+        // Even right after a read before the refill (that board is half a round trip older
+        // than home when this refill arrives there); only near a dry home (where demand
+        // moving matters) or at this replica's first refill in the window: one more home
+        // call per refill there, none while the limit is far.
+        let first = k.home_left == u64::MAX;
+        if (k.wanted > 0 || k.starved) && (first || self.near_dry(key, window_ms)) {
+            let (me, key) = (Arc::clone(self), key.clone());
+            self.background
+                .spawn(async move { me.read_board(&key, window_ms).await });
+        }
     }
 
     /// The next refill's size: the region's demand over [`POOL_AHEAD_MS`], at least `need` and

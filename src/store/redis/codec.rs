@@ -276,64 +276,6 @@ pub(super) fn encode_fenced(
     call
 }
 
-/// A home store's grant of a global limit's refill (`check`), capped at the region's share as
-/// the regions' reports in `regions` (a key in the counter's slot) have them ([`Reply::Fair`]).
-pub(super) fn encode_fair(
-    check: &LimitCheck,
-    ask: &crate::store::global::FairAsk,
-    regions: String,
-    key_of: impl Fn(&CounterKey) -> String,
-) -> Call {
-    let mut call = encode(std::slice::from_ref(check), &[0], true, key_of);
-    call.plain = false;
-    call.counting = 0;
-    call.reply = Reply::Fair {
-        mine: ask.mine,
-        end_ms: ask.end_ms,
-        fresh_ms: crate::store::global::FRESH_MS,
-        ahead_ms: crate::store::global::POOL_AHEAD_MS,
-        region: ask.region.as_str().into(),
-    };
-    // Not a limit: the script reads the reports from the end of KEYS.
-    call.keys.push(regions);
-    call
-}
-
-/// A fair grant's reply ([`encode_fair`]): `{-2}`, the region's share was 0; else the
-/// answer, then the hits charged (or, denied, asked).
-pub(super) fn decode_fair(
-    values: &[i64],
-    call: &Call,
-) -> Result<crate::store::global::FairGrant, StoreError> {
-    use crate::store::global::FairGrant;
-    if values == [-2] {
-        return Ok(FairGrant {
-            hits: 0,
-            outcome: None,
-        });
-    }
-    let bad = || StoreError::Permanent(format!("unexpected fair grant reply {values:?}"));
-    let (hits, answer) = values.split_last().ok_or_else(bad)?;
-    let hits = u64::try_from(*hits).map_err(|_| bad())?;
-    let (mut outcomes, mut leases) = (vec![DENIED_OUTCOME], Vec::new());
-    let into = Fold {
-        outcomes: &mut outcomes,
-        leases: &mut leases,
-    };
-    decode(answer, call.layout(), &[0], into)?;
-    Ok(FairGrant {
-        hits,
-        outcome: outcomes.first().copied(),
-    })
-}
-
-const DENIED_OUTCOME: Outcome = Outcome {
-    allowed: false,
-    remaining: 0,
-    reset: Duration::ZERO,
-    retry_after: Duration::ZERO,
-};
-
 /// Whether a guarded call's reply says its guard was already set (applied before), or a
 /// fenced one that it was refused.
 pub(super) fn already_applied(values: &[i64]) -> bool {

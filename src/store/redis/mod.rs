@@ -13,6 +13,7 @@ mod board;
 mod cluster;
 mod codec;
 mod conn;
+mod fair;
 mod health;
 pub mod keys;
 mod lease_arg;
@@ -346,9 +347,9 @@ impl CounterStore for RedisStore {
             let prefix = &self.common.prefix;
             let window_ms = check.window.map_or(0, |(start, _)| start / 1000);
             let regions = regions_key(prefix, &check.key, window_ms);
-            let call = codec::encode_fair(check, ask, regions, |k| keys::counter_key(prefix, k));
+            let call = fair::encode(check, ask, regions, |k| keys::counter_key(prefix, k));
             let values = self.call_alone(&call, &check.key).await?;
-            codec::decode_fair(&values, &call).map(Some)
+            fair::decode_reply(&values, &call).map(Some)
         })
     }
 }
