@@ -15,13 +15,14 @@
 //! quarters of A's pool are back home within [`GIVE_BACK_BOUND`] of the move (counted when home
 //! answered A's refund): A's rate read over 100 ms, two looks 25 ms apart, the refund's round
 //! trip (no probe: home answered A within the last second). And C, with A, is admitted what A
-//! leaves (the limit but what A's pool keeps) within two refill round trips of that: C's
-//! refill is capped by its max-min share on a board read beside its previous refill, which
-//! lists A's report of its fall (sent as A's refund goes), not by a quarter of what home has
-//! left. Never more than the limit; at least 99 % of it admitted by the window's end.
+//! leaves (the limit but what A's pool keeps) within two refill round trips of the move too:
+//! C's second refill reaches home after A's report of its fall and A's refund, and home caps
+//! it at C's max-min share as those reports have it (`FairAsk`), not at the share on a board C
+//! read a round trip before, which listed A hungry. Never more than the limit; at least 99 % of
+//! it admitted by the window's end.
 //! Measured: home's rest (769) in C's pool at 300 ms, A's units home 260 ms after the move, C
-//! at what A leaves 455 ms after it; before, 40 units at 300 ms, 460 ms and 610 ms. The floor
-//! for A's units is a reading and two round trips (400 ms here: `docs/semantics.md`).
+//! at what A leaves 300 ms after it; before, 40 units at 300 ms, 460 ms and 610 ms, and (the
+//! share capped on C's board) 455 ms.
 //! Deterministic in what is asserted: the links' delays are fixed and time is virtual (the
 //! order of the replicas' own tasks moves C's figures by a step or two).
 
@@ -54,8 +55,8 @@ const MOVE: Duration = Duration::from_secs(10);
 /// How soon after the move A's pool must be home: a reading of its rate, two ticks, and the
 /// refund's round trip.
 const GIVE_BACK_BOUND: Duration = Duration::from_millis(RATE_SPAN_MS + 2 * TICK_MS + ROUND_TRIP_MS);
-/// How soon after A's units are home C (with A) must have been admitted what A leaves: two
-/// refill round trips.
+/// How soon after the move C must have had home's rest, and C with A been admitted what A
+/// leaves: two refill round trips.
 const TAKE_UP_BOUND: Duration = Duration::from_millis(2 * ROUND_TRIP_MS);
 
 /// A call to home, 75 ms away each way.

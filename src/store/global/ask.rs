@@ -10,7 +10,10 @@
 //! board, a refill asks at least what the replica's requests waited for while the pool was dry
 //! (`wanted`: the pool gives out at most what it held), and a board read goes beside each
 //! refill while the pool is dry near a dry home, so the next refill sees a fall another region
-//! reported half a round trip sooner (`tests/cases/global_moved_model.rs`).
+//! reported half a round trip sooner; and home caps the refill at the region's share as the
+//! reports at home have it when the refill arrives (`fair.rs`, [`fair::FairAsk`]), so a
+//! region's refill takes what another region left as that region reports it, not a refill
+//! later (`tests/cases/global_moved_model.rs`).
 
 use super::fair::{self, share_left};
 use super::{grant_check, Asked, GlobalGrants, Known, PoolState, MIN_REFILL_SLICES, POOL_AHEAD_MS};

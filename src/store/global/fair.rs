@@ -27,6 +27,11 @@
 //! - the **level** λ is the largest with Σ max(granted, min(demand, λ)) ≤ limit over the
 //!   regions, this one's demand unbounded; this region may be granted up to λ in all.
 //!
+//! The cap is decided at home, in the grant's own call ([`FairAsk`]): the home store's script
+//! reads the reports beside the counter and caps the charge at the share they give then (the
+//! Redis script mirrors [`share_left`]); the board a replica reads (above) still decides the
+//! quarter rule and how fast its demand is read, and caps refills only on a home that cannot.
+//!
 //! A region over its share is denied while home still holds units for the others (its pool
 //! dry for [`FAIR_RETRY_MS`], then it asks again, reading the board anew). What is held back
 //! for a region and not spent by the window's end is under-admission, bounded by how far its
