@@ -10,7 +10,7 @@
 //! second refill, it counts as wanting as much as any), the hungry ones split the rest in
 //! equal parts, and together they spend at least 95 % of the limit, never more than it.
 
-use super::global_model::{check, replica, Link, PerWindow, Replica, LIMIT};
+use super::global_model::{check, replica, Capping, Link, PerWindow, Replica, LIMIT};
 use crate::support::{Rng, T0};
 use sluice::clock::{Clock, ManualClock};
 use sluice::store::global::{MemoryBoard, MemoryPool, RegionBoard};
@@ -25,12 +25,29 @@ const STEP: Duration = Duration::from_millis(100);
 /// Per region and minute: (offered, admitted).
 type Tally = Vec<[(u64, u64); 3]>;
 
-async fn run(fair: bool, seed: u64) -> Tally {
+/// How fair the run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fair {
+    /// No reports, no shares.
+    Not,
+    /// Each refill capped on its replica's board (a home that cannot cap).
+    OnTheBoard,
+    /// Each refill capped at home, on the reports there when it arrives (as on Redis).
+    AtHome,
+}
+
+async fn run(fair: Fair, seed: u64) -> Tally {
     let clock = ManualClock::new(T0);
     let home: Arc<dyn CounterStore> = Arc::new(PerWindow(Arc::new(MemoryStore::new(Arc::new(
         clock.clone(),
     )))));
-    let board: Arc<dyn RegionBoard> = Arc::new(MemoryBoard::default());
+    let memory_board = Arc::new(MemoryBoard::default());
+    let board: Arc<dyn RegionBoard> = Arc::clone(&memory_board) as _;
+    let home: Arc<dyn CounterStore> = if fair == Fair::AtHome {
+        Arc::new(Capping::new(home, memory_board, &clock))
+    } else {
+        home
+    };
     let regions: Vec<Vec<Replica>> = (0..3u64)
         .map(|r| {
             let pool = Arc::new(MemoryPool::new(Arc::new(clock.clone()), 1000));
@@ -43,7 +60,7 @@ async fn run(fair: bool, seed: u64) -> Tally {
             (0..2)
                 .map(|_| {
                     let rep = replica(&pool, &link, &store, (&clock, None));
-                    if fair {
+                    if fair != Fair::Not {
                         rep.grants
                             .report_to(Arc::clone(&board), format!("region-{r}"));
                     }
@@ -88,10 +105,18 @@ async fn a_region_that_needs_little_gets_it_beside_two_that_want_twice_the_limit
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(7);
     for seed in [1, fresh] {
-        let unfair = run(false, seed).await;
-        let fair = run(true, seed).await;
-        eprintln!("seed {seed}: per minute and region (offered, admitted): without fairness {unfair:?}, with it {fair:?}");
-        for (minute, regions) in fair.iter().enumerate() {
+        let unfair = run(Fair::Not, seed).await;
+        let on_board = run(Fair::OnTheBoard, seed).await;
+        let at_home = run(Fair::AtHome, seed).await;
+        eprintln!(
+            "seed {seed}: per minute and region (offered, admitted): without fairness \
+             {unfair:?}, capped on the boards {on_board:?}, capped at home {at_home:?}"
+        );
+        for (minute, regions) in on_board
+            .iter()
+            .enumerate()
+            .chain(at_home.iter().enumerate())
+        {
             let admitted: u64 = regions.iter().map(|r| r.1).sum();
             let (small_offered, small) = regions[0];
             assert!(

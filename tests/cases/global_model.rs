@@ -34,7 +34,7 @@ use sluice::store::memory::MemoryStore;
 use sluice::store::slices::{SlicedDecider, Slices};
 use sluice::store::CounterKey;
 use sluice::store::{BoxFuture, CounterStore, Decider, Decision, LimitCheck, Plain, StoreError};
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -166,10 +166,29 @@ impl CounterStore for Link {
 /// Home capping each refill at its region's share as the reports at home have it when the
 /// refill arrives (`FairAsk`; the Redis script's, `tests/cases/global_fair_home.rs`).
 #[derive(Debug)]
-struct Capping {
-    home: Arc<dyn CounterStore>,
-    board: Arc<MemoryBoard>,
-    clock: ManualClock,
+pub(crate) struct Capping {
+    pub(crate) home: Arc<dyn CounterStore>,
+    pub(crate) board: Arc<MemoryBoard>,
+    pub(crate) clock: ManualClock,
+    /// Grants asked of it, and of those the ones it capped (share 0 included).
+    pub(crate) grants: AtomicU64,
+    pub(crate) capped: AtomicU64,
+}
+
+impl Capping {
+    pub(crate) fn new(
+        home: Arc<dyn CounterStore>,
+        board: Arc<MemoryBoard>,
+        clock: &ManualClock,
+    ) -> Self {
+        Self {
+            home,
+            board,
+            clock: clock.clone(),
+            grants: AtomicU64::new(0),
+            capped: AtomicU64::new(0),
+        }
+    }
 }
 
 impl CounterStore for Capping {
@@ -191,7 +210,13 @@ impl CounterStore for Capping {
     ) -> BoxFuture<'a, Result<Option<FairGrant>, StoreError>> {
         Box::pin(async move {
             let now_ms = u64::try_from(self.clock.now().as_millis()).unwrap_or(u64::MAX);
-            grant_on_board(&*self.home, &self.board, check, ask, now_ms).await
+            let g = grant_on_board(&*self.home, &self.board, check, ask, now_ms).await;
+            self.grants.fetch_add(1, SeqCst);
+            if let Ok(Some(g)) = &g {
+                self.capped
+                    .fetch_add(u64::from(g.hits < check.hits), SeqCst);
+            }
+            g
         })
     }
 }
@@ -332,6 +357,9 @@ struct Stats {
     windows: u64,
     judged: u64,
     least_judged: u64,
+    /// Capped at home (odd seeds): grants asked of home, and of those capped.
+    home_grants: u64,
+    home_capped: u64,
 }
 
 async fn run_seed(seed: u64, share: Option<Share>) -> Result<Stats, String> {
@@ -343,14 +371,11 @@ async fn run_seed(seed: u64, share: Option<Share>) -> Result<Stats, String> {
     let board = Arc::new(MemoryBoard::default());
     // Odd seeds: refills capped at home on the reports there (as on Redis); even ones: on
     // each replica's board (a home that cannot cap).
-    let home: Arc<dyn CounterStore> = if seed % 2 == 1 {
-        Arc::new(Capping {
-            home,
-            board: Arc::clone(&board),
-            clock: clock.clone(),
-        })
-    } else {
-        home
+    let capping =
+        (seed % 2 == 1).then(|| Arc::new(Capping::new(home.clone(), Arc::clone(&board), &clock)));
+    let home: Arc<dyn CounterStore> = match &capping {
+        Some(c) => Arc::clone(c) as _,
+        None => home,
     };
     let mut regions: Vec<Region> = (0..REGIONS)
         .map(|r| {
@@ -502,6 +527,10 @@ async fn run_seed(seed: u64, share: Option<Share>) -> Result<Stats, String> {
             ));
         }
     }
+    if let Some(c) = &capping {
+        stats.home_grants = c.grants.load(SeqCst);
+        stats.home_capped = c.capped.load(SeqCst);
+    }
     Ok(stats)
 }
 
@@ -606,7 +635,7 @@ async fn many_seeds(share: Option<Share>) {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(7);
-    let mut judged = 0;
+    let (mut judged, mut home_grants, mut home_capped) = (0, 0, 0);
     // 1795939937946169814: a refill filling the next window's pool ahead that home did not
     // answer marked that pool dry for a second; the link healed at the window's start and its
     // first 700 ms were denied, home answering.
@@ -615,10 +644,16 @@ async fn many_seeds(share: Option<Share>) {
             Ok(s) => {
                 eprintln!(
                     "seed {seed}, share {share:?}: {} windows, {} judged (least admitted {} of \
-                     {LIMIT})",
-                    s.windows, s.judged, s.least_judged
+                     {LIMIT}); capped at home {} of {} grants",
+                    s.windows, s.judged, s.least_judged, s.home_capped, s.home_grants
                 );
                 judged += s.judged;
+                if seed % 2 == 1 {
+                    // The odd seeds' home caps: every refill of theirs asks it.
+                    assert!(s.home_grants > 0, "seed {seed}: no grant capped at home");
+                }
+                home_grants += s.home_grants;
+                home_capped += s.home_capped;
             }
             Err(e) => panic!("{e} (share {share:?}; replay: add seed {seed})"),
         }
@@ -626,6 +661,11 @@ async fn many_seeds(share: Option<Share>) {
     assert!(
         judged >= 3,
         "too few windows offered twice the limit undisturbed to judge: {judged}"
+    );
+    // Home's cap bit: some refill asked more than the region's share at home.
+    assert!(
+        home_capped > 0,
+        "no refill capped at home of {home_grants} asked"
     );
 }
 

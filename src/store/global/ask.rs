@@ -30,12 +30,13 @@ impl GlobalGrants {
     /// One refill's grant from home: `want` (the first of the pair, capped at home at the
     /// region's share with `fair`; else the second, capped on this replica's board), or what
     /// home has left when less (a second call), or nothing (home is dry for `ahead`, or the
-    /// region's share is spent for [`fair::FAIR_RETRY_MS`]).
+    /// region's share is spent for [`fair::FAIR_RETRY_MS`]). `asked_at` is the pool's clock and
+    /// `taken` as it asks, kept when a call to home is made.
     pub(super) async fn ask_home(
         &self,
         check: &LimitCheck,
         (uncapped, capped): (u64, u64),
-        home_left: u64,
+        (home_left, asked_at): (u64, (u64, u64)),
         fair: Option<&fair::FairAsk>,
     ) -> Asked {
         let mut out = Asked {
@@ -59,24 +60,17 @@ impl GlobalGrants {
                 Ok(Some(g)) => Ok(g),
                 // A home that cannot cap (none of ours in production): this replica's board's.
                 Ok(None) => {
-                    if ask > capped {
-                        ask = capped;
-                        grant.hits = ask;
-                    }
-                    if ask == 0 {
+                    ask = ask.min(capped);
+                    let Some(r) = self.grant_capped(&mut grant, ask).await else {
+                        out.capped = true;
                         out.dry_ms = fair::FAIR_RETRY_MS;
                         break;
-                    }
-                    self.home
-                        .decide(std::slice::from_ref(&grant))
-                        .await
-                        .map(|d| fair::FairGrant {
-                            hits: ask,
-                            outcome: d.outcomes.first().copied(),
-                        })
+                    };
+                    r
                 }
                 Err(e) => Err(e),
             };
+            out.asked_at = asked_at;
             let g = match answer {
                 Ok(g) => g,
                 Err(e) => {
@@ -84,21 +78,28 @@ impl GlobalGrants {
                     break;
                 }
             };
-            out.capped |= g.hits < ask;
             let Some(o) = g.outcome else {
-                // Over its share at home: the others' units. Dry a moment, then asks again.
-                out.capped = true;
-                out.dry_ms = fair::FAIR_RETRY_MS;
-                break;
+                break; // no answer for the grant: nothing granted, nothing known
             };
             out.home_left = u64::from(o.remaining);
+            out.capped |= g.hits < ask;
+            let left = u64::from(o.remaining);
+            if g.hits == 0 {
+                // Over its share at home: the others' units (nothing charged). Dry a moment,
+                // then it asks again; as long as `ahead` when home has nothing left at all.
+                out.dry_ms = if left == 0 {
+                    check.slice.map_or(100, |t| t.ahead.millis()).max(1)
+                } else {
+                    fair::FAIR_RETRY_MS
+                };
+                break;
+            }
             if o.allowed {
                 out.got = g.hits;
                 break;
             }
             // Home has less than asked: the region takes what is left (a request too large for
             // it is denied, the others go on); only an empty home makes the pool dry.
-            let left = u64::from(o.remaining);
             if left == 0 || o.retry_after == Duration::MAX {
                 out.dry_ms = check.slice.map_or(100, |t| t.ahead.millis()).max(1);
                 break;
@@ -106,6 +107,25 @@ impl GlobalGrants {
             ask = left.min(g.hits);
         }
         out
+    }
+
+    /// A grant of at most `cap` units, capped on this replica's board (a home that cannot cap
+    /// at home); `None`: the board's share is spent, nothing was asked.
+    async fn grant_capped(
+        &self,
+        grant: &mut LimitCheck,
+        cap: u64,
+    ) -> Option<Result<fair::FairGrant, crate::store::StoreError>> {
+        grant.hits = grant.hits.min(cap);
+        if grant.hits == 0 {
+            return None;
+        }
+        let hits = grant.hits;
+        let d = self.home.decide(std::slice::from_ref(grant)).await;
+        Some(d.map(|d| fair::FairGrant {
+            hits,
+            outcome: d.outcomes.first().copied(),
+        }))
     }
 
     /// One refill's ask of home, sized (`want`) on the region's demand and its max-min share,
@@ -144,11 +164,9 @@ impl GlobalGrants {
             // region whose demand fell reported it (and gave its units back) meanwhile, and
             // what it left is this refill's, not the next one's. Sent even when this
             // replica's board says the share is spent: home's may say otherwise.
-            let mut asked = self
-                .ask_home(check, (sized.uncapped, want), k.home_left, Some(f))
-                .await;
-            asked.asked_at = (lock.now, lock.taken);
-            asked
+            let at = (k.home_left, (lock.now, lock.taken));
+            self.ask_home(check, (sized.uncapped, want), at, Some(f))
+                .await
         } else if want == 0 {
             // Over its max-min share (`fair.rs`): home's units are the other regions'. The
             // pool is dry a moment; the report after it reads the board again.
@@ -161,11 +179,19 @@ impl GlobalGrants {
                 capped: false,
             }
         } else {
-            let mut asked = self.ask_home(check, (want, want), k.home_left, None).await;
-            asked.asked_at = (lock.now, lock.taken);
-            asked
+            let at = (k.home_left, (lock.now, lock.taken));
+            self.ask_home(check, (want, want), at, None).await
         };
-        let short = asked.failed.is_none() && (sized.short || asked.got < want || asked.capped);
+        // Short: it asked home for less than its demand, or got less than it asked (capped at
+        // home, or home had less). Capped at home, what it asked is `uncapped` (the board's
+        // share did not lower it).
+        let asked_for = if fair_ask.is_some() {
+            sized.uncapped
+        } else {
+            want
+        };
+        let short = asked.failed.is_none()
+            && (asked_for < sized.wanted || asked.got < asked_for || asked.capped);
         if short {
             self.mark_short(key, check.window); // `moved.rs`: idle pools elsewhere come home
         }
@@ -212,9 +238,9 @@ impl GlobalGrants {
 
     /// The next refill's size: the region's demand over [`POOL_AHEAD_MS`], at least `need` and
     /// [`MIN_REFILL_SLICES`] slices; at most the region's max-min share of the window left
-    /// (`fair.rs`, from the other regions' last reports) and, unless those list another region
-    /// holding or taking units, a quarter of what home had left. Also whether that held it below the
-    /// region's demand (the region is short: `moved.rs`), and the demand, for the report.
+    /// (`fair.rs`, from the other regions' last reports: capped again at home when home can)
+    /// and, unless those list another region holding or taking units, a quarter of what home
+    /// had left. Also the demand (a refill asking less is short: `moved.rs`), for the report.
     pub(super) fn want(&self, check: &LimitCheck, k: &Known, pool: &PoolState, need: u64) -> Want {
         let slice = check.slice.map_or(1, |t| u64::from(t.max_slice));
         let floor = slice.saturating_mul(MIN_REFILL_SLICES);
@@ -276,19 +302,25 @@ impl GlobalGrants {
             // Over its share: nothing, not even `need` (the others' units).
             want = want.min(left);
         }
-        self.trace_sized(check, (want, wanted, pool.have, k.home_left), fair);
+        self.trace_sized(
+            check,
+            (want, uncapped, wanted),
+            (pool.have, k.home_left),
+            fair,
+        );
         Want {
             want,
             uncapped,
-            short: want < wanted,
+            wanted,
             per_ks,
         }
     }
 
     /// The demand this replica's waiting requests say: what they waited for since the last
-    /// refill asked, over [`POOL_AHEAD_MS`] (read over [`FAST_SPAN_MS`] at least). The pool gives out at most what it held, so a region whose
-    /// demand rose past its refills (or moved to it) reads as taking only those; its waiting
-    /// requests say what it asks. C, idle until demand moved to it, read its refills
+    /// refill asked, over [`POOL_AHEAD_MS`] (read over [`FAST_SPAN_MS`] at least). The pool
+    /// gives out at most what it held, so a region whose demand rose past its refills (or
+    /// moved to it) reads as taking only those; its waiting requests say what it asks. C, idle
+    /// until demand moved to it, read its refills
     /// (40 units each) as its demand and took what home had left in three round trips,
     /// not one (`tests/cases/global_moved_model.rs`). Only with the others' shares on the
     /// board (`checked`), as the fast rate above: before they report (a window's start),
@@ -357,11 +389,13 @@ impl GlobalGrants {
     fn trace_sized(
         &self,
         check: &LimitCheck,
-        (want, wanted, have, home_left): (u64, u64, u64, u64),
+        (want, uncapped, wanted): (u64, u64, u64),
+        (have, home_left): (u64, u64),
         fair: Option<(u64, usize)>,
     ) {
         tracing::debug!(
             want,
+            uncapped,
             wanted,
             have,
             home_left,
@@ -403,8 +437,8 @@ pub(super) struct Want {
     /// `want` before the share on this replica's board capped it: what a refill asks when
     /// home caps it at the share as the reports at home have it (`FairAsk`).
     pub uncapped: u64,
-    /// Held below the region's demand (by the quarter rule or its share).
-    pub short: bool,
+    /// The region's demand (at least `need` and the floor): a refill that asks less is short.
+    pub wanted: u64,
     /// The region's rate, per 1 000 s (its demand, reported at home).
     pub per_ks: u64,
 }

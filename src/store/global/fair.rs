@@ -33,12 +33,13 @@
 //! quarter rule and how fast its demand is read, and caps refills only on a home that cannot.
 //!
 //! A region over its share is denied while home still holds units for the others (its pool
-//! dry for [`FAIR_RETRY_MS`], then it asks again, reading the board anew). What is held back
-//! for a region and not spent by the window's end is under-admission, bounded by how far its
-//! rate was off: a region that stops gives its pool back (its report then says idle). Without
-//! a board read in the last [`FRESH_MS`] (home unreachable, no report answered), a refill is
-//! not capped by fairness. `REGION` names the region on the board: regions that share a name
-//! (or leave it empty) see no board of each other, and share by the quarter rule alone.
+//! dry for [`FAIR_RETRY_MS`], then it asks home again). What is held back for a region and not
+//! spent by the window's end is under-admission, bounded by how far its rate was off: a region
+//! that stops gives its pool back (its report then says idle). On a home that cannot cap, a
+//! refill without a board read in the last [`FRESH_MS`] (home unreachable, no report answered)
+//! is not capped by fairness. `REGION` names the region on the board: regions that share a
+//! name (or leave it empty) see no report of each other (home caps a region on the others'
+//! reports, not its own name's), and share by the quarter rule alone.
 
 use super::regions::{Demand, MemoryBoard, RegionBoard, RegionReport};
 use crate::store::{CounterKey, CounterStore, LimitCheck, Outcome, StoreError};
@@ -163,9 +164,10 @@ pub struct FairAsk {
 /// What a grant capped at home came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FairGrant {
-    /// The hits charged (allowed) or asked (denied): the ask's, capped at the share.
+    /// The hits charged (allowed) or asked (denied): the ask's, capped at the share; 0: the
+    /// share was spent, nothing was charged (the outcome is a check's: what home has left).
     pub hits: u64,
-    /// The charge's outcome; `None`: the region's share was 0, nothing was charged.
+    /// The charge's outcome (`None`: home answered none).
     pub outcome: Option<Outcome>,
 }
 
@@ -187,12 +189,7 @@ pub async fn grant_on_board(
         .admin_limit
         .unwrap_or(check.key.limit.requests_per_unit);
     let share = share_left(u64::from(limit), ask.mine, &others, now_ms, ask.end_ms);
-    if share == 0 {
-        return Ok(Some(FairGrant {
-            hits: 0,
-            outcome: None,
-        }));
-    }
+    // A share of 0: a check of 0 hits, nothing charged, what home has left answered.
     let mut capped = check.clone();
     capped.hits = check.hits.min(share);
     let d = home.decide(std::slice::from_ref(&capped)).await?;

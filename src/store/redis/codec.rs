@@ -2,7 +2,8 @@
 //! of the script, next to which this file is kept in step): the script's text (its TTL jitter and
 //! test-only time line), the time argument, encoding a whole request, one slot of a request, an
 //! undo, and a batch of requests (the general and the packed layouts), and decoding the
-//! replies. The rest of the Redis store speaks in `LimitCheck`s and `Outcome`s.
+//! replies; a home store's fair grant (the "s" mode) extends it in `fair.rs`. The rest of the
+//! Redis store speaks in `LimitCheck`s and `Outcome`s.
 
 use super::lease_arg::{lease_arg, Layout, LeaseArg};
 use crate::config::Algorithm;

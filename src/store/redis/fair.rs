@@ -22,6 +22,7 @@ pub(super) fn encode(
         end_ms: ask.end_ms,
         fresh_ms: crate::store::global::FRESH_MS,
         ahead_ms: crate::store::global::POOL_AHEAD_MS,
+        max_regions: crate::store::global::MAX_REGIONS,
         region: ask.region.as_str().into(),
     };
     // Not a limit: the script reads the reports from the end of KEYS.
@@ -29,19 +30,13 @@ pub(super) fn encode(
     call
 }
 
-/// A fair grant's reply ([`encode`]): `{-2}`, the region's share was 0; else the
-/// answer, then the hits charged (or, denied, asked).
+/// A fair grant's reply ([`encode`]): the answer, then the hits charged (or, denied, asked;
+/// 0: the region's share was spent, and the answer is a check's: what home has left).
 pub(super) fn decode_reply(
     values: &[i64],
     call: &Call,
 ) -> Result<crate::store::global::FairGrant, StoreError> {
     use crate::store::global::FairGrant;
-    if values == [-2] {
-        return Ok(FairGrant {
-            hits: 0,
-            outcome: None,
-        });
-    }
     let bad = || StoreError::Permanent(format!("unexpected fair grant reply {values:?}"));
     let (hits, answer) = values.split_last().ok_or_else(bad)?;
     let hits = u64::try_from(*hits).map_err(|_| bad())?;

@@ -20,15 +20,16 @@ pub(super) enum Reply {
     /// "f<cleared>": as `Answer`, for a home store's refund of units a region's pool drained
     /// (one limit): refused, `{-1}`, if a reset fenced the counter's window past `cleared`.
     Fenced { cleared: u64 },
-    /// "s<mine>:<end_ms>:<fresh_ms>:<ahead_ms>:<region>": as `Answer`, for a home store's
-    /// grant of a global limit's refill (one limit), its hits capped at the region's max-min
-    /// share as the regions' reports (the call's last key) have them; `{-2}` when that is 0,
-    /// else the reply is followed by the hits charged or asked.
+    /// "s<mine>:<end_ms>:<fresh_ms>:<ahead_ms>:<max_regions>:<region>": as `Answer`, for a
+    /// home store's grant of a global limit's refill (one limit), its hits capped at the
+    /// region's max-min share as the regions' reports (the call's last key) have them; the
+    /// reply is followed by the hits charged or asked (0: the share was spent, a check only).
     Fair {
         mine: u64,
         end_ms: u64,
         fresh_ms: u64,
         ahead_ms: u64,
+        max_regions: usize,
         region: std::sync::Arc<str>,
     },
     /// "u": takes back what a committed Cluster slot's `in_flight` takes and reservations
@@ -53,8 +54,9 @@ impl Reply {
                 end_ms,
                 fresh_ms,
                 ahead_ms,
+                max_regions,
                 region,
-            } => format!("s{mine}:{end_ms}:{fresh_ms}:{ahead_ms}:{region}"),
+            } => format!("s{mine}:{end_ms}:{fresh_ms}:{ahead_ms}:{max_regions}:{region}"),
             Reply::Unlease => "u".into(),
         }
     }

@@ -28,7 +28,11 @@
 --           returns {-1}; "f<cleared>" as "0", for a home store's refund of units a region's
 --           pool drained (one request, one limit): if the charged window's counter (its key,
 --           "#reset") was fenced by a reset past <cleared>, the pool's last clear, nothing
---           changes and the call returns {-1} (store/global/admin.rs)
+--           changes and the call returns {-1} (store/global/admin.rs); "s<...>" as "0",
+--           for a home store's grant of a global limit's refill (one request, one limit), its
+--           hits capped at the region's max-min share from the regions' reports (the LAST key
+--           of KEYS, not a limit), the reply followed by the hits charged (below, and
+--           store/redis/fair.rs)
 -- ARGV[3]   the number of requests R; then, per request, its number of limits n followed by
 --           K arguments per limit (K = 4, or 5 in an undo call):
 --   limit      requests admitted per period (0 blocks everything)
@@ -150,37 +154,59 @@ if kind == 'f' then
   fence = tonumber(sub(ARGV[2], 2))
   ARGV[2] = '0'
 end
--- "s<mine>:<end ms>:<fresh ms>:<ahead ms>:<region>" (a home store's grant of a global limit's
--- refill, one request of one limit; store/global/ask.rs): its hits are capped at the region's
--- max-min share of the window as the regions' reports have them now (their hash is the LAST
--- key, not a limit), computed as store/global/fair.rs's `share_left` computes it (keep the two
--- in step: tests/cases/global_fair_home.rs checks them on the same boards). A share of 0
--- returns {-2} and charges nothing; otherwise the call goes on as "0", its reply followed by
--- the hits it charged (or, denied, asked).
+-- "s<mine>:<end ms>:<fresh ms>:<ahead ms>:<max regions>:<region>" (a home store's grant of a
+-- global limit's refill, one request of one limit; store/global/ask.rs): its hits are capped
+-- at the region's max-min share of the window as the regions' reports have them now (their
+-- hash is the LAST key, not a limit), computed as store/global/fair.rs's `share_left` computes
+-- it, on reports read as `RegionReport::decode` reads them (keep the three in step:
+-- tests/cases/global_fair_home.rs checks them on the same boards). The call goes on as "0"
+-- (a share of 0: a check of 0 hits, nothing charged, what home has left answered), its reply
+-- followed by the hits it charged (or, denied, asked; 0: the share was spent). Reports are
+-- stamped with their regions' clocks and judged on this server's.
 local fair_hits = nil
 if kind == 's' then
   local f, rest = {}, sub(ARGV[2], 2)
-  for i = 1, 4 do
+  for i = 1, 5 do
     local c = find(rest, ':', 1, true)
     f[i] = tonumber(sub(rest, 1, c - 1))
     rest = sub(rest, c + 1)
   end
-  local mine, end_ms, fresh_ms, ahead_ms = f[1], f[2], f[3], f[4]
+  local mine, end_ms, fresh_ms, ahead_ms, max_regions = f[1], f[2], f[3], f[4], f[5]
   local limit, now_ms = tonumber(ARGV[5]), floor(now / 1000)
+  -- A report's field as Rust's u64 parse reads it (digits only, at most u64::MAX), else nil.
+  local function u64(t)
+    local d = t and string.match(t, '^%+?(%d+)$')
+    if not d then return nil end
+    d = string.match(d, '^0*(%d.*)$')
+    if #d > 20 or (#d == 20 and d > '18446744073709551615') then return nil end
+    return tonumber(d)
+  end
   -- Every other region's claim (fair.rs, `Claim::from_report`): what it was granted, and its
   -- demand (nil: more than any share). A value that is not a report is skipped, as there.
   local granted, demand, seen = {}, {}, 0
   local all = call('HGETALL', KEYS[#KEYS])
   for i = 1, #all - 1, 2 do
-    local v = {}
-    for n in string.gmatch(all[i + 1], '[^ ]+') do v[#v + 1] = tonumber(n) or -1 end
-    local ok = #v == 4 or #v >= 6
-    for j = 1, min(#v, 6) do ok = ok and v[j] >= 0 and v[j] == floor(v[j]) end
-    if ok and seen < 100 then
+    -- Split on every single space, as Rust's `split(' ')` (two spaces make an empty field).
+    local t, from, value = {}, 1, all[i + 1]
+    while true do
+      local c = find(value, ' ', from, true)
+      if not c then t[#t + 1] = sub(value, from); break end
+      t[#t + 1] = sub(value, from, c - 1)
+      from = c + 1
+    end
+    local pool, taken, owed, at = u64(t[1]), u64(t[2]), u64(t[3]), u64(t[4])
+    local ok = pool and taken and owed and at
+    -- A fifth field that reads is a rate, and then the sixth must read too; one that does not
+    -- (or none: a release before fairness) leaves the report idle.
+    local per_ks, short = 0, false
+    if ok and u64(t[5]) then
+      per_ks = u64(t[5])
+      local sh = u64(t[6])
+      if sh then short = sh == 1 else ok = false end
+    end
+    if ok and seen < max_regions then
       seen = seen + 1
       if all[i] ~= rest then
-        local pool, taken, at = v[1], v[2], v[4]
-        local per_ks, short = v[5] or 0, v[6] == 1
         local g, d = pool + taken, nil
         local lasts = 0
         if per_ks > 0 then lasts = floor(pool * 2000000 / per_ks) end
@@ -213,7 +239,6 @@ if kind == 's' then
     end
     share = max(lo - mine, 0)
   end
-  if share <= 0 then return {-2} end
   fair_hits = min(tonumber(ARGV[7]), share)
   ARGV[7] = fmt('%d', fair_hits)
   ARGV[2] = '0'
