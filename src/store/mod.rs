@@ -341,24 +341,25 @@ pub trait CounterStore: Send + Sync + std::fmt::Debug {
     /// also goes to the stack's health signal. Called periodically by the health task.
     fn probe(&self) -> BoxFuture<'_, bool>;
 
-    /// A replica's slice of `check`'s counter was spent from in its window's last seconds: the
-    /// store that grants global limits' slices fills the next window's pool ahead
-    /// (`store/global`), in the background. Nothing elsewhere.
+    /// A replica's slice of `check`'s counter was spent from in its window's last seconds: a
+    /// global limit's next window's pool is filled ahead (`store/global`). Nothing elsewhere.
     fn ahead_of_window(&self, _check: &LimitCheck) {}
 
     /// A request found its replica's slice of `check`'s counter short and waits for a grant:
-    /// demand the grants did not meet. The store that grants global limits' slices sizes its
-    /// region's next refill on it (`store/global/ask.rs`): what the pool gave out is capped by
-    /// what it held, and a region whose demand rose past its refills would read as taking
-    /// only those. Nothing elsewhere.
+    /// demand the grants did not meet, which a global limit's refill is sized on
+    /// (`store/global/ask.rs`: the pool gives out at most what it held). Nothing elsewhere.
     fn wanted(&self, _check: &LimitCheck) {}
 
-    /// A home store's refund of units a region's pool drained (`check` gives them back),
-    /// applied only if no reset fenced its counter past `cleared`, the last reset record the
-    /// pool was cleared for ([`admin::CounterAdmin::reset_fenced`]): the fence is read in the
-    /// call that applies the refund, so a refund drained before a reset never comes off the
-    /// fresh count. `Ok(false)`: refused (the units were on the count the reset forgot). A
-    /// store that is never a home store (the embedded one) has no fences and applies it.
+    /// The reset record the units of this store's last grant of `check` count after (a global
+    /// limit's pool: its `cleared`; else 0): a slice keeps them through that reset's clear.
+    fn cleared(&self, _check: &LimitCheck) -> u64 {
+        0
+    }
+
+    /// A home store's refund of units a region's pool drained, applied only if no reset fenced
+    /// its counter past `cleared`, the pool's last clear ([`admin::CounterAdmin::reset_fenced`],
+    /// read in the same call): never off the fresh count. `Ok(false)`: refused. A store that
+    /// is never a home store (the embedded one) has no fences and applies it.
     fn refund_fenced<'a>(
         &'a self,
         check: &'a LimitCheck,
@@ -370,9 +371,8 @@ pub trait CounterStore: Send + Sync + std::fmt::Debug {
         })
     }
 
-    /// A home store's grant of a global limit's refill (`check`), capped in the same atomic
-    /// call at the region's max-min share as the regions' reports at home have them
-    /// ([`global::FairAsk`]). `Ok(None)`: this store cannot (the caller caps on its board).
+    /// A home store's grant of a global limit's refill, capped in the same call at the region's
+    /// max-min share ([`global::FairAsk`]); `Ok(None)`: it cannot (the caller caps it).
     fn grant_fair<'a>(
         &'a self,
         _check: &'a LimitCheck,
@@ -416,6 +416,10 @@ impl<S: CounterStore + ?Sized> CounterStore for Arc<S> {
 
     fn wanted(&self, check: &LimitCheck) {
         (**self).wanted(check);
+    }
+
+    fn cleared(&self, check: &LimitCheck) -> u64 {
+        (**self).cleared(check)
     }
 }
 

@@ -46,6 +46,7 @@ impl GlobalGrants {
             failed: None,
             asked_at: (0, 0),
             capped: false,
+            fence: 0,
         };
         let mut ask = if fair.is_some() { uncapped } else { capped };
         for _ in 0..2 {
@@ -83,6 +84,7 @@ impl GlobalGrants {
             };
             out.home_left = u64::from(o.remaining);
             out.capped |= g.hits < ask;
+            out.fence = out.fence.max(g.fence);
             let left = u64::from(o.remaining);
             if g.hits == 0 {
                 // Over its share at home: the others' units (nothing charged). Dry a moment,
@@ -125,6 +127,7 @@ impl GlobalGrants {
         Some(d.map(|d| fair::FairGrant {
             hits,
             outcome: d.outcomes.first().copied(),
+            fence: 0,
         }))
     }
 
@@ -177,6 +180,7 @@ impl GlobalGrants {
                 failed: None,
                 asked_at: (0, 0),
                 capped: false,
+                fence: 0,
             }
         } else {
             let at = (k.home_left, (lock.now, lock.taken));

@@ -169,6 +169,10 @@ pub struct FairGrant {
     pub hits: u64,
     /// The charge's outcome (`None`: home answered none).
     pub outcome: Option<Outcome>,
+    /// The reset record past which home's counter of the window was fenced (0: none): the
+    /// units are on the count after that reset, and the pool they land in is cleared for it
+    /// first (a region that refilled before it applied the reset keeps them: `mod.rs`, `land`).
+    pub fence: u64,
 }
 
 /// [`CounterStore::grant_fair`] where the reports live in memory beside the home counter (one
@@ -196,6 +200,7 @@ pub async fn grant_on_board(
     Ok(Some(FairGrant {
         hits: capped.hits,
         outcome: d.outcomes.first().copied(),
+        fence: 0,
     }))
 }
 

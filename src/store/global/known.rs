@@ -50,6 +50,9 @@ pub(super) struct Known {
     pub(super) wanted_ms: u64,
     /// A take from the pool failed and no refill landed since.
     pub(super) starved: bool,
+    /// The last reset record the pool was cleared for at this replica's last take from it
+    /// (`PoolState::cleared`): its slice's units count after that reset.
+    pub(super) cleared: u64,
 }
 
 impl GlobalGrants {

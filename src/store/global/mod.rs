@@ -97,6 +97,9 @@ struct Asked {
     asked_at: (u64, u64),
     /// Home capped it at the region's share (`fair.rs`): the region is short.
     capped: bool,
+    /// The reset record home's counter was fenced past (0: none): the pool is cleared for it
+    /// before the units land (`land`).
+    fence: u64,
 }
 
 /// The store a global limit's slices are granted by: the region's pool, refilled from home.
@@ -249,10 +252,17 @@ impl GlobalGrants {
         n: u64,
         ttl: u64,
     ) -> Result<PoolState, StoreError> {
-        self.pool
+        let st = self
+            .pool
             .run(key, window_ms, PoolOp::Take(n), ttl)
             .await
-            .inspect_err(|_| self.tallies.stranded.add(n))
+            .inspect_err(|_| self.tallies.stranded.add(n))?;
+        if st.ok == 1 {
+            // The reset these units count after: this replica's slice of them is kept by a
+            // clear for it (`CounterStore::cleared`).
+            self.update(key, window_ms, |k| k.cleared = k.cleared.max(st.cleared));
+        }
+        Ok(st)
     }
 
     /// Near the end of an epoch-aligned window, the region's pool of the next one is filled
@@ -332,6 +342,7 @@ impl GlobalGrants {
                 failed: Some(e),
                 asked_at: (0, 0),
                 capped: false,
+                fence: 0,
             };
             return self
                 .land(key, (check.window, window_ms, begun), ttl, token, asked)
@@ -375,8 +386,20 @@ impl GlobalGrants {
             home_left,
             failed,
             asked_at,
+            fence,
             ..
         } = asked;
+        if fence > 0 && failed.is_none() {
+            // Home's counter was reset (and fenced) before these units were charged: they are on
+            // the fresh count. The pool is cleared for that reset first (once: a no-op if it
+            // was), so the clear this replica applies when it reads the reset's record drops
+            // what the pool held from the old count, not these (a region that refilled between
+            // home's reset and its record lost them: the pools no longer accounted for home).
+            let _ = self
+                .pool
+                .run(key, window_ms, PoolOp::Clear(fence), ttl)
+                .await;
+        }
         let fill = if failed.is_some() {
             // Home is unreachable: the region denies what it cannot admit for a while, rather
             // than every request waiting on home again (with `share`, once its credit is out).
@@ -495,6 +518,12 @@ impl CounterStore for Arc<GlobalGrants> {
             }
             k.wanted = k.wanted.saturating_add(check.hits.min(slice));
         });
+    }
+
+    fn cleared(&self, check: &LimitCheck) -> u64 {
+        let map = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(&(check.key.clone(), window_ms(check.window)))
+            .map_or(0, |k| k.cleared)
     }
 
     fn ahead_of_window(&self, check: &LimitCheck) {

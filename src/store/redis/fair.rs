@@ -31,15 +31,18 @@ pub(super) fn encode(
 }
 
 /// A fair grant's reply ([`encode`]): the answer, then the hits charged (or, denied, asked;
-/// 0: the region's share was spent, and the answer is a check's: what home has left).
+/// 0: the region's share was spent, and the answer is a check's: what home has left), then the
+/// charged window's reset fence.
 pub(super) fn decode_reply(
     values: &[i64],
     call: &Call,
 ) -> Result<crate::store::global::FairGrant, StoreError> {
     use crate::store::global::FairGrant;
     let bad = || StoreError::Permanent(format!("unexpected fair grant reply {values:?}"));
-    let (hits, answer) = values.split_last().ok_or_else(bad)?;
+    let (fence, rest) = values.split_last().ok_or_else(bad)?;
+    let (hits, answer) = rest.split_last().ok_or_else(bad)?;
     let hits = u64::try_from(*hits).map_err(|_| bad())?;
+    let fence = u64::try_from(*fence).map_err(|_| bad())?;
     let (mut outcomes, mut leases) = (vec![DENIED_OUTCOME], Vec::new());
     let into = Fold {
         outcomes: &mut outcomes,
@@ -49,6 +52,7 @@ pub(super) fn decode_reply(
     Ok(FairGrant {
         hits,
         outcome: outcomes.first().copied(),
+        fence,
     })
 }
 

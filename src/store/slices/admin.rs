@@ -18,6 +18,9 @@ impl Slices {
         for (key, e) in map.iter() {
             if e.global && reset.covers(&key.domain, &key.entries) {
                 let mut s = e.slice.lock().unwrap_or_else(|p| p.into_inner());
+                if s.cleared >= reset.seq {
+                    continue; // its units were granted after this reset's clear of the pool
+                }
                 emptied += std::mem::take(&mut s.left);
                 s.store_left = u64::MAX;
             }

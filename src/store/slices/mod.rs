@@ -99,6 +99,9 @@ struct Slice {
     /// A global limit's: the next window's pool was asked to be filled ahead (once per window,
     /// in its last seconds: `take.rs`).
     next_ahead: bool,
+    /// A global limit's: the last reset record its units count after (the pool's `cleared`
+    /// at its last grant): a reset's clear up to it leaves the slice whole (`admin.rs`).
+    cleared: u64,
 }
 
 /// Where a slice's refill is: one runs at a time, and a failed one makes the next request short

@@ -20,6 +20,7 @@ impl Slice {
             refill: Refill::Idle,
             touched_us: now,
             next_ahead: false,
+            cleared: 0,
         }
     }
 

@@ -228,6 +228,14 @@ impl Slices {
             s.cut_off = !o.allowed && d.at == crate::store::DecidedAt::Fallback;
             if o.allowed {
                 self.tallies.granted.add(ask);
+                let cleared = grants.cleared(&check);
+                if cleared > s.cleared {
+                    // The pool was cleared for a reset since the slice's last grant: what the
+                    // slice held is on the count home forgot (dropped, as the reset's clear
+                    // would), and what it holds from now on is kept by that clear.
+                    s.left = 0;
+                    s.cleared = cleared;
+                }
                 s.left += ask;
                 s.last_grant = ask;
                 s.spent = 0;

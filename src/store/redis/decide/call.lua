@@ -452,5 +452,17 @@ for _ = 1, R do
   for j = 1, #o do result[#result + 1] = o[j] end
   p, kb = p + 1 + K * n, kb + n
 end
-if fair_hits then result[#result + 1] = fair_hits end
+if fair_hits then
+  -- A home store's fair grant (head.lua): the hits, then the charged window's reset fence
+  -- (where a reset left it, store/redis/admin.rs; 0: none), which the region's pool the units
+  -- land in is cleared for first (store/global/mod.rs, `land`).
+  result[#result + 1] = fair_hits
+  local key, period, meta = KEYS[1], tonumber(ARGV[6]), tonumber(ARGV[8])
+  local at = key
+  if meta % 4 == 0 then
+    pinned_of(key, meta)
+    at = window_key(key, CAL[key] or PIN[key] or (now - now % period), period)
+  end
+  result[#result + 1] = tonumber(call('GET', at .. '#reset')) or 0
+end
 return result

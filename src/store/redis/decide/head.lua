@@ -161,7 +161,8 @@ end
 -- it, on reports read as `RegionReport::decode` reads them (keep the three in step:
 -- tests/cases/global_fair_home.rs checks them on the same boards). The call goes on as "0"
 -- (a share of 0: a check of 0 hits, nothing charged, what home has left answered), its reply
--- followed by the hits it charged (or, denied, asked; 0: the share was spent). Reports are
+-- followed by the hits it charged (or, denied, asked; 0: the share was spent) and the charged
+-- window's reset fence (call.lua). Reports are
 -- stamped with their regions' clocks and judged on this server's.
 local fair_hits = nil
 if kind == 's' then
