@@ -23,6 +23,7 @@ impl RateLimiter {
                 return false;
             }
         };
+        let all = records.clone();
         let fresh = global.unseen_resets(records);
         if fresh.is_empty() {
             return true;
@@ -30,8 +31,9 @@ impl RateLimiter {
         let (global, slices) = (Arc::clone(global), self.slices.clone());
         tokio::spawn(async move {
             for reset in &fresh {
-                let sliced = slices.as_ref().map_or(0, |s| s.forget(reset));
-                let pooled = global.forget(reset).await;
+                let keep_from = reset.keep_from(&all);
+                let sliced = slices.as_ref().map_or(0, |s| s.forget(reset, keep_from));
+                let pooled = global.forget(reset, keep_from).await;
                 tracing::info!(
                     domain = %reset.domain,
                     prefix = ?reset.prefix,

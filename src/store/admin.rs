@@ -154,6 +154,25 @@ impl ResetRecord {
             None => applied,
         }
     }
+
+    /// The record from which a pool (or slice) cleared for it is left whole by this record's
+    /// clear: the record itself, or, for a reset's closing record, its fence (the opening
+    /// record's successor, which home's reset fenced the counters at: a refill charged after
+    /// home's reset cleared its pool for it as it landed, and its units are on the fresh count).
+    pub fn keep_from(&self, records: &[ResetRecord]) -> u64 {
+        if self.opens {
+            return self.seq;
+        }
+        records
+            .iter()
+            .filter(|r| {
+                r.opens && r.seq < self.seq && r.domain == self.domain && r.prefix == self.prefix
+            })
+            .map(|r| r.seq.saturating_add(1))
+            .max()
+            .map_or(self.seq, |fence| fence.min(self.seq))
+    }
+
     /// Whether `domain`'s counter keyed by `entries` is among those this reset reset.
     pub fn covers(&self, domain: &str, entries: &[(String, String)]) -> bool {
         self.domain == domain && entries.starts_with(&self.prefix)

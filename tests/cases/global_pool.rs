@@ -80,8 +80,15 @@ async fn same_as_memory(redis: &dyn RegionPool, seed: u64) {
                 dry_ms: if rng.below(2) == 0 { 600_000 } else { 0 },
             },
             8 => PoolOp::Settle(rng.below(20)),
-            // A reset at home: the pool counts afresh, once per record.
-            _ => PoolOp::Clear(rng.below(4)),
+            // A reset at home: the pool counts afresh, once per record, unless cleared for
+            // `keep_from` (a closing record's fence) already.
+            _ => {
+                let seq = rng.below(4);
+                PoolOp::Clear {
+                    seq,
+                    keep_from: rng.below(seq + 1),
+                }
+            }
         };
         let m = memory.run(k, w, op, 600_000).await.expect("memory");
         let r = redis.run(k, w, op, 600_000).await.expect("redis");
@@ -253,7 +260,12 @@ async fn a_reset_clears_the_pool_once_keeps_the_refills_lease_and_lets_it_land()
         };
         assert_eq!(run(lock).await.expect("lock").ok, 1);
         // 90 units dropped (100 + 20 credited - 30 taken); nothing taken or owed any more.
-        let cleared = run(PoolOp::Clear(5)).await.expect("clear");
+        let cleared = run(PoolOp::Clear {
+            seq: 5,
+            keep_from: 5,
+        })
+        .await
+        .expect("clear");
         assert_eq!(
             (
                 cleared.ok,
@@ -274,12 +286,27 @@ async fn a_reset_clears_the_pool_once_keeps_the_refills_lease_and_lets_it_land()
         assert_eq!((landed.left(), landed.locked), (40, false), "{landed:?}");
         // Another replica of the region applies the same record: what the refill brought
         // from the fresh count stays; a later record clears again.
-        let again = run(PoolOp::Clear(5)).await.expect("clear again");
+        let again = run(PoolOp::Clear {
+            seq: 5,
+            keep_from: 5,
+        })
+        .await
+        .expect("clear again");
         assert_eq!((again.ok, again.left()), (0, 40), "{again:?}");
-        let older = run(PoolOp::Clear(4)).await.expect("an older record");
+        let older = run(PoolOp::Clear {
+            seq: 4,
+            keep_from: 4,
+        })
+        .await
+        .expect("an older record");
         assert_eq!((older.ok, older.left()), (0, 40), "{older:?}");
         run(PoolOp::Take(10)).await.expect("take");
-        let next = run(PoolOp::Clear(6)).await.expect("the next record");
+        let next = run(PoolOp::Clear {
+            seq: 6,
+            keep_from: 6,
+        })
+        .await
+        .expect("the next record");
         assert_eq!(
             (next.ok, next.left(), next.taken, next.cleared),
             (30, 0, 0, 6),
@@ -302,7 +329,25 @@ async fn a_reset_clears_the_pool_once_keeps_the_refills_lease_and_lets_it_land()
         let fresh = pool.run(&k, 60_000, PoolOp::Take(0), 600_000).await;
         assert_eq!(fresh.expect("a new pool").cleared, 9);
         assert_eq!(run(PoolOp::Take(0)).await.expect("look").cleared, 6);
-        assert_eq!(run(PoolOp::Clear(9)).await.expect("clear").cleared, 9);
-        assert_eq!(run(PoolOp::Clear(9)).await.expect("again").ok, 0);
+        assert_eq!(
+            run(PoolOp::Clear {
+                seq: 9,
+                keep_from: 9
+            })
+            .await
+            .expect("clear")
+            .cleared,
+            9
+        );
+        assert_eq!(
+            run(PoolOp::Clear {
+                seq: 9,
+                keep_from: 9
+            })
+            .await
+            .expect("again")
+            .ok,
+            0
+        );
     }
 }

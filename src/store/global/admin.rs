@@ -144,7 +144,9 @@ impl GlobalGrants {
     /// partition forgiven (it was on the count the reset dropped), what was taken counted
     /// afresh. A refill under way still lands (charged at home after the reset, or, if it
     /// was charged just before, at most one refill on the old count). Returns the units dropped.
-    pub async fn forget(self: &Arc<Self>, reset: &ResetRecord) -> u64 {
+    /// A pool cleared for `keep_from` (at most the record's seq; [`ResetRecord::keep_from`])
+    /// or later is left whole.
+    pub async fn forget(self: &Arc<Self>, reset: &ResetRecord, keep_from: u64) -> u64 {
         let pools: Vec<(CounterKey, Option<(u64, u64)>)> = {
             let map = self.known.lock().unwrap_or_else(|e| e.into_inner());
             map.iter()
@@ -156,7 +158,11 @@ impl GlobalGrants {
         for (key, window) in pools {
             let w = window_ms(window);
             let ttl = Self::ttl_ms(window, self.now_ms());
-            if let Ok(st) = self.pool.run(&key, w, PoolOp::Clear(reset.seq), ttl).await {
+            let clear = PoolOp::Clear {
+                seq: reset.seq,
+                keep_from,
+            };
+            if let Ok(st) = self.pool.run(&key, w, clear, ttl).await {
                 emptied += st.ok;
                 self.report(&key, window, &st, self.demand_of(&key, w));
             }
@@ -226,6 +232,22 @@ mod tests {
     /// A reset still under way (its first record, no second yet) caps the stamp of the pools a
     /// replica creates: below it, whatever later records (of other resets) it has applied, so a
     /// pool refilled from the count that reset is about to forget never refunds past its fence.
+    #[test]
+    fn a_closing_record_keeps_what_was_cleared_for_its_fence() {
+        // a: opened at 3 (home fenced its counters at 4), closed at 6 (two admin writes
+        // between); b: closed at 9 with its opening record trimmed away; c: an opening record.
+        let records = vec![
+            record(3, "a", true),
+            record(6, "a", false),
+            record(9, "b", false),
+            record(10, "c", true),
+        ];
+        assert_eq!(records[1].keep_from(&records), 4);
+        assert_eq!(records[2].keep_from(&records), 9);
+        assert_eq!(records[3].keep_from(&records), 10);
+        assert_eq!(records[0].keep_from(&records), 3);
+    }
+
     #[tokio::test]
     async fn pools_created_while_a_reset_runs_are_stamped_below_it() {
         use super::super::{MemoryPool, PoolOp, RegionPool};

@@ -390,15 +390,14 @@ impl GlobalGrants {
             ..
         } = asked;
         if fence > 0 && failed.is_none() {
-            // Home's counter was reset (and fenced) before these units were charged: they are on
-            // the fresh count. The pool is cleared for that reset first (once: a no-op if it
-            // was), so the clear this replica applies when it reads the reset's record drops
-            // what the pool held from the old count, not these (a region that refilled between
-            // home's reset and its record lost them: the pools no longer accounted for home).
-            let _ = self
-                .pool
-                .run(key, window_ms, PoolOp::Clear(fence), ttl)
-                .await;
+            // Charged after home's reset (fenced at `fence`): the pool is cleared for it first
+            // (a no-op if it was), so the clears of the reset's records this replica applies
+            // later drop the old count's units, not these (`ResetRecord::keep_from`).
+            let clear = PoolOp::Clear {
+                seq: fence,
+                keep_from: fence,
+            };
+            let _ = self.pool.run(key, window_ms, clear, ttl).await;
         }
         let fill = if failed.is_some() {
             // Home is unreachable: the region denies what it cannot admit for a while, rather

@@ -43,9 +43,23 @@ pub enum PoolOp {
     Settle(u64),
     /// The reset of home record `seq` (`admin.rs`): the pool counts afresh, its units
     /// dropped (not given back: home forgot them), nothing taken or owed; a refill's lease
-    /// stays. Once per record: every replica of the region applies it, and a second clear
-    /// would drop what a refill brought from the fresh count. `ok`: the units dropped.
-    Clear(u64),
+    /// stays. Only if the pool was not cleared for `keep_from` (at most `seq`; 0: `seq`) or
+    /// later: every replica of the region applies it, and a second clear would drop what a
+    /// refill brought from the fresh count; a reset's closing record keeps a pool cleared for
+    /// its fence (a refill charged after home's reset cleared it as it landed). `ok`: the
+    /// units dropped.
+    Clear { seq: u64, keep_from: u64 },
+}
+
+impl PoolOp {
+    /// A clear's `keep_from`, at most its record (0: the record itself, as on Redis).
+    pub fn keep_from(&self) -> u64 {
+        match *self {
+            PoolOp::Clear { seq, keep_from: 0 } => seq,
+            PoolOp::Clear { seq, keep_from } => keep_from.min(seq),
+            _ => 0,
+        }
+    }
 }
 
 /// A pool as one operation left it.
@@ -249,11 +263,11 @@ impl Fields {
                 ok = units;
             }
             PoolOp::Settle(n) => f.owed -= n.min(f.owed),
-            PoolOp::Clear(seq) if seq > f.cleared => {
+            PoolOp::Clear { seq, .. } if op.keep_from() > f.cleared => {
                 ok = f.have.saturating_sub(f.taken);
                 (f.have, f.taken, f.owed, f.cleared) = (0, 0, 0, seq);
             }
-            PoolOp::Clear(_) => ok = 0,
+            PoolOp::Clear { .. } => ok = 0,
             PoolOp::Trim { keep, have } => {
                 let locked = f.lock.is_some_and(|(_, until)| until > now);
                 let left = f.have.saturating_sub(f.taken);

@@ -12,6 +12,7 @@
 --          trim: the units not taken the pool keeps
 -- ARGV[3]  the refiller's token (lock, fill, credit)
 -- ARGV[4]  lock: the lease in ms; fill, credit: ms the home store is dry for (0: not dry);
+--          clear: the record from which a pool cleared for it is kept (0: the record itself);
 --          drain: ms without a take that make the pool idle; trim: the units granted the pool
 --          as the caller saw them (a refill landed since: no trim)
 -- ARGV[5]  how long the pool outlives this call, in ms (PEXPIRE)
@@ -115,9 +116,13 @@ elseif op == 'trim' then
   end
 elseif op == 'clear' then
   -- The reset of home record n: the pool counts afresh (its units, what was taken and what is
-  -- owed were on the count home forgot); a refill under way still lands, its lease kept. Once
-  -- per record: a second clear would drop what a refill brought from the fresh count.
-  if n > (tonumber(redis.call('HGET', h, 'cleared')) or 0) then
+  -- owed were on the count home forgot); a refill under way still lands, its lease kept. Only
+  -- if the pool was not cleared for ARGV[4] (at most n; 0: n) or later: once per record (a
+  -- second clear would drop what a refill brought from the fresh count), and a reset's closing
+  -- record keeps a pool a refill charged after home's reset cleared for its fence.
+  local keep = tonumber(ARGV[4])
+  if keep == 0 then keep = n end
+  if keep > (tonumber(redis.call('HGET', h, 'cleared')) or 0) then
     ok = have - taken
     have, taken, owed = 0, 0, 0
     redis.call('HSET', h, 'have', 0, 'taken', 0, 'owed', 0, 'cleared', n)

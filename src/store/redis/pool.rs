@@ -55,7 +55,7 @@ impl RegionPool for RedisPool {
                     dry_ms,
                 } => ("credit", share, token, dry_ms),
                 PoolOp::Settle(n) => ("settle", n, 0, 0),
-                PoolOp::Clear(seq) => ("clear", seq, 0, 0),
+                PoolOp::Clear { seq, .. } => ("clear", seq, 0, op.keep_from()),
             };
             let pool = pool_key(&self.board.common.prefix, key, window_ms);
             let reply: Vec<i64> = self

@@ -12,13 +12,13 @@ impl Slices {
     /// the counters it covers are emptied, given nothing back (home forgot what they were
     /// charged). A refill under way still lands: it was charged after the reset. Returns the
     /// units emptied.
-    pub fn forget(&self, reset: &ResetRecord) -> u64 {
+    pub fn forget(&self, reset: &ResetRecord, keep_from: u64) -> u64 {
         let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let mut emptied = 0;
         for (key, e) in map.iter() {
             if e.global && reset.covers(&key.domain, &key.entries) {
                 let mut s = e.slice.lock().unwrap_or_else(|p| p.into_inner());
-                if s.cleared >= reset.seq {
+                if s.cleared >= keep_from.min(reset.seq) {
                     continue; // its units were granted after this reset's clear of the pool
                 }
                 emptied += std::mem::take(&mut s.left);
