@@ -163,14 +163,19 @@ impl ResetRecord {
         if self.opens {
             return self.seq;
         }
-        records
+        // Its opening record: the latest of its prefix before it, with no record between (a
+        // reset run beside it may have forgotten what was charged past this one's fence).
+        let opening = records
             .iter()
-            .filter(|r| {
-                r.opens && r.seq < self.seq && r.domain == self.domain && r.prefix == self.prefix
-            })
-            .map(|r| r.seq.saturating_add(1))
-            .max()
-            .map_or(self.seq, |fence| fence.min(self.seq))
+            .filter(|r| r.seq < self.seq && r.domain == self.domain && r.prefix == self.prefix)
+            .max_by_key(|r| r.seq)
+            .filter(|r| r.opens);
+        match opening {
+            Some(r) if !records.iter().any(|o| o.seq > r.seq && o.seq < self.seq) => {
+                r.seq.saturating_add(1).min(self.seq)
+            }
+            _ => self.seq,
+        }
     }
 
     /// Whether `domain`'s counter keyed by `entries` is among those this reset reset.

@@ -47,15 +47,21 @@ async fn same_as_memory(redis: &dyn RegionPool, seed: u64) {
         let token = tokens[rng.below(3) as usize];
         let op = match rng.below(10) {
             0 | 1 => PoolOp::Take(rng.below(12)),
-            2 => PoolOp::Give(rng.below(8)),
+            // A slice given back, taken after one of the resets (refused past its clear).
+            2 => PoolOp::Give {
+                units: rng.below(8),
+                cleared: rng.below(4),
+            },
             3 => PoolOp::Lock {
                 token,
                 lease_ms: 600_000,
             },
+            // A refill, charged past one of home's fences (0: none, most of them).
             4 | 5 => PoolOp::Fill {
                 units: rng.below(30),
                 token,
                 dry_ms: if rng.below(5) == 0 { 600_000 } else { 0 },
+                fence: rng.below(6).saturating_sub(2),
             },
             6 if rng.below(2) == 0 => PoolOp::Drain { idle_ms: 0 },
             // Demand fell while home is nearly dry: the pool keeps a few units.
@@ -129,6 +135,7 @@ async fn the_next_windows_pool_leaves_the_current_ones_units_whole() {
             units,
             token: 1,
             dry_ms: 0,
+            fence: 0,
         };
         pool.run(&k, 0, fill(100), 600_000).await.expect("fill");
         pool.run(&k, 0, PoolOp::Take(30), 600_000)
@@ -245,6 +252,7 @@ async fn a_reset_clears_the_pool_once_keeps_the_refills_lease_and_lets_it_land()
             units,
             token,
             dry_ms: 0,
+            fence: 0,
         };
         run(fill(100, 1)).await.expect("fill");
         run(PoolOp::Take(30)).await.expect("take");
@@ -281,7 +289,9 @@ async fn a_reset_clears_the_pool_once_keeps_the_refills_lease_and_lets_it_land()
         // for (`store/global/admin.rs`: home refuses one from before its reset).
         assert_eq!(cleared.cleared, 5, "{cleared:?}");
         // A slice given back from before the reset adds nothing; the refill under way lands.
-        assert_eq!(run(PoolOp::Give(10)).await.expect("give").left(), 0);
+        let give = |units, cleared| PoolOp::Give { units, cleared };
+        let refused = run(give(10, 4)).await.expect("give");
+        assert_eq!((refused.ok, refused.left()), (0, 0), "{refused:?}");
         let landed = run(fill(40, 7)).await.expect("fill");
         assert_eq!((landed.left(), landed.locked), (40, false), "{landed:?}");
         // Another replica of the region applies the same record: what the refill brought
@@ -348,6 +358,33 @@ async fn a_reset_clears_the_pool_once_keeps_the_refills_lease_and_lets_it_land()
             .expect("again")
             .ok,
             0
+        );
+        // A refill charged after home's next reset (fenced at 12) lands in a pool cleared for
+        // it (what it held was on the old count); that reset's closing record (13, its fence 12)
+        // keeps it; a refill charged before that fence, landing late, brings nothing.
+        run(fill(25, 12)).await.expect("fill");
+        let fenced = run(PoolOp::Fill {
+            units: 50,
+            token: 12,
+            dry_ms: 0,
+            fence: 12,
+        })
+        .await
+        .expect("a fenced fill");
+        assert_eq!((fenced.left(), fenced.cleared), (50, 12), "{fenced:?}");
+        let closing = run(PoolOp::Clear {
+            seq: 13,
+            keep_from: 12,
+        })
+        .await
+        .expect("the closing record");
+        assert_eq!((closing.ok, closing.left()), (0, 50), "{closing:?}");
+        let late = run(fill(30, 13)).await.expect("a late fill");
+        assert_eq!((late.ok, late.left()), (0, 50), "{late:?}");
+        let given = run(give(5, 12)).await.expect("give");
+        assert_eq!(
+            given.ok, 1,
+            "a slice taken after the fence goes back: {given:?}"
         );
     }
 }

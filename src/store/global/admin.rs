@@ -234,18 +234,25 @@ mod tests {
     /// pool refilled from the count that reset is about to forget never refunds past its fence.
     #[test]
     fn a_closing_record_keeps_what_was_cleared_for_its_fence() {
-        // a: opened at 3 (home fenced its counters at 4), closed at 6 (two admin writes
-        // between); b: closed at 9 with its opening record trimmed away; c: an opening record.
+        // a: opened at 3 (home fenced its counters at 4), closed at 6 (home's reset bumps the
+        // generation between); b: closed at 9 with its opening record trimmed away; c: opens.
         let records = vec![
             record(3, "a", true),
             record(6, "a", false),
             record(9, "b", false),
             record(10, "c", true),
+            // d and e reset at once: neither closing record keeps a pool for its fence.
+            record(12, "d", true),
+            record(13, "e", true),
+            record(15, "d", false),
+            record(17, "e", false),
+            // f closed twice (an old-format record after): the second keeps nothing.
+            record(20, "f", true),
+            record(22, "f", false),
+            record(24, "f", false),
         ];
-        assert_eq!(records[1].keep_from(&records), 4);
-        assert_eq!(records[2].keep_from(&records), 9);
-        assert_eq!(records[3].keep_from(&records), 10);
-        assert_eq!(records[0].keep_from(&records), 3);
+        let keep: Vec<u64> = records.iter().map(|r| r.keep_from(&records)).collect();
+        assert_eq!(keep, [3, 4, 9, 10, 12, 13, 15, 17, 20, 21, 24]);
     }
 
     #[tokio::test]

@@ -179,16 +179,11 @@ impl GlobalGrants {
         let key = &check.key;
         let n = check.hits;
         if check.refund {
-            let st = self
-                .pool
-                .run(key, window_ms, PoolOp::Give(n), ttl)
-                .await
-                .inspect_err(|_| self.tallies.stranded.add(n))?;
-            self.seen(&st);
-            let _ = self.known(key, window);
-            self.drain_later(key, window, window_ms);
-            return Ok((outcome(true, st.left(), window, self.now_ms()), false));
+            return self.give_back(check, ttl).await;
         }
+        // Known before the first take: it records the reset the units count after, which the
+        // slice they go to reads (`CounterStore::cleared`).
+        let _ = self.known(key, window);
         let mut st = self.take(key, window_ms, n, ttl).await?;
         self.seen(&st);
         // Up to three refills; every take is judged, the last one's too (a take that succeeded
@@ -241,6 +236,33 @@ impl GlobalGrants {
             self.seen(&st);
         }
         Ok((outcome(false, st.left(), window, self.now_ms()), false))
+    }
+
+    /// A slice's units given back to the pool (`check.refund`).
+    async fn give_back(
+        self: &Arc<Self>,
+        check: &LimitCheck,
+        ttl: u64,
+    ) -> Result<(Outcome, bool), StoreError> {
+        let (key, window, n) = (&check.key, check.window, check.hits);
+        let window_ms = window_ms(window);
+        // Taken after the reset this replica's last take saw (its slice drops what it held
+        // from before when that rises: `slices/take.rs`): refused into a pool cleared for
+        // a later one (on the count home forgot), counted forgiven.
+        let cleared = self.known(key, window).cleared;
+        let give = PoolOp::Give { units: n, cleared };
+        let st = self
+            .pool
+            .run(key, window_ms, give, ttl)
+            .await
+            .inspect_err(|_| self.tallies.stranded.add(n))?;
+        if st.ok == 0 {
+            self.tallies.forgiven.add(n);
+        }
+        self.seen(&st);
+        let _ = self.known(key, window);
+        self.drain_later(key, window, window_ms);
+        Ok((outcome(true, st.left(), window, self.now_ms()), false))
     }
 
     /// Takes `n` units from the pool for a slice. A take that fails may still have been done
@@ -361,6 +383,7 @@ impl GlobalGrants {
                 units: 0,
                 token,
                 dry_ms: 0,
+                fence: 0,
             };
             self.pool.run(key, window_ms, release, ttl).await?;
             return Ok(());
@@ -389,16 +412,6 @@ impl GlobalGrants {
             fence,
             ..
         } = asked;
-        if fence > 0 && failed.is_none() {
-            // Charged after home's reset (fenced at `fence`): the pool is cleared for it first
-            // (a no-op if it was), so the clears of the reset's records this replica applies
-            // later drop the old count's units, not these (`ResetRecord::keep_from`).
-            let clear = PoolOp::Clear {
-                seq: fence,
-                keep_from: fence,
-            };
-            let _ = self.pool.run(key, window_ms, clear, ttl).await;
-        }
         let fill = if failed.is_some() {
             // Home is unreachable: the region denies what it cannot admit for a while, rather
             // than every request waiting on home again (with `share`, once its credit is out).
@@ -408,10 +421,15 @@ impl GlobalGrants {
             dry_ms = if begun { HOME_RETRY_MS } else { 0 };
             self.cut_off_fill(key, (window, begun), token, dry_ms)
         } else {
+            // Charged after home's reset (fenced at `fence`): the pool is cleared for it as
+            // they land (once), so the clears of the reset's records this replica applies later
+            // drop the old count's units, not these (`ResetRecord::keep_from`); a refill charged
+            // before a fence the pool has seen lands nothing.
             PoolOp::Fill {
                 units: got,
                 token,
                 dry_ms,
+                fence,
             }
         };
         let st = self.pool.run(key, window_ms, fill, ttl).await;

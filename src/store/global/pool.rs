@@ -18,13 +18,23 @@ use std::sync::{Arc, Mutex};
 pub enum PoolOp {
     /// Takes units for a replica's slice, if the pool has them.
     Take(u64),
-    /// Gives a slice's unspent units back.
-    Give(u64),
+    /// Gives a slice's unspent `units` back, taken when the pool was cleared for `cleared`
+    /// (`PoolState::cleared` at the slice's grants): refused if the pool was cleared for a
+    /// later reset since (they are on the count home forgot). `ok`: given back.
+    Give { units: u64, cleared: u64 },
     /// Takes the refill lease for `lease_ms` with `token` (refused while another holds it).
     Lock { token: u64, lease_ms: u64 },
     /// Adds units granted by home, and releases `token`'s lease; `dry_ms` > 0: the home store
-    /// had nothing left, no refill for that long.
-    Fill { units: u64, token: u64, dry_ms: u64 },
+    /// had nothing left, no refill for that long. `fence`: the reset home's counter was fenced
+    /// past when they were charged (0: none); a pool not yet cleared for it is cleared first
+    /// (they are on the fresh count; what it holds may not be), and units charged before a
+    /// fence the pool has seen are dropped (on the count that reset forgot: `ok` 0).
+    Fill {
+        units: u64,
+        token: u64,
+        dry_ms: u64,
+        fence: u64,
+    },
     /// Drains every unit not taken (to return home) if no take came for `idle_ms` and nothing
     /// is owed home (a pool holding credit is settled first: `Settle`).
     Drain { idle_ms: u64 },
@@ -143,6 +153,8 @@ struct Fields {
     credited: u64,
     /// The last reset record this pool was cleared for.
     cleared: u64,
+    /// The highest fence a fill carried (`PoolOp::Fill`).
+    fenced: u64,
 }
 
 /// Pools in this process (a region of one replica on the embedded store), at most `max`.
@@ -212,6 +224,33 @@ impl MemoryPool {
 }
 
 impl Fields {
+    /// [`PoolOp::Fill`]: `ok` 0 when units charged before a fence the pool has seen are dropped.
+    fn fill(&mut self, units: u64, (token, dry_ms, fence): (u64, u64, u64), now: u64) -> u64 {
+        let f = self;
+        let mut ok = 1;
+        let units = if fence < f.fenced {
+            ok = u64::from(units == 0); // dropped: `ok` 0
+            0
+        } else {
+            units
+        };
+        if fence > f.fenced && fence > f.cleared {
+            (f.have, f.taken, f.owed, f.cleared) = (0, 0, 0, fence);
+        }
+        f.fenced = f.fenced.max(fence);
+        f.have = f.have.saturating_add(units);
+        if units > 0 {
+            f.last_fill = units;
+        }
+        if dry_ms > 0 {
+            f.dry_until = now.saturating_add(dry_ms);
+        }
+        if f.lock.is_some_and(|(t, _)| t == token) {
+            f.lock = None;
+        }
+        ok
+    }
+
     /// `op` on this pool at `now` (ms): [`PoolState::ok`].
     fn apply(&mut self, op: PoolOp, now: u64) -> u64 {
         let f = self;
@@ -226,7 +265,10 @@ impl Fields {
                     ok = 0;
                 }
             }
-            PoolOp::Give(n) => f.taken -= n.min(f.taken),
+            PoolOp::Give { units, cleared } if cleared >= f.cleared => {
+                f.taken -= units.min(f.taken);
+            }
+            PoolOp::Give { .. } => ok = 0,
             PoolOp::Lock { token, lease_ms } => match f.lock {
                 Some((t, until)) if t != token && until > now => ok = 0,
                 _ => f.lock = Some((token, now.saturating_add(lease_ms))),
@@ -235,18 +277,8 @@ impl Fields {
                 units,
                 token,
                 dry_ms,
-            } => {
-                f.have = f.have.saturating_add(units);
-                if units > 0 {
-                    f.last_fill = units;
-                }
-                if dry_ms > 0 {
-                    f.dry_until = now.saturating_add(dry_ms);
-                }
-                if f.lock.is_some_and(|(t, _)| t == token) {
-                    f.lock = None;
-                }
-            }
+                fence,
+            } => ok = f.fill(units, (token, dry_ms, fence), now),
             PoolOp::Credit {
                 share,
                 token,

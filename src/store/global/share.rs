@@ -98,6 +98,7 @@ impl GlobalGrants {
                 units: 0,
                 token,
                 dry_ms,
+                fence: 0,
             },
         }
     }
@@ -170,6 +171,7 @@ impl GlobalGrants {
             units: 0,
             token,
             dry_ms: 0,
+            fence: 0,
         };
         let _ = self.pool.run(key, window_ms, release, ttl).await;
         done

@@ -18,6 +18,10 @@
 -- ARGV[5]  how long the pool outlives this call, in ms (PEXPIRE)
 -- ARGV[6]  the last reset record the calling replica applied: a pool this call creates starts
 --          cleared for it (its units are all granted after those resets)
+-- ARGV[7]  give: the reset the units were taken after (the pool's `cleared` then: refused if
+--          the pool was cleared for a later one since); fill: the fence home's counter had when
+--          the units were charged (0: none; a pool not cleared for it is cleared first, and
+--          units charged before a fence the pool has seen, `fenced`, are dropped)
 --
 -- Reply: {ok, have, taken, dry_until, now, locked, fill, owed, last, cleared}: ok is 1/0 (drain, trim,
 -- credit, clear: the units drained, added, dropped); locked is 1 while a refill's lease runs; fill is
@@ -51,9 +55,13 @@ if op == 'take' then
     ok = 0
   end
 elseif op == 'give' then
-  local g = math.min(n, taken)
-  taken = taken - g
-  redis.call('HSET', h, 'taken', taken)
+  if tonumber(ARGV[7] or 0) >= (tonumber(redis.call('HGET', h, 'cleared')) or 0) then
+    local g = math.min(n, taken)
+    taken = taken - g
+    redis.call('HSET', h, 'taken', taken)
+  else
+    ok = 0
+  end
 elseif op == 'lock' then
   if lock ~= '' and lock ~= ARGV[3] and lock_until > now then
     ok = 0
@@ -62,7 +70,21 @@ elseif op == 'lock' then
   end
 elseif op == 'fill' then
   -- Units the home store granted are added whoever holds the lock now (they were taken from
-  -- home: never lost); the lock is released if it is still the filler's.
+  -- home: never lost); the lock is released if it is still the filler's. Charged after a
+  -- reset's fence the pool was not cleared for: cleared first; before one it has seen:
+  -- dropped (on the count that reset forgot).
+  local fence = tonumber(ARGV[7] or 0)
+  local marks = redis.call('HMGET', h, 'fenced', 'cleared')
+  local fenced, cleared = tonumber(marks[1]) or 0, tonumber(marks[2]) or 0
+  if fence < fenced then
+    if n > 0 then ok = 0 end
+    n = 0
+  end
+  if fence > fenced and fence > cleared then
+    have, taken, owed = 0, 0, 0
+    redis.call('HSET', h, 'taken', 0, 'owed', 0, 'cleared', fence)
+  end
+  if fence > fenced then redis.call('HSET', h, 'fenced', fence) end
   have = have + n
   redis.call('HSET', h, 'have', have)
   if n > 0 then

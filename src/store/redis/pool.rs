@@ -38,14 +38,21 @@ impl RegionPool for RedisPool {
         ttl_ms: u64,
     ) -> BoxFuture<'a, Result<PoolState, StoreError>> {
         Box::pin(async move {
+            // ARGV[7]: a give's `cleared`, a fill's `fence`.
+            let mark = match op {
+                PoolOp::Give { cleared, .. } => cleared,
+                PoolOp::Fill { fence, .. } => fence,
+                _ => 0,
+            };
             let (name, n, token, extra) = match op {
                 PoolOp::Take(n) => ("take", n, 0, 0),
-                PoolOp::Give(n) => ("give", n, 0, 0),
+                PoolOp::Give { units, .. } => ("give", units, 0, 0),
                 PoolOp::Lock { token, lease_ms } => ("lock", 0, token, lease_ms),
                 PoolOp::Fill {
                     units,
                     token,
                     dry_ms,
+                    ..
                 } => ("fill", units, token, dry_ms),
                 PoolOp::Drain { idle_ms } => ("drain", 0, 0, idle_ms),
                 PoolOp::Trim { keep, have } => ("trim", keep, 0, have),
@@ -67,7 +74,8 @@ impl RegionPool for RedisPool {
                         .arg(token)
                         .arg(extra)
                         .arg(ttl_ms.max(1))
-                        .arg(self.stamp.get());
+                        .arg(self.stamp.get())
+                        .arg(mark);
                     inv.invoke_async(c).await
                 })
                 .await?;

@@ -18,7 +18,12 @@ impl Slices {
         for (key, e) in map.iter() {
             if e.global && reset.covers(&key.domain, &key.entries) {
                 let mut s = e.slice.lock().unwrap_or_else(|p| p.into_inner());
-                if s.cleared >= keep_from.min(reset.seq) {
+                let keep = if keep_from == 0 {
+                    reset.seq
+                } else {
+                    keep_from.min(reset.seq)
+                };
+                if s.cleared >= keep {
                     continue; // its units were granted after this reset's clear of the pool
                 }
                 emptied += std::mem::take(&mut s.left);
