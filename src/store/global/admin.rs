@@ -43,10 +43,10 @@ impl CounterAdmin for GlobalAdmin {
             // Home's reset fences each counter it resets at the first record's successor: a
             // give-back from a pool not cleared for a later record is refused at home, in the
             // same call that would apply it, so units drained before the reset never come off
-            // the fresh count (a refill charged just before the reset that lands after the
-            // second clear is the one exception, docs/semantics.md). Home first: a region
-            // whose store is home's too (one Redis) would otherwise lose the counters to the
-            // unfenced regional reset before home's could fence them.
+            // the fresh count; a refill carries its fence into the pool it lands in, which
+            // drops one charged before a fence it has seen (docs/semantics.md). Home first: a
+            // region whose store is home's too (one Redis) would otherwise lose the counters to
+            // the unfenced regional reset before home's could fence them.
             let first = self.home.record_reset(domain, prefix, true).await?;
             let home = self
                 .home
@@ -229,9 +229,6 @@ mod tests {
         }
     }
 
-    /// A reset still under way (its first record, no second yet) caps the stamp of the pools a
-    /// replica creates: below it, whatever later records (of other resets) it has applied, so a
-    /// pool refilled from the count that reset is about to forget never refunds past its fence.
     #[test]
     fn a_closing_record_keeps_what_was_cleared_for_its_fence() {
         // a: opened at 3 (home fenced its counters at 4), closed at 6 (home's reset bumps the
@@ -255,6 +252,9 @@ mod tests {
         assert_eq!(keep, [3, 4, 9, 10, 12, 13, 15, 17, 20, 21, 24]);
     }
 
+    /// A reset still under way (its first record, no second yet) caps the stamp of the pools a
+    /// replica creates: below it, whatever later records (of other resets) it has applied, so a
+    /// pool refilled from the count that reset is about to forget never refunds past its fence.
     #[tokio::test]
     async fn pools_created_while_a_reset_runs_are_stamped_below_it() {
         use super::super::{MemoryPool, PoolOp, RegionPool};
