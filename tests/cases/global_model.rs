@@ -108,29 +108,38 @@ impl Link {
     }
 }
 
+impl Link {
+    /// `call` to home across the link: its round trip interleaved with everything else; cut,
+    /// the call fails, or (cut while it was out) its reply is lost.
+    async fn across<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        for _ in 0..self.yields() {
+            tokio::task::yield_now().await;
+        }
+        if self.cut.load(SeqCst) {
+            return Err(StoreError::Transient("partitioned".into()));
+        }
+        let answer = call.await;
+        for _ in 0..self.yields() {
+            tokio::task::yield_now().await;
+        }
+        if self.cut.load(SeqCst) {
+            return Err(StoreError::Transient(
+                "partitioned: the reply is lost".into(),
+            ));
+        }
+        answer
+    }
+}
+
 impl CounterStore for Link {
     fn decide<'a>(
         &'a self,
         checks: &'a [LimitCheck],
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(async move {
-            for _ in 0..self.yields() {
-                tokio::task::yield_now().await;
-            }
-            if self.cut.load(SeqCst) {
-                return Err(StoreError::Transient("partitioned".into()));
-            }
-            let d = self.home.decide(checks).await;
-            for _ in 0..self.yields() {
-                tokio::task::yield_now().await;
-            }
-            if self.cut.load(SeqCst) {
-                return Err(StoreError::Transient(
-                    "partitioned: the reply is lost".into(),
-                ));
-            }
-            d
-        })
+        Box::pin(self.across(self.home.decide(checks)))
     }
 
     fn probe(&self) -> BoxFuture<'_, bool> {
@@ -142,24 +151,7 @@ impl CounterStore for Link {
         check: &'a LimitCheck,
         ask: &'a FairAsk,
     ) -> BoxFuture<'a, Result<Option<FairGrant>, StoreError>> {
-        Box::pin(async move {
-            for _ in 0..self.yields() {
-                tokio::task::yield_now().await;
-            }
-            if self.cut.load(SeqCst) {
-                return Err(StoreError::Transient("partitioned".into()));
-            }
-            let g = self.home.grant_fair(check, ask).await;
-            for _ in 0..self.yields() {
-                tokio::task::yield_now().await;
-            }
-            if self.cut.load(SeqCst) {
-                return Err(StoreError::Transient(
-                    "partitioned: the reply is lost".into(),
-                ));
-            }
-            g
-        })
+        Box::pin(self.across(self.home.grant_fair(check, ask)))
     }
 }
 

@@ -53,16 +53,22 @@ if undo then
   return out
 end
 
-if fence then
-  -- A home store's refund (head.lua): the fence sits beside the charged window's key (a
-  -- token bucket's own key), where a reset left it (store/redis/admin.rs).
+-- The reset fence of the one limit a home store's refund or fair grant charges: beside the
+-- charged window's key (a token bucket's own key), where a reset left it (store/redis/admin.rs;
+-- 0: none).
+local function charged_fence()
   local key, period, meta = KEYS[1], tonumber(ARGV[6]), tonumber(ARGV[8])
   local at = key
   if meta % 4 == 0 then
     pinned_of(key, meta)
     at = window_key(key, CAL[key] or PIN[key] or (now - now % period), period)
   end
-  if (tonumber(call('GET', at .. '#reset')) or 0) > fence then
+  return tonumber(call('GET', at .. '#reset')) or 0
+end
+
+if fence then
+  -- A home store's refund (head.lua): refused past the fence.
+  if charged_fence() > fence then
     return {-1}
   end
 end
@@ -457,12 +463,6 @@ if fair_hits then
   -- (where a reset left it, store/redis/admin.rs; 0: none), which the region's pool the units
   -- land in is cleared for first (store/global/mod.rs, `land`).
   result[#result + 1] = fair_hits
-  local key, period, meta = KEYS[1], tonumber(ARGV[6]), tonumber(ARGV[8])
-  local at = key
-  if meta % 4 == 0 then
-    pinned_of(key, meta)
-    at = window_key(key, CAL[key] or PIN[key] or (now - now % period), period)
-  end
-  result[#result + 1] = tonumber(call('GET', at .. '#reset')) or 0
+  result[#result + 1] = charged_fence()
 end
 return result
