@@ -12,6 +12,8 @@
 //! `sluice_memory_evictions_total`). Expired counters are also dropped a few per decision, so
 //! no call walks a whole shard. Lease entries (slots, reservations, remembered denials) come
 //! within a budget of their own ([`shard::LEASE_ENTRIES_PER_COUNTER`] per counter, per shard).
+//! Candidate limits' counters (`CANDIDATE_CONFIG`) have shards of their own, as many and as
+//! large: a candidate never evicts an enforced counter.
 
 mod check;
 mod resets;
@@ -51,11 +53,20 @@ const MAX_SHARDS: usize = 64;
 /// In-process counters; the default store when no Redis is configured.
 #[derive(Debug)]
 pub struct MemoryStore {
+    /// The enforced counters' shards, then as many for candidate limits' (`CANDIDATE_CONFIG`):
+    /// a candidate counter lives in a table of its own, so a candidate config can never evict
+    /// an enforced counter (which would change answers); candidates evict only candidates, up
+    /// to `MEMORY_MAX_COUNTERS` of their own. Their tables start small and grow with use, so
+    /// without candidates they cost a few hundred bytes each. One index space: a decision
+    /// locks its shards of both kinds in ascending order, as ever.
     shards: Vec<Mutex<Shard>>,
     clock: Arc<dyn Clock>,
     /// Two independent keyed hashes make a counter's 128-bit fingerprint.
     hashers: (std::hash::RandomState, std::hash::RandomState),
     evictions: Tally,
+    /// Candidate counters evicted by candidate counters (`sluice_candidate_evictions_total`):
+    /// the candidate that starts afresh mid-window may then admit more than it would have.
+    candidate_evictions: Tally,
     /// A counter's identity leaves out its limit's size (`requests_per_unit`, `burst`): the
     /// local layer's store (`FAILURE_MODE=local`), whose limits are this replica's share of the
     /// configured ones, so a share that changes mid-outage (a replica joins or leaves) decides
@@ -82,13 +93,15 @@ impl MemoryStore {
     /// `shards` shards sharing `max` counters (each holds its share, the first ones one more).
     pub fn with_shards(clock: Arc<dyn Clock>, shards: usize, max: usize) -> Self {
         let shards = shards.max(1);
+        let cap = |i: usize| max / shards + usize::from(i < max % shards);
         Self {
-            shards: (0..shards)
-                .map(|i| Mutex::new(Shard::new(max / shards + usize::from(i < max % shards))))
+            shards: (0..2 * shards)
+                .map(|i| Mutex::new(Shard::new(cap(i % shards))))
                 .collect(),
             clock,
             hashers: Default::default(),
             evictions: Tally::default(),
+            candidate_evictions: Tally::default(),
             size_blind: false,
             resets: resets::Resets::default(),
             decided: std::sync::atomic::AtomicU64::new(0),
@@ -101,24 +114,45 @@ impl MemoryStore {
         self
     }
 
-    /// Counters held (expired ones not yet dropped included).
+    /// Enforced counters held (expired ones not yet dropped included).
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).counters.len()).sum()
+        let enforced = &self.shards[..self.shards.len() / 2];
+        enforced.iter().map(|s| lock(s).counters.len()).sum()
+    }
+
+    /// Candidate limits' counters held (`CANDIDATE_CONFIG`), apart from [`MemoryStore::len`].
+    pub fn candidate_len(&self) -> usize {
+        let candidates = &self.shards[self.shards.len() / 2..];
+        candidates.iter().map(|s| lock(s).counters.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Live counters evicted to make room (`sluice_memory_evictions_total`).
+    /// Live enforced counters evicted to make room (`sluice_memory_evictions_total`).
     pub fn evictions(&self) -> u64 {
         self.evictions.get()
     }
 
-    /// Counts evictions on `signals` (for `/metrics`) instead of a private total.
+    /// Live candidate counters evicted to make room for other candidates'.
+    pub fn candidate_evictions(&self) -> u64 {
+        self.candidate_evictions.get()
+    }
+
+    /// Counts evictions on `signals` (for `/metrics`) instead of private totals.
     pub fn reporting_to(mut self, signals: &StoreSignals) -> Self {
         self.evictions = signals.evictions.clone();
+        self.candidate_evictions = signals.candidate_evictions.clone();
         self
+    }
+
+    /// The tally of shard `i`'s evictions.
+    fn evictions_in(&self, i: usize) -> &Tally {
+        match i < self.shards.len() / 2 {
+            true => &self.evictions,
+            false => &self.candidate_evictions,
+        }
     }
 
     /// A 128-bit keyed fingerprint of the counter's identity: two different keys share one with
@@ -153,14 +187,18 @@ impl MemoryStore {
         })
     }
 
-    fn shard_of(&self, fp: Fingerprint) -> usize {
-        ((u128::from(fp[1]) * self.shards.len() as u128) >> 64) as usize
+    /// The shard of a counter: among the enforced ones, or the candidates' for a candidate's.
+    fn shard_of(&self, fp: Fingerprint, candidate: bool) -> usize {
+        let n = self.shards.len() / 2;
+        ((u128::from(fp[1]) * n as u128) >> 64) as usize + if candidate { n } else { 0 }
     }
 
     fn decide_now(&self, checks: &[LimitCheck]) -> Decision {
         let fps: Vec<Fingerprint> = checks.iter().map(|c| self.fingerprint(&c.key)).collect();
         // Each check's shard, then (below) its index among the locked guards.
-        let mut slot: Vec<usize> = fps.iter().map(|&fp| self.shard_of(fp)).collect();
+        let mut slot: Vec<usize> = (fps.iter().zip(checks))
+            .map(|(&fp, c)| self.shard_of(fp, c.key.candidate))
+            .collect();
         let mut order = slot.clone();
         match order.as_mut_slice() {
             [] | [_] => {}
@@ -178,7 +216,7 @@ impl MemoryStore {
         // Microseconds, as the algorithms and the Redis script count time; read under the locks.
         let now = u64::try_from(self.clock.now().as_micros()).unwrap_or(u64::MAX);
 
-        let (mut decision, evicted) = if has_duplicates(&fps) {
+        let mut decision = if has_duplicates(&fps) {
             decide_on_copies(checks, &fps, &slot, &mut guards, now)
         } else {
             decide_in_place(checks, &fps, &slot, &mut guards, now)
@@ -187,10 +225,11 @@ impl MemoryStore {
             .decided
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         decision.at = super::DecidedAt::Store { us: now, seq };
-        if evicted > 0 {
-            self.evictions.add(evicted);
-        }
-        for g in &mut guards {
+        for (g, &i) in guards.iter_mut().zip(&order) {
+            let evicted = g.evicted();
+            if evicted > 0 {
+                self.evictions_in(i).add(evicted);
+            }
             g.sweep(now, SWEEP_PER_CALL);
         }
         decision
@@ -254,7 +293,7 @@ fn decide_in_place(
     slot: &[usize],
     guards: &mut [MutexGuard<'_, Shard>],
     now: u64,
-) -> (Decision, u64) {
+) -> Decision {
     let mut outcomes = Vec::with_capacity(checks.len());
     let mut next: Vec<Option<State>> = Vec::with_capacity(checks.len());
     let mut admission = Admission::default();
@@ -282,14 +321,13 @@ fn decide_in_place(
     let admitted = admission.admitted();
     let allowed: Vec<bool> = outcomes.iter().map(|o| o.allowed).collect();
     let charge = charged(checks, &allowed, admitted);
-    let mut evicted = 0;
     for (i, (check, state)) in checks.iter().zip(next).enumerate() {
         if !charge[i] {
             // Not charged: report what the counter really has left, not what it would have
             // had after this request; an `in_flight` take is remembered as a denial.
             outcomes[i].remaining =
                 remaining_now(guards[slot[i]].counters.get_mut(fps[i]), check, now);
-            evicted += remember_take(&mut guards[slot[i]], fps[i], check, now);
+            remember_take(&mut guards[slot[i]], fps[i], check, now);
             continue;
         }
         // A check charges nothing (a reservation or its settle of 0 hits still changes what
@@ -306,25 +344,25 @@ fn decide_in_place(
             let old = shard.counters.get(fps[i]).map(|c| &c.state);
             leases[i] = LeaseEffect::between(old, &state, now, released(check));
         }
-        evicted += u64::from(shard.write(fps[i], state, p, now));
+        shard.write(fps[i], state, p, now);
         if !outcomes[i].allowed {
             // A take charged though denied (a shadow limit's) is remembered as well.
-            evicted += remember_take(shard, fps[i], check, now);
+            remember_take(shard, fps[i], check, now);
         }
     }
-    (decided(admitted, outcomes, leases), evicted)
+    decided(admitted, outcomes, leases)
 }
 
 /// A take not charged is remembered as a denial of its id, on what the request left written
-/// (in the overflow when the shard's lease entries are at their budget); returns evictions.
-fn remember_take(shard: &mut Shard, fp: Fingerprint, check: &LimitCheck, now: u64) -> u64 {
+/// (in the overflow when the shard's lease entries are at their budget).
+fn remember_take(shard: &mut Shard, fp: Fingerprint, check: &LimitCheck, now: u64) {
     let Some(id) = take_of(check) else {
-        return 0;
+        return;
     };
     let room = shard.has_room(1);
     let stored = shard.counters.get(fp).map(|c| &c.state);
     let state = remember_denial(stored, now, check, id, room);
-    u64::from(shard.write(fp, state, check.params(), now))
+    shard.write(fp, state, check.params(), now)
 }
 
 /// A sliding_log charge: recorded in the stored log in place (`None`: nothing left to write),
@@ -391,7 +429,7 @@ fn decide_on_copies(
     slot: &[usize],
     guards: &mut [MutexGuard<'_, Shard>],
     now: u64,
-) -> (Decision, u64) {
+) -> Decision {
     let mut pending: Vec<(Fingerprint, State)> = Vec::with_capacity(checks.len());
     let mut outcomes: Vec<Outcome> = Vec::with_capacity(checks.len());
     let mut admission = Admission::default();
@@ -447,20 +485,19 @@ fn decide_on_copies(
             *e = LeaseEffect::default();
         }
     }
-    let mut evicted = write_last(&pending, checks, fps, slot, guards, &charge, now);
+    write_last(&pending, checks, fps, slot, guards, &charge, now);
     // Takes denied or not charged are remembered as denials, on what the request left written.
     for (i, check) in checks
         .iter()
         .enumerate()
         .filter(|&(i, _)| !charge[i] || !outcomes[i].allowed)
     {
-        evicted += remember_take(&mut guards[slot[i]], fps[i], check, now);
+        remember_take(&mut guards[slot[i]], fps[i], check, now);
     }
-    (decided(admitted, outcomes, leases), evicted)
+    decided(admitted, outcomes, leases)
 }
 
-/// Each counter of a request decided on copies ends in the state its last written check left;
-/// returns the evictions.
+/// Each counter of a request decided on copies ends in the state its last written check left.
 fn write_last(
     pending: &[(Fingerprint, State)],
     checks: &[LimitCheck],
@@ -469,8 +506,7 @@ fn write_last(
     guards: &mut [MutexGuard<'_, Shard>],
     charge: &[bool],
     now: u64,
-) -> u64 {
-    let mut evicted = 0;
+) {
     for (n, (fp, state)) in pending.iter().enumerate() {
         if pending[n + 1..].iter().any(|(f, _)| f == fp) {
             continue;
@@ -483,10 +519,9 @@ fn write_last(
             .any(|((c, f), &w)| f == fp && w && (c.hits > 0 || c.lease.is_some()));
         if written {
             let p = checks[i].params();
-            evicted += u64::from(guards[slot[i]].write(*fp, state.clone(), p, now));
+            guards[slot[i]].write(*fp, state.clone(), p, now);
         }
     }
-    evicted
 }
 
 /// The store's answer: one atomic step.
@@ -630,6 +665,46 @@ mod tests {
         clock.advance(Duration::from_secs(2 * 3600));
         assert!(store.decide_now(&[check("later", 5, Unit::Day)]).admitted);
         assert_eq!((store.len(), store.evictions()), (3, 3));
+    }
+
+    #[test]
+    fn candidate_counters_never_evict_an_enforced_one() {
+        // A full store of enforced counters, then a caller sending a candidate limit a new
+        // consumer each time: the candidates evict only each other, the enforced counts stand.
+        let clock = ManualClock::new(Duration::from_secs(1_000_000));
+        let store = MemoryStore::with_shards(Arc::new(clock.clone()), 1, 4);
+        let enforced: Vec<_> = (0..4)
+            .map(|i| check(&format!("e{i}"), 5, Unit::Hour))
+            .collect();
+        for c in &enforced {
+            assert!(store.decide_now(std::slice::from_ref(c)).admitted);
+        }
+        let candidate = |i: usize| {
+            let mut c = check(&format!("c{i}"), 5, Unit::Minute);
+            (c.candidate, c.key.candidate) = (true, true);
+            c
+        };
+        for i in 0..50 {
+            let d = store.decide_now(&[check("e1", 5, Unit::Hour), candidate(i)]);
+            assert!(d.outcomes[1].allowed, "candidate {i}");
+        }
+        assert_eq!(
+            (store.len(), store.evictions()),
+            (4, 0),
+            "no enforced counter gave way"
+        );
+        assert_eq!(
+            store.candidate_len(),
+            4,
+            "the candidates keep a cap of their own"
+        );
+        assert_eq!(store.candidate_evictions(), 46);
+        for (i, c) in enforced.iter().enumerate() {
+            // e1 was charged with the first four candidate requests (then full: denied).
+            let want = if i == 1 { 0 } else { 3 };
+            let d = store.decide_now(std::slice::from_ref(c));
+            assert_eq!(d.outcomes[0].remaining, want, "e{i} kept its count");
+        }
     }
 
     #[test]

@@ -24,6 +24,9 @@ pub struct StoreSignals {
     pub undo_failures: Tally,
     /// Live memory-store counters evicted to make room (`sluice_memory_evictions_total`).
     pub evictions: Tally,
+    /// Live memory-store candidate counters (`CANDIDATE_CONFIG`) evicted by other candidates'
+    /// (`sluice_candidate_evictions_total`).
+    pub candidate_evictions: Tally,
     /// `FAILURE_MODE=local`'s decisions and write-backs (zero without it).
     pub local: Arc<LocalTallies>,
     /// The slices of leased limits (zero without them).
@@ -88,6 +91,7 @@ impl StoreSignals {
             breaker: Arc::new(watch::Sender::new(None)),
             undo_failures: Tally::default(),
             evictions: Tally::default(),
+            candidate_evictions: Tally::default(),
             local: Arc::default(),
             slices: Arc::default(),
             global: Arc::default(),

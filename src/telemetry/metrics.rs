@@ -111,6 +111,7 @@ pub struct Metrics {
     offenders_dropped: IntCounter,
     undo_failures: IntCounter,
     evictions: IntCounter,
+    candidate_evictions: IntCounter,
     /// Calls on lease limits (`in_flight`, `reservations`), by domain, call and outcome.
     lease_calls: IntCounterVec,
     local: LocalMetrics,
@@ -288,6 +289,12 @@ impl Metrics {
             offenders_dropped,
             undo_failures,
             evictions,
+            candidate_evictions: r.add(IntCounter::new(
+                "sluice_candidate_evictions_total",
+                "Live memory-store counters of candidate limits (CANDIDATE_CONFIG) evicted to \
+                 make room for other candidates' (they have MEMORY_MAX_COUNTERS of their own \
+                 and never evict an enforced counter): each starts afresh mid-window.",
+            ))?,
             lease_calls,
             local: LocalMetrics::register(&r)?,
             quota: QuotaMetrics::register(&r)?,
@@ -417,10 +424,14 @@ impl Metrics {
         if total > seen {
             self.undo_failures.inc_by(total - seen);
         }
-        let seen = self.evictions.get();
-        let total = store.evictions.get();
-        if total > seen {
-            self.evictions.inc_by(total - seen);
+        for (shown, total) in [
+            (&self.evictions, &store.evictions),
+            (&self.candidate_evictions, &store.candidate_evictions),
+        ] {
+            let (seen, total) = (shown.get(), total.get());
+            if total > seen {
+                shown.inc_by(total - seen);
+            }
         }
         let seen = self.offenders_dropped.get();
         if offenders_dropped > seen {

@@ -45,6 +45,8 @@ pub(super) struct Shard {
     /// Lease entries its counters hold ([`lease_entries`]), and at most how many.
     entries: usize,
     entry_cap: usize,
+    /// Live counters evicted to make room since the store last drained it ([`Shard::evicted`]).
+    evicted: u64,
 }
 
 /// Lease entries the memory store holds per counter it may hold, on average (each 16 to 32
@@ -68,7 +70,13 @@ impl Shard {
             cap,
             entries: 0,
             entry_cap: cap.saturating_mul(LEASE_ENTRIES_PER_COUNTER),
+            evicted: 0,
         }
+    }
+
+    /// The live counters evicted to make room since the last call (the store counts them).
+    pub(super) fn evicted(&mut self) -> u64 {
+        std::mem::take(&mut self.evicted)
     }
 
     /// Whether `more` lease entries fit in the shard's budget.
@@ -142,14 +150,8 @@ impl Shard {
         }
     }
 
-    /// Stores `state` for `fp`; returns whether a live counter was evicted to make room.
-    pub(super) fn write(
-        &mut self,
-        fp: Fingerprint,
-        state: State,
-        p: LimitParams,
-        now: u64,
-    ) -> bool {
+    /// Stores `state` for `fp` (a live counter evicted to make room is counted, [`Shard::evicted`]).
+    pub(super) fn write(&mut self, fp: Fingerprint, state: State, p: LimitParams, now: u64) {
         let expires_at = algorithm::expires_at(&state, p);
         let held = lease_entries(&state);
         if let Some(c) = self.counters.get_mut(fp) {
@@ -157,11 +159,11 @@ impl Shard {
             c.state = state;
             c.expires_at = expires_at;
             self.entries = self.entries.saturating_sub(was).saturating_add(held);
-            return false;
+            return;
         }
-        let evicted = self.make_room(now);
+        self.evicted += u64::from(self.make_room(now));
         if self.counters.len() >= self.cap {
-            return evicted; // cap 0: nothing is kept
+            return; // cap 0: nothing is kept
         }
         self.entries = self.entries.saturating_add(held);
         self.counters.insert(fp, Counter { state, expires_at });
@@ -175,6 +177,5 @@ impl Shard {
             self.expiry.reserve_exact(more);
         }
         self.expiry.push(Reverse(Indexed::new(expires_at, fp)));
-        evicted
     }
 }
