@@ -346,6 +346,7 @@ pub struct ServeArgs {
     /// Counters the in-memory store holds at most (used when no `REDIS_URL` is set): about 100
     /// bytes each when full. Past it, the counter closest to expiry is evicted (it starts
     /// afresh, which can only ever admit more) and `sluice_memory_evictions_total` counts it.
+    /// Candidate limits (`CANDIDATE_CONFIG`) have as many again of their own.
     #[arg(long, env = "MEMORY_MAX_COUNTERS", default_value_t = crate::store::memory::DEFAULT_MAX_COUNTERS,
         value_parser = parse_max_counters)]
     pub memory_max_counters: usize,

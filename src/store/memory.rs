@@ -6,7 +6,8 @@
 //!
 //! Memory is bounded: at most `max_counters` counters (`MEMORY_MAX_COUNTERS`), each a 16-byte
 //! fingerprint of its key (no key is stored) and its state in one 56-byte slot, in tables that
-//! grow up to a fixed size and never grow beyond it (at most [`BYTES_PER_COUNTER`] bytes each). When a shard is full, a new counter first
+//! grow up to a fixed size and never grow beyond it (at most [`BYTES_PER_COUNTER`] bytes each),
+//! and as many candidate counters (below). When a shard is full, a new counter first
 //! takes the place of an expired one, else of the one closest to expiry (evicted: it starts
 //! afresh, which can only ever admit more, and only for the oldest counters; counted in
 //! `sluice_memory_evictions_total`). Expired counters are also dropped a few per decision, so
@@ -36,7 +37,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use table::Fingerprint;
 
 /// Counters the memory store holds at most by default (`MEMORY_MAX_COUNTERS`): at most 64 MB
-/// ([`BYTES_PER_COUNTER`] each), sized for a small pod.
+/// ([`BYTES_PER_COUNTER`] each), sized for a small pod; candidate limits' counters
+/// (`CANDIDATE_CONFIG`) may take as many again, in shards of their own.
 pub const DEFAULT_MAX_COUNTERS: usize = 500_000;
 /// Most heap bytes one counter costs, key included, even while a table grows: a 56-byte table
 /// slot at a load of at most 3/4 (75 bytes), a 24-byte expiry-index entry, and the quarter-size
@@ -56,9 +58,10 @@ pub struct MemoryStore {
     /// The enforced counters' shards, then as many for candidate limits' (`CANDIDATE_CONFIG`):
     /// a candidate counter lives in a table of its own, so a candidate config can never evict
     /// an enforced counter (which would change answers); candidates evict only candidates, up
-    /// to `MEMORY_MAX_COUNTERS` of their own. Their tables start small and grow with use, so
-    /// without candidates they cost a few hundred bytes each. One index space: a decision
-    /// locks its shards of both kinds in ascending order, as ever.
+    /// to `MEMORY_MAX_COUNTERS` of their own. Their tables start small and grow with use (and,
+    /// as the enforced ones, never shrink): without candidates they cost about 2.3 KB each at
+    /// the default size (64 shards: under 150 KB). One index space: a decision locks its
+    /// shards of both kinds in ascending order, as ever.
     shards: Vec<Mutex<Shard>>,
     clock: Arc<dyn Clock>,
     /// Two independent keyed hashes make a counter's 128-bit fingerprint.
@@ -90,7 +93,8 @@ impl MemoryStore {
         Self::with_shards(clock, shards, max)
     }
 
-    /// `shards` shards sharing `max` counters (each holds its share, the first ones one more).
+    /// `shards` shards sharing `max` counters (each holds its share, the first ones one more),
+    /// and as many for candidate limits' counters (up to `max` more).
     pub fn with_shards(clock: Arc<dyn Clock>, shards: usize, max: usize) -> Self {
         let shards = shards.max(1);
         let cap = |i: usize| max / shards + usize::from(i < max % shards);
@@ -149,9 +153,10 @@ impl MemoryStore {
 
     /// The tally of shard `i`'s evictions.
     fn evictions_in(&self, i: usize) -> &Tally {
-        match i < self.shards.len() / 2 {
-            true => &self.evictions,
-            false => &self.candidate_evictions,
+        if i < self.shards.len() / 2 {
+            &self.evictions
+        } else {
+            &self.candidate_evictions
         }
     }
 
@@ -196,7 +201,12 @@ impl MemoryStore {
     fn decide_now(&self, checks: &[LimitCheck]) -> Decision {
         let fps: Vec<Fingerprint> = checks.iter().map(|c| self.fingerprint(&c.key)).collect();
         // Each check's shard, then (below) its index among the locked guards.
-        let mut slot: Vec<usize> = (fps.iter().zip(checks))
+        // A candidate check is on a candidate counter (`LimitCheck::candidate` and its key's
+        // flag are set together, service/beside.rs): its shard is the candidates'.
+        debug_assert!(checks.iter().all(|c| c.candidate == c.key.candidate));
+        let mut slot: Vec<usize> = fps
+            .iter()
+            .zip(checks)
             .map(|(&fp, c)| self.shard_of(fp, c.key.candidate))
             .collect();
         let mut order = slot.clone();
@@ -286,7 +296,6 @@ fn has_duplicates(fps: &[Fingerprint]) -> bool {
 
 /// The common case: every limit is decided against its stored state without writing (a
 /// sliding_log in place, no copy of it), then, if the request is admitted, each is written.
-/// Returns the decision and the evictions it caused.
 fn decide_in_place(
     checks: &[LimitCheck],
     fps: &[Fingerprint],
@@ -705,6 +714,21 @@ mod tests {
             let d = store.decide_now(std::slice::from_ref(c));
             assert_eq!(d.outcomes[0].remaining, want, "e{i} kept its count");
         }
+        // Several shards of each kind: the same, every candidate shard at its cap.
+        let store = MemoryStore::with_shards(Arc::new(clock.clone()), 4, 400);
+        for i in 0..100 {
+            assert!(
+                store
+                    .decide_now(&[check(&format!("e{i}"), 5, Unit::Hour)])
+                    .admitted
+            );
+        }
+        for i in 0..2000 {
+            store.decide_now(&[check("e0", 5000, Unit::Hour), candidate(i)]);
+        }
+        assert_eq!((store.len(), store.evictions()), (101, 0));
+        assert_eq!(store.candidate_len(), 400);
+        assert_eq!(store.candidate_evictions(), 1600);
     }
 
     #[test]

@@ -150,7 +150,8 @@ impl Shard {
         }
     }
 
-    /// Stores `state` for `fp` (a live counter evicted to make room is counted, [`Shard::evicted`]).
+    /// Stores `state` for `fp` (a live counter evicted to make room is counted:
+    /// [`Shard::evicted`]).
     pub(super) fn write(&mut self, fp: Fingerprint, state: State, p: LimitParams, now: u64) {
         let expires_at = algorithm::expires_at(&state, p);
         let held = lease_entries(&state);
