@@ -254,6 +254,7 @@ async fn a_reset_clears_the_pool_once_keeps_the_refills_lease_and_lets_it_land()
             dry_ms: 0,
             fence: 0,
         };
+        let clear = |seq, keep_from| PoolOp::Clear { seq, keep_from };
         run(fill(100, 1)).await.expect("fill");
         run(PoolOp::Take(30)).await.expect("take");
         let credit = PoolOp::Credit {
@@ -268,12 +269,7 @@ async fn a_reset_clears_the_pool_once_keeps_the_refills_lease_and_lets_it_land()
         };
         assert_eq!(run(lock).await.expect("lock").ok, 1);
         // 90 units dropped (100 + 20 credited - 30 taken); nothing taken or owed any more.
-        let cleared = run(PoolOp::Clear {
-            seq: 5,
-            keep_from: 5,
-        })
-        .await
-        .expect("clear");
+        let cleared = run(clear(5, 5)).await.expect("clear");
         assert_eq!(
             (
                 cleared.ok,
@@ -296,27 +292,12 @@ async fn a_reset_clears_the_pool_once_keeps_the_refills_lease_and_lets_it_land()
         assert_eq!((landed.left(), landed.locked), (40, false), "{landed:?}");
         // Another replica of the region applies the same record: what the refill brought
         // from the fresh count stays; a later record clears again.
-        let again = run(PoolOp::Clear {
-            seq: 5,
-            keep_from: 5,
-        })
-        .await
-        .expect("clear again");
+        let again = run(clear(5, 5)).await.expect("clear again");
         assert_eq!((again.ok, again.left()), (0, 40), "{again:?}");
-        let older = run(PoolOp::Clear {
-            seq: 4,
-            keep_from: 4,
-        })
-        .await
-        .expect("an older record");
+        let older = run(clear(4, 4)).await.expect("an older record");
         assert_eq!((older.ok, older.left()), (0, 40), "{older:?}");
         run(PoolOp::Take(10)).await.expect("take");
-        let next = run(PoolOp::Clear {
-            seq: 6,
-            keep_from: 6,
-        })
-        .await
-        .expect("the next record");
+        let next = run(clear(6, 6)).await.expect("the next record");
         assert_eq!(
             (next.ok, next.left(), next.taken, next.cleared),
             (30, 0, 0, 6),
@@ -339,26 +320,8 @@ async fn a_reset_clears_the_pool_once_keeps_the_refills_lease_and_lets_it_land()
         let fresh = pool.run(&k, 60_000, PoolOp::Take(0), 600_000).await;
         assert_eq!(fresh.expect("a new pool").cleared, 9);
         assert_eq!(run(PoolOp::Take(0)).await.expect("look").cleared, 6);
-        assert_eq!(
-            run(PoolOp::Clear {
-                seq: 9,
-                keep_from: 9
-            })
-            .await
-            .expect("clear")
-            .cleared,
-            9
-        );
-        assert_eq!(
-            run(PoolOp::Clear {
-                seq: 9,
-                keep_from: 9
-            })
-            .await
-            .expect("again")
-            .ok,
-            0
-        );
+        assert_eq!(run(clear(9, 9)).await.expect("clear").cleared, 9);
+        assert_eq!(run(clear(9, 9)).await.expect("again").ok, 0);
         // A refill charged after home's next reset (fenced at 12) lands in a pool cleared for
         // it (what it held was on the old count); that reset's closing record (13, its fence 12)
         // keeps it; a refill charged before that fence, landing late, brings nothing.
@@ -372,12 +335,7 @@ async fn a_reset_clears_the_pool_once_keeps_the_refills_lease_and_lets_it_land()
         .await
         .expect("a fenced fill");
         assert_eq!((fenced.left(), fenced.cleared), (50, 12), "{fenced:?}");
-        let closing = run(PoolOp::Clear {
-            seq: 13,
-            keep_from: 12,
-        })
-        .await
-        .expect("the closing record");
+        let closing = run(clear(13, 12)).await.expect("the closing record");
         assert_eq!((closing.ok, closing.left()), (0, 50), "{closing:?}");
         let late = run(fill(30, 13)).await.expect("a late fill");
         assert_eq!((late.ok, late.left()), (0, 50), "{late:?}");
